@@ -1,0 +1,1 @@
+"""Tree attention (torch): implementations, timing sweeps and cost profiles."""

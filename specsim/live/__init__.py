@@ -1,0 +1,1 @@
+"""Real speculative decoding (torch): the ground truth the simulator is checked against."""

@@ -1,0 +1,1 @@
+"""Recording (torch): model loading, packaged models, trajectory recorder."""

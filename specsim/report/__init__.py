@@ -1,0 +1,1 @@
+"""Analysis: altair charts and the self-contained HTML report."""

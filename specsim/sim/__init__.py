@@ -1,0 +1,1 @@
+"""Replay (numpy only): draft trees over cached distributions, policies, metrics."""
