@@ -1,0 +1,404 @@
+"""Verification rules of speculative decoding: the one implementation of each.
+
+Notation (Leviathan et al. 2023; Chen et al. 2023): p is the target's next-token
+distribution, q the draft's. Every rule is a pure function of arrays and an explicit
+`numpy.random.Generator` that returns a `StepResult`; live decoding runs these very
+functions, and the simulator and the tests use `output_joint`, which computes the
+exact distribution of what they return from the same acceptance probabilities.
+
+Lossless rules (the emitted token is distributed exactly as p):
+
+* `verify_greedy`      accept the candidate equal to argmax p.
+* `verify_single`      speculative sampling: accept x ~ q w.p. min(1, p(x)/q(x)),
+                       else emit a sample of the residual norm(max(0, p - q)).
+* `verify_multi_iid`   SpecInfer's multi-round speculative sampling (Miao et al. 2024):
+                       k candidates i.i.d. from q, tried in order against the running
+                       residual r_0 = p, r_i = norm(max(0, r_{i-1} - q)).
+* `verify_multi_swor`  the same with candidates drawn without replacement (SpecTr,
+                       Sun et al. 2023; Sequoia, Chen et al. 2024): candidate i is
+                       proposed by q_i = q without x_1..x_{i-1}, renormalised, and
+                       r_i = norm(max(0, r_{i-1} - q_i)).
+* `verify_point_mass`  candidates that are a function of the prefix (n-gram, prompt
+                       lookup): sample y ~ p and accept the candidate equal to y.
+
+Lossy rules (`verify_lossy`; faster, not distributed as p): 'p>=q', 'p>=lq' and
+Medusa's 'typical' acceptance (Cai et al. 2024). See `LossyRule`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from specsim.errors import SpecError
+
+_NO_MASS = 1e-12  # a residual with less total mass than this is rounding noise of p == q
+_MAX_ENUMERATED = 2_000_000  # candidate tuples output_joint will enumerate
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one verification step decided at one position."""
+
+    accepted: int  # index into `candidates` of the accepted candidate, -1 if none was
+    token: int  # the token emitted here: the accepted candidate, or the correction
+
+
+@dataclass(frozen=True)
+class LossyRule:
+    """An acceptance rule from the literature that does NOT preserve p.
+
+    * 'p>=q'    accept candidate x iff p(x) >= q(x);
+    * 'p>=lq'   accept candidate x iff p(x) >= lam * q(x) (lam < 1 is more lenient);
+    * 'typical' Medusa's typical acceptance: accept x iff p(x) > min(eps, delta * exp(-H(p))),
+                H the entropy of p in nats (exact; Medusa's code adds 1e-5 inside the log).
+
+    Candidates are tried in order and the first one that passes is accepted. No coin
+    is flipped. When all are rejected the emitted token is sampled from
+    residual(p, q) for the 'p>=…' rules (as speculative sampling would) and from p
+    for 'typical' (the rule never looks at q).
+    """
+
+    name: str  # 'p>=q' | 'p>=lq' | 'typical'
+    lam: float = 1.0  # λ of 'p>=lq'; 'p>=q' is λ = 1
+    eps: float = 0.09  # 'typical' hard threshold ε (Medusa's posterior_threshold)
+    delta: float = 0.3  # 'typical' entropy-scaled threshold δ (Medusa's posterior_alpha ≈ √ε)
+
+    def __post_init__(self) -> None:
+        if self.name not in LOSSY_RULES:
+            raise SpecError(f"lossy rule {self.name!r} is not one of {', '.join(LOSSY_RULES)}")
+        if self.name == "p>=q" and self.lam != 1.0:
+            raise SpecError(f"'p>=q' has λ = 1; for λ = {self.lam} use the rule 'p>=lq'")
+        if not self.lam > 0:
+            raise SpecError(f"lossy rule {self.name!r}: λ must be positive, got {self.lam}")
+        if not (self.eps >= 0 and self.delta >= 0):
+            raise SpecError(
+                f"lossy rule {self.name!r}: eps and delta must be non-negative, "
+                f"got {self.eps} and {self.delta}"
+            )
+
+    def passes(self, p_target: np.ndarray, q_draft: np.ndarray) -> np.ndarray:
+        """(V,) bool: the tokens this rule accepts when they are drafted."""
+        p, q = _dist(p_target, "p_target"), _dist(q_draft, "q_draft", like=p_target)
+        if self.name == "typical":
+            return p > self.threshold(p)
+        return p >= self.lam * q
+
+    def threshold(self, p_target: np.ndarray) -> float:
+        """'typical' only: min(eps, delta * exp(-H(p)))."""
+        p = _dist(p_target, "p_target")
+        nz = p[p > 0]
+        entropy = float(-(nz * np.log(nz)).sum())
+        return min(self.eps, self.delta * float(np.exp(-entropy)))
+
+
+LOSSY_RULES = ("p>=q", "p>=lq", "typical")
+
+
+# ---------------------------------------------------------------------------- primitives
+
+
+def _dist(x: object, name: str, like: object = None) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim != 1 or a.shape[0] == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D probability vector, got shape {a.shape}")
+    if like is not None and a.shape != np.shape(like):
+        raise ValueError(f"{name} has shape {a.shape} but p_target has {np.shape(like)}")
+    return a
+
+
+def _tokens(candidates: object, vocab: int) -> np.ndarray:
+    c = np.asarray(candidates)
+    if c.ndim != 1 or (c.size and c.dtype.kind not in "iu"):
+        raise ValueError(f"candidates must be a 1-D array of token ids, got {c!r}")
+    c = c.astype(np.int64)
+    if c.size and (c.min() < 0 or c.max() >= vocab):
+        raise ValueError(f"candidate ids must lie in [0, {vocab}), got {c.tolist()}")
+    return c
+
+
+def residual(p_target: np.ndarray, q_draft: np.ndarray) -> np.ndarray:
+    """norm(max(0, p - q)): where a rejected draft sends the output.
+
+    If it has no mass, p == q (both are distributions), rejection has probability
+    zero and only rounding got us here; p itself is then the correct distribution.
+    """
+    p = _dist(p_target, "p_target")
+    r = np.maximum(p - _dist(q_draft, "q_draft", like=p), 0.0)
+    total = r.sum()
+    if total <= _NO_MASS:
+        return p
+    return r / total
+
+
+def _accept_probability(r: np.ndarray, q_i: np.ndarray, x: int) -> float:
+    """min(1, r(x)/q_i(x)); a candidate the proposal cannot produce (q_i(x) = 0) is taken as
+    a point mass proposal when r(x) > 0 (accepted w.p. 1) and rejected when r(x) = 0."""
+    if q_i[x] <= 0.0:
+        return 1.0 if r[x] > 0.0 else 0.0
+    return min(1.0, r[x] / q_i[x])
+
+
+def _accepts(u: float, r: np.ndarray, q_i: np.ndarray, x: int) -> bool:
+    # u < min(1, r/q) written without division: exact for q(x) = 1 and q(x) = 0.
+    return u * q_i[x] < r[x]
+
+
+def _sample(dist: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from a (possibly unnormalised) non-negative vector by inverse CDF."""
+    cdf = np.cumsum(dist)
+    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    if i >= dist.shape[0]:  # u * total rounded up to total
+        i = int(np.flatnonzero(dist)[-1])
+    return i
+
+
+def _proposals(q: np.ndarray, candidates: np.ndarray, scheme: str) -> Iterator[np.ndarray]:
+    """The proposal distribution q_i each candidate was drawn from, in order."""
+    if scheme == "iid":
+        for _ in candidates:
+            yield q
+    elif scheme == "swor":
+        remaining = q.copy()
+        for x in candidates:
+            total = remaining.sum()
+            yield remaining / total if total > 0 else remaining
+            remaining[x] = 0.0
+    else:
+        raise ValueError(f"scheme must be 'iid' or 'swor', got {scheme!r}")
+
+
+def _verify_sequential(p, q, candidates, rng, scheme) -> StepResult:
+    p = _dist(p, "p_target")
+    q = _dist(q, "q_draft", like=p)
+    c = _tokens(candidates, p.shape[0])
+    r = p
+    for i, (x, q_i) in enumerate(zip(c, _proposals(q, c, scheme))):
+        if _accepts(rng.random(), r, q_i, int(x)):
+            return StepResult(accepted=i, token=int(x))
+        r = residual(r, q_i)
+    return StepResult(accepted=-1, token=_sample(r, rng))
+
+
+# ---------------------------------------------------------------------------- the rules
+
+
+def verify_greedy(p_target: np.ndarray, candidates: np.ndarray) -> StepResult:
+    """Accept the candidate equal to argmax p (ties: the lowest token id)."""
+    p = _dist(p_target, "p_target")
+    c = _tokens(candidates, p.shape[0])
+    token = int(np.argmax(p))
+    hits = np.flatnonzero(c == token)
+    return StepResult(accepted=int(hits[0]) if hits.size else -1, token=token)
+
+
+def verify_single(
+    p_target: np.ndarray, q_draft: np.ndarray, x: int, rng: np.random.Generator
+) -> StepResult:
+    """Speculative sampling of one candidate x ~ q (Leviathan et al. 2023, Chen et al. 2023)."""
+    return _verify_sequential(p_target, q_draft, np.array([x]), rng, "iid")
+
+
+def verify_multi_iid(
+    p_target: np.ndarray, q_draft: np.ndarray, candidates: np.ndarray, rng: np.random.Generator
+) -> StepResult:
+    """SpecInfer multi-round speculative sampling of candidates drawn i.i.d. from q.
+
+    Try x_i in order: accept w.p. min(1, r_{i-1}(x_i)/q(x_i)) with r_0 = p, else
+    r_i = norm(max(0, r_{i-1} - q)); if all are rejected, emit a sample of r_k.
+    """
+    return _verify_sequential(p_target, q_draft, candidates, rng, "iid")
+
+
+def verify_multi_swor(
+    p_target: np.ndarray, q_draft: np.ndarray, candidates: np.ndarray, rng: np.random.Generator
+) -> StepResult:
+    """Multi-draft speculative sampling of candidates drawn WITHOUT replacement from q.
+
+    Candidate i was proposed by q_i = q with x_1..x_{i-1} removed, renormalised; accept
+    it w.p. min(1, r_{i-1}(x_i)/q_i(x_i)), else r_i = norm(max(0, r_{i-1} - q_i)); if
+    all are rejected, emit a sample of r_k. Lossless: by induction from the last
+    candidate, each step is single speculative sampling of r_{i-1} with proposal q_i.
+    """
+    return _verify_sequential(p_target, q_draft, candidates, rng, "swor")
+
+
+def verify_point_mass(
+    p_target: np.ndarray, candidates: np.ndarray, rng: np.random.Generator
+) -> StepResult:
+    """Candidates that are a function of the prefix (q = one-hot): accepted iff y ~ p is one.
+
+    Equal in distribution to `verify_multi_iid` with one-hot proposals, in one draw.
+    """
+    p = _dist(p_target, "p_target")
+    c = _tokens(candidates, p.shape[0])
+    token = _sample(p, rng)
+    hits = np.flatnonzero(c == token)
+    return StepResult(accepted=int(hits[0]) if hits.size else -1, token=token)
+
+
+def sample_candidates(
+    q_draft: np.ndarray, k: int, rng: np.random.Generator, *, scheme: str
+) -> np.ndarray:
+    """k candidate tokens from q: 'iid' (with replacement) or 'swor' (without).
+
+    'swor' uses Gumbel-top-k (Kool et al. 2019), which draws the same ordered sequence
+    distribution as k successive renormalised draws. If q has fewer than k tokens with
+    mass, 'swor' returns all of them (fewer than k candidates).
+    """
+    q = _dist(q_draft, "q_draft")
+    if k < 0:
+        raise ValueError(f"k must be non-negative, got {k}")
+    if not q.sum() > 0:
+        raise ValueError("q_draft has no mass to sample candidates from")
+    if scheme == "iid":
+        cdf = np.cumsum(q)
+        draws = np.searchsorted(cdf, rng.random(k) * cdf[-1], side="right")
+        return np.minimum(draws, int(np.flatnonzero(q)[-1])).astype(np.int64)
+    if scheme == "swor":
+        support = np.flatnonzero(q > 0)
+        k = min(k, support.size)
+        keys = np.log(q[support]) + rng.gumbel(size=support.size)  # (support,)
+        top = np.argpartition(-keys, k - 1)[:k] if k else np.empty(0, dtype=np.int64)
+        return support[top[np.argsort(-keys[top], kind="stable")]].astype(np.int64)
+    raise ValueError(f"scheme must be 'iid' or 'swor', got {scheme!r}")
+
+
+def verify_lossy(
+    rule: LossyRule,
+    p_target: np.ndarray,
+    q_draft: np.ndarray,
+    candidates: np.ndarray,
+    rng: np.random.Generator,
+) -> StepResult:
+    """Accept the first candidate the rule passes; else emit its fallback sample (see LossyRule)."""
+    p = _dist(p_target, "p_target")
+    q = _dist(q_draft, "q_draft", like=p)
+    c = _tokens(candidates, p.shape[0])
+    hits = np.flatnonzero(rule.passes(p, q)[c])
+    if hits.size:
+        return StepResult(accepted=int(hits[0]), token=int(c[hits[0]]))
+    return StepResult(accepted=-1, token=_sample(_lossy_fallback(rule, p, q), rng))
+
+
+def _lossy_fallback(rule: LossyRule, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    return p if rule.name == "typical" else residual(p, q)
+
+
+# ---------------------------------------------------------------------------- exact laws
+
+
+def _enumerate(q: np.ndarray, k: int, scheme: str) -> Iterator[tuple[tuple[int, ...], float]]:
+    """Every candidate tuple with positive probability, and that probability."""
+    support = [int(x) for x in np.flatnonzero(q > 0)]
+    if scheme == "iid":
+        for tup in itertools.product(support, repeat=k):
+            yield tup, float(np.prod(q[list(tup)]))
+    elif scheme == "swor":
+        for tup in itertools.permutations(support, min(k, len(support))):
+            prob, left = 1.0, float(q.sum())
+            for x in tup:
+                prob *= q[x] / left
+                left -= q[x]
+            yield tup, prob
+    else:
+        raise ValueError(f"scheme must be 'iid' or 'swor', got {scheme!r}")
+
+
+def output_joint(
+    rule: str | LossyRule, p_target: np.ndarray, q_draft: np.ndarray, k: int, scheme: str = "iid"
+) -> np.ndarray:
+    """EXACT joint law of (emitted token, accepted index) for one verification step.
+
+    Returns J of shape (V, k + 1): J[y, i] = P(emit y and accept candidate i) for
+    i < k, and J[y, k] = P(emit y and accept none). `rule` is 'greedy', 'sample' (the
+    lossless rule for `scheme`: `verify_multi_iid` or `verify_multi_swor`, which is
+    `verify_single` at k = 1) or a `LossyRule`; candidates are k draws from q by
+    `scheme`. k = 1 is an O(V) closed form; k > 1 enumerates candidate tuples (small V
+    only), integrating each coin analytically. Under 'swor' with fewer than k tokens of
+    positive q, the columns of the missing candidates are zero.
+    """
+    p = _dist(p_target, "p_target")
+    q = _dist(q_draft, "q_draft", like=p)
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    if scheme not in ("iid", "swor"):
+        raise ValueError(f"scheme must be 'iid' or 'swor', got {scheme!r}")
+    if not (rule in ("greedy", "sample") or isinstance(rule, LossyRule)):
+        raise ValueError(f"rule must be 'greedy', 'sample' or a LossyRule, got {rule!r}")
+    q = q / q.sum()
+    vocab = p.shape[0]
+    joint = np.zeros((vocab, k + 1))  # (V, k + 1)
+    if k == 1:
+        if rule == "greedy":
+            top = int(np.argmax(p))
+            joint[top] = q[top], 1.0 - q[top]
+        elif rule == "sample":
+            overlap = np.minimum(p, q)
+            joint[:, 0] = overlap
+            joint[:, 1] = max(0.0, 1.0 - overlap.sum()) * residual(p, q)
+        else:
+            passed = rule.passes(p, q)
+            joint[:, 0] = np.where(passed, q, 0.0)
+            joint[:, 1] = q[~passed].sum() * _lossy_fallback(rule, p, q)
+        return joint
+    n_support = int((q > 0).sum())
+    n_tuples = n_support**k if scheme == "iid" else math.perm(n_support, min(k, n_support))
+    if n_tuples > _MAX_ENUMERATED:
+        raise ValueError(f"{n_tuples} candidate tuples is too many to enumerate (V={vocab}, k={k})")
+    for tup, prob in _enumerate(q, k, scheme):
+        joint += prob * _joint_given_candidates(rule, p, q, np.array(tup), scheme, k)
+    return joint
+
+
+def _joint_given_candidates(rule, p, q, c, scheme, k) -> np.ndarray:
+    """(V, k + 1) law of (token, accepted index) for fixed candidates; coins integrated out."""
+    out = np.zeros((p.shape[0], k + 1))
+    if rule == "greedy":
+        step = verify_greedy(p, c)
+        out[step.token, step.accepted if step.accepted >= 0 else k] = 1.0
+        return out
+    if isinstance(rule, LossyRule):
+        hits = np.flatnonzero(rule.passes(p, q)[c])
+        if hits.size:
+            out[c[hits[0]], hits[0]] = 1.0
+        else:
+            out[:, k] = _lossy_fallback(rule, p, q)
+        return out
+    reach, r = 1.0, p
+    for i, (x, q_i) in enumerate(zip(c, _proposals(q, c, scheme))):
+        a = _accept_probability(r, q_i, int(x))
+        out[x, i] += reach * a
+        reach *= 1.0 - a
+        r = residual(r, q_i)
+    out[:, k] += reach * r
+    return out
+
+
+def output_distribution(
+    rule: str | LossyRule, p_target: np.ndarray, q_draft: np.ndarray, k: int, scheme: str = "iid"
+) -> np.ndarray:
+    """EXACT distribution of the emitted token (see `output_joint`); equals p for lossless rules."""
+    return output_joint(rule, p_target, q_draft, k, scheme).sum(axis=1)
+
+
+def accept_probability_given_output(
+    rule: str | LossyRule, p_target: np.ndarray, q_draft: np.ndarray, k: int, scheme: str = "iid"
+) -> np.ndarray:
+    """(V, k + 1): P(accepted index = i | emitted y); rows of tokens never emitted are 0.
+
+    For lossless rules the emitted y is distributed as p, so this is what the simulator
+    needs to replay a cached trajectory (y_t sampled from p) through a tree.
+    """
+    joint = output_joint(rule, p_target, q_draft, k, scheme)
+    emitted = joint.sum(axis=1, keepdims=True)
+    return np.divide(joint, emitted, out=np.zeros_like(joint), where=emitted > 0)
+
+
+def total_variation(a: np.ndarray, b: np.ndarray) -> float:
+    """TV distance ½ Σ |a - b|: the distortion a lossy rule adds to p."""
+    return 0.5 * float(np.abs(np.asarray(a, float) - np.asarray(b, float)).sum())
