@@ -1,0 +1,108 @@
+"""Shared fixtures: a tiny random-weight Llama + tokenizer, and a small cache recorded from it.
+
+Everything is built offline in a temporary directory in a few seconds, so
+recording, caching and simulation tests need no downloaded weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "Speculative decoding drafts a few tokens with a small model and verifies them with the large one.",
+    "The quick brown fox jumps over the lazy dog. 0123456789 + - * / = ( ) [ ] { } ? ! , . ; :",
+    "Translate to German: the weather is nice today. Summarize the following article in one sentence.",
+    "def add(a, b):\n    return a + b\n# Python code with indentation and symbols",
+]
+TINY_PROMPTS = [
+    {"question_id": 1, "category": "writing", "turns": ["Write a short poem about the sea."]},
+    {"question_id": 2, "category": "writing", "turns": ["Draft an email to a friend."]},
+    {"question_id": 3, "category": "math", "turns": ["What is 12 + 30?"]},
+    {"question_id": 4, "category": "math", "turns": ["Solve 3x = 9 for x."]},
+]
+
+
+def build_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int = 4) -> Path:
+    """Save a random-weight LlamaForCausalLM and a byte-level BPE tokenizer with a chat template."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<pad>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(CORPUS, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<pad>", bos_token="<|im_start|>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    # Logits wider than the tokenizer, as with padded embedding tables (Qwen).
+    vocab = (len(tokenizer) // 64 + 1) * 64  # strictly wider than the tokenizer
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        initializer_range=0.2, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def write_prompts(path: Path, rows=TINY_PROMPTS) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """Path of a saved tiny LlamaForCausalLM (4 layers, ~384 logits) + matching tokenizer."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_prompts_file(tmp_path_factory) -> Path:
+    """A 4-prompt JSONL file, two categories (writing, math)."""
+    return write_prompts(tmp_path_factory.mktemp("prompts") / "prompts.jsonl")
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tiny_model_dir, tiny_prompts_file, tmp_path_factory) -> Path:
+    """A cache recorded from the tiny model: drafts layers:2 and int8, T=0 and T=1, 4 prompts x 12 tokens."""
+    import torch
+
+    from specsim.cache.store import CacheSpec, CacheWriter
+    from specsim.prompts import load_prompts
+    from specsim.record.models import load_draft, load_model
+    from specsim.record.recorder import RecordConfig, build_meta, prompt_records, record, settings
+
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp("cache") / "tiny.h5"
+    target = load_model(str(tiny_model_dir))
+    drafts = [load_draft("layers:2", target), load_draft("int8", target)]
+    prompts = load_prompts(str(tiny_prompts_file))
+    config = RecordConfig(max_new_tokens=12, temperatures=(0.0, 1.0), seed=0)
+    prompt_spec = {"spec": str(tiny_prompts_file), "source": prompts.source, "categories": None,
+                   "per_category": None, "sha256": prompts.fingerprint()}
+    run = settings(target=target.name, drafts=[d.name for d in drafts], prompt_spec=prompt_spec, config=config,
+                   dtype="float32", storage="full", top_k=0)
+    meta = build_meta(target, drafts, prompt_spec, run, device="cpu", batch_size=1)
+    spec = CacheSpec(vocab_size=target.vocab_size, drafts=tuple(d.name for d in drafts),
+                     temperatures=config.temperatures, meta=meta)
+    with CacheWriter.create(path, spec, prompt_records(prompts.prompts, target.tokenizer)) as writer:
+        record(writer, target, drafts, config, progress=False)
+    return path
