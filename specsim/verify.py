@@ -138,9 +138,9 @@ def residual(p_target: np.ndarray, q_draft: np.ndarray) -> np.ndarray:
 def _accept_probability(r: np.ndarray, q_i: np.ndarray, x: int) -> float:
     """min(1, r(x)/q_i(x)); a candidate the proposal cannot produce (q_i(x) = 0) is taken as
     a point mass proposal when r(x) > 0 (accepted w.p. 1) and rejected when r(x) = 0."""
-    if q_i[x] <= 0.0:
+    if r[x] >= q_i[x]:
         return 1.0 if r[x] > 0.0 else 0.0
-    return min(1.0, r[x] / q_i[x])
+    return r[x] / q_i[x]
 
 
 def _accepts(u: float, r: np.ndarray, q_i: np.ndarray, x: int) -> bool:
@@ -300,10 +300,11 @@ def _enumerate(q: np.ndarray, k: int, scheme: str) -> Iterator[tuple[tuple[int, 
             yield tup, float(np.prod(q[list(tup)]))
     elif scheme == "swor":
         for tup in itertools.permutations(support, min(k, len(support))):
-            prob, left = 1.0, float(q.sum())
+            prob, remaining = 1.0, q.copy()
             for x in tup:
-                prob *= q[x] / left
-                left -= q[x]
+                # Sum what is left rather than subtract: 1 - q(x) cancels to 0 when q(x) ≈ 1.
+                prob *= remaining[x] / remaining.sum()
+                remaining[x] = 0.0
             yield tup, prob
     else:
         raise ValueError(f"scheme must be 'iid' or 'swor', got {scheme!r}")

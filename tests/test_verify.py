@@ -53,7 +53,7 @@ def reference_joint(p, q, k, scheme):
             continue
         reach, r = prob, p.copy()
         for i, (x, q_i) in enumerate(zip(tup, proposals)):
-            a = min(1.0, r[x] / q_i[x])
+            a = 1.0 if r[x] >= q_i[x] else r[x] / q_i[x]
             joint[x, i] += reach * a
             reach *= 1 - a
             nxt = np.maximum(r - q_i, 0)
