@@ -393,9 +393,8 @@ def file(arg: str) -> Tree:
 def optimal(arg: str) -> Tree:
     """The N most frequent rank paths on a cache: the best static tree of N drafts on that data."""
     raise SpecError(
-        "needs a cache: use it where one is given, e.g. "
-        f"`specsim simulate CACHE --tree optimal:{arg.strip()}`, or save it with "
-        "`specsim optimize` and load it with file:PATH.json"
+        "needs a cache to count rank paths on: use it where one is given, e.g. "
+        f"`specsim simulate CACHE --tree optimal:{arg.strip()}`"
     )
 
 

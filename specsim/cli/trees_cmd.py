@@ -1,0 +1,56 @@
+"""`specsim trees`: list the draft-tree families, or draw the trees specs name."""
+
+from __future__ import annotations
+
+import click
+
+from specsim.cli._common import friendly_errors
+from specsim.trees import FAMILY_EXAMPLES, TREE_FAMILIES, draw_tree, parse_tree
+
+
+@click.command()
+@click.argument("specs", nargs=-1, metavar="[SPEC]...")
+@click.option("--json", "as_json", is_flag=True, help="Print each tree as one line of JSON (the file: format).")
+@click.option(
+    "--max-lines",
+    type=click.IntRange(min=2),
+    default=200,
+    show_default=True,
+    help="Cut each drawing after this many lines.",
+)
+@friendly_errors
+def trees(specs: tuple[str, ...], as_json: bool, max_lines: int) -> None:
+    """List the draft-tree families, or draw the tree each SPEC names.
+
+    A node is labelled by its rank among its parent's draft candidates
+    (r0 = the draft's most likely token, or the first candidate sampled).
+    The budget is the number of drafted tokens per step (the root is the last
+    verified token and is not drafted).
+
+    \b
+    Examples:
+      specsim trees
+      specsim trees chain:4 kary:2,3 widths:4,2,2,1
+      specsim trees 'medusa:[[0],[0,0],[1],[0,1]]'
+      specsim trees kary:2,3 --json > tree.json    # then: --tree file:tree.json
+    """
+    if not specs:
+        width = max(len(example) for example in FAMILY_EXAMPLES.values())
+        click.echo("Tree families (pass a SPEC to draw it):")
+        for name, build in TREE_FAMILIES.items():
+            summary = (build.__doc__ or "").strip().splitlines()[0]
+            click.echo(f"  {FAMILY_EXAMPLES[name]:<{width}}  {summary}")
+        return
+    for i, spec in enumerate(specs):
+        tree = parse_tree(spec)
+        if as_json:
+            click.echo(tree.to_json())
+            continue
+        if i:
+            click.echo()
+        levels = ",".join(str(n) for n in tree.level_sizes())
+        click.echo(
+            f"{tree.name}: budget {tree.budget}, depth {tree.max_depth}, "
+            f"nodes per depth [{levels}]"
+        )
+        click.echo(draw_tree(tree, max_lines=max_lines))
