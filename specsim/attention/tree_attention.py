@@ -34,6 +34,7 @@ implementation is checked against before it is timed.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import ClassVar
 
 import numpy as np
@@ -255,6 +256,8 @@ class FlexBlockSparse(TreeAttention):
             tree_mask, None, None, self.n_nodes, ctx + self.n_nodes, device=self.device
         )
         self.compiled = bool(compile)
+        if not compile:  # eager is chosen on purpose here (CPU); its advice to compile is noise
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         self.fn = _compiled_flex_attention() if compile else flex_attention
         self.detail = "flex_attention " + ("compiled" if compile else "eager")
 
