@@ -1,0 +1,117 @@
+"""Quick draft-quality statistics straight from a cache, no simulation needed.
+
+Two per-position numbers summarise how well a draft q matches the target p:
+
+* top-1 agreement, 1[argmax q_t = argmax p_t]: the greedy acceptance rate of a
+  one-token chain when the target's argmax is the trajectory token;
+* α_t = 1 − TV(p_t, q_t) = Σ_x min(p_t(x), q_t(x)): the probability that
+  speculative sampling accepts one drafted token (Leviathan et al., 2023, §3.5).
+
+Both are averaged over every recorded position, streamed trajectory by
+trajectory in blocks of positions so memory stays bounded for any file size.
+At T=0 there is no sampling distribution, so α is computed from the T=1
+softmax and flagged as such. numpy only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from specsim.cache.store import TARGET, CacheReader
+from specsim.errors import CacheError
+
+BLOCK = 64  # positions read at once per column: 64 x V float32 (~39 MB at V = 152k)
+
+
+@dataclass(frozen=True)
+class AgreementStats:
+    draft: str  # draft column name
+    temperature: float  # recorded temperature of the trajectories
+    alpha_temperature: float  # temperature of the softmax α was computed at (1.0 when temperature is 0)
+    positions: int  # positions averaged over
+    prompts: int  # distinct prompts those positions came from
+    top1_agreement: float  # mean of 1[argmax q = argmax p]
+    mean_alpha: float  # mean of 1 - TV(p, q)
+    tail_approximated: bool  # True for top-K storage: the non-top-K mass is spread evenly
+
+
+def check_complete(path: Path) -> None:
+    """CacheError if the file is shorter than HDF5's end-of-allocation address (truncated copy).
+
+    SWMR readers skip HDF5's own end-of-file check and read missing chunks as fill
+    values, so a truncated cache would look like an empty one. A live SWMR writer
+    never leaves the file shorter than its end-of-allocation (checked while writing).
+    """
+    import h5py
+
+    try:
+        with h5py.File(path, "r", libver="latest", swmr=True) as f:
+            allocated = f.id.get_filesize()
+    except OSError:
+        return  # not HDF5 at all: CacheReader says so
+    actual = os.path.getsize(path)
+    if actual < allocated:
+        raise CacheError(
+            f"{path}: truncated cache ({actual:,} of {allocated:,} bytes); "
+            "copy it again or re-record it (specsim cache ... --resume keeps what a readable file holds)"
+        )
+
+
+def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Row-wise softmax of logits / temperature, in float64 for stable sums."""
+    z = logits.astype(np.float64) / temperature  # (n, V)
+    z -= z.max(axis=-1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=-1, keepdims=True)
+    return z
+
+
+def alpha(p_target: np.ndarray, q_draft: np.ndarray) -> np.ndarray:
+    """Per-row acceptance probability Σ min(p, q) = 1 - TV(p, q)."""
+    return np.minimum(p_target, q_draft).sum(axis=-1)
+
+
+def agreement_stats(
+    reader: CacheReader, *, on_positions: Callable[[int], None] = lambda n: None
+) -> list[AgreementStats]:
+    """Top-1 agreement and mean α for every draft x temperature, in one streaming pass."""
+    drafts, temps = reader.spec.drafts, reader.spec.temperatures
+    agree = {(d, t): 0 for d in drafts for t in temps}
+    alpha_sum = {(d, t): 0.0 for d in drafts for t in temps}
+    count = {t: 0 for t in temps}
+    prompts: dict[float, set[int]] = {t: set() for t in temps}
+    try:
+        for row in reader.iter_trajectories():
+            t = next(x for x in temps if abs(x - row.temperature) < 1e-6)
+            t_alpha = t if t > 0 else 1.0
+            prompts[t].add(row.prompt_index)
+            for s in range(row.start, row.stop, BLOCK):
+                e = min(s + BLOCK, row.stop)
+                p_logits = reader.logits(TARGET, s, e)  # (n, V)
+                p_target = softmax(p_logits, t_alpha)
+                p_top = p_logits.argmax(axis=-1)
+                for d in drafts:
+                    q_logits = reader.logits(d, s, e)  # (n, V)
+                    agree[d, t] += int((q_logits.argmax(axis=-1) == p_top).sum())
+                    alpha_sum[d, t] += float(alpha(p_target, softmax(q_logits, t_alpha)).sum())
+                count[t] += e - s
+                on_positions(e - s)
+    except OSError as exc:
+        raise CacheError(f"{reader.path}: corrupt data while reading logits ({exc})") from None
+    topk = reader.spec.storage == "topk"
+    return [
+        AgreementStats(
+            draft=d, temperature=t, alpha_temperature=t if t > 0 else 1.0, positions=count[t],
+            prompts=len(prompts[t]),
+            top1_agreement=agree[d, t] / count[t] if count[t] else float("nan"),
+            mean_alpha=alpha_sum[d, t] / count[t] if count[t] else float("nan"),
+            tail_approximated=topk,
+        )
+        for d in drafts
+        for t in temps
+    ]

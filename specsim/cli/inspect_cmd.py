@@ -1,0 +1,113 @@
+"""`specsim inspect`: what a cache holds, and how well each draft agrees with the target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from specsim.cli._common import friendly_errors
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _model_line(info: dict) -> str:
+    parts = [str(info.get("source", "?"))]
+    if info.get("sha256"):
+        parts.append(f"sha256 {info['sha256'][:12]}")
+    if info.get("revision"):
+        parts.append(f"revision {info['revision']}")
+    if info.get("layers"):
+        parts.append(f"first {info['layers']} layers of the target")
+    if info.get("quantization"):
+        parts.append(info["quantization"])
+    if info.get("params"):
+        parts.append(f"{info['params'] / 1e6:.1f}M params")
+    if info.get("dtype"):
+        parts.append(f"{info['dtype']} on {info.get('device', '?')}")
+    return ", ".join(parts)
+
+
+@click.command("inspect")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--quiet", is_flag=True, help="No progress bar while computing the statistics.")
+@friendly_errors
+def inspect(file: Path, quiet: bool) -> None:
+    """Summarise a cache: models, prompts, trajectories, storage, and per draft x
+    temperature the top-1 agreement with the target and mean α = 1 − TV(p, q).
+
+    Reads the file in bounded memory and works while `specsim cache` is still
+    writing it (it sees the trajectories committed so far).
+
+    \b
+    Examples:
+      specsim inspect cache/demo.h5
+      specsim inspect cache/demo.h5 --quiet
+    """
+    from tqdm.auto import tqdm
+
+    from specsim.cache.inspect import agreement_stats, check_complete
+    from specsim.cache.store import CacheReader
+
+    if file.is_file():
+        check_complete(file)
+    with CacheReader(file) as reader:
+        meta, spec = reader.meta, reader.spec
+        storage = "full float16 logits" if spec.storage == "full" else f"top-{spec.top_k} logits + tail log-sum-exp"
+        click.echo(f"{file}: {_human_bytes(reader.size_bytes)} on disk, storage {storage}, vocab (logits) {spec.vocab_size:,}")
+        target = meta.get("target", {})
+        click.echo(f"target     {target.get('spec', '?')} ({_model_line(target)})")
+        for name in spec.drafts:
+            click.echo(f"draft      {name} ({_model_line(meta.get('drafts', {}).get(name, {}))})")
+        if not spec.drafts:
+            click.echo("draft      none (model-free drafts only)")
+        click.echo(f"tokenizer  sha256 {str(meta.get('tokenizer_sha256', '?'))[:16]}")
+        settings, versions = meta.get("settings", {}), meta.get("versions", {})
+        click.echo(
+            f"run        seed {settings.get('seed', '?')}, max_new_tokens {settings.get('max_new_tokens', '?')}, "
+            f"dtype {settings.get('dtype', '?')}, device {meta.get('device', '?')}, created {meta.get('created', '?')}; "
+            + ", ".join(f"{k} {v}" for k, v in versions.items())
+        )
+
+        prompts = reader.prompts
+        by_cat = prompts.group_by("category", maintain_order=True).len()
+        cats = ", ".join(f"{c or '(none)'} {n}" for c, n in by_cat.iter_rows())
+        source = meta.get("prompts", {}).get("source", "?")
+        click.echo(f"prompts    {prompts.height} from {source}: {cats}")
+
+        trajs = reader.trajectories
+        click.echo(f"trajectories ({trajs.height} committed, {reader.n_positions:,} positions):")
+        for t in spec.temperatures:
+            rows = trajs.filter((trajs["temperature"] - t).abs() < 1e-6)
+            n_pos = int(rows["length"].sum()) if rows.height else 0
+            eos = rows.filter(rows["stop_reason"] == "eos").height
+            click.echo(
+                f"  T={t:<5g} {rows.height:>5} trajectories of {rows['prompt_index'].n_unique() if rows.height else 0} "
+                f"prompts, {n_pos:>7,} positions (mean length {n_pos / max(rows.height, 1):.1f}; "
+                f"{eos} stopped at EOS)"
+            )
+        if not spec.drafts or reader.n_positions == 0:
+            click.echo("no agreement statistics: " + ("no drafts recorded" if not spec.drafts else "no committed trajectories yet"))
+            return
+
+        with tqdm(total=reader.n_positions, unit="pos", desc="statistics", disable=quiet, leave=False) as bar:
+            stats = agreement_stats(reader, on_positions=bar.update)
+        click.echo("draft agreement with the target (exact means over every recorded position):")
+        width = max(len(s.draft) for s in stats)
+        click.echo(f"  {'draft':<{width}}  {'T':>5}  {'top-1 agree':>11}  {'mean α=1−TV':>12}  {'positions':>9}  {'prompts':>7}")
+        for s in stats:
+            flag = "*" if s.alpha_temperature != s.temperature else " "
+            click.echo(
+                f"  {s.draft:<{width}}  {s.temperature:>5g}  {s.top1_agreement:>11.3f}  {s.mean_alpha:>11.3f}{flag}  "
+                f"{s.positions:>9,}  {s.prompts:>7}"
+            )
+        if any(s.alpha_temperature != s.temperature for s in stats):
+            click.echo("  * at T=0 (greedy) α is computed from the T=1 distributions; top-1 agreement is the greedy rate")
+        if spec.storage == "topk":
+            click.echo(f"  top-{spec.top_k} storage: α treats the non-top-K mass as spread evenly (approximate)")
