@@ -241,10 +241,7 @@ def _int32_vector(values: object, field: str) -> np.ndarray:
     if array.ndim != 1 or array.shape[0] == 0:
         raise SpecError(f"Tree.{field} must be a non-empty 1-D array, got shape {array.shape}")
     if array.dtype.kind not in "iu":
-        if array.dtype.kind == "f" and np.all(array == np.round(array)):
-            pass
-        else:
-            raise SpecError(f"Tree.{field} must hold integers, got dtype {array.dtype}")
+        raise SpecError(f"Tree.{field} must hold integers, got dtype {array.dtype}")
     if np.any(np.abs(array.astype(np.int64)) >= 2**31):
         raise SpecError(f"Tree.{field} has values outside int32")
     return array.astype(np.int32)
