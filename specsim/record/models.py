@@ -216,18 +216,61 @@ def _layer_prefix(target: LoadedModel, k: int):
     return draft
 
 
+class PerTokenInt8Linear:
+    """Wraps a dynamically quantised Linear so each token gets its own activation scale.
+
+    torch's dynamic int8 Linear picks ONE activation scale for the whole input
+    tensor, so a token's logits would depend on the other tokens in the same forward
+    pass: a teacher-forced pass over a trajectory would disagree with the one-token
+    steps of a live draft. Quantising row by row makes every position's logits a
+    function of its own prefix only, exactly as the coupling argument needs.
+    """
+
+    def __new__(cls, inner):
+        import torch
+
+        class _PerToken(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, x):
+                flat = x.reshape(-1, x.shape[-1])  # (tokens, in_features)
+                if flat.shape[0] == 1:
+                    return self.inner(x)
+                out = torch.cat([self.inner(flat[i : i + 1]) for i in range(flat.shape[0])])
+                return out.reshape(*x.shape[:-1], out.shape[-1])
+
+            def weight(self):  # quantised Linear exposes its weight as a method
+                return self.inner.weight()
+
+        return _PerToken(inner)
+
+
 def _int8_copy(target: LoadedModel):
-    """int8 weights for every Linear: torch dynamic quantisation on CPU, weight round-trip elsewhere."""
+    """int8 weights for every Linear.
+
+    CPU: torch dynamic quantisation (per-channel int8 weights, int8 activations quantised
+    per token, see PerTokenInt8Linear). Other devices have no dynamic-quantised Linear:
+    per-channel symmetric int8 weights, dequantised.
+    """
     import torch
 
     model = copy.deepcopy(target.model)
     if target.info["device"] == "cpu":
-        from torch.ao.quantization import quantize_dynamic  # deprecated for torchao, still works in 2.13
+        # Deprecated in favour of torchao (not installed here); still works in torch 2.13.
+        from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return quantize_dynamic(model.float(), {torch.nn.Linear}, dtype=torch.qint8), "dynamic-int8 (torch.ao)"
-    with torch.no_grad():  # CUDA has no dynamic-quantised Linear: per-channel symmetric int8 weights
+            model = quantize_dynamic(model.float(), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+        for parent in list(model.modules()):
+            for child_name, child in list(parent.named_children()):
+                if isinstance(child, DynamicLinear):
+                    setattr(parent, child_name, PerTokenInt8Linear(child))
+        return model, "dynamic int8 (torch.ao; per-channel weights, per-token activations)"
+    with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.Linear):
                 w = module.weight.float()

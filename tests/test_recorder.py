@@ -1,0 +1,97 @@
+"""The recorder: cached logits equal independent forward passes; seeds, EOS, batching, resume checks."""
+
+import numpy as np
+import pytest
+import torch
+
+from specsim.cache.store import CacheReader
+from specsim.errors import ResumeMismatchError
+from specsim.prompts import encode
+from specsim.record.models import load_draft, load_model
+from specsim.record.recorder import check_resume, generate, teacher_forced_logits, trajectory_seed
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model_dir):
+    return load_model(str(tiny_model_dir))
+
+
+def _forward_last(model, ids):
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0, -1].float().numpy()
+
+
+@pytest.mark.parametrize("column", ["target", "layers:2", "int8"])
+def test_cached_logits_equal_an_independent_forward_pass_on_the_same_prefix(tiny_cache, target, column):
+    models = {"target": target, "layers:2": load_draft("layers:2", target), "int8": load_draft("int8", target)}
+    rng = np.random.default_rng(0)
+    with CacheReader(tiny_cache) as reader:
+        rows = list(reader.iter_trajectories())
+        assert {r.temperature for r in rows} == {0.0, 1.0}
+        for row in rows:
+            t = int(rng.integers(row.length))  # a sampled position of every trajectory
+            prefix = reader.prompt_token_ids(row.prompt_index).tolist() + reader.tokens(row.start, row.start + t).tolist()
+            expected = _forward_last(models[column].model, prefix)
+            cached = reader.logits(column, row.start + t, row.start + t + 1)[0]
+            np.testing.assert_allclose(cached, expected, rtol=2e-3, atol=2e-3)  # float16 storage
+
+
+def test_greedy_trajectories_follow_the_target_argmax(tiny_cache):
+    with CacheReader(tiny_cache) as reader:
+        for row in reader.iter_trajectories(temperature=0.0):
+            logits = reader.logits("target", row.start, row.stop)
+            np.testing.assert_array_equal(logits.argmax(-1), reader.tokens(row.start, row.stop))
+
+
+def test_trajectory_seeds_are_stable_and_distinct():
+    seeds = {trajectory_seed(0, i, t) for i in range(50) for t in (0.0, 0.7, 1.0)}
+    assert len(seeds) == 150 and all(0 <= s < 2**63 for s in seeds)
+    assert trajectory_seed(3, 4, 0.7) == trajectory_seed(3, 4, 0.7000000001)
+
+
+def test_sampling_reproduces_with_the_same_seed_and_differs_with_another(target):
+    ids = encode(target.tokenizer, "Write a short poem about the sea.")
+    run = lambda seed: generate(target, [ids], temperature=1.0, seeds=[seed], max_new_tokens=24)[0].tokens
+    np.testing.assert_array_equal(run(11), run(11))
+    assert not np.array_equal(run(11), run(12))
+
+
+def test_generation_stops_at_eos_and_keeps_the_eos_position(target):
+    ids = encode(target.tokenizer, "What is 12 + 30?")
+    free = generate(target, [ids], temperature=0.0, seeds=[0], max_new_tokens=16)[0]
+    assert free.stop_reason == "max_new_tokens" and len(free.tokens) == 16
+    stop_token = int(free.tokens[5])
+    first = int(np.argmax(free.tokens == stop_token))
+    saved = target.model.generation_config.eos_token_id
+    target.model.generation_config.eos_token_id = stop_token
+    try:
+        stopped = generate(target, [ids], temperature=0.0, seeds=[0], max_new_tokens=16)[0]
+    finally:
+        target.model.generation_config.eos_token_id = saved
+    assert stopped.stop_reason == "eos"
+    np.testing.assert_array_equal(stopped.tokens, free.tokens[: first + 1])
+    np.testing.assert_array_equal(stopped.p_target_logits, free.p_target_logits[: first + 1])
+
+
+def test_left_padded_batches_match_single_prompt_generation(target):
+    prompts = [encode(target.tokenizer, t) for t in ("Write a short poem about the sea.", "What is 12 + 30?")]
+    assert len(prompts[0]) != len(prompts[1])
+    batch = generate(target, prompts, temperature=0.0, seeds=[0, 1], max_new_tokens=12)
+    for ids, got in zip(prompts, batch):
+        alone = generate(target, [ids], temperature=0.0, seeds=[0], max_new_tokens=12)[0]
+        np.testing.assert_array_equal(got.tokens, alone.tokens)
+        np.testing.assert_allclose(got.p_target_logits, alone.p_target_logits, atol=1e-4)
+    batched_tf = teacher_forced_logits(target, prompts, [y.tokens for y in batch])
+    for got, y in zip(batched_tf, batch):
+        np.testing.assert_allclose(got, y.p_target_logits, atol=1e-4)  # one teacher-forced pass == the KV loop
+
+
+def test_resume_check_names_the_differing_setting():
+    file_meta = {"settings": {"target": "m", "seed": 0, "max_new_tokens": 16}}
+    check_resume("c.h5", file_meta, {"target": "m", "seed": 0, "max_new_tokens": 16})
+    with pytest.raises(ResumeMismatchError, match=r"setting 'seed' differs: file has 0, now 1"):
+        check_resume("c.h5", file_meta, {"target": "m", "seed": 1, "max_new_tokens": 16})
+    with pytest.raises(ResumeMismatchError, match="records no settings"):
+        check_resume("c.h5", {}, {"seed": 0})
