@@ -52,8 +52,10 @@ def check_complete(path: Path) -> None:
     try:
         with h5py.File(path, "r", libver="latest", swmr=True) as f:
             allocated = f.id.get_filesize()
-    except OSError:
-        return  # not HDF5 at all: CacheReader says so
+    except FileNotFoundError:
+        return  # CacheReader says "no such file"
+    except (OSError, RuntimeError, ValueError) as exc:  # h5py raises RuntimeError on a garbled superblock
+        raise CacheError(f"{path}: cannot open as HDF5 ({exc}); is it a specsim cache, complete and not corrupted?") from None
     actual = os.path.getsize(path)
     if actual < allocated:
         raise CacheError(
