@@ -1,0 +1,502 @@
+"""The HDF5 cache: one file of target-sampled trajectories with full next-token logits.
+
+DESIGN.md §1. A file holds, for every prompt × temperature, the trajectory the
+target sampled and, at every generated position, the target's and each draft's
+next-token logits on the on-path prefix. Layout (see docs/cache-format.md):
+
+    /                      attrs: format, format_version, vocab_size, storage, top_k,
+                                  drafts (JSON), temperatures (JSON), meta (JSON)
+    /prompts/{question_id, category, text, token_ids}     fixed at creation
+    /trajectories          compound rows (prompt_index, temperature, seed, start,
+                           length, stop_reason); a row with length > 0 is committed
+    /positions/token       (N,) int32 trajectory tokens, chunked by positions
+    /columns/<c>/logits    (N, V) float16 for c = "target" and every draft   (full)
+    /columns/<c>/topk_ids, topk_logits, tail_lse                             (topk)
+
+Crash safety: the writer runs in HDF5 SWMR mode and commits a trajectory by
+writing its positions first, flushing, then appending its row to
+/trajectories and flushing again. A reader (also SWMR, so `inspect` works
+during a recording) trusts only positions covered by committed rows. After a
+kill -9 the file is readable; `CacheWriter.resume` copies the committed part
+into a fresh file (HDF5 refuses to reopen a crashed SWMR file for writing) and
+carries on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+import h5py
+import numpy as np
+import polars as pl
+
+from specsim.errors import CacheError
+
+FORMAT = "specsim-cache"
+FORMAT_VERSION = 1
+TARGET = "target"  # column name of the target's logits
+ROW_CHUNK = 16  # positions per HDF5 chunk: bounded-memory streaming, ~1.5 MB at V=49k
+
+STOP_REASONS = ("max_new_tokens", "eos")
+_TRAJ_DTYPE = np.dtype(
+    [
+        ("prompt_index", "<i4"),
+        ("temperature", "<f4"),
+        ("seed", "<i8"),
+        ("start", "<i8"),
+        ("length", "<i4"),
+        ("stop_reason", "<i1"),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    question_id: int  # id in the prompt source (Spec-Bench question_id, or line number)
+    category: str  # prompt category ("" when the source has none)
+    text: str  # the user turn as given
+    token_ids: np.ndarray  # (n,) int32 chat-templated prompt ids the target saw
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    vocab_size: int  # logits width (may exceed the tokenizer's length)
+    drafts: tuple[str, ...]  # draft column names, e.g. ("int8", "layers:20")
+    temperatures: tuple[float, ...]  # sampling temperatures; 0.0 = greedy
+    storage: str = "full"  # "full" logits, or "topk" (top-K + log-sum-exp of the rest)
+    top_k: int = 0  # K when storage == "topk"
+    meta: Mapping = field(default_factory=dict)  # JSON-able run metadata; meta["settings"] checked on resume
+
+    def __post_init__(self) -> None:
+        if self.storage not in ("full", "topk"):
+            raise CacheError(f"storage must be 'full' or 'topk', got {self.storage!r}")
+        if self.storage == "topk" and not 0 < self.top_k < self.vocab_size:
+            raise CacheError(f"top_k must be in 1..{self.vocab_size - 1} for topk storage, got {self.top_k}")
+        if TARGET in self.drafts:
+            raise CacheError(f"a draft cannot be named {TARGET!r}")
+        if len(set(self.drafts)) != len(self.drafts):
+            raise CacheError(f"duplicate draft names in {list(self.drafts)}")
+        if not self.temperatures or any(t < 0 for t in self.temperatures):
+            raise CacheError(f"temperatures must be a non-empty list of values >= 0, got {list(self.temperatures)}")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (TARGET, *self.drafts)
+
+
+@dataclass(frozen=True)
+class TrajectoryRow:
+    traj_index: int  # row in /trajectories
+    prompt_index: int  # row in /prompts
+    temperature: float  # 0.0 = greedy
+    seed: int  # seed of the target's sampler for this trajectory
+    start: int  # first position (row of /positions)
+    length: int  # generated tokens
+    stop_reason: str  # "max_new_tokens" | "eos"
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.length
+
+
+def _group_name(column: str) -> str:
+    # HDF5 names cannot contain '/'; keep everything else readable ("layers:20").
+    return column.replace("/", "|")
+
+
+def _same_temperature(a: float, b: float) -> bool:
+    return abs(float(a) - float(b)) < 1e-6
+
+
+def _open_h5(path: Path, mode: str) -> h5py.File:
+    try:
+        if mode == "r":
+            try:  # a plain open checks the file's length; SWMR reads skip that check and
+                return h5py.File(path, "r")  # retry forever on truncated metadata
+            except OSError as exc:
+                if "truncated" in str(exc) or not path.exists():
+                    raise
+            # open for writing by a recorder, or left by a killed one: read it the SWMR way
+            return h5py.File(path, "r", libver="latest", swmr=True)
+        return h5py.File(path, mode, libver="latest")
+    except FileNotFoundError:
+        raise CacheError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise CacheError(f"{path}: cannot open as HDF5 ({exc}); is it a specsim cache, complete and not corrupted?") from None
+
+
+def _read_spec(f: h5py.File, path: Path) -> CacheSpec:
+    if f.attrs.get("format") != FORMAT:
+        raise CacheError(f"{path}: not a specsim cache (no format={FORMAT!r} attribute)")
+    version = int(f.attrs.get("format_version", -1))
+    if version != FORMAT_VERSION:
+        raise CacheError(f"{path}: cache format version {version}, this specsim reads {FORMAT_VERSION}")
+    try:
+        return CacheSpec(
+            vocab_size=int(f.attrs["vocab_size"]),
+            drafts=tuple(json.loads(f.attrs["drafts"])),
+            temperatures=tuple(float(t) for t in json.loads(f.attrs["temperatures"])),
+            storage=str(f.attrs["storage"]),
+            top_k=int(f.attrs["top_k"]),
+            meta=json.loads(f.attrs["meta"]),
+        )
+    except (KeyError, ValueError) as exc:
+        raise CacheError(f"{path}: corrupt cache header ({exc})") from None
+
+
+def _read_prompts(f: h5py.File) -> list[PromptRecord]:
+    g = f["prompts"]
+    return [
+        PromptRecord(int(qid), cat.decode() if isinstance(cat, bytes) else str(cat),
+                     text.decode() if isinstance(text, bytes) else str(text), np.asarray(ids, dtype=np.int32))
+        for qid, cat, text, ids in zip(g["question_id"][()], g["category"][()], g["text"][()], g["token_ids"][()])
+    ]
+
+
+def _committed_rows(f: h5py.File) -> np.ndarray:
+    ds = f["trajectories"]
+    if f.swmr_mode and f.mode == "r":
+        ds.refresh()
+    rows = ds[()]
+    return rows[rows["length"] > 0]
+
+
+class CacheWriter:
+    """Appends trajectories to a cache file, one committed trajectory at a time."""
+
+    def __init__(self, path: Path, f: h5py.File, spec: CacheSpec, prompts: list[PromptRecord]) -> None:
+        self.path = path
+        self._f = f
+        self.spec = spec
+        self.prompts = prompts
+        rows = _committed_rows(f)
+        self._n_rows = len(rows)
+        self._n_positions = int((rows["start"] + rows["length"]).max()) if len(rows) else 0
+        self._done = {(int(r["prompt_index"]), float(r["temperature"])) for r in rows}
+
+    # -- opening -----------------------------------------------------------------------------
+    @classmethod
+    def create(cls, path, spec: CacheSpec, prompts: Sequence[PromptRecord], *, overwrite: bool = False) -> "CacheWriter":
+        path = Path(path)
+        if path.exists() and not overwrite:
+            raise CacheError(f"{path} exists; pass --resume to continue it or --overwrite to replace it")
+        if not prompts:
+            raise CacheError("no prompts to record")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".creating")
+            f = h5py.File(tmp, "w", libver="latest")
+        except OSError as exc:
+            raise CacheError(f"{path}: cannot write here ({exc.strerror or exc})") from None
+        cls._layout(f, spec, prompts)
+        f.flush()
+        f.close()
+        os.replace(tmp, path)
+        f = h5py.File(path, "r+", libver="latest")
+        f.swmr_mode = True
+        return cls(path, f, spec, list(prompts))
+
+    @classmethod
+    def resume(cls, path) -> "CacheWriter":
+        """Reopen a cache to append to it, keeping every committed trajectory."""
+        path = Path(path)
+        if not path.exists():
+            raise CacheError(f"{path}: no such file to resume")
+        with _open_h5(path, "r") as f:  # SWMR read works on a crashed file too
+            spec = _read_spec(f, path)
+            prompts = _read_prompts(f)
+            rows = _committed_rows(f)
+        # Rebuild into a fresh file: a crashed SWMR writer leaves flags that forbid r+,
+        # and positions past the last committed row are garbage to drop anyway.
+        tmp = path.with_name(path.name + ".resuming")
+        with h5py.File(tmp, "w", libver="latest") as out:
+            cls._layout(out, spec, prompts)
+            with _open_h5(path, "r") as src:
+                n = int((rows["start"] + rows["length"]).max()) if len(rows) else 0
+                cls._copy_positions(src, out, spec, n)
+                out["trajectories"].resize((len(rows),))
+                out["trajectories"][:] = rows
+        os.replace(tmp, path)
+        f = h5py.File(path, "r+", libver="latest")
+        f.swmr_mode = True
+        return cls(path, f, spec, prompts)
+
+    @staticmethod
+    def _layout(f: h5py.File, spec: CacheSpec, prompts: Sequence[PromptRecord]) -> None:
+        f.attrs["format"] = FORMAT
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["vocab_size"] = spec.vocab_size
+        f.attrs["storage"] = spec.storage
+        f.attrs["top_k"] = spec.top_k
+        f.attrs["drafts"] = json.dumps(list(spec.drafts))
+        f.attrs["temperatures"] = json.dumps([float(t) for t in spec.temperatures])
+        f.attrs["meta"] = json.dumps(dict(spec.meta), default=str)
+        g = f.create_group("prompts")
+        g["question_id"] = np.array([p.question_id for p in prompts], dtype=np.int64)
+        g["category"] = np.array([p.category for p in prompts], dtype=h5py.string_dtype())
+        g["text"] = np.array([p.text for p in prompts], dtype=h5py.string_dtype())
+        ids = g.create_dataset("token_ids", (len(prompts),), dtype=h5py.vlen_dtype(np.int32))
+        for i, p in enumerate(prompts):
+            ids[i] = np.asarray(p.token_ids, dtype=np.int32)
+        fill = np.zeros((), dtype=_TRAJ_DTYPE)
+        f.create_dataset("trajectories", (0,), maxshape=(None,), dtype=_TRAJ_DTYPE, chunks=(256,), fillvalue=fill)
+        pos = f.create_group("positions")
+        pos.create_dataset("token", (0,), maxshape=(None,), dtype=np.int32, chunks=(1024,))
+        cols = f.create_group("columns")
+        V, K = spec.vocab_size, spec.top_k
+        for c in spec.columns:
+            g = cols.create_group(_group_name(c))
+            g.attrs["name"] = c
+            if spec.storage == "full":
+                g.create_dataset("logits", (0, V), maxshape=(None, V), dtype=np.float16, chunks=(ROW_CHUNK, V))
+            else:
+                g.create_dataset("topk_ids", (0, K), maxshape=(None, K), dtype=np.int32, chunks=(256, K))
+                g.create_dataset("topk_logits", (0, K), maxshape=(None, K), dtype=np.float16, chunks=(256, K))
+                g.create_dataset("tail_lse", (0,), maxshape=(None,), dtype=np.float32, chunks=(1024,))
+
+    @staticmethod
+    def _copy_positions(src: h5py.File, out: h5py.File, spec: CacheSpec, n: int) -> None:
+        datasets = ["positions/token"] + [
+            f"columns/{_group_name(c)}/{name}"
+            for c in spec.columns
+            for name in (("logits",) if spec.storage == "full" else ("topk_ids", "topk_logits", "tail_lse"))
+        ]
+        for name in datasets:
+            s, d = src[name], out[name]
+            d.resize((n, *d.shape[1:]))
+            step = 1024
+            for i in range(0, n, step):
+                d[i : i + step] = s[i : min(i + step, n)]
+
+    # -- state ---------------------------------------------------------------------------------
+    def done(self) -> set[tuple[int, float]]:
+        return set(self._done)
+
+    def is_done(self, prompt_index: int, temperature: float) -> bool:
+        return any(p == prompt_index and _same_temperature(t, temperature) for p, t in self._done)
+
+    @property
+    def n_positions(self) -> int:
+        return self._n_positions
+
+    # -- writing ---------------------------------------------------------------------------------
+    def append_trajectory(
+        self,
+        *,
+        prompt_index: int,
+        temperature: float,
+        seed: int,
+        tokens: np.ndarray,
+        target_logits: np.ndarray,
+        draft_logits: Mapping[str, np.ndarray],
+        stop_reason: str,
+    ) -> None:
+        """Write one trajectory's positions, then commit it by appending its row."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        n = len(tokens)
+        if n == 0:
+            raise CacheError("a trajectory needs at least one generated token")
+        if not 0 <= prompt_index < len(self.prompts):
+            raise CacheError(f"prompt_index {prompt_index} out of range 0..{len(self.prompts) - 1}")
+        if not any(_same_temperature(temperature, t) for t in self.spec.temperatures):
+            raise CacheError(f"temperature {temperature} is not one of the cache's {list(self.spec.temperatures)}")
+        if set(draft_logits) != set(self.spec.drafts):
+            raise CacheError(f"draft logits given for {sorted(draft_logits)}, the cache records {list(self.spec.drafts)}")
+        if stop_reason not in STOP_REASONS:
+            raise CacheError(f"stop_reason must be one of {STOP_REASONS}, got {stop_reason!r}")
+        columns = {TARGET: target_logits, **draft_logits}
+        for c, x in columns.items():
+            if np.shape(x) != (n, self.spec.vocab_size):
+                raise CacheError(f"{c} logits have shape {np.shape(x)}, expected ({n}, {self.spec.vocab_size})")
+
+        f, start, stop = self._f, self._n_positions, self._n_positions + n
+        tok = f["positions/token"]
+        tok.resize((stop,))
+        tok[start:stop] = tokens
+        for c, x in columns.items():
+            self._write_column(f["columns"][_group_name(c)], start, stop, np.asarray(x, dtype=np.float32))
+        f.flush()  # positions reach the file before the row that makes them visible
+
+        rows = f["trajectories"]
+        rows.resize((self._n_rows + 1,))
+        row = np.zeros((), dtype=_TRAJ_DTYPE)
+        row["prompt_index"], row["temperature"], row["seed"] = prompt_index, temperature, seed
+        row["start"], row["length"], row["stop_reason"] = start, n, STOP_REASONS.index(stop_reason)
+        rows[self._n_rows] = row
+        f.flush()
+        self._n_rows += 1
+        self._n_positions = stop
+        self._done.add((prompt_index, float(np.float32(temperature))))
+
+    def _write_column(self, g: h5py.Group, start: int, stop: int, logits: np.ndarray) -> None:
+        if self.spec.storage == "full":
+            ds = g["logits"]
+            ds.resize((stop, ds.shape[1]))
+            ds[start:stop] = logits.astype(np.float16)
+            return
+        ids, top, tail = topk_compress(logits, self.spec.top_k)
+        for name, x in (("topk_ids", ids), ("topk_logits", top.astype(np.float16)), ("tail_lse", tail)):
+            ds = g[name]
+            ds.resize((stop, *ds.shape[1:]))
+            ds[start:stop] = x
+
+    def close(self) -> None:
+        if self._f.id.valid:
+            self._f.close()
+
+    def __enter__(self) -> "CacheWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def topk_compress(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Top-k ids (sorted by logit, descending), their logits, and log-sum-exp of the rest."""
+    ids = np.argpartition(-logits, k - 1, axis=1)[:, :k]  # (n, k)
+    top = np.take_along_axis(logits, ids, axis=1)
+    order = np.argsort(-top, axis=1, kind="stable")
+    ids, top = np.take_along_axis(ids, order, axis=1), np.take_along_axis(top, order, axis=1)
+    rest = logits.copy()
+    np.put_along_axis(rest, ids, -np.inf, axis=1)
+    m = rest.max(axis=1, keepdims=True)
+    tail = (m[:, 0] + np.log(np.exp(rest - m).sum(axis=1))).astype(np.float32)
+    return ids.astype(np.int32), top, tail
+
+
+def topk_expand(ids: np.ndarray, top: np.ndarray, tail: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Dense logits from top-k storage, the tail's mass spread evenly over the other entries."""
+    n, k = ids.shape
+    fill = tail - np.log(vocab_size - k)  # (n,)
+    dense = np.repeat(fill[:, None], vocab_size, axis=1).astype(np.float32)
+    np.put_along_axis(dense, ids.astype(np.int64), top.astype(np.float32), axis=1)
+    return dense
+
+
+class CacheReader:
+    """Read-only view of a cache; safe to open while a recording is running (SWMR)."""
+
+    def __init__(self, path) -> None:
+        self.path = Path(path)
+        self._f = _open_h5(self.path, "r")
+        try:
+            self.spec = _read_spec(self._f, self.path)
+            self.meta: dict = dict(self.spec.meta)
+            rows = _committed_rows(self._f)
+            prompts = _read_prompts(self._f)
+            self._probe(rows)
+        except CacheError:
+            self._f.close()
+            raise
+        except (KeyError, OSError, ValueError) as exc:
+            self._f.close()
+            raise CacheError(f"{self.path}: corrupt or truncated cache ({exc})") from None
+        self._prompts = prompts
+        self._rows = rows
+        self.n_positions = int((rows["start"] + rows["length"]).max()) if len(rows) else 0
+        self.prompts = pl.DataFrame(
+            {
+                "prompt_index": np.arange(len(prompts), dtype=np.int32),
+                "question_id": [p.question_id for p in prompts],
+                "category": [p.category for p in prompts],
+                "text": [p.text for p in prompts],
+                "n_prompt_tokens": [len(p.token_ids) for p in prompts],
+            }
+        )
+        categories = [prompts[int(i)].category for i in rows["prompt_index"]]
+        self.trajectories = pl.DataFrame(
+            {
+                "traj_index": np.arange(len(rows), dtype=np.int32),
+                "prompt_index": rows["prompt_index"].astype(np.int32),
+                "category": categories,
+                "temperature": rows["temperature"].astype(np.float64).round(6),
+                "seed": rows["seed"].astype(np.int64),
+                "start": rows["start"].astype(np.int64),
+                "length": rows["length"].astype(np.int32),
+                "stop_reason": [STOP_REASONS[int(s)] for s in rows["stop_reason"]],
+            },
+            schema_overrides={"category": pl.String, "stop_reason": pl.String},
+        )
+
+    def _probe(self, rows: np.ndarray) -> None:
+        # SWMR readers skip HDF5's end-of-file check, so read the last committed row of
+        # every dataset: a truncated file fails here, not halfway through a simulation.
+        n = int((rows["start"] + rows["length"]).max()) if len(rows) else 0
+        if n == 0:
+            return
+        for c in self.spec.columns:
+            g = self._f["columns"][_group_name(c)]
+            for ds in g.values():
+                if ds.shape[0] < n:
+                    raise CacheError(f"{self.path}: column {c!r} has {ds.shape[0]} positions, trajectories need {n}")
+                ds[n - 1]
+        self._f["positions/token"][n - 1]
+
+    # -- metadata ------------------------------------------------------------------------------
+    @property
+    def size_bytes(self) -> int:
+        return self.path.stat().st_size
+
+    def prompt_token_ids(self, prompt_index: int) -> np.ndarray:
+        return self._prompts[prompt_index].token_ids
+
+    def iter_trajectories(self, temperature: float | None = None) -> Iterator[TrajectoryRow]:
+        for i, r in enumerate(self._rows):
+            if temperature is not None and not _same_temperature(r["temperature"], temperature):
+                continue
+            yield TrajectoryRow(
+                traj_index=i,
+                prompt_index=int(r["prompt_index"]),
+                temperature=round(float(r["temperature"]), 6),
+                seed=int(r["seed"]),
+                start=int(r["start"]),
+                length=int(r["length"]),
+                stop_reason=STOP_REASONS[int(r["stop_reason"])],
+            )
+
+    def check_temperature(self, temperature: float) -> float:
+        """The recorded temperature equal to `temperature`, or a CacheError listing the recorded ones."""
+        for t in self.spec.temperatures:
+            if _same_temperature(t, temperature):
+                return t
+        raise CacheError(
+            f"{self.path}: temperature {temperature:g} was not recorded; recorded: "
+            + ", ".join(f"{t:g}" for t in self.spec.temperatures)
+        )
+
+    def check_column(self, column: str) -> str:
+        if column not in self.spec.columns:
+            raise CacheError(f"{self.path}: no draft named {column!r}; recorded drafts: {', '.join(self.spec.drafts)}")
+        return column
+
+    # -- data ------------------------------------------------------------------------------------
+    def _check_range(self, start: int, stop: int) -> None:
+        if not 0 <= start <= stop <= self.n_positions:
+            raise CacheError(f"positions {start}:{stop} outside the committed 0:{self.n_positions}")
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        self._check_range(start, stop)
+        return self._f["positions/token"][start:stop].astype(np.int32)
+
+    def logits(self, column: str, start: int, stop: int) -> np.ndarray:
+        """(stop - start, V) float32 logits of `column` ("target" or a draft name)."""
+        self._check_range(start, stop)
+        g = self._f["columns"][_group_name(self.check_column(column))]
+        if self.spec.storage == "full":
+            return g["logits"][start:stop].astype(np.float32)
+        return topk_expand(g["topk_ids"][start:stop], g["topk_logits"][start:stop], g["tail_lse"][start:stop],
+                           self.spec.vocab_size)
+
+    def close(self) -> None:
+        if self._f.id.valid:
+            self._f.close()
+
+    def __enter__(self) -> "CacheReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

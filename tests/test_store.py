@@ -1,0 +1,157 @@
+"""The HDF5 cache store: round trips, top-k storage, bad files, and crash safety."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from specsim.cache.store import CacheReader, CacheSpec, CacheWriter, PromptRecord, topk_compress, topk_expand
+from specsim.errors import CacheError
+
+V = 40
+
+
+def _prompts(n=3):
+    return [PromptRecord(100 + i, ["math", "qa"][i % 2], f"prompt {i}", np.arange(i + 2, dtype=np.int32)) for i in range(n)]
+
+
+def _spec(**kw):
+    return CacheSpec(vocab_size=V, drafts=("d1", "layers:2"), temperatures=(0.0, 0.7), meta={"settings": {"seed": 1}}, **kw)
+
+
+def _append(w, rng, prompt_index, temperature, n):
+    data = dict(
+        tokens=rng.integers(0, V, n),
+        target_logits=rng.normal(size=(n, V)) * 3,
+        draft_logits={"d1": rng.normal(size=(n, V)), "layers:2": rng.normal(size=(n, V))},
+    )
+    w.append_trajectory(prompt_index=prompt_index, temperature=temperature, seed=7, stop_reason="eos", **data)
+    return data
+
+
+def test_round_trip_full_storage(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "c.h5"
+    with CacheWriter.create(path, _spec(), _prompts()) as w:
+        a = _append(w, rng, 0, 0.0, 5)
+        b = _append(w, rng, 2, 0.7, 3)
+    with CacheReader(path) as r:
+        assert r.n_positions == 8
+        assert r.trajectories["start"].to_list() == [0, 5]
+        assert r.trajectories["category"].to_list() == ["math", "math"]
+        assert r.trajectories["temperature"].to_list() == [0.0, 0.7]
+        np.testing.assert_array_equal(r.tokens(5, 8), b["tokens"])
+        np.testing.assert_allclose(r.logits("target", 0, 5), a["target_logits"], atol=2e-2)  # float16 storage
+        np.testing.assert_allclose(r.logits("layers:2", 5, 8), b["draft_logits"]["layers:2"], atol=2e-2)
+        np.testing.assert_array_equal(r.prompt_token_ids(1), np.arange(3))
+        assert [t.stop for t in r.iter_trajectories(0.7)] == [8]
+        assert r.meta["settings"] == {"seed": 1}
+
+
+def test_topk_storage_keeps_top_logits_and_tail_mass(tmp_path):
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(4, V)) * 2
+    ids, top, tail = topk_compress(logits, 5)
+    dense = topk_expand(ids, top, tail, V)
+    assert (np.diff(top, axis=1) <= 0).all()  # sorted descending
+    np.testing.assert_allclose(np.sort(logits, axis=1)[:, ::-1][:, :5], top)
+    lse = lambda x: np.log(np.exp(x).sum(axis=1))  # noqa: E731
+    np.testing.assert_allclose(lse(dense), lse(logits), rtol=1e-6)  # total mass preserved
+
+    path = tmp_path / "k.h5"
+    with CacheWriter.create(path, _spec(storage="topk", top_k=5), _prompts()) as w:
+        data = _append(w, rng, 1, 0.0, 4)
+    with CacheReader(path) as r:
+        assert r.spec.storage == "topk" and r.spec.top_k == 5
+        got = r.logits("target", 0, 4)
+        want_ids = np.argsort(-data["target_logits"], axis=1)[:, :5]
+        np.testing.assert_allclose(np.take_along_axis(got, want_ids, 1),
+                                   np.take_along_axis(data["target_logits"], want_ids, 1), atol=2e-2)
+
+
+def test_bad_requests_are_refused(tmp_path):
+    path = tmp_path / "c.h5"
+    with CacheWriter.create(path, _spec(), _prompts()) as w:
+        with pytest.raises(CacheError, match="temperature 0.5 is not one of"):
+            w.append_trajectory(prompt_index=0, temperature=0.5, seed=0, tokens=[1], target_logits=np.zeros((1, V)),
+                                draft_logits={"d1": np.zeros((1, V)), "layers:2": np.zeros((1, V))}, stop_reason="eos")
+        with pytest.raises(CacheError, match="expected \\(1, 40\\)"):
+            w.append_trajectory(prompt_index=0, temperature=0.0, seed=0, tokens=[1], target_logits=np.zeros((1, 3)),
+                                draft_logits={"d1": np.zeros((1, V)), "layers:2": np.zeros((1, V))}, stop_reason="eos")
+    with pytest.raises(CacheError, match="exists; pass --resume"):
+        CacheWriter.create(path, _spec(), _prompts())
+    with CacheReader(path) as r:
+        with pytest.raises(CacheError, match="recorded: 0, 0.7"):
+            r.check_temperature(1.0)
+        with pytest.raises(CacheError, match="recorded drafts: d1, layers:2"):
+            r.check_column("int8")
+
+
+def test_reader_rejects_missing_foreign_and_truncated_files(tmp_path):
+    with pytest.raises(CacheError, match="no such file"):
+        CacheReader(tmp_path / "nope.h5")
+    (tmp_path / "text.h5").write_text("not hdf5")
+    with pytest.raises(CacheError, match="cannot open as HDF5"):
+        CacheReader(tmp_path / "text.h5")
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f["x"] = 1
+    with pytest.raises(CacheError, match="not a specsim cache"):
+        CacheReader(tmp_path / "other.h5")
+    path = tmp_path / "c.h5"
+    with CacheWriter.create(path, _spec(), _prompts()) as w:
+        _append(w, np.random.default_rng(0), 0, 0.0, 50)
+    data = path.read_bytes()
+    (tmp_path / "cut.h5").write_bytes(data[: len(data) // 3])
+    with pytest.raises(CacheError):
+        CacheReader(tmp_path / "cut.h5")
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, time, numpy as np
+    from specsim.cache.store import CacheSpec, CacheWriter, PromptRecord
+    spec = CacheSpec(vocab_size=40, drafts=("d1",), temperatures=(0.0,))
+    prompts = [PromptRecord(i, "c", "p", np.arange(3, dtype=np.int32)) for i in range(1000)]
+    w = CacheWriter.create(sys.argv[1], spec, prompts)
+    for i in range(1000):
+        rng = np.random.default_rng(i)
+        w.append_trajectory(prompt_index=i, temperature=0.0, seed=i, tokens=rng.integers(0, 40, 20),
+                            target_logits=rng.normal(size=(20, 40)), draft_logits={"d1": rng.normal(size=(20, 40))},
+                            stop_reason="max_new_tokens")
+        print(i, flush=True)
+        time.sleep(0.02)
+    """
+)
+
+
+def test_kill_9_keeps_committed_trajectories_and_resume_continues(tmp_path):
+    path = tmp_path / "crash.h5"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    for _ in range(5):  # wait until a few trajectories are committed
+        proc.stdout.readline()
+    with CacheReader(path) as r:  # readable while the writer runs
+        assert len(r.trajectories) >= 4
+    time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with CacheReader(path) as r:
+        n_before = len(r.trajectories)
+        assert n_before >= 5 and r.n_positions == 20 * n_before
+        rng = np.random.default_rng(n_before - 1)
+        tokens = rng.integers(0, 40, 20)
+        np.testing.assert_array_equal(r.tokens(20 * (n_before - 1), 20 * n_before), tokens)
+    with CacheWriter.resume(path) as w:
+        assert w.is_done(0, 0.0) and not w.is_done(n_before, 0.0)
+        rng = np.random.default_rng(n_before)
+        w.append_trajectory(prompt_index=n_before, temperature=0.0, seed=0, tokens=rng.integers(0, 40, 20),
+                            target_logits=rng.normal(size=(20, 40)), draft_logits={"d1": rng.normal(size=(20, 40))},
+                            stop_reason="eos")
+    with CacheReader(path) as r:
+        assert len(r.trajectories) == n_before + 1
+        assert r.trajectories["start"].to_list() == [20 * i for i in range(n_before + 1)]
