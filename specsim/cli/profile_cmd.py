@@ -35,10 +35,12 @@ def _ints(value: str, flag: str) -> tuple[int, ...]:
 @click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True, help="Timed forwards per entry.")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed forwards per entry.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random token ids.")
+@click.option("--threads", type=click.IntRange(min=1),
+              help="CPU threads for torch (on a shared or busy machine 1 thread times far more steadily).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Profile JSON to write.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @friendly_errors
-def profile(target, draft, device, dtype, contexts, max_tokens, draft_widths, repeats, warmup, seed, out, quiet):
+def profile(target, draft, device, dtype, contexts, max_tokens, draft_widths, repeats, warmup, seed, threads, out, quiet):
     """Measure target verification and draft step times for the speedup model.
 
     Over a KV cache prefilled with L random tokens, times one target forward over
@@ -61,6 +63,10 @@ def profile(target, draft, device, dtype, contexts, max_tokens, draft_widths, re
     from specsim.record.models import load_draft, load_model, resolve_device
 
     device = resolve_device(device)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     on_cuda = device.startswith("cuda")
     dtype = ("bfloat16" if on_cuda else "float32") if dtype == "auto" else dtype
     config = ProfileConfig(
