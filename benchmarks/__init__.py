@@ -1,0 +1,1 @@
+"""Speed benchmarks: each prints ratios against a baseline measured in the same run."""
