@@ -23,11 +23,11 @@ def _timed(table: pl.DataFrame) -> pl.DataFrame:
     return table.filter(pl.col("check_passed") & pl.col("median_ms").is_not_null())
 
 
-def _subtitle(table: pl.DataFrame, **fixed) -> str:
+def _subtitle(table: pl.DataFrame, bars: bool = False, **fixed) -> str:
     first = table.row(0, named=True)
     parts = [first["device"], first["dtype"], f"heads {first['heads']}/{first['kv_heads']} x {first['head_dim']}"]
     parts += [f"{k}={v}" for k, v in fixed.items()]
-    return " | ".join(parts) + f" | median of {first['repeats']} (bars: p10-p90)"
+    return " | ".join(parts) + f" | median of {first['repeats']} calls" + (" (bars: p10-p90)" if bars else "")
 
 
 def time_vs_context(table: pl.DataFrame) -> alt.Chart:
@@ -46,7 +46,8 @@ def time_vs_context(table: pl.DataFrame) -> alt.Chart:
     bars = base.mark_rule().encode(y="p10_ms:Q", y2="p90_ms:Q")
     return alt.layer(lines, bars, data=data).properties(width=180, height=140).facet(
         column=alt.Column("N:O", title="tree nodes N"), row=alt.Row("shape:N", title="tree shape")
-    ).properties(title=alt.Title("Tree attention time vs context length", subtitle=_subtitle(table, B=batch)))
+    ).properties(title=alt.Title("Tree attention time vs context length",
+                                 subtitle=_subtitle(table, bars=True, B=batch)))
 
 
 def speedup_vs_tree_size(table: pl.DataFrame) -> alt.Chart:
