@@ -1,0 +1,305 @@
+"""Per-(draft, temperature) features of a cache: what replaying a tree needs per position.
+
+DESIGN.md §1-2. Along a target-sampled trajectory y_1..y_n the simulator needs, at
+each position t, only a few numbers derived from the cached logits:
+
+* the rank ρ_t of y_t under the draft q_t (0 = the draft's top choice, ties broken
+  by the lower token id) — greedy trees accept a node iff its rank path matches;
+* log p_t(y_t) and log q_t(y_t) at the simulated temperature — speculative sampling
+  accepts a one-token draft with β_t = min(1, q_t(y_t) / p_t(y_t)) (the coupling);
+* the draft's top-K ids (for estimators that need the draft's candidates).
+
+They are derived once per (draft, temperature), streaming the cache in bounded
+memory, and kept beside it in ``<cache>.features.h5``; that file is rebuilt when
+the cache's committed positions, size or modification time change. Estimators that
+need whole distributions (multi-draft trees) stream them with
+`Features.iter_distributions`. Model-free drafts (``ngram:3``, ``prompt-lookup:2``)
+have no draft column; their Features carry tokens and trajectory bounds only.
+numpy only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import h5py
+import numpy as np
+
+from specsim.cache.store import TARGET, CacheReader
+from specsim.errors import CacheError, SpecError
+
+MODEL_FREE = ("ngram", "prompt-lookup")  # draft families that need no draft column
+FEATURES_FORMAT = "specsim-features"
+FEATURES_VERSION = 2  # bump when the stored arrays change meaning
+BLOCK = 256  # positions read at once per column while deriving features
+
+
+@dataclass(frozen=True)
+class Features:
+    """Everything the simulator reads per position for one (draft, temperature)."""
+
+    draft: str  # draft column name, or a model-free spec like "ngram:3"
+    temperature: float  # trajectories used (0 = greedy)
+    cache_path: Path  # the cache these were derived from
+    models: dict  # {"target": ..., "draft": ...} names for table rows
+    traj_start: np.ndarray  # (n_traj,) int64 offsets into the arrays below (local, contiguous)
+    traj_len: np.ndarray  # (n_traj,) int32
+    traj_prompt: np.ndarray  # (n_traj,) int32 prompt_index
+    traj_category: np.ndarray  # (n_traj,) str (object) category
+    cache_start: np.ndarray  # (n_traj,) int64 trajectory start in the cache's positions (for raw reads)
+    token: np.ndarray  # (N,) int32 trajectory tokens y
+    rank: np.ndarray | None  # (N,) int32 rank of y_t under q_t (None for model-free drafts)
+    logp: np.ndarray | None  # (N,) float64 log p_t(y_t) at `temperature` (T=0: at T=1)
+    logq: np.ndarray | None  # (N,) float64 log q_t(y_t) at `temperature` (T=0: at T=1)
+    top_ids: np.ndarray | None  # (N, K) int32 draft's top-K ids, most likely first
+    exact_tail: bool  # False when the cache stores top-k only (tail-dependent numbers approximate)
+
+    @property
+    def n_positions(self) -> int:
+        return int(self.token.shape[0])
+
+    @property
+    def n_traj(self) -> int:
+        return int(self.traj_len.shape[0])
+
+    @property
+    def model_free(self) -> bool:
+        return self.rank is None
+
+    @property
+    def softmax_temperature(self) -> float:
+        """Temperature of the probabilities: greedy trajectories use the T=1 softmax."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+    def remaining(self) -> np.ndarray:
+        """(N,) int64: drafts a call starting at each position may accept (n - 1 - t; DESIGN end cap)."""
+        ends = np.repeat(self.traj_start + self.traj_len, self.traj_len)  # (N,)
+        return ends - np.arange(self.n_positions) - 1
+
+    def prompt_ids(self, i_traj: int) -> np.ndarray:
+        """Token ids of trajectory i_traj's prompt (what model-free drafts match against)."""
+        with CacheReader(self.cache_path) as reader:
+            return reader.prompt_token_ids(int(self.traj_prompt[i_traj]))
+
+    def iter_distributions(self, block: int = BLOCK) -> Iterator[tuple[int, int, np.ndarray, np.ndarray | None]]:
+        """Stream (local_start, local_stop, p_target, q_draft) in bounded memory.
+
+        p_target and q_draft are (n, V) float64 probabilities at the simulated temperature
+        (T=0 trajectories: the T=1 softmax); q_draft is None for model-free drafts.
+        """
+        T = self.softmax_temperature
+        with CacheReader(self.cache_path) as reader:
+            for local, cache, n in _runs(self):
+                for s in range(0, n, block):
+                    e = min(s + block, n)
+                    p_target = _softmax(reader.logits(TARGET, cache + s, cache + e), T)
+                    q_draft = None if self.model_free else _softmax(reader.logits(self.draft, cache + s, cache + e), T)
+                    yield local + s, local + e, p_target, q_draft
+
+
+def is_model_free(draft: str) -> bool:
+    return draft.partition(":")[0].strip().lower() in MODEL_FREE
+
+
+def load_features(cache, draft: str, temperature: float, *, top_k: int = 16, progress: bool = True) -> Features:
+    """Features of `draft` on the trajectories recorded at `temperature`, derived once and kept beside the cache.
+
+    `cache` is a path or an open `CacheReader`. Raises CacheError for an unrecorded
+    temperature or draft (the message lists what the cache has).
+    """
+    reader = cache if isinstance(cache, CacheReader) else CacheReader(cache)
+    try:
+        return _load(reader, draft, temperature, top_k, progress)
+    finally:
+        if reader is not cache:
+            reader.close()
+
+
+def _load(reader: CacheReader, draft: str, temperature: float, top_k: int, progress: bool) -> Features:
+    T = reader.check_temperature(float(temperature))
+    model_free = draft not in reader.spec.drafts and is_model_free(draft)
+    if not model_free:
+        reader.check_column(draft)
+        if draft == TARGET:
+            raise SpecError(f"{TARGET!r} is the target column, not a draft; drafts: {', '.join(reader.spec.drafts)}")
+    rows = list(reader.iter_trajectories(T))
+    if not rows:
+        raise CacheError(f"{reader.path}: no committed trajectories at temperature {T:g} yet")
+    lens = np.array([r.length for r in rows], dtype=np.int32)
+    categories = reader.prompts["category"].to_list()
+    base = dict(
+        draft=draft, temperature=T, cache_path=reader.path,
+        models={"target": target_name(reader.meta), "draft": draft},
+        traj_start=np.concatenate([[0], np.cumsum(lens[:-1], dtype=np.int64)]).astype(np.int64),
+        traj_len=lens,
+        traj_prompt=np.array([r.prompt_index for r in rows], dtype=np.int32),
+        traj_category=np.array([categories[r.prompt_index] for r in rows], dtype=object),
+        cache_start=np.array([r.start for r in rows], dtype=np.int64),
+        exact_tail=reader.spec.storage == "full",
+    )
+    if model_free:
+        token = np.concatenate([reader.tokens(r.start, r.stop) for r in rows])
+        return Features(**base, token=token, rank=None, logp=None, logq=None, top_ids=None)
+    K = max(1, min(int(top_k), reader.spec.vocab_size))
+    key = f"{draft.replace('/', '|')}@T={T:g}@K={K}"
+    stored = _read_stored(reader, key)
+    if stored is None:
+        stored = _derive(reader, base, draft, T, K, progress)
+        _write_stored(reader, key, stored)
+    return Features(**base, **stored)
+
+
+def target_name(meta: dict) -> str:
+    """The target model's name as the recorder wrote it (the spec string it was loaded from)."""
+    settings = meta.get("settings") if isinstance(meta.get("settings"), dict) else {}
+    target = meta.get("target")
+    name = settings.get("target") or (target.get("spec") if isinstance(target, dict) else target)
+    return str(name or "target")
+
+
+# -- derivation ----------------------------------------------------------------------------
+
+
+def _runs(features) -> list[tuple[int, int, int]]:
+    """(local_start, cache_start, length) of maximal runs contiguous in both numberings."""
+    runs: list[list[int]] = []
+    for local, cache, n in zip(features.traj_start.tolist(), features.cache_start.tolist(), features.traj_len.tolist()):
+        if runs and runs[-1][1] + runs[-1][2] == cache:
+            runs[-1][2] += n
+        else:
+            runs.append([local, cache, n])
+    return [tuple(r) for r in runs]
+
+
+class _Base:  # what _runs needs, before the Features exist
+    def __init__(self, base: dict) -> None:
+        self.traj_start, self.cache_start, self.traj_len = base["traj_start"], base["cache_start"], base["traj_len"]
+
+
+def _derive(reader: CacheReader, base: dict, draft: str, T: float, K: int, progress: bool) -> dict:
+    from tqdm.auto import tqdm
+
+    N = int(base["traj_len"].sum())
+    token = np.empty(N, dtype=np.int32)
+    rank = np.empty(N, dtype=np.int32)
+    logp = np.empty(N, dtype=np.float64)
+    logq = np.empty(N, dtype=np.float64)
+    top_ids = np.empty((N, K), dtype=np.int32)
+    Ts = T if T > 0 else 1.0
+    bar = tqdm(total=N, unit="pos", desc=f"features {draft} T={T:g}", disable=not progress, dynamic_ncols=True)
+    try:
+        for local, cache, n in _runs(_Base(base)):
+            for s in range(0, n, BLOCK):
+                e = min(s + BLOCK, n)
+                a, b = local + s, local + e
+                y = reader.tokens(cache + s, cache + e)  # (n,)
+                p_logits = reader.logits(TARGET, cache + s, cache + e)  # (n, V)
+                q_logits = reader.logits(draft, cache + s, cache + e)  # (n, V)
+                token[a:b] = y
+                rank[a:b] = token_rank(q_logits, y)
+                logp[a:b] = _log_prob(p_logits, y, Ts)
+                logq[a:b] = _log_prob(q_logits, y, Ts)
+                top_ids[a:b] = top_k_ids(q_logits, K)
+                bar.update(e - s)
+    except OSError as exc:
+        raise CacheError(f"{reader.path}: corrupt data while reading logits ({exc})") from None
+    finally:
+        bar.close()
+    return dict(token=token, rank=rank, logp=logp, logq=logq, top_ids=top_ids)
+
+
+def token_rank(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """(n,) rank of y[i] in row i: entries strictly larger, plus equal ones with a lower id."""
+    ly = logits[np.arange(len(y)), y][:, None]  # (n, 1)
+    lower_id = np.arange(logits.shape[1])[None, :] < y[:, None]  # (n, V)
+    return ((logits > ly) | ((logits == ly) & lower_id)).sum(axis=1).astype(np.int32)
+
+
+def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
+    """(n, k) ids of the k largest entries per row, ties broken by the lower id (as `token_rank`)."""
+    n, V = logits.shape
+    m = min(V, k + 8)  # slack so ties at the k-th value usually fall inside the partition
+    part = np.argpartition(-logits, m - 1, axis=1)[:, :m] if m < V else np.broadcast_to(np.arange(V), (n, V)).copy()
+    vals = np.take_along_axis(logits, part, axis=1)
+    order = np.lexsort((part, -vals), axis=1)
+    ids = np.take_along_axis(part, order, axis=1)
+    sorted_vals = np.take_along_axis(vals, order, axis=1)
+    if m < V:  # a tie run reaching the partition's edge may hide a lower id outside it: sort those rows fully
+        for i in np.flatnonzero(sorted_vals[:, m - 1] == sorted_vals[:, k - 1]):
+            ids[i] = np.argsort(-logits[i], kind="stable")[:m]
+    return ids[:, :k].astype(np.int32)
+
+
+def _log_prob(logits: np.ndarray, y: np.ndarray, T: float) -> np.ndarray:
+    z = logits.astype(np.float64) / T  # (n, V)
+    m = z.max(axis=1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(z - m).sum(axis=1))
+    return z[np.arange(len(y)), y] - lse
+
+
+def _softmax(logits: np.ndarray, T: float) -> np.ndarray:
+    z = logits.astype(np.float64) / T  # (n, V)
+    z -= z.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=1, keepdims=True)
+    return z
+
+
+# -- the file beside the cache --------------------------------------------------------------
+
+
+def features_path(cache_path: Path) -> Path:
+    return Path(str(cache_path) + ".features.h5")
+
+
+def _fingerprint(reader: CacheReader) -> dict:
+    st = reader.path.stat()
+    return {"cache_n_positions": int(reader.n_positions), "cache_size": int(st.st_size),
+            "cache_mtime_ns": int(st.st_mtime_ns), "format": FEATURES_FORMAT, "version": FEATURES_VERSION}
+
+
+def _valid(f: h5py.File, fp: dict) -> bool:
+    return all(f.attrs.get(k) == v for k, v in fp.items())
+
+
+def _read_stored(reader: CacheReader, key: str) -> dict | None:
+    path = features_path(reader.path)
+    try:
+        with h5py.File(path, "r") as f:
+            if not _valid(f, _fingerprint(reader)) or key not in f:
+                return None
+            g = f[key]
+            return {name: g[name][()] for name in ("token", "rank", "logp", "logq", "top_ids")}
+    except (OSError, KeyError):
+        return None  # missing, stale or unreadable: derive again
+
+
+def _write_stored(reader: CacheReader, key: str, arrays: dict) -> None:
+    path = features_path(reader.path)
+    fp = _fingerprint(reader)
+    try:
+        try:
+            f = h5py.File(path, "a")
+        except OSError:
+            path.unlink(missing_ok=True)  # not HDF5 (a crashed write): start over
+            f = h5py.File(path, "a")
+        with f:
+            if not _valid(f, fp):
+                for name in list(f):
+                    del f[name]
+                f.attrs.update(fp)
+            if key in f:
+                del f[key]
+            g = f.create_group(key)
+            for name, x in arrays.items():
+                g.create_dataset(name, data=x)
+    except OSError:
+        # A read-only directory only costs re-deriving next time.
+        try:
+            if path.exists() and path.stat().st_size == 0:
+                os.remove(path)
+        except OSError:
+            pass
