@@ -1,0 +1,257 @@
+"""Sampling trees: multi-draft speculative sampling replayed on target trajectories.
+
+A node with k children draws k candidates from q (i.i.d. as in SpecInfer, Miao et al.
+2024, or without replacement as in SpecTr / Sequoia, Chen et al. 2024) and verifies them
+one after another against the running residual r_0 = p, r_i = norm(max(0, r_{i-1} - q_i))
+(`specsim.verify`). The emitted token is distributed as p, so a cached target trajectory
+is a valid sample of what the tree emits (DESIGN.md §2). Given the emitted y, which
+candidate was accepted decides which subtree is followed:
+
+    π_i(y) = P(accepted as candidate i | y) = E_x[1[x_i = y] · Π_{j<i}(1 − a_j) · a_i] / p(y),
+    a_j = min(1, r_{j-1}(x_j) / q_j(x_j)).
+
+Candidate i's fate depends only on candidates 0..i, never on later ones, so π_i does not
+depend on the fan-out k > i: one vector π(s) per position serves every node.
+
+* i.i.d.: the residuals do not depend on the candidates, so the expectation factorises
+  into a closed form, π_i(y) = Π_{j<i}(1 − Σ_x min(q, r_j)) · min(q(y), r_i(y)) / p(y). Exact.
+* without replacement: the residuals depend on the earlier candidates. Monte-Carlo with
+  the coins integrated analytically and x_i forced to y (importance weight q_i(y)):
+      π̂_i = Π_{j<i}(1 − a_j(x_j)) · min(q_i(y), r_i(y)) / p(y),  x_{<i} ~ q without replacement,
+  unbiased, with a standard error from M samples per position.
+* k = 1 everywhere (chains) reduces to β = min(1, q(y)/p(y)), computed without MC.
+
+P(reach node) = P(reach parent) · π_{index}(t + depth − 1) along the tree gives
+P(A ≥ d | t) = Σ_{nodes at depth d} P(reach node) (siblings are exclusive), capped at the
+end of each trajectory (a call at t accepts at most n − 1 − t drafts).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from specsim.errors import SpecError
+from specsim.trees import Tree
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specsim.sim.engine import AcceptanceTable
+    from specsim.sim.features import Features
+
+_NO_MASS = 1e-12  # as specsim.verify: a residual lighter than this is rounding noise of r == q
+_BLOCK_ELEMENTS = 1 << 22  # (positions × samples × vocab) floats per Monte-Carlo block
+SCHEMES = ("iid", "swor")
+
+
+# ---------------------------------------------------------------------------- per-position π
+
+
+def _residual(r: np.ndarray, q_i: np.ndarray) -> np.ndarray:
+    """Row-wise norm(max(0, r − q_i)); rows without mass keep r (as `verify.residual`)."""
+    out = np.maximum(r - q_i, 0.0)
+    total = out.sum(axis=-1, keepdims=True)
+    return np.where(total > _NO_MASS, out / np.where(total > 0, total, 1.0), r)
+
+
+def _take(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """x[..., idx[...]] for an index with one entry per leading row."""
+    return np.take_along_axis(x, idx[..., None], axis=-1)[..., 0]
+
+
+def beta(p_target: np.ndarray, q_draft: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """(n,) min(1, q(y)/p(y)): acceptance of a single sampled draft given the output y."""
+    p_y, q_y = _take(p_target, y), _take(q_draft, y)
+    return np.where(p_y > 0, np.minimum(p_y, q_y) / np.where(p_y > 0, p_y, 1.0), 0.0)
+
+
+def acceptance_iid(p_target: np.ndarray, q_draft: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
+    """(n, k) exact π_i(y) for i.i.d. candidates (SpecInfer), rows of p_target/q_draft (n, V)."""
+    p = np.asarray(p_target, dtype=np.float64)
+    q = np.asarray(q_draft, dtype=np.float64)
+    y = np.asarray(y, dtype=np.int64)
+    p_y = _take(p, y)
+    inv_p_y = np.where(p_y > 0, 1.0 / np.where(p_y > 0, p_y, 1.0), 0.0)
+    out = np.zeros((p.shape[0], k))  # (n, k)
+    r, survive = p, np.ones(p.shape[0])
+    for i in range(k):
+        out[:, i] = survive * np.minimum(_take(q, y), _take(r, y)) * inv_p_y
+        if i + 1 < k:
+            survive = survive * np.clip(1.0 - np.minimum(q, r).sum(axis=1), 0.0, 1.0)
+            r = _residual(r, q)
+    return out
+
+
+def acceptance_swor(
+    p_target: np.ndarray,
+    q_draft: np.ndarray,
+    y: np.ndarray,
+    k: int,
+    samples: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """(n, samples, k) unbiased single-sample estimates of π_i(y), candidates without replacement.
+
+    Each sample draws one ordered candidate sequence x_0..x_{k-2} by Gumbel-top-k (the law
+    of successive renormalised draws); the estimate for candidate i uses its prefix x_{<i}
+    with the coins integrated out and x_i forced to y.
+    """
+    p = np.asarray(p_target, dtype=np.float64)
+    q = np.asarray(q_draft, dtype=np.float64)
+    q = q / q.sum(axis=1, keepdims=True)
+    y = np.asarray(y, dtype=np.int64)
+    n, vocab = p.shape
+    out = np.zeros((n, samples, k))  # (n, M, k)
+    p_y = _take(p, y)
+    inv_p_y = np.where(p_y > 0, 1.0 / np.where(p_y > 0, p_y, 1.0), 0.0)[:, None]  # (n, 1)
+    y_m = np.broadcast_to(y[:, None], (n, samples))  # (n, M)
+    if k > 1:
+        with np.errstate(divide="ignore"):
+            keys = np.log(q)[:, None, :] + rng.gumbel(size=(n, samples, vocab))  # (n, M, V)
+        top = np.argpartition(-keys, k - 2, axis=-1)[..., : k - 1]  # (n, M, k-1) unordered
+        order = np.argsort(-np.take_along_axis(keys, top, axis=-1), axis=-1, kind="stable")
+        prefix = np.take_along_axis(top, order, axis=-1)  # (n, M, k-1) in draw order
+    r = np.broadcast_to(p[:, None, :], (n, samples, vocab))  # (n, M, V) running residual
+    remaining = np.broadcast_to(q[:, None, :], (n, samples, vocab)).copy()  # q without drawn ids
+    weight = np.ones((n, samples))  # Π_{j<i} (1 − a_j)
+    for i in range(k):
+        total = remaining.sum(axis=-1, keepdims=True)
+        q_i = np.where(total > 0, remaining / np.where(total > 0, total, 1.0), 0.0)  # (n, M, V)
+        out[:, :, i] = weight * np.minimum(_take(q_i, y_m), _take(r, y_m)) * inv_p_y
+        if i + 1 == k:
+            break
+        x = prefix[..., i]  # (n, M)
+        r_x, q_x = _take(r, x), _take(q_i, x)
+        accept = np.where(r_x >= q_x, (r_x > 0).astype(np.float64), r_x / np.where(q_x > 0, q_x, 1.0))
+        weight = weight * (1.0 - accept)
+        r = _residual(r, q_i)
+        np.put_along_axis(remaining, x[..., None], 0.0, axis=-1)
+    return out
+
+
+# ---------------------------------------------------------------------------- tree DP
+
+
+def sibling_index(tree: Tree) -> np.ndarray:
+    """(n_nodes,) each node's order among its parent's children (its candidate index); root −1."""
+    first_child = np.searchsorted(tree.parents, tree.parents, side="left")
+    index = np.arange(tree.n_nodes) - first_child
+    index[0] = -1
+    return index
+
+
+def remaining_drafts(features: "Features") -> np.ndarray:
+    """(N,) n − 1 − t: the most drafts a call starting at local position t may accept."""
+    n_total = int(features.token.shape[0])
+    out = np.empty(n_total, dtype=np.int64)
+    for start, length in zip(features.traj_start.tolist(), features.traj_len.tolist()):
+        out[start : start + length] = np.arange(length - 1, -1, -1)
+    return out
+
+
+def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray) -> np.ndarray:
+    """P(A ≥ d | t) for d = 1..D from per-position candidate acceptance.
+
+    pi: (N, K, ...) π_i(s) (trailing axes, e.g. Monte-Carlo replicates, are carried along);
+    remaining: (N,) drafts a call at t may accept. Returns (N, D, ...).
+    """
+    n_total = pi.shape[0]
+    index = sibling_index(tree)
+    depths = tree.depths
+    depth = int(tree.max_depth)
+    if pi.shape[1] < int(index.max(initial=0)) + 1:
+        raise ValueError(f"pi has {pi.shape[1]} candidates, the tree needs {int(index.max()) + 1}")
+    out = np.zeros((n_total, depth) + pi.shape[2:])  # (N, D, ...)
+    prev_nodes = np.array([0])
+    prev_reach = np.ones((n_total, 1) + pi.shape[2:])  # (N, nodes in level, ...)
+    valid_shape = (n_total,) + (1,) * (pi.ndim - 2)
+    for d in range(1, depth + 1):
+        nodes = np.flatnonzero(depths == d)
+        shifted = np.zeros_like(pi)  # π at position t + d − 1, 0 past the array
+        shifted[: n_total - (d - 1)] = pi[d - 1 :]
+        valid = (remaining >= d).reshape(valid_shape)
+        parent_col = np.searchsorted(prev_nodes, tree.parents[nodes])
+        reach = prev_reach[:, parent_col] * shifted[:, index[nodes]] * valid[:, None]
+        out[:, d - 1] = reach.sum(axis=1)
+        prev_nodes, prev_reach = nodes, reach
+    return out
+
+
+def length_distribution(at_least: np.ndarray) -> np.ndarray:
+    """(N, D+1) P(A = a) from (N, D) P(A ≥ d), made a valid law (clipped, non-increasing).
+
+    Exact inputs already are; Monte-Carlo estimates may overshoot 1 or wiggle by noise.
+    """
+    tail = np.minimum.accumulate(np.clip(at_least, 0.0, 1.0), axis=1)
+    ge = np.concatenate([np.ones((tail.shape[0], 1)), tail, np.zeros((tail.shape[0], 1))], axis=1)
+    return ge[:, :-1] - ge[:, 1:]
+
+
+# ---------------------------------------------------------------------------- the policy
+
+
+def candidate_acceptance(
+    features: "Features",
+    k: int,
+    *,
+    scheme: str,
+    samples: int,
+    rng: np.random.Generator,
+    progress: bool = False,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-position π (N, k) and, for 'swor' with k > 1, Monte-Carlo replicates (N, M, k).
+
+    k = 1 uses the cached log-probabilities (β); otherwise the full distributions are
+    streamed from the cache.
+    """
+    if scheme not in SCHEMES:
+        raise SpecError(f"multi-draft scheme {scheme!r} is not one of {', '.join(SCHEMES)}")
+    n_total = int(features.token.shape[0])
+    if k == 1 and features.logp is not None and features.logq is not None:
+        logp = features.logp.astype(np.float64)
+        return np.exp(np.minimum(0.0, features.logq.astype(np.float64) - logp))[:, None], None
+    pi = np.zeros((n_total, k))
+    reps = np.zeros((n_total, samples, k)) if (scheme == "swor" and k > 1) else None
+    for start, stop, p_target, q_draft in features.iter_distributions():
+        y = features.token[start:stop].astype(np.int64)
+        if reps is None:
+            pi[start:stop] = acceptance_iid(p_target, q_draft, y, k)
+            continue
+        step = max(1, _BLOCK_ELEMENTS // (samples * p_target.shape[1]))
+        for a in range(0, stop - start, step):
+            b = min(a + step, stop - start)
+            est = acceptance_swor(p_target[a:b], q_draft[a:b], y[a:b], k, samples, rng)
+            reps[start + a : start + b] = est
+            pi[start + a : start + b] = est.mean(axis=1)
+    return pi, reps
+
+
+def sample_tree_table(features: "Features", tree: Tree, spec, rng: np.random.Generator) -> "AcceptanceTable":
+    """AcceptanceTable of a sampling tree under multi-draft verification (`spec.multi_draft`).
+
+    Exact for 'iid' and for chains; 'swor' trees are Monte-Carlo with `samples` per position
+    (`spec.samples`, default 64) and a standard error of E[A | t].
+    """
+    from specsim.sim.engine import AcceptanceTable
+
+    if features.temperature <= 0:
+        raise SpecError(
+            "sampling trees need trajectories sampled at a temperature > 0; at T=0 use --policy greedy"
+        )
+    scheme = getattr(spec, "multi_draft", "iid")
+    samples = int(getattr(spec, "samples", 0) or 64)
+    if samples < 2:
+        raise SpecError(f"--samples must be at least 2 for a standard error, got {samples}")
+    k = int(tree.n_children.max())
+    pi, reps = candidate_acceptance(features, k, scheme=scheme, samples=samples, rng=rng)
+    remaining = remaining_drafts(features)
+    at_least = reach_by_depth(pi, tree, remaining)  # (N, D)
+    drafted = np.full(pi.shape[0], float(tree.budget))
+    if reps is None:
+        return AcceptanceTable(p_len=length_distribution(at_least), drafted=drafted, exact=True)
+    # Each replicate uses one sample per position; positions are independent, so each
+    # replicate's E[A | t] is unbiased and their spread bounds the point estimate's error
+    # (the product of per-position means varies less than the mean of products).
+    per_rep = reach_by_depth(reps.transpose(0, 2, 1), tree, remaining).sum(axis=1)  # (N, M)
+    se = per_rep.std(axis=1, ddof=1) / np.sqrt(per_rep.shape[1])
+    return AcceptanceTable(p_len=length_distribution(at_least), drafted=drafted, exact=False, se_len=se)
