@@ -19,6 +19,7 @@ numpy only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -32,6 +33,7 @@ class AcceptanceTable:
     drafted: np.ndarray  # (N,) draft tokens proposed by a call starting at t (usually tree.budget)
     exact: bool  # False for Monte-Carlo estimates
     se_len: np.ndarray | None = None  # (N,) standard error of E[A | t] when Monte-Carlo
+    extra: Mapping | None = None  # per-configuration scalars for the result row, e.g. {"tv_distortion": 0.02}
 
     @property
     def depth(self) -> int:
@@ -59,6 +61,7 @@ class TrajectoryStats:
     cost: np.ndarray  # (n_traj,) expected total cost in plain-target-step units (from the cost model)
     exact: bool  # False when built from a Monte-Carlo table
     se_accepted: np.ndarray | None = None  # (n_traj,) Monte-Carlo standard error of `accepted`
+    extra: Mapping | None = None  # per-configuration scalars for the result row (passed on from the table)
 
 
 def check_table(table: AcceptanceTable, features) -> None:
@@ -93,7 +96,7 @@ def walk(table: AcceptanceTable, features, call_cost: float) -> TrajectoryStats:
     return TrajectoryStats(
         calls=calls, drafted=values[:, 1], accepted=values[:, 2],
         tokens=features.traj_len.astype(np.float64), reach=values[:, 3:], cost=calls * float(call_cost),
-        exact=table.exact, se_accepted=se,
+        exact=table.exact, se_accepted=se, extra=table.extra,
     )
 
 

@@ -48,6 +48,7 @@ class PolicySpec:
     multi_draft: str = "iid"  # candidate drawing for sampling trees: "iid" or "swor"
     params: tuple = ()  # numeric parameters after the colon, e.g. (0.5,) for "p>=lq:0.5"
     lossless: bool = True  # False for rules whose output is not distributed as p (numbers approximate)
+    samples: int = 64  # Monte-Carlo samples per position for estimators that need them (sampling trees)
 
     @property
     def label(self) -> str:
@@ -67,7 +68,7 @@ _GRAMMAR: dict[str, tuple[tuple[int, ...], bool, str]] = {
 }
 
 
-def parse_policy(text: str, *, multi_draft: str = "iid") -> PolicySpec:
+def parse_policy(text: str, *, multi_draft: str = "iid", samples: int = 64) -> PolicySpec:
     """'greedy' | 'sample' | 'p>=q' | 'p>=lq:0.5' | 'typical[:eps,delta]' | 'adaptive-hf' | 'adaptive-history[:hi,lo]'."""
     if multi_draft not in MULTI_DRAFT:
         raise SpecError(f"multi-draft scheme {multi_draft!r} is not one of {', '.join(MULTI_DRAFT)}")
@@ -86,7 +87,10 @@ def parse_policy(text: str, *, multi_draft: str = "iid") -> PolicySpec:
     if len(params) not in counts:
         want = " or ".join(str(c) for c in counts)
         raise SpecError(f"{text}: {name} takes {want} parameter(s), got {len(params)} (e.g. {example})")
-    return PolicySpec(name=name, multi_draft=multi_draft, params=tuple(params), lossless=lossless)
+    if int(samples) < 2:
+        raise SpecError(f"--samples must be at least 2 (a standard error needs two), got {samples}")
+    return PolicySpec(name=name, multi_draft=multi_draft, params=tuple(params), lossless=lossless,
+                      samples=int(samples))
 
 
 def check_temperature(spec: PolicySpec, temperature: float) -> None:
