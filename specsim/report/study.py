@@ -1,0 +1,369 @@
+"""The draft-strategy study: every simulation a report needs, as polars tables.
+
+One study answers, for each cache (a target with its recorded drafts), which
+draft-tree shape buys the most tokens per target call at each draft-token budget.
+It sweeps tree families (chain; the first N nodes of the binary tree; the top path
+branching with halving widths; the data-optimal static tree of Sequoia / DESIGN.md
+§2; model-free n-gram and prompt-lookup drafts) over budgets, at every recorded
+temperature (greedy at T=0, speculative sampling at T>0), through
+`specsim.simulate`. Beside the simulation it computes the closed form of
+Leviathan et al. (2023) at the measured per-token acceptance α:
+
+    E[tokens/call] = (1 − α^{γ+1}) / (1 − α),
+    improvement    = (1 − α^{γ+1}) / ((1 − α)(γc + 1)),
+
+so a report can show where i.i.d. acceptance is a fair model of real drafts and
+where it is not. numpy + polars only; the attention table, when given, is read
+as written by `specsim bench-attention`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import polars as pl
+
+from specsim.cache.store import CacheReader
+from specsim.errors import CacheError, SpecError
+from specsim.sim.features import load_features, target_name
+from specsim.trees import Tree, draw_tree
+
+ALL = "all"  # category label of the rows over every prompt (specsim.sim.metrics.ALL)
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """What a report simulates; the defaults keep the demo cache under ~2 minutes on 2 CPU cores."""
+
+    budgets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # draft tokens per call (tree nodes below the root)
+    families: tuple[str, ...] = ("chain", "kary:2", "widths", "optimal")  # tree families for model drafts, greedy
+    sample_families: tuple[str, ...] = ("chain", "kary:2", "optimal")  # families at T>0 (branching trees are MC)
+    model_free: tuple[str, ...] = ("ngram:3", "prompt-lookup:2")  # drafts that need no model (chains, T=0)
+    draw_budgets: tuple[int, ...] = (4, 8, 16)  # budgets whose data-optimal trees are drawn
+    multi_draft: str = "iid"  # candidate drawing of sampling trees: "iid" (SpecInfer) or "swor"
+    samples: int = 64  # Monte-Carlo samples per position where an estimator needs them
+    cost: str = "c=0.05"  # draft/target step cost ratio used when no cost profile is given
+    grid_alphas: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)  # acceptance rates of the theory grid
+    grid_costs: tuple[float, ...] = (0.01, 0.05, 0.1, 0.2, 0.5)  # draft cost ratios c of the theory grid
+    grid_gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10)  # draft lengths γ of the theory grid
+    n_boot: int = 1000  # bootstrap resamples over prompts for the 95% intervals
+    seed: int = 0  # bootstrap and Monte-Carlo seed
+
+
+@dataclass(frozen=True)
+class DrawnTree:
+    """A tree shape shown in the report."""
+
+    label: str  # "chain:8", "optimal:16 for int8 → smollm2-135m, T=0"
+    family: str  # family name as in the results' `family` column
+    budget: int  # draft tokens
+    drawing: str  # `draw_tree` text
+    note: str = ""  # where it came from (for data-optimal trees: the fit and its expected tokens/call)
+
+
+@dataclass(frozen=True)
+class Study:
+    """Everything a report draws: tables, drawn trees and notes about what was skipped."""
+
+    config: StudyConfig  # what was simulated
+    setup: pl.DataFrame  # one row per cache × temperature: models, prompts, positions, storage
+    categories: pl.DataFrame  # one row per cache × temperature × category: prompts and positions
+    results: pl.DataFrame  # `specsim.simulate` rows of every configuration, plus cache_name, pair, family
+    theory: pl.DataFrame  # chains: simulated tokens/call vs Leviathan's closed form at the measured α
+    grid: pl.DataFrame  # Leviathan's improvement over α × c × γ
+    trees: tuple[DrawnTree, ...]  # shapes drawn in the report
+    cost_model: str  # the cost model the speedups use
+    attention: pl.DataFrame | None = None  # a `bench-attention` table, when given
+    notes: tuple[str, ...] = field(default=())  # configurations skipped and why
+
+
+# -- Leviathan et al. (2023) ------------------------------------------------------------------
+
+
+def leviathan_tokens(alpha, gamma):
+    """Expected tokens per call of a γ-token chain with i.i.d. acceptance α: (1 − α^{γ+1}) / (1 − α)."""
+    alpha, gamma = np.asarray(alpha, dtype=np.float64), np.asarray(gamma, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return np.where(alpha >= 1, gamma + 1, out)
+
+
+def leviathan_improvement(alpha, gamma, c):
+    """Walltime improvement factor (1 − α^{γ+1}) / ((1 − α)(γc + 1))."""
+    return leviathan_tokens(alpha, gamma) / (np.asarray(gamma, dtype=np.float64) * c + 1)
+
+
+def speedup_grid(alphas: Sequence[float], costs: Sequence[float], gammas: Sequence[int]) -> pl.DataFrame:
+    """The classic analysis table: improvement for every α × c × γ, with the best γ per (α, c) flagged."""
+    a, c, g = (x.ravel() for x in np.meshgrid(alphas, costs, gammas, indexing="ij"))
+    table = pl.DataFrame({
+        "alpha": a, "c": c, "gamma": g.astype(np.int64),
+        "tokens_per_call": leviathan_tokens(a, g), "improvement": leviathan_improvement(a, g, c),
+    })
+    return table.with_columns(
+        (pl.col("improvement") == pl.col("improvement").max().over("alpha", "c")).alias("best_gamma")
+    )
+
+
+# -- tree families ----------------------------------------------------------------------------
+
+
+def widths_spec(budget: int) -> str:
+    """The top path branching with halving widths: 8 → widths:4,2,1,1."""
+    widths, rest = [], int(budget)
+    while rest:
+        widths.append(math.ceil(rest / 2))
+        rest -= widths[-1]
+    return "widths:" + ",".join(map(str, widths))
+
+
+def family_of(tree: str, draft: str = "") -> str:
+    """The family a simulated tree belongs to: chain:4 → chain, kary:2@8 → kary:2, widths:4,2 → widths.
+
+    Model-free drafts are families of their own (their chains are n-gram proposals).
+    """
+    if draft.partition(":")[0] in ("ngram", "prompt-lookup"):
+        return draft
+    head = tree.partition(":")[0]
+    if head == "kary" and "@" in tree:
+        return tree.partition("@")[0]
+    return head
+
+
+def _tree_args(families: Sequence[str], budgets: Sequence[int]) -> list[str]:
+    """Tree arguments for `simulate`: bare families it expands, explicit widths specs."""
+    out: list[str] = []
+    for fam in families:
+        out += [widths_spec(b) for b in budgets] if fam == "widths" else [fam]
+    return out
+
+
+# -- setup ------------------------------------------------------------------------------------
+
+
+def short_name(name: str) -> str:
+    """A model name for labels: a path becomes its last component."""
+    name = str(name)
+    return Path(name).name if ("/" in name and Path(name).exists()) else name
+
+
+def setup_tables(reader: CacheReader) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(one row per temperature, one row per temperature × category) from a cache's metadata."""
+    meta, spec = reader.meta, reader.spec
+    settings = meta.get("settings") if isinstance(meta.get("settings"), dict) else {}
+    drafts_meta = meta.get("drafts") if isinstance(meta.get("drafts"), dict) else {}
+    draft_text = ", ".join(f"{d} ({_describe(drafts_meta.get(d))})".replace(" ()", "") for d in spec.drafts)
+    traj = reader.trajectories
+    rows, cats = [], []
+    for T in spec.temperatures:
+        sub = traj.filter((pl.col("temperature") - T).abs() < 1e-6)
+        rows.append({
+            "cache": reader.path.name, "target": short_name(target_name(meta)),
+            "target_info": _describe(meta.get("target")), "drafts": draft_text,
+            "temperature": float(T), "policy": "greedy" if T == 0 else "sample",
+            "prompts": int(sub["prompt_index"].n_unique()), "trajectories": sub.height,
+            "positions": int(sub["length"].sum()),
+            "categories": int(sub["category"].n_unique()),
+            "max_new_tokens": settings.get("max_new_tokens"),
+            "storage": spec.storage + (f" (top-{spec.top_k})" if spec.storage == "topk" else ""),
+            "dtype": settings.get("dtype"), "device": meta.get("device"), "vocab": spec.vocab_size,
+            "created": meta.get("created"),
+        })
+        for (cat,), g in sorted(sub.group_by("category"), key=lambda kv: str(kv[0][0])):
+            cats.append({"cache": reader.path.name, "temperature": float(T), "category": cat,
+                         "prompts": int(g["prompt_index"].n_unique()), "positions": int(g["length"].sum())})
+    return pl.DataFrame(rows), pl.DataFrame(cats, schema={"cache": pl.String, "temperature": pl.Float64,
+                                                          "category": pl.String, "prompts": pl.Int64,
+                                                          "positions": pl.Int64})
+
+
+def _describe(info) -> str:
+    """'135M params, derived from smollm2-135m' from a model's recorded info."""
+    if not isinstance(info, dict):
+        return ""
+    parts = [f"{info['params'] / 1e6:.0f}M params"] if isinstance(info.get("params"), (int, float)) else []
+    if info.get("source") == "derived":
+        parts.append(f"derived from {short_name(info.get('derived_from', 'the target'))}")
+    elif info.get("source"):
+        parts.append(str(info["source"]))
+    return ", ".join(parts)
+
+
+# -- the study --------------------------------------------------------------------------------
+
+
+def measured_alpha(features) -> float:
+    """Per-token acceptance over every position: P(ρ_t = 0) greedy, mean min(1, q/p) sampling."""
+    if features.temperature == 0:
+        return float((features.rank == 0).mean())
+    return float(np.exp(np.minimum(0.0, features.logq - features.logp)).mean())
+
+
+def _label_rows(table: pl.DataFrame, cache_name: str) -> pl.DataFrame:
+    if table.is_empty():
+        return table
+    fam = [family_of(t, d) for t, d in zip(table["tree"].to_list(), table["draft"].to_list())]
+    target = [short_name(t) for t in table["target"].to_list()]
+    return table.with_columns(
+        pl.lit(cache_name).alias("cache_name"),
+        pl.Series("family", fam, dtype=pl.String),
+        pl.Series("pair", [f"{d} → {t}" for d, t in zip(table["draft"].to_list(), target)], dtype=pl.String),
+    )
+
+
+def _simulate(cache: Path, notes: list[str], **kwargs) -> pl.DataFrame:
+    from specsim.sim.api import simulate
+
+    try:
+        return simulate(cache, **kwargs)
+    except SpecError as exc:
+        if kwargs.get("drafts") and all(d.partition(":")[0] in ("ngram", "prompt-lookup") for d in kwargs["drafts"]):
+            notes.append(f"{cache.name}: model-free drafts {', '.join(kwargs['drafts'])} skipped ({exc})")
+            return pl.DataFrame()
+        raise
+
+
+def _concat(tables: list[pl.DataFrame]) -> pl.DataFrame:
+    tables = [t for t in tables if not t.is_empty()]
+    return pl.concat(tables, how="diagonal_relaxed") if tables else pl.DataFrame()
+
+
+def run_study(
+    caches: Sequence[str | Path],
+    config: StudyConfig = StudyConfig(),
+    *,
+    cost_profile: str | Path | None = None,
+    attention: pl.DataFrame | None = None,
+    progress: bool = True,
+) -> Study:
+    """Simulate every configuration the report draws, on every cache."""
+    from tqdm.auto import tqdm
+
+    from specsim.sim.cost import load_cost_profile, parse_cost
+    from specsim.sim.optimize import optimal_tree
+    from specsim.sim.policies import parse_policy
+
+    cost_model = load_cost_profile(cost_profile) if cost_profile is not None else parse_cost(config.cost)
+    if not caches:
+        raise CacheError("give at least one cache file (recorded with `specsim cache`)")
+    paths = [Path(c) for c in caches]
+    names = [p.name for p in paths]
+    if len(set(names)) != len(names):
+        raise CacheError(f"two caches share the file name {next(n for n in names if names.count(n) > 1)!r}; "
+                         "rename one so the report can tell them apart")
+    common = dict(budgets=list(config.budgets), multi_draft=config.multi_draft, samples=config.samples,
+                  cost=config.cost, cost_profile=cost_profile, by_category=True, n_boot=config.n_boot,
+                  seed=config.seed)
+    setups, cats, results, theory, drawn, notes = [], [], [], [], [], []
+    steps = []  # (cache, kind, T) in the order run, for one progress bar
+    for path in paths:
+        with CacheReader(path) as reader:
+            s, c = setup_tables(reader)
+            setups.append(s)
+            cats.append(c)
+            steps += [(path, reader.spec.drafts, T) for T in reader.spec.temperatures]
+    bar = tqdm(total=len(steps), desc="report: simulating", unit="temperature", disable=not progress,
+               dynamic_ncols=True)
+    try:
+        for path, drafts, T in steps:
+            bar.set_postfix_str(f"{path.name} T={T:g}")
+            policy = "greedy" if T == 0 else "sample"
+            families = config.families if T == 0 else config.sample_families
+            parts = []
+            if drafts:
+                parts.append(_simulate(path, notes, trees=_tree_args(families, config.budgets),
+                                       drafts=list(drafts), policies=[policy], temperatures=[T], **common))
+            if config.model_free and T == 0:
+                parts.append(_simulate(path, notes, trees=["chain"], drafts=list(config.model_free),
+                                       policies=[policy], temperatures=[T], **common))
+            table = _label_rows(_concat(parts), path.name)
+            results.append(table)
+            spec = parse_policy(policy, multi_draft=config.multi_draft, samples=config.samples)
+            for draft in drafts:
+                features = load_features(path, draft, T, progress=False)
+                alpha = measured_alpha(features)
+                theory.append(_theory_rows(table, draft, T, alpha, features.n_positions))
+                pair = f"{draft} → {short_name(features.models['target'])}"
+                for b in config.draw_budgets:
+                    if "optimal" not in families:
+                        break
+                    fit = optimal_tree(features, b, policy=spec, samples=config.samples, seed=config.seed)
+                    drawn.append(DrawnTree(
+                        label=f"optimal:{b} for {pair}, T={T:g}", family="optimal", budget=b,
+                        drawing=draw_tree(fit.tree),
+                        note=f"{fit.expected_tokens_per_call:.3f} tokens/call expected; {fit.source}"))
+            bar.update()
+    finally:
+        bar.close()
+    from specsim.sim.api import resolve_tree
+
+    b = sorted(config.draw_budgets)[len(config.draw_budgets) // 2] if config.draw_budgets else 8
+    shown = []
+    for fam, spec_text in (("chain", f"chain:{b}"), ("kary:2", f"kary:2@{b}"), ("widths", widths_spec(b))):
+        tree: Tree = resolve_tree(spec_text)
+        shown.append(DrawnTree(label=spec_text, family=fam, budget=tree.budget, drawing=draw_tree(tree)))
+    return Study(
+        config=config, setup=_concat(setups), categories=_concat(cats), results=_concat(results),
+        theory=_concat(theory),
+        grid=speedup_grid(config.grid_alphas, config.grid_costs, config.grid_gammas),
+        trees=tuple(shown + drawn), cost_model=cost_model.describe(), attention=attention, notes=tuple(notes),
+    )
+
+
+def _theory_rows(table: pl.DataFrame, draft: str, T: float, alpha: float, n_positions: int) -> pl.DataFrame:
+    chains = table.filter((pl.col("family") == "chain") & (pl.col("draft") == draft)
+                          & (pl.col("category") == ALL)) if not table.is_empty() else table
+    if chains.is_empty():
+        return pl.DataFrame()
+    gamma = chains["depth"].to_numpy()
+    return chains.select(
+        "cache_name", "pair", "draft", "target", "temperature", "policy", "tree",
+        pl.col("depth").alias("gamma"), "tokens_per_call", "tokens_per_call_lo", "tokens_per_call_hi",
+        "n_prompts", "n_positions",
+    ).with_columns(
+        pl.lit(alpha).alias("alpha"),
+        pl.lit(n_positions).alias("alpha_positions"),
+        pl.Series("closed_form_tokens_per_call", leviathan_tokens(alpha, gamma)),
+    )
+
+
+# -- tables on disk ---------------------------------------------------------------------------
+
+
+def study_tables(study: Study) -> dict[str, pl.DataFrame]:
+    """name -> table, as the report writes them (list columns exploded into a per-depth table)."""
+    tables = {"setup": study.setup, "categories": study.categories, "theory": study.theory,
+              "speedup_grid": study.grid}
+    if not study.results.is_empty():
+        tables["results"] = study.results.drop("depth_accept")
+        tables["depth_acceptance"] = per_depth(study.results)
+    if study.attention is not None:
+        tables["attention"] = study.attention
+    return tables
+
+
+def per_depth(results: pl.DataFrame) -> pl.DataFrame:
+    """One row per configuration × category × depth d: P(A ≥ d) per call."""
+    keys = ["cache_name", "pair", "family", "tree", "budget", "draft", "target", "policy", "temperature",
+            "category", "estimate", "n_prompts", "n_positions"]
+    return (results.select(*keys, "depth_accept")
+            .with_columns(pl.int_ranges(1, pl.col("depth_accept").list.len() + 1).alias("d"))
+            .explode("depth_accept", "d")
+            .rename({"depth_accept": "p_accept_at_least_d"})
+            .drop_nulls("d"))
+
+
+def write_tables(study: Study, out_dir: str | Path) -> list[Path]:
+    """Every study table as NAME.parquet and NAME.csv under out_dir/tables."""
+    out = Path(out_dir) / "tables"
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, table in study_tables(study).items():
+        table.write_parquet(out / f"{name}.parquet")
+        table.write_csv(out / f"{name}.csv")
+        written += [out / f"{name}.parquet", out / f"{name}.csv"]
+    return written
