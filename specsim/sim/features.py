@@ -67,7 +67,8 @@ class Features:
 
     @property
     def model_free(self) -> bool:
-        return self.rank is None
+        """True for drafts without a draft column (n-gram, prompt lookup): no ranks, no log q."""
+        return self.rank is None and self.logq is None
 
     @property
     def softmax_temperature(self) -> float:
