@@ -1,0 +1,223 @@
+"""Charts of the draft-strategy study (altair; saved as PNG and SVG through vl-convert).
+
+One builder per question the report asks, each taking a study table
+(`specsim.report.study`) and returning a Vega-Lite chart whose subtitle says what
+it was computed from: prompts and positions, models, exact or Monte-Carlo.
+
+* tokens per call / acceptance rate vs budget, one line per tree family, 95% bands;
+* per-depth acceptance P(A ≥ d) of each family at one budget;
+* tokens per call by prompt category (which tasks speculate well);
+* simulated chains against Leviathan et al.'s closed form at the measured α;
+* Leviathan's improvement over α × draft cost ratio × draft length;
+* estimated speedup vs budget under the study's cost model.
+
+Tree-attention timing charts live in `specsim.attention.charts` and are reused as is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import altair as alt
+import polars as pl
+
+ALL = "all"
+FAMILY_ORDER = ["chain", "kary:2", "widths", "optimal", "ngram:3", "prompt-lookup:2"]
+FAMILY_TITLE = "tree family"
+WIDTH, HEIGHT = 230, 160  # one facet panel, in pixels
+
+
+def _family_sort(table: pl.DataFrame) -> list[str]:
+    present = table["family"].unique().to_list()
+    return [f for f in FAMILY_ORDER if f in present] + sorted(f for f in present if f not in FAMILY_ORDER)
+
+
+def with_setting(table: pl.DataFrame) -> pl.DataFrame:
+    """Add `setting` = 'T=0 greedy' / 'T=0.7 sample', the facet label of a temperature."""
+    return table.with_columns(
+        pl.format("T={} {}", pl.col("temperature").round(3).cast(pl.String).str.replace(r"\.0$", ""),
+                  pl.col("policy")).alias("setting")
+    )
+
+
+def estimate_note(table: pl.DataFrame, bands: bool = True) -> str:
+    """'exact' / 'Monte-Carlo (SE in the tables)' / both, and what the bands are."""
+    kinds = set(table["estimate"].unique().to_list()) if "estimate" in table.columns else {"exact"}
+    if kinds == {"exact"}:
+        text = "exact expectations on the cached trajectories (no Monte-Carlo noise)"
+    elif kinds == {"monte-carlo"}:
+        text = "Monte-Carlo estimates (standard errors in the tables)"
+    else:
+        text = "exact, except sampling trees drawn without replacement (Monte-Carlo, SE in the tables)"
+    return text + ("; bands: 95% bootstrap over prompts" if bands else "")
+
+
+def provenance(table: pl.DataFrame) -> str:
+    """'4 prompts, 96 positions (T=0), int8 → smollm2-135m, …' for a subtitle."""
+    rows = table.filter(pl.col("category") == ALL) if "category" in table.columns else table
+    pairs = rows["pair"].unique(maintain_order=True).to_list()
+    return _counts(rows) + " | " + ", ".join(pairs)
+
+
+def _title(text: str, *subtitle: str) -> alt.Title:
+    return alt.Title(text, subtitle=[s for s in subtitle if s], anchor="start")
+
+
+def _facet(chart: alt.LayerChart, table: pl.DataFrame) -> alt.FacetChart:
+    return chart.properties(width=WIDTH, height=HEIGHT).facet(
+        row=alt.Row("pair:N", title="draft → target"),
+        column=alt.Column("setting:N", title="temperature, verification"),
+    )
+
+
+METRICS = {
+    "tokens_per_call": "tokens per target call",
+    "accept_rate": "acceptance rate (accepted / drafted)",
+    "speedup": "estimated speedup (x plain decoding)",
+}
+
+
+def metric_vs_budget(results: pl.DataFrame, metric: str = "tokens_per_call", *, cost_model: str = "") -> alt.FacetChart:
+    """One line per tree family of `metric` against the draft budget, with its 95% band."""
+    data = with_setting(results.filter(pl.col("category") == ALL)).select(
+        "pair", "setting", "family", "tree", "budget", "n_prompts", "n_positions", "estimate",
+        metric, f"{metric}_lo", f"{metric}_hi")
+    sort = _family_sort(data)
+    x = alt.X("budget:Q", scale=alt.Scale(type="log", base=2), title="draft tokens per call (budget, log scale)",
+              axis=alt.Axis(values=sorted(data["budget"].unique().to_list()), format="d"))
+    color = alt.Color("family:N", sort=sort, title=FAMILY_TITLE)
+    band = alt.Chart().mark_area(opacity=0.18).encode(
+        x=x, y=f"{metric}_lo:Q", y2=f"{metric}_hi:Q", color=alt.Color("family:N", sort=sort, legend=None))
+    line = alt.Chart().mark_line(point=True).encode(
+        x=x, y=alt.Y(f"{metric}:Q", title=METRICS[metric]), color=color,
+        tooltip=["pair", "setting", "tree", "budget", alt.Tooltip(f"{metric}:Q", format=".3f"),
+                 alt.Tooltip(f"{metric}_lo:Q", format=".3f"), alt.Tooltip(f"{metric}_hi:Q", format=".3f"),
+                 "estimate", "n_prompts", "n_positions"])
+    layers = [band, line]
+    if metric == "speedup":
+        layers.append(alt.Chart().mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.datum(1)))
+    names = {"tokens_per_call": "Tokens per target call vs draft budget",
+             "accept_rate": "Acceptance rate vs draft budget",
+             "speedup": "Estimated speedup vs draft budget"}
+    return _facet(alt.layer(*layers, data=data), data).properties(
+        title=_title(names[metric], provenance(results), estimate_note(data),
+                     f"cost model: {cost_model}" if metric == "speedup" and cost_model else ""))
+
+
+def pick_budget(budgets, wanted: int = 8) -> int:
+    """The budget closest to `wanted` (on a log scale) among those simulated."""
+    import math
+
+    return min(budgets, key=lambda b: (abs(math.log2(b) - math.log2(wanted)), -b))
+
+
+def depth_acceptance(depth: pl.DataFrame, budget: int | None = None) -> alt.FacetChart:
+    """P(A ≥ d) per call against depth d, one line per family, at one budget."""
+    data = depth.filter(pl.col("category") == ALL)
+    budget = budget or pick_budget(data["budget"].unique().to_list())
+    data = with_setting(data.filter(pl.col("budget") == budget))
+    x = alt.X("d:Q", title="depth d (draft position in the call)", axis=alt.Axis(tickMinStep=1, format="d"))
+    chart = alt.Chart(data).mark_line(point=True).encode(
+        x=x, y=alt.Y("p_accept_at_least_d:Q", title="P(at least d drafts accepted)", scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("family:N", sort=_family_sort(data), title=FAMILY_TITLE),
+        tooltip=["pair", "setting", "tree", "d", alt.Tooltip("p_accept_at_least_d:Q", format=".3f")],
+    )
+    return _facet(chart, data).properties(
+        title=_title(f"Per-depth acceptance at a budget of {budget} draft tokens",
+                     provenance(depth), estimate_note(data, bands=False)))
+
+
+def by_category(results: pl.DataFrame, family: str | None = None, budget: int | None = None) -> alt.FacetChart:
+    """Tokens per call per prompt category (95% interval), for one family at one budget."""
+    families = results["family"].unique().to_list()
+    family = family or next((f for f in ("optimal", "chain") if f in families), families[0])
+    rows = results.filter(pl.col("family") == family)
+    budget = budget or pick_budget(rows["budget"].unique().to_list())
+    data = with_setting(rows.filter(pl.col("budget") == budget)).select(
+        "pair", "setting", "category", "tree", "tokens_per_call", "tokens_per_call_lo", "tokens_per_call_hi",
+        "n_prompts", "n_positions")
+    order = (data.filter(pl.col("category") != ALL).group_by("category").agg(pl.col("tokens_per_call").mean())
+             .sort("tokens_per_call", descending=True)["category"].to_list()) + [ALL]
+    y = alt.Y("category:N", sort=order, title="prompt category")
+    bars = alt.Chart().mark_rule(strokeWidth=2).encode(
+        x=alt.X("tokens_per_call_lo:Q", title="tokens per target call", scale=alt.Scale(zero=False)),
+        x2="tokens_per_call_hi:Q", y=y, color=alt.Color("pair:N", title="draft → target"))
+    points = alt.Chart().mark_point(filled=True, size=50).encode(
+        x="tokens_per_call:Q", y=y, color=alt.Color("pair:N", title="draft → target"),
+        tooltip=["pair", "setting", "category", "tree", alt.Tooltip("tokens_per_call:Q", format=".3f"),
+                 "n_prompts", "n_positions"])
+    labels = alt.Chart().mark_text(align="left", dx=6, fontSize=9, color="gray").encode(
+        x="tokens_per_call_hi:Q", y=y, text=alt.Text("n_prompts:Q", format="d"))
+    return alt.layer(bars, points, labels, data=data).properties(width=WIDTH + 40, height=alt.Step(14)).facet(
+        column=alt.Column("setting:N", title="temperature, verification"),
+        row=alt.Row("pair:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left", labelOrient="top",
+                                                            labelFontWeight="bold"))
+    ).properties(title=_title(
+        f"Which tasks speculate well: {family} tree, {budget} draft tokens, by prompt category",
+        provenance(results), "dots: tokens per call; bars: 95% bootstrap over the category's prompts; "
+        "grey numbers: prompts in the category"))
+
+
+def theory_vs_simulated(theory: pl.DataFrame) -> alt.FacetChart:
+    """Simulated chain tokens per call against Leviathan's closed form at the measured α."""
+    data = with_setting(theory)
+    sim = data.select("pair", "setting", "gamma", "alpha", pl.lit("simulated on the cache").alias("source"),
+                      pl.col("tokens_per_call").alias("value"), pl.col("tokens_per_call_lo").alias("lo"),
+                      pl.col("tokens_per_call_hi").alias("hi"))
+    closed = data.select("pair", "setting", "gamma", "alpha", pl.lit("closed form at measured α").alias("source"),
+                         pl.col("closed_form_tokens_per_call").alias("value"), pl.lit(None, pl.Float64).alias("lo"),
+                         pl.lit(None, pl.Float64).alias("hi"))
+    both = pl.concat([sim, closed])
+    x = alt.X("gamma:Q", scale=alt.Scale(type="log", base=2), title="chain length γ (draft tokens, log scale)",
+              axis=alt.Axis(values=sorted(data["gamma"].unique().to_list()), format="d"))
+    color = alt.Color("source:N", title=None, scale=alt.Scale(range=["#d62728", "#1f77b4"]))
+    band = alt.Chart().mark_area(opacity=0.2, color="#1f77b4").encode(x=x, y="lo:Q", y2="hi:Q")
+    line = alt.Chart().mark_line(point=True).encode(
+        x=x, y=alt.Y("value:Q", title="tokens per target call"), color=color,
+        strokeDash=alt.StrokeDash("source:N", title=None, scale=alt.Scale(range=[[5, 3], [1, 0]])),
+        tooltip=["pair", "setting", "source", "gamma", alt.Tooltip("value:Q", format=".3f"),
+                 alt.Tooltip("alpha:Q", format=".3f")])
+    label = alt.Chart().mark_text(align="left", x=5, y=8, fontSize=10).encode(
+        text=alt.Text("alpha_text:N")).transform_filter(alt.datum.gamma == min(data["gamma"].to_list()))
+    both = both.with_columns(pl.format("measured α = {}", pl.col("alpha").round(3)).alias("alpha_text"))
+    return _facet(alt.layer(band, line, label.transform_filter(alt.datum.source == "simulated on the cache"),
+                            data=both), both).properties(
+        title=_title("Simulated chains vs Leviathan et al.'s closed form (1 − α^(γ+1)) / (1 − α)",
+                     "α measured per position over every cached position (greedy: draft's top token = target's; "
+                     "sampling: mean min(1, q/p))",
+                     f"{_counts(data)}; band: 95% bootstrap over prompts; simulated curves include the end of each trajectory"))
+
+
+def _counts(table: pl.DataFrame) -> str:
+    per_t = table.group_by("temperature").agg(pl.col("n_prompts").max(), pl.col("n_positions").max()).sort("temperature")
+    return "; ".join(f"T={T:g}: {a} prompts, {b} positions" for T, a, b in per_t.iter_rows())
+
+
+def speedup_grid(grid: pl.DataFrame) -> alt.FacetChart:
+    """Leviathan's improvement factor over acceptance α × draft length γ, one panel per cost ratio c."""
+    base = alt.Chart().encode(
+        x=alt.X("gamma:O", title="draft length γ (tokens)"),
+        y=alt.Y("alpha:O", title="acceptance rate α", sort="descending"),
+    )
+    cells = base.mark_rect().encode(
+        color=alt.Color("improvement:Q", title="improvement (x)",
+                        scale=alt.Scale(type="log", scheme="redyellowgreen", domainMid=1)),
+        tooltip=["alpha", "c", "gamma", alt.Tooltip("improvement:Q", format=".2f"),
+                 alt.Tooltip("tokens_per_call:Q", format=".2f")])
+    best = base.mark_rect(fill=None, stroke="black", strokeWidth=2).transform_filter(alt.datum.best_gamma)
+    text = base.mark_text(fontSize=8).encode(text=alt.Text("improvement:Q", format=".1f"))
+    return alt.layer(cells, best, text, data=grid).properties(width=170, height=130).facet(
+        column=alt.Column("c:O", title="draft step cost / target step cost (c)")
+    ).properties(title=_title(
+        "Leviathan et al. (2023): improvement = (1 − α^(γ+1)) / ((1 − α)(γc + 1))",
+        "closed form (i.i.d. acceptance, verification cost flat); black boxes: the best γ for each α and c"))
+
+
+def save(chart: alt.TopLevelMixin, out_dir: str | Path, name: str) -> list[Path]:
+    """Write NAME.png (2x) and NAME.svg; returns both paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.png", out_dir / f"{name}.svg"]
+    chart.save(str(paths[0]), scale_factor=2)
+    chart.save(str(paths[1]))
+    return paths
