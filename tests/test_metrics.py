@@ -1,0 +1,93 @@
+"""Ratio-of-sums metrics and their bootstrap CIs over prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specsim.sim.engine import TrajectoryStats
+from specsim.sim.features import Features
+from specsim.sim.metrics import bootstrap_counts, groups, ratio_estimates, summarize
+
+
+def stats_for(n_traj: int, rng, *, exact=True) -> tuple[TrajectoryStats, Features]:
+    """Per-trajectory totals of a plausible walk: calls ~ tokens / (1 + accepted per call)."""
+    tokens = rng.integers(20, 60, n_traj).astype(np.float64)
+    rate = rng.uniform(0.3, 0.8, n_traj)  # per-prompt acceptance differs: the bootstrap's variance
+    calls = tokens / (1 + 3 * rate)
+    accepted = tokens - calls
+    lens = tokens.astype(np.int32)
+    stats = TrajectoryStats(calls=calls, drafted=3 * calls, accepted=accepted, tokens=tokens,
+                            reach=np.column_stack([calls * rate, calls * rate**2, calls * rate**3]),
+                            cost=1.15 * calls, exact=exact,
+                            se_accepted=None if exact else np.full(n_traj, 0.5))
+    features = Features(
+        draft="d", temperature=1.0, cache_path=Path("x.h5"), models={"target": "t", "draft": "d"},
+        traj_start=np.concatenate([[0], np.cumsum(lens[:-1])]).astype(np.int64), traj_len=lens,
+        traj_prompt=np.arange(n_traj, dtype=np.int32),
+        traj_category=np.array(["a" if i % 3 else "b" for i in range(n_traj)], dtype=object),
+        cache_start=np.zeros(n_traj, dtype=np.int64), token=np.zeros(int(lens.sum()), dtype=np.int32),
+        rank=None, logp=None, logq=None, top_ids=None, exact_tail=True)
+    return stats, features
+
+
+def test_rows_are_ratios_of_sums_per_group():
+    stats, f = stats_for(30, np.random.default_rng(0))
+    rows = summarize(stats, f, n_boot=200)
+    assert [r["category"] for r in rows] == ["all", "a", "b"]
+    for r in rows:
+        idx = np.arange(30) if r["category"] == "all" else np.flatnonzero(f.traj_category == r["category"])
+        assert r["n_prompts"] == len(idx) and r["n_positions"] == int(stats.tokens[idx].sum())
+        calls = stats.calls[idx].sum()
+        assert r["accept_rate"] == pytest.approx(stats.accepted[idx].sum() / stats.drafted[idx].sum())
+        assert r["tokens_per_call"] == pytest.approx(stats.tokens[idx].sum() / calls)
+        assert r["accepted_per_call"] == pytest.approx(r["tokens_per_call"] - 1)
+        assert r["calls_per_100_tokens"] == pytest.approx(100 / r["tokens_per_call"])
+        assert r["drafted_per_call"] == pytest.approx(3.0)
+        assert r["speedup"] == pytest.approx(r["tokens_per_call"] / 1.15)
+        assert r["depth_accept"] == pytest.approx(list(stats.reach[idx].sum(axis=0) / calls))
+        assert r["mc_se_tokens_per_call"] is None
+
+
+def test_cis_contain_the_estimate_and_shrink_with_more_prompts():
+    widths = []
+    for n in (10, 40, 160, 640):
+        stats, f = stats_for(n, np.random.default_rng(n))
+        row = summarize(stats, f, by_category=False, n_boot=2000, seed=1)[0]
+        for name in ("accept_rate", "tokens_per_call", "speedup", "calls_per_100_tokens"):
+            assert row[name + "_lo"] < row[name] < row[name + "_hi"]
+        widths.append(row["tokens_per_call_hi"] - row["tokens_per_call_lo"])
+    assert widths == sorted(widths, reverse=True)
+    assert widths[0] > 4 * widths[-1]  # ~ 1/sqrt(n): 8x narrower for 64x the prompts
+
+
+def test_bootstrap_is_reproducible_and_resamples_whole_trajectories():
+    counts = bootstrap_counts(7, 50, 3)
+    assert counts.shape == (50, 7) and np.all(counts.sum(axis=1) == 7)
+    np.testing.assert_array_equal(counts, bootstrap_counts(7, 50, 3))
+    num, den = np.arange(1.0, 8.0)[:, None], np.ones((7, 1))
+    est = ratio_estimates(num, den, n_boot=50, seed=3)[0]
+    boot = (counts @ num[:, 0]) / 7
+    assert est.value == 4.0
+    assert est.lo == pytest.approx(np.percentile(boot, 2.5)) and est.hi == pytest.approx(np.percentile(boot, 97.5))
+
+
+def test_one_prompt_has_no_interval():
+    est = ratio_estimates(np.array([[3.0]]), np.array([[2.0]]), n_boot=100, seed=0)[0]
+    assert est.value == 1.5 and np.isnan(est.lo) and np.isnan(est.hi)
+
+
+def test_groups_skip_categories_when_asked():
+    cats = np.array(["x", "y", "x"], dtype=object)
+    assert [g for g, _ in groups(cats, False)] == ["all"]
+    assert [(g, i.tolist()) for g, i in groups(cats, True)] == [("all", [0, 1, 2]), ("x", [0, 2]), ("y", [1])]
+
+
+def test_monte_carlo_rows_carry_a_standard_error():
+    stats, f = stats_for(12, np.random.default_rng(5), exact=False)
+    row = summarize(stats, f, by_category=False, n_boot=10)[0]
+    se_sum = np.sqrt(12 * 0.25)
+    assert row["mc_se_accept_rate"] == pytest.approx(se_sum / stats.drafted.sum())
+    assert row["mc_se_tokens_per_call"] == pytest.approx(se_sum * stats.tokens.sum() / stats.calls.sum() ** 2)
