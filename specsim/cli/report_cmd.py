@@ -1,0 +1,103 @@
+"""`specsim report`: the draft-strategy study of one or more caches as a self-contained HTML report."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from specsim.cli._common import friendly_errors
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected comma-separated integers, e.g. 1,2,4,8", param_hint=what)
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"{text!r}: give at least one integer >= 1", param_hint=what)
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+@click.command("report")
+@click.argument("caches", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False),
+              help="Output directory: index.html, charts/*.png|svg, tables/*.parquet|csv.")
+@click.option("--attention", type=click.Path(path_type=Path, dir_okay=False),
+              help="A `specsim bench-attention` table (.parquet or .csv) to chart in section 6.")
+@click.option("--cost-profile", type=click.Path(path_type=Path, dir_okay=False),
+              help="A `specsim profile` JSON: speedups from measured step times instead of --cost.")
+@click.option("--cost", default="c=0.05", show_default=True,
+              help="Draft/target step cost ratio for speedups when no --cost-profile is given.")
+@click.option("--budgets", default="1,2,4,8,16,32", show_default=True, help="Draft-token budgets to sweep.")
+@click.option("--families", default="chain,kary:2,widths,optimal", show_default=True,
+              help="Tree families simulated greedily at T=0.")
+@click.option("--sample-families", default="chain,kary:2,optimal", show_default=True,
+              help="Tree families simulated with speculative sampling at T>0.")
+@click.option("--model-free", default="ngram:3,prompt-lookup:2", show_default=True,
+              help="Model-free drafts simulated as chains at T=0 ('' for none).")
+@click.option("--multi-draft", type=click.Choice(["iid", "swor"]), default="iid", show_default=True,
+              help="How sampling trees draw sibling candidates.")
+@click.option("--samples", default=64, show_default=True, help="Monte-Carlo samples per position where needed.")
+@click.option("--title", default="Draft-strategy study", show_default=True, help="Report title.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+@friendly_errors
+def report(caches, out_dir, attention, cost_profile, cost, budgets, families, sample_families, model_free,
+           multi_draft, samples, title, quiet) -> None:
+    """Simulate the draft-strategy study on CACHE(s) and write an offline HTML report.
+
+    Sweeps tree families (chain, the first N nodes of the binary tree, halving
+    widths, the data-optimal tree, model-free n-gram / prompt-lookup chains) over
+    the budgets, at every recorded temperature, for every recorded draft; compares
+    chains with Leviathan et al.'s closed form at the measured acceptance; charts
+    everything as PNG + SVG; writes the tables as Parquet + CSV; and states the
+    findings in words computed from the data. index.html embeds every chart and
+    needs no network.
+
+    \b
+    Examples:
+      specsim report cache/demo.h5 --out reports/demo
+      specsim report cache/study-qwen.h5 cache/study-smollm2.h5 --out reports/study \\
+          --attention attention.parquet --cost-profile profile.json
+      specsim report cache/demo.h5 --out reports/quick --budgets 1,4,16 --model-free ''
+    """
+    from specsim.report.html import write_report
+    from specsim.report.study import StudyConfig, run_study
+
+    config = replace(StudyConfig(), budgets=_ints(budgets, "--budgets"), families=_names(families),
+                     sample_families=_names(sample_families), model_free=_names(model_free),
+                     multi_draft=multi_draft, samples=samples, cost=cost)
+    table = None
+    if attention is not None:
+        table = _read_attention(attention)
+    study = run_study(caches, config, cost_profile=cost_profile, attention=table, progress=not quiet)
+    command = "specsim report " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
+    index = write_report(study, out_dir, title=title, command=command, progress=not quiet)
+    n_configs = study.results.filter(study.results["category"] == "all").height if not study.results.is_empty() else 0
+    click.echo(f"wrote {index} ({n_configs} configurations over {len(caches)} cache(s); "
+               f"charts in {out_dir / 'charts'}, tables in {out_dir / 'tables'})")
+    for note in study.notes:
+        click.echo(f"note: {note}")
+
+
+def _read_attention(path: Path):
+    import polars as pl
+
+    from specsim.errors import SpecError
+
+    try:
+        table = pl.read_parquet(path) if path.suffix == ".parquet" else pl.read_csv(path)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        raise SpecError(f"--attention {path}: cannot read a table ({exc})") from None
+    needed = {"impl", "B", "L", "N", "shape", "median_ms", "check_passed", "device", "dtype"}
+    missing = sorted(needed - set(table.columns))
+    if missing:
+        raise SpecError(f"--attention {path}: not a `specsim bench-attention` table (missing {', '.join(missing)})")
+    return table

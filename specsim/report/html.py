@@ -1,0 +1,197 @@
+"""A self-contained HTML report of a draft-strategy study.
+
+`write_report` renders every chart of `specsim.report.charts` (and the attention
+sweep charts of `specsim.attention.charts` when a timing table is given) to PNG
+and SVG, writes the study's tables as Parquet and CSV, and assembles
+``index.html``: the PNGs are inlined as base64 data URIs and the page has no
+script and no external reference, so it opens offline, from a mail attachment or
+a CI artifact. Sections follow the questions of the study: setup, tree shapes,
+acceptance vs budget, per-depth and per-category acceptance, theory vs
+simulation, attention timing and speedup, and the computed analysis.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import polars as pl
+
+from specsim.report import charts
+from specsim.report.findings import findings
+from specsim.report.study import Study, per_depth, write_tables
+
+SECTIONS = (
+    "1. Setup",
+    "2. Tree shapes",
+    "3. Acceptance vs draft budget",
+    "4. Per-depth acceptance and prompt categories",
+    "5. Theory vs simulation",
+    "6. Tree-attention timing and estimated speedup",
+    "7. Analysis",
+)
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1400px;margin:2em auto;
+padding:0 1em;color:#222;line-height:1.45}
+h1{margin-bottom:.2em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0 1em}td,th{border:1px solid #ddd;padding:.25em .5em;
+text-align:left}th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
+figure{margin:1em 0 2em}figure img{max-width:100%;height:auto;border:1px solid #eee}
+figcaption{font-size:.85em;color:#555}.trees{display:flex;flex-wrap:wrap;gap:1em}
+.trees div{border:1px solid #ddd;padding:.5em}.trees pre{font-size:.8em;line-height:1.15;margin:.3em 0}
+.note{color:#555;font-size:.9em}li{margin-bottom:.4em}
+"""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A chart written as PNG + SVG, with the caption that says what it shows."""
+
+    name: str  # file stem under charts/
+    caption: str  # what it was computed from
+    png: Path  # the PNG on disk (inlined into the page)
+
+
+def _table_html(table: pl.DataFrame, columns: list[str] | None = None, digits: int = 3) -> str:
+    table = table.select(columns) if columns else table
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
+    body = []
+    for row in table.iter_rows():
+        cells = []
+        for v in row:
+            if isinstance(v, float):
+                cells.append(f'<td class="num">{v:.{digits}f}</td>')
+            elif isinstance(v, int) and not isinstance(v, bool):
+                cells.append(f'<td class="num">{v}</td>')
+            else:
+                cells.append(f"<td>{html.escape('' if v is None else str(v))}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _figure_html(fig: Figure) -> str:
+    data = base64.b64encode(fig.png.read_bytes()).decode("ascii")
+    return (f'<figure><img alt="{html.escape(fig.name)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(fig.caption)} — files: charts/{fig.name}.png, charts/{fig.name}.svg"
+            "</figcaption></figure>")
+
+
+def _plan(study: Study) -> list[tuple[int, str, Callable[[], object], str]]:
+    """(section index, chart name, builder, caption) of every chart the study supports."""
+    res, plan = study.results, []
+    if not res.is_empty():
+        src = charts.provenance(res)
+        plan += [
+            (2, "tokens_per_call_vs_budget", lambda: charts.metric_vs_budget(res, "tokens_per_call"),
+             f"Tokens per target call (accepted drafts + 1) vs budget; {src}; {charts.estimate_note(res)}."),
+            (2, "acceptance_rate_vs_budget", lambda: charts.metric_vs_budget(res, "accept_rate"),
+             f"Acceptance rate (accepted / drafted tokens) vs budget; {src}; {charts.estimate_note(res)}."),
+            (3, "depth_acceptance", lambda: charts.depth_acceptance(per_depth(res)),
+             f"P(A ≥ d) per target call; {src}."),
+            (3, "by_category", lambda: charts.by_category(res),
+             f"Tokens per call per prompt category; {src}; bars: 95% bootstrap over the category's prompts."),
+        ]
+    if not study.theory.is_empty():
+        plan.append((4, "theory_vs_simulated", lambda: charts.theory_vs_simulated(study.theory),
+                     "Simulated chains vs Leviathan et al.'s closed form at the α measured on the same positions."))
+    plan.append((4, "speedup_grid", lambda: charts.speedup_grid(study.grid),
+                 "Closed-form improvement over α × γ × c (no data: the classic analysis table)."))
+    if not res.is_empty():
+        plan.append((5, "speedup_vs_budget",
+                     lambda: charts.metric_vs_budget(res, "speedup", cost_model=study.cost_model),
+                     f"Estimated speedup = tokens per call / call cost; cost model: {study.cost_model}; "
+                     f"{charts.provenance(res)}."))
+    if study.attention is not None:
+        from specsim.attention import charts as attention_charts
+
+        timed = study.attention.filter(pl.col("check_passed") & pl.col("median_ms").is_not_null())
+        if not timed.is_empty():
+            first = timed.row(0, named=True)
+            where = f"measured on {first['device']}, {first['dtype']}, median of {first['repeats']} calls"
+            for name, build in attention_charts.CHARTS.items():
+                plan.append((5, f"attention_{name}", lambda build=build: build(study.attention),
+                             f"Tree-attention timing sweep ({name.replace('_', ' ')}), {where}."))
+    return plan
+
+
+def write_report(study: Study, out_dir: str | Path, *, title: str = "Draft-strategy study",
+                 command: str = "", progress: bool = True) -> Path:
+    """Write charts/, tables/ and index.html under out_dir; returns the index path."""
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    chart_dir = out_dir / "charts"
+    tables = write_tables(study, out_dir)
+    figures: dict[int, list[Figure]] = {}
+    plan = _plan(study)
+    for section, name, build, caption in tqdm(plan, desc="report: charts", unit="chart", disable=not progress,
+                                              dynamic_ncols=True):
+        png, _svg = charts.save(build(), chart_dir, name)
+        figures.setdefault(section, []).append(Figure(name, caption, png))
+    page = _page(study, figures, tables, title=title, command=command)
+    index = out_dir / "index.html"
+    index.write_text(page, encoding="utf-8")
+    return index
+
+
+def _page(study: Study, figures: dict[int, list[Figure]], tables: list[Path], *, title: str, command: str) -> str:
+    body = [f"<h1>{html.escape(title)}</h1>"]
+    if command:
+        body.append(f'<p class="note">Generated by <code>{html.escape(command)}</code>. '
+                    "Tables: " + ", ".join(sorted({f"tables/{p.name}" for p in tables if p.suffix == ".csv"}))
+                    + " (and .parquet).</p>")
+    sections = [_setup(study), _trees(study), "", "", "", _attention_text(study), _analysis(study)]
+    for i, heading in enumerate(SECTIONS):
+        body.append(f"<h2>{html.escape(heading)}</h2>")
+        body.append(sections[i])
+        body += [_figure_html(f) for f in figures.get(i, [])]
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
+            + "\n".join(body) + "</body></html>\n")
+
+
+def _setup(study: Study) -> str:
+    parts = ["<p>Models, prompts and positions recorded in each cache (from its metadata). Greedy (T=0) "
+             "trajectories are verified greedily, sampled ones (T&gt;0) by speculative sampling; "
+             "simulations are exact expectations over the cached target trajectories unless marked "
+             "Monte-Carlo.</p>", _table_html(study.setup)]
+    if not study.categories.is_empty():
+        parts += ["<p>Prompts and positions by category:</p>", _table_html(study.categories)]
+    c = study.config
+    parts.append(f'<p class="note">Simulated budgets: {", ".join(map(str, c.budgets))} draft tokens; '
+                 f'families at T=0: {", ".join(c.families)}; at T&gt;0: {", ".join(c.sample_families)} '
+                 f'(multi-draft: {c.multi_draft}); model-free drafts: {", ".join(c.model_free) or "none"}; '
+                 f"bootstrap: {c.n_boot} resamples over prompts, seed {c.seed}.</p>")
+    if study.notes:
+        parts.append("<ul>" + "".join(f"<li class=\"note\">{html.escape(n)}</li>" for n in study.notes) + "</ul>")
+    return "\n".join(parts)
+
+
+def _trees(study: Study) -> str:
+    cells = []
+    for t in study.trees:
+        note = f"<br><span class=\"note\">{html.escape(t.note)}</span>" if t.note else ""
+        cells.append(f"<div><b>{html.escape(t.label)}</b> ({t.budget} drafts){note}"
+                     f"<pre>{html.escape(t.drawing)}</pre></div>")
+    return ("<p>Each node is a draft token, labelled by its rank r among its parent's draft candidates "
+            "(r0 = the draft's most likely token). Fixed families at one budget, then the data-optimal static "
+            "trees (Sequoia; the most frequent rank paths on the cache) for several budgets.</p>"
+            f'<div class="trees">{"".join(cells)}</div>')
+
+
+def _attention_text(study: Study) -> str:
+    text = [f"<p>Estimated speedup uses the cost model <b>{html.escape(study.cost_model)}</b>.</p>"]
+    if study.attention is None:
+        text.append('<p class="note">No tree-attention timing table was given; run '
+                    "<code>specsim bench-attention --out attention.parquet</code> and pass "
+                    "<code>--attention attention.parquet</code> to add the timing charts.</p>")
+    return "\n".join(text)
+
+
+def _analysis(study: Study) -> str:
+    items = findings(study.results, study.theory, study.cost_model)
+    return "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in items) + "</ul>"
