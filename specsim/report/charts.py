@@ -105,7 +105,7 @@ def metric_vs_budget(results: pl.DataFrame, metric: str = "tokens_per_call", *, 
 
 
 def pick_budget(budgets, wanted: int = 8) -> int:
-    """The budget closest to `wanted` (on a log scale) among those simulated."""
+    """The budget closest to `wanted` (on a log scale) among those simulated; ties go to the larger."""
     import math
 
     return min(budgets, key=lambda b: (abs(math.log2(b) - math.log2(wanted)), -b))

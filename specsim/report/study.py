@@ -98,15 +98,18 @@ def leviathan_improvement(alpha, gamma, c):
 
 
 def speedup_grid(alphas: Sequence[float], costs: Sequence[float], gammas: Sequence[int]) -> pl.DataFrame:
-    """The classic analysis table: improvement for every α × c × γ, with the best γ per (α, c) flagged."""
+    """The classic analysis table: improvement for every α × c × γ, with the best γ per (α, c) flagged.
+
+    Exact ties (α = 0.5, c = 0.2: γ = 1 and 2 both give 1.25) flag the shorter draft.
+    """
     a, c, g = (x.ravel() for x in np.meshgrid(alphas, costs, gammas, indexing="ij"))
     table = pl.DataFrame({
         "alpha": a, "c": c, "gamma": g.astype(np.int64),
         "tokens_per_call": leviathan_tokens(a, g), "improvement": leviathan_improvement(a, g, c),
     })
-    return table.with_columns(
-        (pl.col("improvement") == pl.col("improvement").max().over("alpha", "c")).alias("best_gamma")
-    )
+    at_max = pl.col("improvement") >= pl.col("improvement").max().over("alpha", "c") - 1e-12
+    first = pl.when(at_max).then(pl.col("gamma")).min().over("alpha", "c")  # ties: the shorter draft is cheaper
+    return table.with_columns((pl.col("gamma") == first).alias("best_gamma"))
 
 
 # -- tree families ----------------------------------------------------------------------------
