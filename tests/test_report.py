@@ -1,0 +1,153 @@
+"""`specsim report` end to end on the tiny recorded cache, and the findings it states."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from specsim.cli import main
+from specsim.report.findings import findings
+from specsim.report.html import SECTIONS
+from specsim.report.study import StudyConfig, run_study
+
+BUDGETS = "1,2,4"  # small: the report renders every chart, which dominates the run time
+
+
+class _Page(HTMLParser):
+    """Collects headings, image sources, links and scripts of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.headings, self.images, self.refs, self.scripts = [], [], [], 0
+        self._in = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag in ("h1", "h2"):
+            self._in = tag
+            self.headings.append("")
+        if tag == "img":
+            self.images.append(attrs.get("src", ""))
+        if tag == "script":
+            self.scripts += 1
+        for key in ("href", "src"):
+            if key in attrs and tag != "img":
+                self.refs.append(attrs[key])
+
+    def handle_endtag(self, tag):
+        if tag == self._in:
+            self._in = None
+
+    def handle_data(self, data):
+        if self._in:
+            self.headings[-1] += data
+
+
+@pytest.fixture(scope="module")
+def report_dir(tiny_cache, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "demo"
+    result = CliRunner().invoke(main, ["report", str(tiny_cache), "--out", str(out), "--budgets", BUDGETS,
+                                       "--quiet", "--title", "Tiny study"])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out / 'index.html'}" in result.output
+    return out
+
+
+def test_index_has_every_section_and_embeds_its_images(report_dir):
+    text = (report_dir / "index.html").read_text(encoding="utf-8")
+    page = _Page()
+    page.feed(text)
+    assert page.headings[0] == "Tiny study"
+    assert page.headings[1:] == list(SECTIONS)
+    assert page.scripts == 0
+    assert len(page.images) >= 7
+    assert all(src.startswith("data:image/png;base64,") for src in page.images)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)  # nothing fetched from the network
+    assert "@import" not in text and "url(" not in text
+
+
+def test_every_chart_is_a_valid_png_and_svg(report_dir):
+    pngs = sorted((report_dir / "charts").glob("*.png"))
+    names = {p.stem for p in pngs}
+    assert {"tokens_per_call_vs_budget", "acceptance_rate_vs_budget", "depth_acceptance", "by_category",
+            "theory_vs_simulated", "speedup_grid", "speedup_vs_budget"} <= names
+    for png in pngs:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        svg = png.with_suffix(".svg")
+        assert ET.fromstring(svg.read_text()).tag.endswith("svg")
+
+
+def test_tables_are_written_as_parquet_and_csv(report_dir, tiny_cache):
+    tables = report_dir / "tables"
+    for name in ("setup", "categories", "results", "depth_acceptance", "theory", "speedup_grid"):
+        parquet = pl.read_parquet(tables / f"{name}.parquet")
+        csv = pl.read_csv(tables / f"{name}.csv")
+        assert parquet.height == csv.height > 0
+        assert parquet.columns == csv.columns
+    results = pl.read_parquet(tables / "results.parquet")
+    # every recorded draft x temperature, every budget, the families of each temperature, all categories
+    assert set(results["draft"].unique()) >= {"layers:2", "int8"}
+    assert set(results["temperature"].unique()) == {0.0, 1.0}
+    assert set(results["budget"].unique()) == {1, 2, 4}
+    assert set(results.filter(pl.col("temperature") == 0)["family"].unique()) >= {"chain", "kary:2", "widths",
+                                                                                    "optimal"}
+    assert set(results["category"].unique()) == {"all", "math", "writing"}
+    setup = pl.read_parquet(tables / "setup.parquet")
+    assert setup["positions"].sum() == 2 * 4 * 12  # 2 temperatures x 4 prompts x 12 tokens
+    assert setup["cache"].unique().to_list() == [tiny_cache.name]
+
+
+def test_setup_and_findings_appear_in_the_page(report_dir):
+    text = (report_dir / "index.html").read_text(encoding="utf-8")
+    assert "layers:2" in text and "int8" in text and "writing" in text and "math" in text
+    assert "Best tree shape per budget for" in text
+    assert "Leviathan&#x27;s closed form at the measured α" in text or "Leviathan's closed form" in text
+    assert "optimal:4 for" in text  # a data-optimal tree drawn for a budget
+
+
+def test_findings_quote_numbers_that_are_in_the_tables(tiny_cache):
+    study = run_study([tiny_cache], StudyConfig(budgets=(1, 2, 4), model_free=(), draw_budgets=(2,)),
+                      progress=False)
+    sentences = findings(study.results, study.theory, study.cost_model)
+    assert len(sentences) >= 4
+    quoted = [float(x) for s in sentences for x in re.findall(r"(?<![\d.])\d+\.\d{3}(?![\d%])", s)]
+    assert quoted
+    known = set()
+    for table in (study.results, study.theory):
+        for col, dtype in table.schema.items():
+            if dtype == pl.Float64:
+                known |= {round(v, 3) for v in table[col].drop_nulls().to_list()}
+    missing = [x for x in quoted if round(x, 3) not in known]
+    assert not missing, f"findings quote numbers not in the tables: {missing}"
+
+
+def test_findings_name_the_best_shape_per_budget(tiny_cache):
+    study = run_study([tiny_cache], StudyConfig(budgets=(2, 4), families=("chain", "optimal"), model_free=(),
+                                                sample_families=("chain",), draw_budgets=()), progress=False)
+    best = (study.results.filter((pl.col("category") == "all") & (pl.col("temperature") == 0)
+                                 & (pl.col("budget") == 4) & (pl.col("draft") == "int8"))
+            .sort("tokens_per_call", descending=True).row(0, named=True))
+    sentence = next(s for s in findings(study.results, study.theory, study.cost_model)
+                    if s.startswith("Best tree shape per budget for int8") and "T=0 greedy" in s)
+    assert f"4 drafts: {best['family']}" in sentence
+    assert f"{best['tokens_per_call']:.3f}" in sentence
+
+
+def test_bad_inputs_are_one_line_errors(tiny_cache, tmp_path):
+    runner = CliRunner()
+    missing = runner.invoke(main, ["report", str(tmp_path / "nope.h5"), "--out", str(tmp_path / "r")])
+    assert missing.exit_code != 0
+    assert "Error:" in missing.output and "Traceback" not in missing.output
+    bad = runner.invoke(main, ["report", str(tiny_cache), "--out", str(tmp_path / "r"), "--budgets", "1,x"])
+    assert bad.exit_code == 2 and "--budgets" in bad.output
+    cost = runner.invoke(main, ["report", str(tiny_cache), "--out", str(tmp_path / "r"), "--cost", "fast"])
+    assert cost.exit_code == 1 and "c=RATIO" in cost.output
+    table = tmp_path / "t.csv"
+    table.write_text("a,b\n1,2\n")
+    att = runner.invoke(main, ["report", str(tiny_cache), "--out", str(tmp_path / "r"), "--attention", str(table)])
+    assert att.exit_code == 1 and "not a `specsim bench-attention` table" in att.output
