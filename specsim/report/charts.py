@@ -86,8 +86,9 @@ def metric_vs_budget(results: pl.DataFrame, metric: str = "tokens_per_call", *, 
     x = alt.X("budget:Q", scale=alt.Scale(type="log", base=2), title="draft tokens per call (budget, log scale)",
               axis=alt.Axis(values=sorted(data["budget"].unique().to_list()), format="d"))
     color = alt.Color("family:N", sort=sort, title=FAMILY_TITLE)
+    # the band fills by family on its own channel, so the legend shows the lines' colours, not faint swatches
     band = alt.Chart().mark_area(opacity=0.18).encode(
-        x=x, y=f"{metric}_lo:Q", y2=f"{metric}_hi:Q", color=alt.Color("family:N", sort=sort, legend=None))
+        x=x, y=f"{metric}_lo:Q", y2=f"{metric}_hi:Q", fill=alt.Fill("family:N", sort=sort, legend=None))
     line = alt.Chart().mark_line(point=True).encode(
         x=x, y=alt.Y(f"{metric}:Q", title=METRICS[metric]), color=color,
         tooltip=["pair", "setting", "tree", "budget", alt.Tooltip(f"{metric}:Q", format=".3f"),
@@ -146,15 +147,15 @@ def by_category(results: pl.DataFrame, family: str | None = None, budget: int | 
         x="tokens_per_call:Q", y=y, color=alt.Color("pair:N", title="draft → target"),
         tooltip=["pair", "setting", "category", "tree", alt.Tooltip("tokens_per_call:Q", format=".3f"),
                  "n_prompts", "n_positions"])
-    labels = alt.Chart().mark_text(align="left", dx=6, fontSize=9, color="gray").encode(
-        x="tokens_per_call_hi:Q", y=y, text=alt.Text("n_prompts:Q", format="d"))
+    labels = alt.Chart().mark_text(align="left", dx=8, dy=-7, fontSize=9, color="gray").encode(
+        x="tokens_per_call:Q", y=y, text=alt.Text("n_prompts:Q", format="d"))
     return alt.layer(bars, points, labels, data=data).properties(width=WIDTH + 40, height=alt.Step(14)).facet(
         column=alt.Column("setting:N", title="temperature, verification"),
         row=alt.Row("pair:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left", labelOrient="top",
                                                             labelFontWeight="bold"))
     ).properties(title=_title(
         f"Which tasks speculate well: {family} tree, {budget} draft tokens, by prompt category",
-        provenance(results), "dots: tokens per call; bars: 95% bootstrap over the category's prompts; "
+        provenance(results), "dots: tokens per call; bars: 95% bootstrap over the category's prompts (none with one prompt); "
         "grey numbers: prompts in the category"))
 
 

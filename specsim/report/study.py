@@ -268,7 +268,14 @@ def run_study(
             s, c = setup_tables(reader)
             setups.append(s)
             cats.append(c)
-            steps += [(path, reader.spec.drafts, T) for T in reader.spec.temperatures]
+            recorded = set(reader.trajectories["temperature"].to_list())
+            for T in reader.spec.temperatures:
+                if any(abs(T - t) < 1e-6 for t in recorded):
+                    steps.append((path, reader.spec.drafts, T))
+                else:  # a recording still running, or interrupted before this temperature
+                    notes.append(f"{path.name}: no committed trajectories at T={T:g} yet; that temperature is skipped")
+    if not steps:
+        raise CacheError(f"{', '.join(names)}: no committed trajectories to simulate; record some with `specsim cache`")
     bar = tqdm(total=len(steps), desc="report: simulating", unit="temperature", disable=not progress,
                dynamic_ncols=True)
     try:
