@@ -1,0 +1,145 @@
+"""Adaptive speculation length for chains, replayed exactly.
+
+Two rules change the number of drafts γ between target calls:
+
+* ``adaptive-hf`` — Hugging Face assisted generation's heuristic schedule
+  (`num_assistant_tokens_schedule="heuristic"`): start at γ = the chain's length G; after a
+  call that accepted all γ drafts, γ += 2; otherwise γ = max(1, γ − 1).
+* ``adaptive-history[:hi,lo]`` — an acceptance-history rule: after each call, the acceptance
+  rate of that call, A/γ, grows γ by 1 when above ``hi`` (default 0.8) and shrinks it by 1
+  (not below 1) when below ``lo`` (default 0.4).
+
+γ is capped at Γ = max(16, 2G) so the state space stays finite (reported in the row).
+
+Given a cached trajectory, a chain of γ drafts from position t accepts A with
+P(A ≥ k) = Π_{j<k} β_{t+j}, k ≤ min(γ, n − 1 − t) (DESIGN.md §2; β_t = min(1, q_t(y_t)/p_t(y_t))
+when sampling, 1[ρ_t = 0] when greedy). The walk is a Markov chain over (start position, γ):
+a forward pass pushes the probability of each state to its successors, so the expected totals
+(calls, drafts, accepted tokens, per-depth reach, cost) are exact sums of per-state rewards —
+no Monte-Carlo. Vectorised over trajectories, looping over the offset from the trajectory end.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from specsim.errors import SpecError
+from specsim.trees import Tree, chain
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specsim.sim.engine import TrajectoryStats
+    from specsim.sim.features import Features
+
+HISTORY_DEFAULTS = (0.8, 0.4)  # (hi, lo) acceptance-rate thresholds of adaptive-history
+MIN_GAMMA_CAP = 16  # Γ = max(this, 2G): largest speculation length the state space holds
+
+
+def next_gamma_table(rule: str, gamma_cap: int, params: tuple = ()) -> np.ndarray:
+    """(Γ+1, Γ+1) int: γ' after a call with γ drafts (row) that accepted a (column); row 0 unused."""
+    g = np.arange(gamma_cap + 1)[:, None]
+    a = np.arange(gamma_cap + 1)[None, :]
+    if rule == "adaptive-hf":
+        nxt = np.where(a >= g, g + 2, g - 1)
+    elif rule == "adaptive-history":
+        hi, lo = (float(x) for x in params) if params else HISTORY_DEFAULTS
+        if not 0 <= lo <= hi <= 1:
+            raise SpecError(f"adaptive-history:{hi:g},{lo:g}: need 0 <= lo <= hi <= 1 (rates of accepted drafts)")
+        rate = a / np.maximum(g, 1)
+        nxt = np.where(rate > hi, g + 1, np.where(rate < lo, g - 1, g))
+    else:
+        raise SpecError(f"{rule!r} is not an adaptive rule; use adaptive-hf or adaptive-history[:hi,lo]")
+    return np.clip(nxt, 1, gamma_cap)
+
+
+def acceptance(features: "Features") -> np.ndarray:
+    """(N,) β_t: probability a one-token draft at t is accepted given the trajectory."""
+    if features.rank is None:
+        raise SpecError(f"adaptive rules need a model draft; {features.draft!r} is model-free")
+    if features.temperature <= 0:
+        return (features.rank == 0).astype(np.float64)
+    return np.exp(np.minimum(0.0, features.logq - features.logp))
+
+
+def _mean_context(features: "Features") -> float:
+    from specsim.cache.store import CacheReader
+
+    with CacheReader(features.cache_path) as reader:
+        plen = np.array([len(reader.prompt_token_ids(int(i))) for i in features.traj_prompt], dtype=np.float64)
+    n = features.traj_len.astype(np.float64)
+    return float((plen * n + n * (n - 1) / 2).sum() / n.sum())
+
+
+def adaptive_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: np.ndarray,
+                  call_cost: np.ndarray) -> dict[str, np.ndarray]:
+    """Expected totals per trajectory of the (position, γ) chain; call_cost[γ] per call of γ drafts."""
+    cap = nxt.shape[0] - 1
+    order = np.argsort(-features.traj_len, kind="stable")
+    lens = features.traj_len[order].astype(np.int64)
+    ends = (features.traj_start[order] + lens).astype(np.int64)
+    n_traj, max_len = len(order), int(lens[0])
+    slots = cap + 1  # offsets a call can jump: 1 .. cap + 1
+    occ = np.zeros((slots, n_traj, cap + 1))  # rolling: probability a call starts at offset o with γ
+    gammas = np.arange(cap + 1)
+    k = np.arange(cap + 1)
+    totals = {name: np.zeros(n_traj) for name in ("calls", "drafted", "accepted", "cost")}
+    reach = np.zeros((n_traj, cap))
+    N = beta.shape[0]
+    for o in range(max_len, 0, -1):
+        m = int(np.searchsorted(-lens, -o, side="right"))  # trajectories with length >= o
+        here = occ[o % slots, :m].copy()  # (m, Γ+1)
+        occ[o % slots, :m] = 0.0
+        here[lens[:m] == o, start_gamma] += 1.0  # each trajectory's first call
+        t = ends[:m] - o  # (m,) start positions
+        idx = np.minimum(t[:, None] + k[None, :-1], N - 1)  # (m, Γ)
+        surv = np.concatenate([np.ones((m, 1)), np.cumprod(beta[idx], axis=1)], axis=1)  # (m, Γ+1) Π_{j<k} β
+        limit = np.minimum(gammas, o - 1)  # (Γ+1,) most drafts acceptable with γ
+        ok = k[None, :] <= limit[:, None]  # (γ, k)
+        s = surv[:, None, :] * ok[None]  # (m, γ, k): P(A >= k | γ)
+        p_a = s - np.concatenate([s[:, :, 1:], np.zeros((m, cap + 1, 1))], axis=2)  # (m, γ, a)
+        totals["calls"][:m] += here.sum(axis=1)
+        totals["drafted"][:m] += here @ gammas.astype(np.float64)
+        totals["cost"][:m] += here @ call_cost
+        totals["accepted"][:m] += np.einsum("mg,mgk->m", here, s[:, :, 1:])
+        reach[:m] += np.einsum("mg,mgk->mk", here, s[:, :, 1:])
+        for a in range(0, min(cap, o - 1) + 1):
+            dest = o - a - 1
+            if dest == 0:
+                continue
+            flow = here * p_a[:, :, a]  # (m, γ)
+            _scatter(occ[dest % slots], m, nxt[:, a], flow)
+    out = {name: np.empty(n_traj) for name in totals}
+    for name, v in totals.items():
+        out[name][order] = v
+    out["reach"] = np.empty_like(reach)
+    out["reach"][order] = reach
+    return out
+
+
+def _scatter(target: np.ndarray, m: int, to_gamma: np.ndarray, flow: np.ndarray) -> None:
+    """target[:m, to_gamma[g]] += flow[:, g] for every γ (several γ may map to one γ')."""
+    onehot = np.zeros((to_gamma.shape[0], target.shape[1]))
+    onehot[np.arange(to_gamma.shape[0]), to_gamma] = 1.0
+    target[:m] += flow @ onehot
+
+
+def adaptive_stats(features: "Features", tree: Tree, spec, rng: np.random.Generator, cost_model) -> "TrajectoryStats":
+    """Exact expected totals per trajectory of a chain whose length adapts by `spec.name`."""
+    from specsim.sim.engine import TrajectoryStats
+
+    if tree.budget and int(tree.n_children.max()) > 1:
+        raise SpecError(f"adaptive speculation lengths apply to chains, not to the tree {tree.name or tree.to_spec()}")
+    start = max(1, tree.max_depth)
+    cap = max(MIN_GAMMA_CAP, 2 * start)
+    nxt = next_gamma_table(spec.name, cap, tuple(getattr(spec, "params", ())))
+    context = _mean_context(features) if cost_model is not None else 0.0
+    call_cost = np.zeros(cap + 1)
+    if cost_model is not None:
+        for g in range(1, cap + 1):
+            call_cost[g] = cost_model.call_cost(chain(str(g)), context=context, model_draft=True)
+    totals = adaptive_walk(acceptance(features), features, start, nxt, call_cost)
+    extra = {"gamma_start": start, "gamma_cap": cap, "adaptive_rule": spec.label}
+    return TrajectoryStats(calls=totals["calls"], drafted=totals["drafted"], accepted=totals["accepted"],
+                           tokens=features.traj_len.astype(np.float64), reach=totals["reach"],
+                           cost=totals["cost"], exact=True, extra=extra)

@@ -1,0 +1,146 @@
+"""Model-free drafts: candidates copied from the context (n-gram / prompt lookup).
+
+* ``ngram:N`` — suffix matching as SGLang's NGRAM speculator does it: find earlier
+  occurrences of the last N tokens of prompt + output so far; the candidates are the tokens
+  that followed each occurrence, most recent occurrence first.
+* ``prompt-lookup:N`` — Hugging Face prompt lookup decoding (Saxena 2023): try the last
+  N, N−1, …, 1 tokens; for each length, earlier occurrences from the first one on; propose
+  what followed. HF keeps only the first hit; a tree keeps the others as alternatives.
+
+A tree over such candidates puts alternative continuations side by side: the continuations,
+in priority order, are inserted into a trie whose children keep insertion order, so the node
+with rank path (r_1, …, r_d) proposes the token of the trie path "r_1-th child, then r_2-th
+child, …" (no token where the trie has none). The proposal is a point mass, so a node is
+accepted iff the target's token equals it, for greedy and sampling alike (DESIGN.md §2;
+`specsim.verify.verify_point_mass`). Replaying a cached trajectory is therefore exact and
+deterministic. `specsim live` drafts with the same `tree_tokens`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from specsim.errors import SpecError
+from specsim.trees import Tree
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specsim.sim.engine import AcceptanceTable
+    from specsim.sim.features import Features
+
+KINDS = ("ngram", "prompt-lookup")
+MAX_MATCHES = 64  # continuations considered per call: bounds the cost on highly repetitive text
+
+
+@dataclass(frozen=True)
+class ModelFreeDraft:
+    kind: str  # "ngram" | "prompt-lookup"
+    n: int  # suffix length matched (prompt-lookup: the longest one tried)
+    max_matches: int = MAX_MATCHES  # continuations kept per call, in priority order
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.n}"
+
+
+def parse_modelfree(text: str) -> ModelFreeDraft:
+    """'ngram:3' | 'prompt-lookup:2'."""
+    kind, sep, arg = str(text).strip().partition(":")
+    kind = kind.strip().lower()
+    if kind not in KINDS:
+        raise SpecError(f"{text!r} is not a model-free draft; use ngram:N or prompt-lookup:N")
+    try:
+        n = int(arg) if sep else 0
+    except ValueError:
+        raise SpecError(f"{text}: N must be an integer, e.g. {kind}:3") from None
+    if n < 1:
+        raise SpecError(f"{text}: N must be at least 1, e.g. {kind}:3")
+    return ModelFreeDraft(kind, n)
+
+
+def _match_starts(context: np.ndarray, m: int) -> np.ndarray:
+    """Starts j of earlier occurrences of the last m tokens that have a continuation (j + m < len)."""
+    L = context.shape[0]
+    if m < 1 or L <= m:
+        return np.empty(0, dtype=np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(context[:-1], m)  # (L - m, m): starts 0..L-m-1
+    return np.flatnonzero((windows == context[-m:]).all(axis=1))
+
+
+def continuations(context: np.ndarray, draft: ModelFreeDraft, depth: int) -> list[np.ndarray]:
+    """Candidate continuations (each ≤ depth tokens), highest priority first."""
+    context = np.asarray(context, dtype=np.int64)
+    if draft.kind == "ngram":
+        starts = [(j, draft.n) for j in _match_starts(context, draft.n)[::-1]]  # most recent first
+    else:
+        starts = []
+        for m in range(min(draft.n, context.shape[0] - 1), 0, -1):
+            starts.extend((j, m) for j in _match_starts(context, m))  # earliest first, as HF
+            if len(starts) >= draft.max_matches:
+                break
+    return [context[j + m : j + m + depth] for j, m in starts[: draft.max_matches]]
+
+
+def tree_tokens(context: np.ndarray, draft: ModelFreeDraft, tree: Tree) -> np.ndarray:
+    """(n_nodes,) int64 token each tree node proposes after `context`; −1 for none (and the root)."""
+    children: list[dict[int, int]] = [{}]  # trie: node -> {token: child}, insertion (priority) order
+    for cont in continuations(context, draft, tree.max_depth):
+        node = 0
+        for tok in cont.tolist():
+            nxt = children[node].get(tok)
+            if nxt is None:
+                nxt = len(children)
+                children[node][tok] = nxt
+                children.append({})
+            node = nxt
+    ordered = [list(c.items()) for c in children]  # [(token, child), ...] by rank
+    out = np.full(tree.n_nodes, -1, dtype=np.int64)
+    trie_of = np.full(tree.n_nodes, -1, dtype=np.int64)
+    trie_of[0] = 0
+    for v in range(1, tree.n_nodes):
+        parent = trie_of[tree.parents[v]]
+        rank = int(tree.ranks[v])
+        if parent >= 0 and rank < len(ordered[parent]):
+            out[v], trie_of[v] = ordered[parent][rank]
+    return out
+
+
+def accepted_length(tree: Tree, node_tokens: np.ndarray, future: np.ndarray) -> int:
+    """Depth reached by walking down the nodes whose tokens equal future[0], future[1], …."""
+    node, depth = 0, 0
+    while depth < future.shape[0]:
+        kids = tree.children(node)
+        hit = kids[node_tokens[kids] == future[depth]]
+        if hit.size == 0:
+            break
+        node, depth = int(hit[0]), depth + 1
+    return depth
+
+
+def modelfree_table(features: "Features", tree: Tree, spec, rng: np.random.Generator) -> "AcceptanceTable":
+    """Exact, deterministic table for a model-free draft (`features.draft`, e.g. 'ngram:3')."""
+    from tqdm.auto import tqdm
+
+    from specsim.sim.engine import AcceptanceTable
+
+    draft = parse_modelfree(features.draft)
+    N = features.n_positions
+    remaining = features.remaining()
+    length = np.zeros(N, dtype=np.int64)
+    drafted = np.zeros(N)
+    for i in tqdm(range(features.n_traj), desc=f"{draft.name} candidates", unit="traj", leave=False,
+                  disable=features.n_traj < 50):
+        start, n = int(features.traj_start[i]), int(features.traj_len[i])
+        seq = np.concatenate([np.asarray(features.prompt_ids(i), dtype=np.int64),
+                              features.token[start : start + n].astype(np.int64)])
+        offset = seq.shape[0] - n
+        for t in range(n):
+            tokens = tree_tokens(seq[: offset + t], draft, tree)
+            drafted[start + t] = float((tokens >= 0).sum())
+            future = seq[offset + t : offset + t + int(remaining[start + t])]
+            length[start + t] = accepted_length(tree, tokens, future)
+    p_len = np.zeros((N, tree.max_depth + 1))  # (N, D+1)
+    p_len[np.arange(N), length] = 1.0
+    return AcceptanceTable(p_len=p_len, drafted=drafted, exact=True)
