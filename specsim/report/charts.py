@@ -65,7 +65,8 @@ def _title(text: str, *subtitle: str) -> alt.Title:
 
 def _facet(chart: alt.LayerChart, table: pl.DataFrame) -> alt.FacetChart:
     return chart.properties(width=WIDTH, height=HEIGHT).facet(
-        row=alt.Row("pair:N", title="draft → target"),
+        row=alt.Row("pair:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left", labelOrient="top",
+                                                            labelFontWeight="bold", labelFontSize=12)),
         column=alt.Column("setting:N", title="temperature, verification"),
     )
 

@@ -29,7 +29,7 @@ import polars as pl
 
 from specsim.cache.store import CacheReader
 from specsim.errors import CacheError, SpecError
-from specsim.sim.features import load_features, target_name
+from specsim.sim.features import is_model_free, load_features, target_name
 from specsim.trees import Tree, draw_tree
 
 ALL = "all"  # category label of the rows over every prompt (specsim.sim.metrics.ALL)
@@ -127,9 +127,10 @@ def widths_spec(budget: int) -> str:
 def family_of(tree: str, draft: str = "") -> str:
     """The family a simulated tree belongs to: chain:4 → chain, kary:2@8 → kary:2, widths:4,2 → widths.
 
-    Model-free drafts are families of their own (their chains are n-gram proposals).
+    Model-free drafts are families of their own (their chains are n-gram proposals); their
+    rows share the pair label "model-free → TARGET".
     """
-    if draft.partition(":")[0] in ("ngram", "prompt-lookup"):
+    if is_model_free(draft):
         return draft
     head = tree.partition(":")[0]
     if head == "kary" and "@" in tree:
@@ -214,7 +215,8 @@ def _label_rows(table: pl.DataFrame, cache_name: str) -> pl.DataFrame:
     return table.with_columns(
         pl.lit(cache_name).alias("cache_name"),
         pl.Series("family", fam, dtype=pl.String),
-        pl.Series("pair", [f"{d} → {t}" for d, t in zip(table["draft"].to_list(), target)], dtype=pl.String),
+        pl.Series("pair", [f"{'model-free' if is_model_free(d) else d} → {t}"
+                           for d, t in zip(table["draft"].to_list(), target)], dtype=pl.String),
     )
 
 
@@ -224,7 +226,7 @@ def _simulate(cache: Path, notes: list[str], **kwargs) -> pl.DataFrame:
     try:
         return simulate(cache, **kwargs)
     except SpecError as exc:
-        if kwargs.get("drafts") and all(d.partition(":")[0] in ("ngram", "prompt-lookup") for d in kwargs["drafts"]):
+        if kwargs.get("drafts") and all(is_model_free(d) for d in kwargs["drafts"]):
             notes.append(f"{cache.name}: model-free drafts {', '.join(kwargs['drafts'])} skipped ({exc})")
             return pl.DataFrame()
         raise

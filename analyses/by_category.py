@@ -1,0 +1,13 @@
+"""Tokens per call by prompt category: which tasks speculate well (report section 4).
+
+    python analyses/by_category.py reports/demo/tables --out reports/demo/charts
+"""
+
+from _tables import command, read
+
+from specsim.report.charts import by_category
+
+main = command("by_category", __doc__, lambda tables: by_category(read(tables, "results")))
+
+if __name__ == "__main__":
+    main()
