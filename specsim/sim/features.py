@@ -21,7 +21,7 @@ numpy only.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -35,6 +35,7 @@ MODEL_FREE = ("ngram", "prompt-lookup")  # draft families that need no draft col
 FEATURES_FORMAT = "specsim-features"
 FEATURES_VERSION = 2  # bump when the stored arrays change meaning
 BLOCK = 256  # positions read at once per column while deriving features
+MEMO_BYTES = 512 << 20  # keep streamed distributions in memory when both columns fit in this many bytes
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Features:
     logq: np.ndarray | None  # (N,) float64 log q_t(y_t) at `temperature` (T=0: at T=1)
     top_ids: np.ndarray | None  # (N, K) int32 draft's top-K ids, most likely first
     exact_tail: bool  # False when the cache stores top-k only (tail-dependent numbers approximate)
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)  # streamed distributions, when small
 
     @property
     def n_positions(self) -> int:
@@ -91,14 +93,34 @@ class Features:
         p_target and q_draft are (n, V) float64 probabilities at the simulated temperature
         (T=0 trajectories: the T=1 softmax); q_draft is None for model-free drafts.
         """
+        if "p_target" in self._memo:  # a sweep streams the same small cache many times: keep it
+            p_all, q_all = self._memo["p_target"], self._memo["q_draft"]
+            for s in range(0, self.n_positions, block):
+                e = min(s + block, self.n_positions)
+                yield s, e, p_all[s:e], None if q_all is None else q_all[s:e]
+            return
         T = self.softmax_temperature
         with CacheReader(self.cache_path) as reader:
+            V = reader.spec.vocab_size
+            keep = self.n_positions * V * 8 * (1 if self.model_free else 2) <= MEMO_BYTES
+            if keep:
+                p_all = np.empty((self.n_positions, V))  # (N, V)
+                q_all = None if self.model_free else np.empty((self.n_positions, V))
             for local, cache, n in _runs(self):
                 for s in range(0, n, block):
                     e = min(s + block, n)
                     p_target = _softmax(reader.logits(TARGET, cache + s, cache + e), T)
                     q_draft = None if self.model_free else _softmax(reader.logits(self.draft, cache + s, cache + e), T)
+                    if keep:
+                        p_all[local + s : local + e] = p_target
+                        if q_all is not None:
+                            q_all[local + s : local + e] = q_draft
                     yield local + s, local + e, p_target, q_draft
+        if keep:  # only a complete pass is kept; read-only, as every later pass shares it
+            for x in (p_all, q_all):
+                if x is not None:
+                    x.flags.writeable = False
+            self._memo.update(p_target=p_all, q_draft=q_all)
 
 
 def is_model_free(draft: str) -> bool:
