@@ -62,7 +62,7 @@ def acceptance(features: "Features") -> np.ndarray:
     return np.exp(np.minimum(0.0, features.logq - features.logp))
 
 
-def _mean_context(features: "Features") -> float:
+def mean_context(features: "Features") -> float:
     from specsim.cache.store import CacheReader
 
     with CacheReader(features.cache_path) as reader:
@@ -133,7 +133,7 @@ def adaptive_stats(features: "Features", tree: Tree, spec, rng: np.random.Genera
     start = max(1, tree.max_depth)
     cap = max(MIN_GAMMA_CAP, 2 * start)
     nxt = next_gamma_table(spec.name, cap, tuple(getattr(spec, "params", ())))
-    context = _mean_context(features) if cost_model is not None else 0.0
+    context = mean_context(features) if cost_model is not None else 0.0
     call_cost = np.zeros(cap + 1)
     if cost_model is not None:
         for g in range(1, cap + 1):

@@ -140,15 +140,6 @@ def sibling_index(tree: Tree) -> np.ndarray:
     return index
 
 
-def remaining_drafts(features: "Features") -> np.ndarray:
-    """(N,) n − 1 − t: the most drafts a call starting at local position t may accept."""
-    n_total = int(features.token.shape[0])
-    out = np.empty(n_total, dtype=np.int64)
-    for start, length in zip(features.traj_start.tolist(), features.traj_len.tolist()):
-        out[start : start + length] = np.arange(length - 1, -1, -1)
-    return out
-
-
 def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray) -> np.ndarray:
     """P(A ≥ d | t) for d = 1..D from per-position candidate acceptance.
 
@@ -244,7 +235,7 @@ def sample_tree_table(features: "Features", tree: Tree, spec, rng: np.random.Gen
         raise SpecError(f"--samples must be at least 2 for a standard error, got {samples}")
     k = int(tree.n_children.max())
     pi, reps = candidate_acceptance(features, k, scheme=scheme, samples=samples, rng=rng)
-    remaining = remaining_drafts(features)
+    remaining = features.remaining()
     at_least = reach_by_depth(pi, tree, remaining)  # (N, D)
     drafted = np.full(pi.shape[0], float(tree.budget))
     if reps is None:

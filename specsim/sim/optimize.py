@@ -41,6 +41,9 @@ class OptimalTree:
     tree: Tree  # the chosen tree (canonical order)
     expected_tokens_per_call: float  # 1 + expected accepted drafts per call, on the data it was fitted to
     source: str  # what it was computed from, for the table footer
+    walk_tokens_per_call: float | None = None  # Σ tokens / Σ target calls of decoding the trajectories
+    #   with this tree (what `specsim simulate` reports); the objective above weights every start
+    #   position equally, the walk weights them by how often a call starts there
 
 
 # ---------------------------------------------------------------------------- Sequoia's DP
@@ -159,11 +162,12 @@ def tree_value(tree: Tree, acceptance: Sequence[float]) -> float:
 
 def best_first_paths(
     symbols: np.ndarray, remaining: np.ndarray, budget: int, max_depth: int
-) -> tuple[list[tuple[int, ...]], float]:
+) -> tuple[list[tuple[int, ...]], np.ndarray]:
     """The `budget` most frequent prefixes of the sequences (symbols[t], symbols[t+1], …).
 
-    remaining[t] caps the prefix length at t (end of trajectory). Returns the paths in
-    the order found and the mean number of matched paths per start position.
+    remaining[t] caps the prefix length at t (end of trajectory). Returns the paths in the
+    order found — non-increasing frequency, so the first n of them are the best n — and
+    how many start positions each matched.
     """
     n_total = symbols.shape[0]
     heap: list[tuple[int, int, tuple[int, ...], np.ndarray]] = []
@@ -184,62 +188,85 @@ def best_first_paths(
 
     push_children((), np.arange(n_total))
     paths: list[tuple[int, ...]] = []
-    matched = 0
+    counts: list[int] = []
     while heap and len(paths) < budget:
         neg_count, _, path, positions = heapq.heappop(heap)
         paths.append(path)
-        matched += -neg_count
+        counts.append(-neg_count)
         push_children(path, positions)
-    return paths, matched / max(n_total, 1)
+    return paths, np.array(counts, dtype=np.int64)
 
 
-def _greedy_tree(features: "Features", budget: int, max_depth: int) -> OptimalTree:
-    from specsim.sim.multidraft import remaining_drafts
-
+def _greedy_trees(features: "Features", budget: int, max_depth: int) -> list[OptimalTree]:
+    """The optimal greedy tree for every budget 1..budget (prefixes of one best-first order)."""
     if features.rank is None:
         raise SpecError(
             f"draft {features.draft!r} has no ranks (model-free): optimise trees for model drafts"
         )
-    paths, mean_accepted = best_first_paths(
-        features.rank.astype(np.int64), remaining_drafts(features), budget, max_depth
-    )
+    paths, counts = best_first_paths(features.rank.astype(np.int64), features.remaining(), budget, max_depth)
     if not paths:
         raise SpecError("the cache has no position with a next token to draft: trajectories of length 1")
-    n_pos = int(features.token.shape[0])
-    return OptimalTree(
-        tree=Tree.from_paths(paths, name=f"optimal:{budget}"),
-        expected_tokens_per_call=1.0 + mean_accepted,
-        source=f"{len(paths)} most frequent rank paths over {n_pos} start positions (greedy, exact)",
-    )
+    from specsim.sim.policies import greedy_table
+
+    n_pos = features.n_positions
+    value = 1.0 + np.cumsum(counts) / n_pos
+    out = []
+    for n in range(1, len(paths) + 1):
+        tree = Tree.from_paths(paths[:n], name=f"optimal:{n}")
+        out.append(OptimalTree(
+            tree=tree,
+            expected_tokens_per_call=float(value[n - 1]),
+            source=f"the {n} most frequent rank paths over {n_pos} start positions (greedy, exact)",
+            walk_tokens_per_call=_walk_value(features, greedy_table(features, tree, None, None)),
+        ))
+    return out
+
+
+def _walk_value(features: "Features", table) -> float:
+    from specsim.sim.engine import walk
+
+    stats = walk(table, features, 1.0)
+    return float(stats.tokens.sum() / stats.calls.sum())
 
 
 # ---------------------------------------------------------------------------- sampling on a cache
 
 
-def _sample_tree(features: "Features", budget: int, max_depth: int, scheme: str, samples: int,
-                 rng: np.random.Generator) -> OptimalTree:
-    from specsim.sim.multidraft import candidate_acceptance, reach_by_depth, remaining_drafts
+def _sample_trees(features: "Features", budgets: Sequence[int], max_depth: int, scheme: str, samples: int,
+                  rng: np.random.Generator) -> list[OptimalTree]:
+    from specsim.sim.engine import AcceptanceTable
+    from specsim.sim.multidraft import candidate_acceptance, length_distribution, reach_by_depth
 
     if features.temperature <= 0:
         raise SpecError("sampling trees need trajectories sampled at T > 0; at T=0 use --policy greedy")
-    width = min(budget, 8)  # wider fan-outs than 8 candidates per node are not worth estimating
+    if features.rank is None:
+        raise SpecError(f"draft {features.draft!r} is model-free: its proposals are not sampled from a q")
+    width = min(max(budgets), 8)  # fan-outs above 8 candidates per node are not estimated
     pi, _ = candidate_acceptance(features, width, scheme=scheme, samples=samples, rng=rng)
-    remaining = remaining_drafts(features)
+    remaining = features.remaining()
     vector = np.concatenate([[0.0], np.clip(pi.mean(axis=0), 0.0, 1.0)])
     if vector[1:].sum() > 1:
         vector[1:] /= vector[1:].sum()
-    candidates = [optimal_tree_from_vector(vector, budget, max_depth=max_depth).tree,
-                  _best_first_exact(pi, remaining, budget, max_depth)]
-    scores = [1.0 + reach_by_depth(pi, t, remaining).sum(axis=1).mean() for t in candidates]
-    best = int(np.argmax(scores))
-    how = ("Sequoia DP on the cache's positional acceptance vector", "best-first on exact node values")[best]
     n_pos = int(pi.shape[0])
     mc = "exact" if scheme == "iid" else f"Monte-Carlo, {samples} samples/position"
-    return OptimalTree(
-        tree=Tree.from_paths(candidates[best].rank_paths()[1:], name=f"optimal:{budget}"),
-        expected_tokens_per_call=float(scores[best]),
-        source=f"{how} ({scheme}, {mc}), scored over {n_pos} start positions",
-    )
+    out = []
+    for budget in budgets:
+        candidates = [optimal_tree_from_vector(vector, budget, max_depth=max_depth).tree,
+                      _best_first_exact(pi, remaining, budget, max_depth)]
+        at_least = [reach_by_depth(pi, t, remaining) for t in candidates]  # (N, D) each
+        scores = [1.0 + a.sum(axis=1).mean() for a in at_least]
+        best = int(np.argmax(scores))
+        how = ("Sequoia DP on the cache's positional acceptance vector", "best-first on exact node values")[best]
+        tree = Tree.from_paths(candidates[best].rank_paths()[1:], name=f"optimal:{budget}")
+        table = AcceptanceTable(p_len=length_distribution(at_least[best]),
+                                drafted=np.full(n_pos, float(tree.budget)), exact=scheme == "iid")
+        out.append(OptimalTree(
+            tree=tree,
+            expected_tokens_per_call=float(scores[best]),
+            source=f"{how} ({scheme}, {mc}), scored over {n_pos} start positions",
+            walk_tokens_per_call=_walk_value(features, table),
+        ))
+    return out
 
 
 def _best_first_exact(pi: np.ndarray, remaining: np.ndarray, budget: int, max_depth: int) -> Tree:
@@ -272,25 +299,43 @@ def _best_first_exact(pi: np.ndarray, remaining: np.ndarray, budget: int, max_de
     return Tree.from_paths(paths)
 
 
+def optimal_trees(
+    features: "Features",
+    budgets: Sequence[int],
+    *,
+    policy,
+    max_depth: int | None = None,
+    samples: int | None = None,
+    seed: int = 0,
+) -> list[OptimalTree]:
+    """`optimal_tree` for several budgets, sharing the expensive part (counts or π estimates)."""
+    name = getattr(policy, "name", policy)
+    budgets = [int(b) for b in budgets]
+    for b in budgets:
+        _check_budget(b, max_depth)
+    depth_cap = max(budgets) if max_depth is None else int(max_depth)
+    if name == "greedy":
+        every = _greedy_trees(features, max(budgets), depth_cap)
+        return [every[min(b, len(every)) - 1] for b in budgets]
+    if name == "sample":
+        scheme = getattr(policy, "multi_draft", "iid")
+        samples = int(samples or getattr(policy, "samples", 64))
+        return _sample_trees(features, budgets, depth_cap, scheme, samples, np.random.default_rng(seed))
+    raise SpecError(f"optimal trees are defined for the policies 'greedy' and 'sample', not {name!r}")
+
+
 def optimal_tree(
     features: "Features",
     budget: int,
     *,
     policy,
     max_depth: int | None = None,
-    samples: int = 64,
+    samples: int | None = None,
     seed: int = 0,
 ) -> OptimalTree:
     """The static tree of ≤ budget drafts that maximises expected tokens per call on a cache.
 
-    `policy` is a PolicySpec (or its name): 'greedy' → most frequent rank paths;
-    'sample' → sampling trees with the policy's multi_draft scheme ('iid' | 'swor').
+    `policy` is a PolicySpec (or its name): 'greedy' → the most frequent rank paths;
+    'sample' → sampling trees under the policy's multi_draft scheme ('iid' | 'swor').
     """
-    name = getattr(policy, "name", policy)
-    depth_cap = _check_budget(budget, max_depth)
-    if name == "greedy":
-        return _greedy_tree(features, int(budget), depth_cap)
-    if name == "sample":
-        scheme = getattr(policy, "multi_draft", "iid")
-        return _sample_tree(features, int(budget), depth_cap, scheme, samples, np.random.default_rng(seed))
-    raise SpecError(f"optimal trees are defined for the policies 'greedy' and 'sample', not {name!r}")
+    return optimal_trees(features, [budget], policy=policy, max_depth=max_depth, samples=samples, seed=seed)[0]

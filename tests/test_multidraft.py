@@ -1,0 +1,154 @@
+"""Multi-draft acceptance given the output: exact for iid, unbiased with an honest SE for swor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specsim import verify
+from specsim.errors import SpecError
+from specsim.sim.features import load_features
+from specsim.sim.multidraft import (
+    acceptance_iid,
+    acceptance_swor,
+    beta,
+    candidate_acceptance,
+    length_distribution,
+    reach_by_depth,
+    sample_tree_table,
+    sibling_index,
+)
+from specsim.sim.policies import chain_table, parse_policy
+from specsim.trees import parse_tree
+from tests.strategies import distribution_pairs, trees
+from tests.synthetic import random_cache
+
+
+def _rows(p, q):
+    V = p.shape[0]
+    return np.tile(p, (V, 1)), np.tile(q, (V, 1)), np.arange(V)
+
+
+@given(distribution_pairs(max_size=5), st.integers(1, 3))
+@settings(max_examples=150, deadline=None)
+def test_iid_closed_form_equals_exact_enumeration(pq, k):
+    p, q = pq
+    P, Q, y = _rows(p, q)
+    exact = verify.accept_probability_given_output("sample", p, q, k, "iid")[:, :k]  # (V, k)
+    est = acceptance_iid(P, Q, y, k)
+    emitted = p > 0
+    np.testing.assert_allclose(est[emitted], exact[emitted], atol=1e-9)
+
+
+@given(distribution_pairs(max_size=4), st.integers(2, 3), st.integers(0, 2**32 - 1))
+@settings(max_examples=25, deadline=None)
+def test_swor_estimates_are_unbiased(pq, k, seed):
+    p, q = pq
+    P, Q, y = _rows(p, q)
+    exact = verify.accept_probability_given_output("sample", p, q, k, "swor")[:, :k]
+    reps = acceptance_swor(P, Q, y, k, 3000, np.random.default_rng(seed))  # (V, M, k)
+    mean = reps.mean(axis=1)
+    se = reps.std(axis=1, ddof=1) / np.sqrt(reps.shape[1])
+    emitted = p > 0
+    err = np.abs(mean - exact)[emitted]
+    assert np.all(err <= 5 * se[emitted] + 1e-9), (err, se[emitted])
+
+
+def test_swor_estimator_resolves_a_wrong_answer():
+    """The SE is small enough to tell swor from iid where they differ (so unbiasedness means something)."""
+    p = np.array([0.5, 0.3, 0.2, 0.0])
+    q = np.array([0.1, 0.2, 0.3, 0.4])
+    P, Q, y = _rows(p, q)
+    reps = acceptance_swor(P, Q, y, 3, 20000, np.random.default_rng(0))
+    mean, se = reps.mean(axis=1), reps.std(axis=1, ddof=1) / np.sqrt(20000)
+    iid = acceptance_iid(P, Q, y, 3)
+    gap = np.abs(iid - mean)[:3, 1:]
+    assert np.max(gap / (se[:3, 1:] + 1e-15)) > 10
+
+
+@given(distribution_pairs(max_size=6), st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_one_candidate_is_beta_without_monte_carlo(pq, seed):
+    p, q = pq
+    P, Q, y = _rows(p, q)
+    b = beta(P, Q, y)
+    emitted = p > 0
+    np.testing.assert_allclose(b[emitted], np.minimum(1, q / np.where(p > 0, p, 1))[emitted], atol=1e-12)
+    np.testing.assert_allclose(acceptance_iid(P, Q, y, 1)[:, 0][emitted], b[emitted], atol=1e-12)
+    reps = acceptance_swor(P, Q, y, 1, 7, np.random.default_rng(seed))  # no draws needed: every sample equal
+    assert np.all(reps == reps[:, :1])
+    np.testing.assert_allclose(reps[:, 0, 0][emitted], b[emitted], atol=1e-12)
+
+
+@given(trees(max_nodes=12, max_rank=2, max_depth=4), st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_tree_dp_is_a_valid_capped_law(tree, seed):
+    rng = np.random.default_rng(seed)
+    N = 9
+    k = int(sibling_index(tree).max(initial=0)) + 1
+    raw = rng.dirichlet(np.ones(k + 1), size=N)[:, :k]  # (N, k): π_i(s), Σ_i ≤ 1
+    remaining = np.concatenate([np.arange(4, -1, -1), np.arange(3, -1, -1)])  # two trajectories
+    at_least = reach_by_depth(raw, tree, remaining)
+    p_len = length_distribution(at_least)
+    assert p_len.shape == (N, tree.max_depth + 1)
+    np.testing.assert_allclose(p_len.sum(axis=1), 1.0)
+    assert np.all(p_len >= -1e-15)
+    beyond = np.arange(tree.max_depth + 1)[None, :] > remaining[:, None]
+    assert np.all(p_len[beyond] == 0)  # accepted length <= n-1-t and <= tree depth
+    # depth 1 is one categorical draw: Σ over the root's children of π_index(t)
+    kids = tree.children(0)
+    if kids.size:
+        expect = raw[:, sibling_index(tree)[kids]].sum(axis=1) * (remaining >= 1)
+        np.testing.assert_allclose(at_least[:, 0], expect, atol=1e-12)
+
+
+def test_chain_of_betas_matches_the_chain_closed_form():
+    rng = np.random.default_rng(1)
+    b = rng.random(12)
+    remaining = np.concatenate([np.arange(6, -1, -1), np.arange(4, -1, -1)])
+    tree = parse_tree("chain:3")
+    ours = length_distribution(reach_by_depth(b[:, None], tree, remaining))
+    np.testing.assert_allclose(ours, chain_table(b, remaining, 3), atol=1e-14)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return random_cache(tmp_path_factory.mktemp("md") / "r.h5", n_prompts=4, length=12, vocab=6)
+
+
+def test_sample_tree_table_iid_is_exact_per_position(cache):
+    features = load_features(cache, "small", 1.0, progress=False)
+    tree = parse_tree("widths:3,2")
+    table = sample_tree_table(features, tree, parse_policy("sample"), np.random.default_rng(0))
+    assert table.exact and table.se_len is None
+    # depth-1 acceptance at every position equals Σ_i P(accepted as candidate i | y_t) from the exact law
+    for start, stop, p, q in features.iter_distributions():
+        for j, t in enumerate(range(start, stop)):
+            if features.remaining()[t] < 1:
+                assert table.p_len[t, 0] == 1.0
+                continue
+            law = verify.accept_probability_given_output("sample", p[j], q[j], 3, "iid")
+            y = int(features.token[t])
+            np.testing.assert_allclose(1 - table.p_len[t, 0], law[y, :3].sum(), atol=1e-9)
+
+
+def test_swor_table_reports_monte_carlo_error_and_chains_stay_exact(cache):
+    features = load_features(cache, "small", 1.0, progress=False)
+    spec = parse_policy("sample", multi_draft="swor", samples=16)
+    table = sample_tree_table(features, parse_tree("kary:2,2"), spec, np.random.default_rng(0))
+    assert not table.exact and table.se_len.shape == (features.n_positions,)
+    assert np.all(table.se_len >= 0) and table.se_len.max() > 0
+    chain = sample_tree_table(features, parse_tree("chain:3"), spec, np.random.default_rng(0))
+    assert chain.exact and chain.se_len is None
+    b = np.exp(np.minimum(0, features.logq - features.logp))
+    np.testing.assert_allclose(chain.p_len, chain_table(b, features.remaining(), 3), atol=1e-12)
+    pi, reps = candidate_acceptance(features, 1, scheme="swor", samples=16, rng=np.random.default_rng(0))
+    assert reps is None
+
+
+def test_sampling_trees_refuse_greedy_trajectories(cache):
+    features = load_features(cache, "small", 0.0, progress=False)
+    with pytest.raises(SpecError, match="temperature > 0; at T=0 use --policy greedy"):
+        sample_tree_table(features, parse_tree("kary:2,2"), parse_policy("sample"), np.random.default_rng(0))
