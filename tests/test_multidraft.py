@@ -53,7 +53,8 @@ def test_swor_estimates_are_unbiased(pq, k, seed):
     se = reps.std(axis=1, ddof=1) / np.sqrt(reps.shape[1])
     emitted = p > 0
     err = np.abs(mean - exact)[emitted]
-    assert np.all(err <= 5 * se[emitted] + 1e-9), (err, se[emitted])
+    # 1e-4: a candidate prefix far rarer than 1/M may never be drawn, so its share goes unseen
+    assert np.all(err <= 5 * se[emitted] + 1e-4), (err, se[emitted])
 
 
 def test_swor_estimator_resolves_a_wrong_answer():
