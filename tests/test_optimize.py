@@ -1,0 +1,201 @@
+"""Tree optimisers: exact optima against brute force, prefix-closure, budgets; the CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specsim.cli import main
+from specsim.sim.engine import walk
+from specsim.sim.features import load_features
+from specsim.sim.optimize import best_first_paths, optimal_tree, optimal_tree_from_vector, tree_value
+from specsim.sim.policies import greedy_table, parse_policy
+from specsim.trees import Tree
+from tests.synthetic import random_cache, rank_cache
+
+
+def _contiguous_trees(n: int, width: int, depth: int):
+    """Every tree of <= n nodes, fan-out <= width, depth <= depth, children = the first k candidates."""
+    def forests(budget: int, d: int, prefix: tuple):
+        yield []
+        if d == 0:
+            return
+        def children(i: int, left: int):
+            yield []
+            if i >= width or left == 0:
+                return
+            for size in range(1, left + 1):
+                for sub in forests(size - 1, d - 1, prefix + (i,)):
+                    if len(sub) == size - 1:
+                        for rest in children(i + 1, left - size):
+                            yield [prefix + (i,)] + sub + rest
+        yield from children(0, budget)
+    seen = set()
+    for f in forests(n, depth, ()):
+        key = frozenset(f)
+        if f and key not in seen:
+            seen.add(key)
+            yield Tree.from_paths(f)
+
+
+@given(st.integers(1, 3), st.integers(1, 6), st.integers(1, 4), st.booleans(), st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_sequoia_dp_equals_brute_force(width, budget, depth, monotone, seed):
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.ones(width + 1))[:width]
+    if monotone:
+        p = np.sort(p)[::-1]
+    vector = [0.0, *p.tolist()]
+    best = max(tree_value(t, vector) for t in _contiguous_trees(budget, width, depth))
+    got = optimal_tree_from_vector(vector, budget, max_depth=depth)
+    assert got.tree.budget <= budget and got.tree.max_depth <= depth
+    assert got.expected_tokens_per_call == pytest.approx(best, abs=1e-12)
+    assert tree_value(got.tree, vector) == pytest.approx(best, abs=1e-12)
+    assert set(got.tree.rank_paths()[1:]) >= {(0,)}  # candidates are used in order
+
+
+def test_sequoia_vector_known_case():
+    # p_1 = 0.8: a chain beats siblings; expected length of chain:3 = 1 + .8 + .64 + .512
+    got = optimal_tree_from_vector([0, 0.8, 0.1], 3)
+    assert got.tree.rank_paths()[1:] == [(0,), (0, 0), (0, 0, 0)]
+    assert got.expected_tokens_per_call == pytest.approx(1 + 0.8 + 0.64 + 0.512)
+
+
+@pytest.mark.parametrize("bad, message", [([0.5], "at least one"), ([0, 0.7, 0.6], "sum to"), ([0, -0.1], "entry 1")])
+def test_sequoia_vector_errors(bad, message):
+    from specsim.errors import SpecError
+
+    with pytest.raises(SpecError, match=message):
+        optimal_tree_from_vector(bad, 4)
+
+
+def _prefix_counts(seqs, max_depth):
+    counts = {}
+    for seq in seqs:
+        n = len(seq)
+        for t in range(n):
+            for d in range(1, min(max_depth, n - 1 - t) + 1):
+                key = tuple(seq[t : t + d])
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=7), min_size=1, max_size=3),
+       st.integers(1, 4), st.integers(1, 3))
+@settings(max_examples=60, deadline=None)
+def test_greedy_best_first_equals_brute_force(seqs, budget, max_depth):
+    symbols = np.array([s for seq in seqs for s in seq])
+    remaining = np.concatenate([np.arange(len(seq) - 1, -1, -1) for seq in seqs])
+    paths, counts = best_first_paths(symbols, remaining, budget, max_depth)
+    truth = _prefix_counts(seqs, max_depth)
+    assert len(paths) == min(budget, len(truth)) and len(set(paths)) == len(paths)
+    assert all(p[:-1] == () or p[:-1] in paths[:i] for i, p in enumerate(paths))  # prefix-closed, parents first
+    assert [truth[p] for p in paths] == counts.tolist()
+    best = 0
+    nodes = list(truth)
+    for r in range(1, min(budget, len(nodes)) + 1):
+        for subset in itertools.combinations(nodes, r):
+            chosen = set(subset)
+            if all(len(p) == 1 or p[:-1] in chosen for p in chosen):
+                best = max(best, sum(truth[p] for p in chosen))
+    assert counts.sum() == best
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("opt")
+    rng = np.random.default_rng(0)
+    ranks = [np.minimum(rng.geometric(0.55, 30) - 1, 5) for _ in range(5)]
+    return {"rank": rank_cache(folder / "ranks.h5", ranks), "random": random_cache(folder / "rand.h5", vocab=8)}
+
+
+def test_greedy_optimal_tree_value_is_its_mean_accepted_length(caches):
+    features = load_features(caches["rank"], "d", 0.0, progress=False)
+    for budget in (1, 4, 9):
+        got = optimal_tree(features, budget, policy="greedy", max_depth=3)
+        assert got.tree.budget == budget and got.tree.max_depth <= 3
+        table = greedy_table(features, got.tree, None, None)
+        assert got.expected_tokens_per_call == pytest.approx(1 + table.mean_len().mean(), abs=1e-12)
+        stats = walk(table, features, 1.0)
+        assert got.walk_tokens_per_call == pytest.approx(stats.tokens.sum() / stats.calls.sum())
+    chain = Tree.from_paths([(0,), (0, 0), (0, 0, 0)])
+    chain_value = 1 + greedy_table(features, chain, None, None).mean_len().mean()
+    assert optimal_tree(features, 3, policy="greedy").expected_tokens_per_call >= chain_value
+
+
+def test_sampling_optimal_tree_beats_a_chain_of_the_same_budget(caches):
+    from specsim.sim.multidraft import reach_by_depth
+    from specsim.sim.multidraft import candidate_acceptance
+
+    features = load_features(caches["random"], "small", 1.0, progress=False)
+    got = optimal_tree(features, 4, policy=parse_policy("sample"))
+    pi, _ = candidate_acceptance(features, 4, scheme="iid", samples=2, rng=np.random.default_rng(0))
+    for other in (Tree.from_paths([(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]), Tree.from_paths([(0,), (1,), (2,), (3,)])):
+        value = 1 + reach_by_depth(pi, other, features.remaining()).sum(axis=1).mean()
+        assert got.expected_tokens_per_call >= value - 1e-12
+    assert "exact" in got.source and got.tree.budget <= 4
+
+
+def test_cli_optimize_prints_writes_and_round_trips(caches, tmp_path):
+    out = tmp_path / "tree.json"
+    result = CliRunner().invoke(main, ["optimize", str(caches["rank"]), "--budget", "5", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    features = load_features(caches["rank"], "d", 0.0, progress=False)
+    expected = optimal_tree(features, 5, policy="greedy")
+    assert f"expected tokens/call: {expected.expected_tokens_per_call:.3f}" in result.output
+    assert f"over {features.n_positions} start positions" in result.output
+    assert "root\n" in result.output and "r0" in result.output
+    tree = Tree.from_json(out.read_text())
+    assert tree.rank_paths() == expected.tree.rank_paths()
+    sim = CliRunner().invoke(main, ["simulate", str(caches["rank"]), "--tree", f"file:{out}", "--no-by-category",
+                                    "-q", "--n-boot", "10"])
+    assert sim.exit_code == 0, sim.output
+    assert f"{expected.walk_tokens_per_call:.3f}" in sim.output
+
+
+def test_cli_hardware_aware_choice(caches):
+    result = CliRunner().invoke(main, ["optimize", str(caches["rank"]), "--budget", "6", "--cost", "c=0.3"])
+    assert result.exit_code == 0, result.output
+    features = load_features(caches["rank"], "d", 0.0, progress=False)
+    from specsim.sim.cost import parse_cost
+    from specsim.sim.optimize import optimal_trees
+
+    cost = parse_cost("c=0.3")
+    options = optimal_trees(features, range(1, 7), policy="greedy")
+    rates = [r.walk_tokens_per_call / cost.call_cost(r.tree, context=0.0, model_draft=True) for r in options]
+    n = int(np.argmax(rates)) + 1
+    m = re.search(r"N = (\d+): ([\d.]+) tokens/call, call cost ([\d.]+) target steps, estimated speedup ([\d.]+)x",
+                  result.output)
+    assert m, result.output
+    assert int(m.group(1)) == n and float(m.group(4)) == pytest.approx(max(rates), abs=0.006)
+
+
+def test_cli_acceptance_vector(tmp_path):
+    vec = tmp_path / "v.json"
+    vec.write_text(json.dumps([0, 0.8, 0.1]))
+    result = CliRunner().invoke(main, ["optimize", "--acceptance-vector", str(vec), "--budget", "3"])
+    assert result.exit_code == 0, result.output
+    assert f"expected tokens/call: {1 + 0.8 + 0.64 + 0.512:.3f}" in result.output
+    vec.write_text("[0, 0.9, 0.5]")
+    bad = CliRunner().invoke(main, ["optimize", "--acceptance-vector", str(vec), "--budget", "3"])
+    assert bad.exit_code == 1 and "sum to 1.4000 > 1" in bad.output and "Traceback" not in bad.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--budget", "3"], "give a CACHE or --acceptance-vector"),
+    (["CACHE", "--budget", "3", "--cost", "c=0.1", "--cost-profile", "CACHE"], "not both"),
+    (["CACHE", "--budget", "3", "--policy", "sample", "--temperature", "0"], "temperature > 0"),
+    (["CACHE", "--budget", "3", "--draft", "nope"], "no draft named 'nope'"),
+])
+def test_cli_errors_are_one_line(caches, args, message):
+    args = [str(caches["random"]) if a == "CACHE" else a for a in args]
+    result = CliRunner().invoke(main, ["optimize", *args])
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert "Traceback" not in result.output
