@@ -40,7 +40,7 @@ def rule_of(spec) -> LossyRule:
     if spec.name == "p>=lq":
         return LossyRule("p>=lq", lam=float(params[0]))
     if spec.name == "typical":
-        return LossyRule("typical", *(float(x) for x in params[:2])) if params else LossyRule("typical")
+        return LossyRule("typical", eps=float(params[0]), delta=float(params[1])) if params else LossyRule("typical")
     raise SpecError(f"{spec.name!r} is not a lossy rule; use p>=q, p>=lq:0.5 or typical[:eps,delta]")
 
 
