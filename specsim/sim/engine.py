@@ -9,8 +9,10 @@ that chain, so its expectation is an exact dynamic program over start positions,
 
     C(t) = r(t) + Σ_a P(a | t) · C(t + a + 1),     C(n) = 0,
 
-solved for all rewards at once (calls, drafted, accepted, reach per depth) and
-vectorised across trajectories by looping over the offset from the trajectory end.
+for all rewards at once (calls, drafted, accepted, reach per depth). It is computed
+in its forward form: the expected number of calls starting at each position
+(occupancy) times each position's expected reward, vectorised across trajectories
+by looping over the offset from the trajectory end.
 No Monte-Carlo noise enters here; a Monte-Carlo table's standard errors are carried
 to the totals by the delta method (expected visits × per-position SE).
 numpy only.
@@ -71,32 +73,34 @@ def check_table(table: AcceptanceTable, features) -> None:
         raise ValueError(f"p_len has shape {table.p_len.shape}, expected ({N}, D+1)")
     if not np.allclose(table.p_len.sum(axis=1), 1.0, atol=1e-9):
         raise ValueError("p_len rows must sum to 1")
-    beyond = np.arange(table.p_len.shape[1])[None, :] > features.remaining()[:, None]  # (N, D+1)
-    if np.any(table.p_len[beyond] > 1e-12):
+    remaining = features.remaining()
+    near = np.flatnonzero(remaining < table.p_len.shape[1] - 1)  # only calls near an end can overflow
+    beyond = np.arange(table.p_len.shape[1])[None, :] > remaining[near, None]  # (n_near, D+1)
+    if np.any(table.p_len[near][beyond] > 1e-12):
         raise ValueError("p_len puts mass past the end of a trajectory (a > n-1-t)")
 
 
 def walk(table: AcceptanceTable, features, call_cost: float) -> TrajectoryStats:
-    """Expected calls, drafted/accepted tokens and per-depth reach of decoding each trajectory."""
+    """Expected calls, drafted/accepted tokens and per-depth reach of decoding each trajectory.
+
+    Every total is additive over calls, so E[total] = Σ_t visits(t) · r(t), with visits(t)
+    the probability that a call starts at t (`occupancy`) — the same numbers as the
+    backward recursion C(t) = r(t) + Σ_a P(a | t) C(t + a + 1), for all rewards at once.
+    """
     check_table(table, features)
-    P = table.p_len  # (N, D+1)
-    N, D1 = P.shape
-    rewards = np.concatenate(
-        [np.ones((N, 1)), np.asarray(table.drafted, dtype=np.float64)[:, None], table.mean_len()[:, None],
-         table.reach()],
-        axis=1,
-    )  # (N, 3 + D): calls, drafted, accepted, reach_1..reach_D
-    values = _solve(P, rewards, features)  # (n_traj, 3 + D)
+    occ = occupancy(table, features)  # (N,)
+    bounds = features.traj_start  # trajectories are contiguous, so sums per trajectory are segment sums
+    per_traj = lambda x: np.add.reduceat(x, bounds, axis=0) if x.shape[0] else x  # noqa: E731
+    calls = per_traj(occ)
+    drafted = per_traj(occ * np.asarray(table.drafted, dtype=np.float64))
+    accepted = per_traj(occ * table.mean_len())
+    reach = per_traj(occ[:, None] * table.reach())  # (n_traj, D)
     se = None
     if not table.exact and table.se_len is not None:
-        occ = occupancy(table, features)  # (N,)
-        owner = np.repeat(np.arange(features.n_traj), features.traj_len)
-        se = np.sqrt(np.bincount(owner, weights=(occ * table.se_len) ** 2, minlength=features.n_traj))
-    calls = values[:, 0]
+        se = np.sqrt(per_traj((occ * table.se_len) ** 2))
     return TrajectoryStats(
-        calls=calls, drafted=values[:, 1], accepted=values[:, 2],
-        tokens=features.traj_len.astype(np.float64), reach=values[:, 3:], cost=calls * float(call_cost),
-        exact=table.exact, se_accepted=se, extra=table.extra,
+        calls=calls, drafted=drafted, accepted=accepted, tokens=features.traj_len.astype(np.float64), reach=reach,
+        cost=calls * float(call_cost), exact=table.exact, se_accepted=se, extra=table.extra,
     )
 
 
@@ -109,37 +113,28 @@ def _right_aligned(features) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return order, ends, alive
 
 
-def _solve(P: np.ndarray, rewards: np.ndarray, features) -> np.ndarray:
-    """(n_traj, K) values at each trajectory's first position of V(t) = r(t) + Σ_a P(a|t) V(t+a+1)."""
-    order, ends, alive = _right_aligned(features)
-    n_traj, K = len(order), rewards.shape[1]
-    D1 = P.shape[1]
-    max_len = len(alive) - 1
-    V = np.zeros((n_traj, max_len + 1, K))  # V[i, o]: value at offset o from the end (o = n - t)
-    back = np.arange(D1)
-    for o in range(1, max_len + 1):
-        m = alive[o]
-        t = ends[:m] - o  # (m,) local start positions
-        prev = V[:m, np.maximum(o - 1 - back, 0), :]  # (m, D+1, K); a > o-1 has P = 0 (end cap)
-        V[:m, o] = rewards[t] + np.einsum("ma,mak->mk", P[t], prev)
-    out = np.empty((n_traj, K))
-    out[order] = V[np.arange(n_traj), features.traj_len[order].astype(np.int64)]
-    return out
-
-
 def occupancy(table: AcceptanceTable, features) -> np.ndarray:
-    """(N,) probability that a call starts at each position (expected visits of the walk)."""
+    """(N,) probability that a call starts at each position (expected visits of the walk).
+
+    Forward DP, visits(t + a + 1) += visits(t) · P(a | t), run for all trajectories at once
+    over the offset from the end: a trajectory's visits at offset o are final once every
+    larger offset has been processed.
+    """
     order, ends, alive = _right_aligned(features)
     P = table.p_len
     D1 = P.shape[1]
     max_len = len(alive) - 1
-    occ = np.zeros((len(order), max_len + 1))  # occ[i, o]: at offset o from the end
-    occ[np.arange(len(order)), features.traj_len[order]] = 1.0
+    n_traj = len(order)
+    # occ[i, D1 + o]: visits at offset o from the end; D1 columns of padding on the left take the
+    # (zero) mass a table puts past the end, so the scatter below never repeats an index.
+    occ = np.zeros((n_traj, max_len + 1 + D1))
+    occ[np.arange(n_traj), D1 + features.traj_len[order]] = 1.0
     out = np.zeros(features.n_positions)
+    back = np.arange(D1)
     for o in range(max_len, 0, -1):
         m = alive[o]
-        t = ends[:m] - o
-        out[t] = occ[:m, o]
-        for a in range(min(D1, o)):
-            occ[:m, o - 1 - a] += occ[:m, o] * P[t, a]
+        t = ends[:m] - o  # (m,) local positions at offset o
+        here = occ[:m, D1 + o]  # (m,)
+        out[t] = here
+        occ[:m, D1 + o - 1 - back] += here[:, None] * P[t]  # (m, D+1)
     return out

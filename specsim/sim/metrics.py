@@ -53,10 +53,13 @@ def ratio_estimates(num: np.ndarray, den: np.ndarray, *, n_boot: int, seed: int)
     if n < 2 or n_boot < 1:
         return [Estimate(float(v), float("nan"), float("nan")) for v in point]
     W = bootstrap_counts(n, int(n_boot), int(seed))  # (B, n)
+    K = num.shape[1]
+    sums = W @ np.concatenate([num, den], axis=1)  # (B, 2K): every resample's sums in one product
     with np.errstate(invalid="ignore", divide="ignore"):
-        boot = (W @ num) / (W @ den)  # (B, K)
+        boot = sums[:, :K] / sums[:, K:]  # (B, K)
     tail = (1 - CI_LEVEL) / 2 * 100
-    lo, hi = np.nanpercentile(boot, [tail, 100 - tail], axis=0)
+    pct = np.nanpercentile if np.isnan(boot).any() else np.percentile  # nan: a resample drafted nothing
+    lo, hi = pct(boot, [tail, 100 - tail], axis=0)
     return [Estimate(float(v), float(a), float(b)) for v, a, b in zip(point, lo, hi)]
 
 

@@ -123,18 +123,18 @@ def greedy_lengths(rank: np.ndarray, remaining: np.ndarray, tree: Tree) -> np.nd
     N = rank.shape[0]
     child = child_table(tree)
     width = child.shape[1]
-    node = np.zeros(N, dtype=np.int32)
-    alive = np.ones(N, dtype=bool)
     length = np.zeros(N, dtype=np.int64)
-    t = np.arange(N)
+    t = np.arange(N)  # start positions still walking (shrinks as calls stop)
+    node = np.zeros(N, dtype=np.int32)
     for d in range(1, tree.max_depth + 1):
-        alive &= remaining >= d  # the end cap: a call at t accepts at most n-1-t drafts
-        r = rank[np.minimum(t + d - 1, N - 1)]  # (N,) rank of the token this depth proposes
+        keep = remaining[t] >= d  # the end cap: a call at t accepts at most n-1-t drafts
+        t, node = t[keep], node[keep]
+        r = rank[t + d - 1]  # rank of the token this depth proposes
         nxt = np.where(r < width, child[node, np.minimum(r, width - 1)], -1)
-        alive &= nxt >= 0
-        node = np.where(alive, nxt, 0)
-        length += alive
-        if not alive.any():
+        keep = nxt >= 0
+        t, node = t[keep], nxt[keep]
+        length[t] = d
+        if t.size == 0:
             break
     return length
 
