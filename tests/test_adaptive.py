@@ -1,0 +1,94 @@
+"""Adaptive chain lengths: the exact forward pass over (position, γ) against independent recursions."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+from specsim.errors import SpecError
+from specsim.sim.adaptive import adaptive_stats, next_gamma_table
+from specsim.sim.cost import parse_cost
+from specsim.sim.engine import walk
+from specsim.sim.features import load_features
+from specsim.sim.policies import parse_policy, run_policy
+from specsim.trees import parse_tree
+from tests.synthetic import random_cache, rank_cache
+
+
+def test_next_gamma_rules():
+    hf = next_gamma_table("adaptive-hf", 16)
+    assert hf[3, 3] == 5 and hf[3, 2] == 2 and hf[1, 0] == 1 and hf[16, 16] == 16
+    hist = next_gamma_table("adaptive-history", 16, (0.8, 0.4))
+    assert hist[5, 5] == 6 and hist[5, 4] == 5 and hist[5, 2] == 5 and hist[5, 1] == 4 and hist[1, 0] == 1
+    with pytest.raises(SpecError, match="lo <= hi"):
+        next_gamma_table("adaptive-history", 16, (0.2, 0.6))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return random_cache(tmp_path_factory.mktemp("adaptive") / "r.h5", n_prompts=5, length=16, vocab=6, noise=0.7)
+
+
+@pytest.mark.parametrize("T, policy", [(1.0, "sample"), (0.0, "greedy")])
+def test_frozen_rule_equals_the_fixed_chain_walk(cache, T, policy):
+    features = load_features(cache, "small", T, progress=False)
+    cost = parse_cost("c=0.1")
+    tree = parse_tree("chain:3")
+    frozen = run_policy(features, tree, parse_policy("adaptive-history:1,0"), np.random.default_rng(0), cost)
+    fixed = walk(run_policy(features, tree, parse_policy(policy), np.random.default_rng(0)), features,
+                 cost.call_cost(tree, context=0.0, model_draft=True))
+    for name in ("calls", "drafted", "accepted", "cost"):
+        np.testing.assert_allclose(getattr(frozen, name), getattr(fixed, name), atol=1e-12)
+    np.testing.assert_allclose(frozen.reach[:, :3], fixed.reach, atol=1e-12)
+    assert np.all(frozen.reach[:, 3:] == 0) and frozen.exact
+
+
+@pytest.mark.parametrize("rule", ["adaptive-hf", "adaptive-history", "adaptive-history:0.6,0.3"])
+@pytest.mark.parametrize("T", [1.0, 0.0])
+def test_forward_pass_equals_backward_recursion(cache, rule, T):
+    features = load_features(cache, "small", T, progress=False)
+    spec = parse_policy(rule)
+    stats = adaptive_stats(features, parse_tree("chain:2"), spec, np.random.default_rng(0), None)
+    beta = (features.rank == 0).astype(float) if T == 0 else np.exp(np.minimum(0, features.logq - features.logp))
+    nxt = next_gamma_table(spec.name, 16, spec.params)
+    for i in range(features.n_traj):
+        s, n = int(features.traj_start[i]), int(features.traj_len[i])
+        b = beta[s : s + n]
+
+        @lru_cache(maxsize=None)
+        def value(t: int, g: int) -> tuple[float, float]:  # (expected calls, expected accepted) from t
+            if t >= n:
+                return 0.0, 0.0
+            limit, surv, calls, acc = min(g, n - 1 - t), 1.0, 1.0, 0.0
+            for a in range(limit + 1):
+                p_a = surv * (1 - b[t + a]) if a < limit else surv
+                c, x = value(t + a + 1, int(nxt[g, a]))
+                calls += p_a * c
+                acc += p_a * (a + x)
+                if a < limit:
+                    surv *= b[t + a]
+            return calls, acc
+
+        calls, acc = value(0, 2)
+        assert stats.calls[i] == pytest.approx(calls, abs=1e-12)
+        assert stats.accepted[i] == pytest.approx(acc, abs=1e-12)
+    assert np.allclose(stats.reach[:, 0], stats.accepted - (stats.reach[:, 1:]).sum(axis=1))
+
+
+def test_hf_schedule_grows_by_two_on_full_acceptance(tmp_path):
+    path = rank_cache(tmp_path / "zeros.h5", [np.zeros(30, dtype=int)])  # the draft's top choice, always
+    features = load_features(path, "d", 0.0, progress=False)
+    stats = adaptive_stats(features, parse_tree("chain:3"), parse_policy("adaptive-hf"), None, None)
+    # calls of γ = 3, 5, 7, 9 emit 4 + 6 + 8 + 10 = 28 tokens; γ = 11 is capped to the last 2
+    assert stats.calls[0] == 5 and stats.accepted[0] == 25 and stats.drafted[0] == 3 + 5 + 7 + 9 + 11
+
+
+def test_adaptive_rules_need_a_chain_and_a_model_draft(cache):
+    features = load_features(cache, "small", 1.0, progress=False)
+    with pytest.raises(SpecError, match="apply to chains"):
+        adaptive_stats(features, parse_tree("kary:2,2"), parse_policy("adaptive-hf"), None, None)
+    free = load_features(cache, "ngram:2", 1.0, progress=False)
+    with pytest.raises(SpecError, match="model-free"):
+        adaptive_stats(free, parse_tree("chain:2"), parse_policy("adaptive-hf"), None, None)
