@@ -73,8 +73,8 @@ class ModelDrafter:
         self._slots = np.empty(0, np.int64)  # cache row (after `_base`) of each node fed last step; -1 unfed
 
     def reset(self, prompt_ids: np.ndarray) -> None:
-        self.kv.reset()
-        self._cached = 0
+        self.kv.start(np.asarray(prompt_ids[:-1]))
+        self._cached = self.kv.length
 
     def propose(self, committed, tree, *, policy, temperature, multi_draft, rng) -> Proposal:
         if self._cached != self.kv.length:

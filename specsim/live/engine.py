@@ -133,9 +133,7 @@ class Target:
 
     def start(self, prompt_ids: np.ndarray) -> None:
         """Prefill everything but the last prompt token (the first tree's root)."""
-        self.kv.reset()
-        if len(prompt_ids) > 1:
-            self.kv.feed_chain(np.asarray(prompt_ids[:-1]))
+        self.kv.start(np.asarray(prompt_ids[:-1]))
 
 
 def _finish(emitted: list[int], produced: int, max_new_tokens: int, eos: set[int]) -> tuple[list[int], bool]:

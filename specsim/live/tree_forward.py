@@ -68,6 +68,24 @@ class KVModel:
         from transformers import DynamicCache
 
         self.cache = DynamicCache()
+        self._prefix = np.empty(0, dtype=np.int64)
+
+    def start(self, tokens: np.ndarray) -> None:
+        """Make the cache hold exactly `tokens` (a causal chain from position 0).
+
+        The entries of the longest common prefix with the previous `start` are reused (cut
+        back, not recomputed), so decoding the same prompt again skips the prompt pass.
+        """
+        tokens = np.asarray(tokens, dtype=np.int64)
+        n = min(len(tokens), len(self._prefix), self.length)
+        same = int(np.argmin(np.append(tokens[:n] == self._prefix[:n], False)))
+        if same == 0:
+            self.reset()
+        elif self.length > same:
+            self.cache.crop(-(self.length - same))
+        if len(tokens) > same:
+            self.feed_chain(tokens[same:])
+        self._prefix = tokens
 
     @property
     def length(self) -> int:
@@ -78,7 +96,7 @@ class KVModel:
         """Feed n new tokens; return their next-token logits (n, V) float32. All n are appended to the cache.
 
         `positions` (n,) are their position ids; `attend` (n, length + n) bool says which
-        cached and new entries each may see (see `tree_attend`, `level_attend`).
+        cached and new entries each may see (built from `tree_attend`).
         """
         tokens = np.asarray(tokens, dtype=np.int64)
         n, context = len(tokens), self.length
@@ -110,6 +128,7 @@ class KVModel:
         since `start`; they move to `start, start + 1, ...` and the cache is cut behind them.
         """
         rows = np.asarray(rows, dtype=np.int64)
+        self._prefix = self._prefix[:start]
         total = self.length
         if rows.size and (rows.min() < 0 or start + rows.max() >= total):
             raise ValueError(f"rows {rows.tolist()} after {start} are outside a cache of {total}")
