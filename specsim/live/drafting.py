@@ -35,7 +35,7 @@ class Proposal:
     """A tree filled with draft tokens for one speculative step."""
 
     tokens: np.ndarray  # (n_nodes,) int64 token of each node; node 0 is the root (last committed token)
-    valid: np.ndarray  # (n_nodes,) bool; False for sampled children q could not supply (swor, tiny support)
+    valid: np.ndarray  # (n_nodes,) bool, prefix-closed; False: no token (swor out of support, no n-gram match)
     q_draft: np.ndarray | None  # (n_nodes, V) float64 draft probabilities at each node with children; None: point masses
 
 
@@ -116,6 +116,7 @@ class ModelDrafter:
                 drawn = sample_candidates(q_draft[parent], len(children), rng, scheme=scheme)
                 tokens[children[: len(drawn)]] = drawn
                 valid[children[len(drawn):]] = False  # swor ran out of tokens with mass
+                valid[children] &= valid[parent]
             level_nodes = np.concatenate(children_all)
             # Feed this level's nodes that have children of their own: one draft forward.
             to_feed = level_nodes[tree.n_children[level_nodes] > 0]
@@ -146,4 +147,30 @@ class ModelDrafter:
         self._cached = self._base + len(kept)
 
 
-DRAFTERS: dict[str, type] = {"model": ModelDrafter}
+class ModelFreeDrafter:
+    """ngram:N / prompt-lookup:N: the simulator's candidate trie over the committed tokens (no model)."""
+
+    def __init__(self, spec: str):
+        from specsim.sim.modelfree import parse_modelfree
+
+        self.draft = parse_modelfree(spec)
+        self.name = self.draft.name
+
+    def reset(self, prompt_ids: np.ndarray) -> None:
+        pass
+
+    def propose(self, committed, tree, *, policy, temperature, multi_draft, rng) -> Proposal:
+        from specsim.sim.modelfree import tree_tokens
+
+        tokens = tree_tokens(np.asarray(committed, dtype=np.int64), self.draft, tree)  # -1: no candidate
+        valid = tokens >= 0
+        valid[0] = True
+        tokens[0] = committed[-1]
+        return Proposal(tokens=np.where(valid, tokens, 0), valid=valid, q_draft=None)
+
+    def accept(self, path: np.ndarray) -> None:
+        pass
+
+
+def is_model_free(spec: str) -> bool:
+    return spec.split(":", 1)[0].strip().lower() in ("ngram", "prompt-lookup")

@@ -110,8 +110,9 @@ def verify_tree(tree: Tree, proposal: Proposal, p_target: np.ndarray, *, policy:
         candidates = proposal.tokens[children]
         if policy == "greedy":
             step = verify_greedy(p_target[node], candidates)
-        elif children.size == 0:
-            step = verify_point_mass(p_target[node], candidates, rng)  # a leaf: the bonus token y ~ p
+        elif children.size == 0 or proposal.q_draft is None:
+            # A leaf (the bonus token y ~ p), or candidates that are a function of the prefix.
+            step = verify_point_mass(p_target[node], candidates, rng)
         elif children.size == 1:
             step = verify_single(p_target[node], proposal.q_draft[node], int(candidates[0]), rng)
         elif multi_draft == "swor":
@@ -165,20 +166,20 @@ def speculative_decode(target: Target, drafter: Drafter, prompt_ids: np.ndarray,
                                    temperature=config.temperature, multi_draft=config.multi_draft, rng=rng)
         t1 = time.perf_counter()
         context = target.kv.length
-        attend = np.concatenate([np.ones((tree.n_nodes, context), bool), anc], axis=1)  # (n_nodes, context + n_nodes)
-        logits = target.kv.forward(proposal.tokens, context + tree.depths, attend)  # (n_nodes, V)
-        if config.policy == "greedy":
-            p_target = logits.double().cpu().numpy()
-        else:
-            p_target = probabilities(logits, config.temperature)  # (n_nodes, V)
+        live = np.flatnonzero(proposal.valid)  # nodes with a token; the target sees only these
+        attend = np.concatenate([np.ones((live.size, context), bool), anc[np.ix_(live, live)]], axis=1)
+        logits = target.kv.forward(proposal.tokens[live], context + tree.depths[live], attend)  # (n_live, V)
+        p_live = logits.double().cpu().numpy() if config.policy == "greedy" else probabilities(logits, config.temperature)
+        p_target = np.zeros((tree.n_nodes, p_live.shape[1]))  # (n_nodes, V); rows of nodes without tokens unused
+        p_target[live] = p_live
         verdict = verify_tree(tree, proposal, p_target, policy=config.policy, multi_draft=config.multi_draft, rng=rng)
         emitted = [int(proposal.tokens[n]) for n in verdict.path] + [verdict.token]
         emitted, done = _finish(emitted, produced, config.max_new_tokens, target.eos)
         accepted = len(emitted) - 1
-        target.kv.keep(context, np.asarray((0, *verdict.path[:accepted]), dtype=np.int64))
+        target.kv.keep(context, np.searchsorted(live, (0, *verdict.path[:accepted])))
         drafter.accept(np.asarray(verdict.path[:accepted], dtype=np.int64))
         t2 = time.perf_counter()
-        steps.append(StepRecord(start=produced, accepted=accepted, path=verdict.path, drafted=int(proposal.valid[1:].sum()),
+        steps.append(StepRecord(start=produced, accepted=accepted, path=verdict.path, drafted=live.size - 1,
                                 draft_s=t1 - t0, verify_s=t2 - t1))
         committed += emitted
         produced += len(emitted)
