@@ -20,7 +20,7 @@ from specsim.sim.modelfree import (
 from specsim.sim.policies import parse_policy, run_policy
 from specsim.trees import parse_tree
 from tests.strategies import trees
-from tests.synthetic import write_cache
+from specsim.cache.store import CacheSpec, CacheWriter, PromptRecord
 
 CTX = np.array([1, 2, 3, 9, 1, 2, 4, 5, 1, 2])
 
@@ -93,25 +93,21 @@ def test_parse_errors(text, message):
 def periodic_cache(tmp_path_factory):
     """Trajectories that repeat a 4-token period begun in the prompt: n-gram drafts are perfect."""
     V, n = 8, 14
-    trajs = []
-    for T in (0.0, 1.0):
-        for i in range(2):
-            period = np.array([1, 2, 3, 4]) + i
-            tokens = np.tile(period, 5)[2 : 2 + n].astype(np.int32)  # continues the prompt below
-            logits = np.zeros((n, V), dtype=np.float32)
-            trajs.append(dict(prompt_index=i, temperature=T, tokens=tokens, target_logits=logits,
-                              draft_logits={"d": logits}))
     path = tmp_path_factory.mktemp("mf") / "periodic.h5"
-    write_cache(path, trajs, vocab=V, drafts=["d"], temperatures=[0.0, 1.0], categories=["a", "b"])
+    prompts = [PromptRecord(i, "c", f"p{i}", (np.array([1, 2]) + i).astype(np.int32)) for i in range(2)]
+    spec = CacheSpec(vocab_size=V, drafts=("d",), temperatures=(0.0, 1.0))
+    with CacheWriter.create(path, spec, prompts) as writer:
+        for T in (0.0, 1.0):
+            for i in range(2):
+                period = np.array([1, 2, 3, 4]) + i
+                tokens = np.tile(period, 5)[2 : 2 + n].astype(np.int32)  # continues the prompt (1, 2) + i
+                logits = np.zeros((n, V), dtype=np.float32)
+                writer.append_trajectory(prompt_index=i, temperature=T, seed=0, tokens=tokens, target_logits=logits,
+                                         draft_logits={"d": logits}, stop_reason="max_new_tokens")
     return path
 
 
-def test_periodic_text_is_drafted_perfectly_for_greedy_and_sampling(periodic_cache, monkeypatch):
-    # the synthetic prompts are arange(3 + i % 5) % V; replace them with the period's first two tokens
-    from specsim.sim import features as features_mod
-
-    monkeypatch.setattr(features_mod.Features, "prompt_ids",
-                        lambda self, i: (np.array([1, 2]) + int(self.traj_prompt[i])).astype(np.int32))
+def test_periodic_text_is_drafted_perfectly_for_greedy_and_sampling(periodic_cache):
     tree = parse_tree("chain:3")
     tables = []
     for T, policy in ((0.0, "greedy"), (1.0, "sample")):

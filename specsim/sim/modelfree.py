@@ -123,6 +123,7 @@ def modelfree_table(features: "Features", tree: Tree, spec, rng: np.random.Gener
     """Exact, deterministic table for a model-free draft (`features.draft`, e.g. 'ngram:3')."""
     from tqdm.auto import tqdm
 
+    from specsim.cache.store import CacheReader
     from specsim.sim.engine import AcceptanceTable
 
     draft = parse_modelfree(features.draft)
@@ -130,10 +131,13 @@ def modelfree_table(features: "Features", tree: Tree, spec, rng: np.random.Gener
     remaining = features.remaining()
     length = np.zeros(N, dtype=np.int64)
     drafted = np.zeros(N)
+    with CacheReader(features.cache_path) as reader:  # one open, not one per trajectory
+        prompts = {int(i): reader.prompt_token_ids(int(i)) for i in np.unique(features.traj_prompt)}
+    # disable=None: a bar on a terminal only (tables printed by the CLI stay clean in pipes and logs)
     for i in tqdm(range(features.n_traj), desc=f"{draft.name} candidates", unit="traj", leave=False,
-                  disable=features.n_traj < 50):
+                  disable=None if N >= 20_000 else True):
         start, n = int(features.traj_start[i]), int(features.traj_len[i])
-        seq = np.concatenate([np.asarray(features.prompt_ids(i), dtype=np.int64),
+        seq = np.concatenate([np.asarray(prompts[int(features.traj_prompt[i])], dtype=np.int64),
                               features.token[start : start + n].astype(np.int64)])
         offset = seq.shape[0] - n
         for t in range(n):
