@@ -91,6 +91,27 @@ def main(argv: list[str]) -> None:
         print(f"baseline (python loop, greedy chain:4, {n_pos} positions): {t_loop * 1e3:.0f} ms; "
               f"simulate (incl. opening the cache, features cached): {t_vec * 1e3:.0f} ms; "
               f"ratio {t_loop / t_vec:.1f}x")
+        # The same configuration without the table plumbing: acceptance table + walk only.
+        from specsim.sim.engine import walk
+        from specsim.sim.policies import parse_policy, run_policy
+        from specsim.trees import parse_tree
+
+        t0 = time.perf_counter()
+        stats = walk(run_policy(f, parse_tree("chain:4"), parse_policy("greedy"), np.random.default_rng(0)), f, 1.0)
+        t_core = time.perf_counter() - t0
+        assert abs(stats.tokens.sum() / stats.calls.sum() - base_tpc) < 1e-9
+        print(f"  table + walk alone: {t_core * 1e3:.0f} ms; ratio vs python loop {t_loop / t_core:.1f}x")
+        # Where the sweep's time goes: closed forms (greedy trees, sampling chains) vs estimators.
+        t0 = time.perf_counter()
+        closed = specsim.simulate(cache, trees=["chain", "kary:2", "kary:3", "kary:4"], budgets=BUDGETS,
+                                  drafts=DRAFTS, policies=["greedy"], n_boot=args.n_boot)
+        closed2 = specsim.simulate(cache, trees=["chain"], budgets=BUDGETS, drafts=DRAFTS, policies=["sample"],
+                                   n_boot=args.n_boot)
+        t_closed = time.perf_counter() - t0
+        n_closed = (closed["category"] == "all").sum() + (closed2["category"] == "all").sum()
+        print(f"  closed forms only ({n_closed} configs: greedy chain/kary trees, sampling chains): "
+              f"{t_closed:.2f} s = {t_closed / n_closed * 100:.1f} s per 100 configs; the rest of the sweep "
+              "(optimal:N and multi-draft sampling trees) is the estimators' time")
         for (T, policy) in ((0.0, "greedy"), (1.0, "sample")):
             sub = df.filter((df["category"] == "all") & (df["policy"] == policy) & (df["draft"] == DRAFTS[0])
                             & (df["tree"] == "optimal:16"))
