@@ -56,6 +56,7 @@ def passes(rule: LossyRule, p_target: np.ndarray, q_draft: np.ndarray) -> np.nda
 
 def output_law(rule: LossyRule, p_target: np.ndarray, q_draft: np.ndarray) -> np.ndarray:
     """(n, V) law of the emitted token with one candidate x ~ q (`verify.output_distribution`, k = 1)."""
+    q_draft = q_draft / q_draft.sum(axis=1, keepdims=True)  # as verify: a rounding-level excess can flip p >= q
     ok = passes(rule, p_target, q_draft)
     if rule.name == "typical":
         fallback = p_target
