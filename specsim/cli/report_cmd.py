@@ -39,8 +39,9 @@ def _names(text: str) -> tuple[str, ...]:
 @click.option("--budgets", default="1,2,4,8,16,32", show_default=True, help="Draft-token budgets to sweep.")
 @click.option("--families", default="chain,kary:2,widths,optimal", show_default=True,
               help="Tree families simulated greedily at T=0.")
-@click.option("--sample-families", default="chain,kary:2,optimal", show_default=True,
-              help="Tree families simulated with speculative sampling at T>0.")
+@click.option("--sample-families", default="chain,optimal", show_default=True,
+              help="Tree families simulated with speculative sampling at T>0 (each branching tree streams "
+                   "the cache's full distributions once: add kary:2,widths when you can wait).")
 @click.option("--model-free", default="ngram:3,prompt-lookup:2", show_default=True,
               help="Model-free drafts simulated as chains at T=0 ('' for none).")
 @click.option("--multi-draft", type=click.Choice(["iid", "swor"]), default="iid", show_default=True,
