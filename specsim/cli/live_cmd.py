@@ -1,0 +1,210 @@
+"""`specsim live`: real speculative decoding over a prompt set, with measured speedup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from specsim.cli._common import friendly_errors
+
+OUT_FORMATS = (".parquet", ".csv", ".json")
+
+
+def check_out(path: Path | None, flag: str) -> None:
+    from specsim.errors import SpecError
+
+    if path is not None and path.suffix.lower() not in OUT_FORMATS:
+        raise SpecError(f"{flag} {path}: unknown format {path.suffix or '(none)'}; use one of {', '.join(OUT_FORMATS)}")
+    if path is not None and path.is_dir():
+        raise SpecError(f"{flag} {path} is a directory; give a file name such as {path / 'live.parquet'}")
+
+
+def load_models(target: str, device: str, dtype: str, threads: int | None):
+    """The target (quietly) and its device string."""
+    import torch
+    import transformers
+
+    from specsim.record.models import load_model, resolve_device
+
+    if threads:
+        torch.set_num_threads(threads)
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    device = resolve_device(device)
+    click.echo(f"loading target {target} ({dtype}, {device}) ...", err=True)
+    return load_model(target, device=device, dtype=dtype), device
+
+
+def device_label(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda"):
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return f"{device} ({torch.get_num_threads()} threads)"
+
+
+def format_rows(df) -> str:
+    """The live columns a user reads, aligned."""
+    from specsim.cli.simulate_cmd import _ci
+
+    show_cat = df["category"].n_unique() > 1
+    header = ["tree", "draft", "policy", "T"] + (["category"] if show_cat else []) + [
+        "accept rate [95% CI]", "tokens/call [95% CI]", "tok/s live", "tok/s plain", "speedup [95% CI]",
+        "draft ms/call", "verify ms/call", "decodes/tokens"]
+    lines = []
+    for r in df.iter_rows(named=True):
+        lines.append([r["tree"], r["draft"], r["policy"], f"{r['temperature']:g}"] + ([r["category"]] if show_cat else [])
+                     + [_ci(r["accept_rate"], r["accept_rate_lo"], r["accept_rate_hi"]),
+                        _ci(r["tokens_per_call"], r["tokens_per_call_lo"], r["tokens_per_call_hi"]),
+                        f"{r['live_tokens_per_s']:.1f}", f"{r['plain_tokens_per_s']:.1f}",
+                        _ci(r["speedup"], r["speedup_lo"], r["speedup_hi"]),
+                        f"{r['draft_ms_per_call']:.1f}", f"{r['verify_ms_per_call']:.1f}",
+                        f"{r['n_decodes']}/{r['n_positions']}"])
+    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(header)]
+    fmt = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(row) for row in lines])
+
+
+def footer(df, run) -> str:
+    first = df.row(0, named=True)
+    lines = [
+        f"measured on {first['device']}: target {first['target']}, draft {first['draft']}, "
+        f"{first['n_prompts']} prompts x {len({t.repeat for t in run.trajectories})} repeat(s), "
+        f"max {first['max_new_tokens']} new tokens; plain decoding of the same prompts in the same run",
+        "speedup = live tokens/s over plain tokens/s (ratio of sums); CIs: 95% bootstrap over decodes",
+    ]
+    if first["identical_to_plain"] is not None:
+        lines.append(f"greedy output identical to plain greedy decoding: {first['identical_to_plain']:.0%} of decodes")
+    if run.interrupted:
+        lines.append("interrupted (Ctrl-C): these rows cover the decodes that finished")
+    return "\n".join(lines)
+
+
+def write_frame(df, out: Path) -> None:
+    from specsim.cli.simulate_cmd import write_table
+
+    write_table(df, out)
+
+
+@click.command("live")
+@click.option("--target", required=True, help="Target model: packaged short name, GGUF file, HF directory or hub id.")
+@click.option("--draft", required=True,
+              help="Draft: a model spec like --target, layers:K, int8 (derived from the target), or ngram:N / "
+                   "prompt-lookup:N (model-free).")
+@click.option("--prompts", default="spec-bench", show_default=True,
+              help="'spec-bench', or a JSONL file (turns/prompt/text field, optional category) or a text file.")
+@click.option("--categories", multiple=True, help="Only these categories (comma-separated or repeated).")
+@click.option("--per-category", type=int, default=None, help="Take the first N prompts of each category.")
+@click.option("--tree", default="chain:4", show_default=True, metavar="SPEC",
+              help="Draft tree: chain:4, kary:2,3, widths:4,2,1, medusa:[[0],[1]], file:t.json.")
+@click.option("--policy", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True,
+              help="greedy (argmax, T=0) or sample (lossless speculative sampling at --temperature).")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None,
+              help="Sampling temperature  [default: 0 for greedy, 1 for sample]")
+@click.option("--multi-draft", type=click.Choice(["iid", "swor"]), default="iid", show_default=True,
+              help="How a sampling tree draws a node's k candidates: i.i.d. (SpecInfer) or without replacement.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Speculative decodes per prompt, each with its own seed (sampling: tighter CIs).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Base seed of drafting and verification.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
+              help="Model dtype (float32 keeps greedy output identical to plain decoding on CPU).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for torch.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Write the result rows (simulate's columns + wall-clock ones) to .parquet, .csv or .json.")
+@click.option("--steps-out", type=click.Path(path_type=Path), default=None,
+              help="Write one row per target call (start, accepted, path, draft/verify ms).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@friendly_errors
+def live(target, draft, prompts, categories, per_category, tree, policy, temperature, multi_draft, max_new_tokens,
+         repeats, seed, device, dtype, threads, out, steps_out, quiet):
+    """Run real speculative decoding and measure it against plain decoding in the same run.
+
+    The draft fills the tree level by level (one draft forward per level), the
+    target verifies every node in ONE forward with a tree attention mask, and the
+    rules of specsim.verify decide acceptance; the accepted path's KV entries are
+    kept, the rest dropped. Each prompt is also decoded plainly (the speedup
+    baseline). Rows have `specsim simulate`'s columns, so the two can be joined.
+
+    \b
+    Examples:
+      specsim live --target smollm2-135m --draft int8 --per-category 1 --tree chain:4 \\
+          --max-new-tokens 64 --out live.parquet
+      specsim live --target smollm2-135m --draft layers:20 --tree kary:2,3 --policy sample \\
+          --temperature 0.7 --multi-draft swor --repeats 3 --steps-out steps.parquet
+      specsim live --target smollm2-135m --draft ngram:3 --tree widths:2,1,1 --categories coding
+
+    Ctrl-C stops after the decode in progress and prints what finished.
+    """
+    from specsim.cli.cache_cmd import _split_categories
+    from specsim.live.engine import LiveConfig
+    from specsim.prompts import load_prompts
+    from specsim.trees import parse_tree
+
+    check_out(out, "--out")
+    check_out(steps_out, "--steps-out")
+    if temperature is None:
+        temperature = 0.0 if policy == "greedy" else 1.0
+    parsed = parse_tree(tree)
+    if parsed.name == "":
+        parsed = type(parsed)(parsed.parents, parsed.ranks, name=tree)
+    config = LiveConfig(tree=parsed, policy=policy, temperature=temperature, multi_draft=multi_draft,
+                        max_new_tokens=max_new_tokens)
+    prompt_set = load_prompts(prompts, categories=_split_categories(categories), per_category=per_category)
+
+    loaded, device = load_models(target, device, dtype, threads)
+    run = run_prompts(loaded, draft, prompt_set.prompts, config, device=device, dtype=dtype, repeats=repeats,
+                      seed=seed, progress=not quiet)
+    report(run, out=out, steps_out=steps_out)
+
+
+def run_prompts(loaded, draft: str, prompts, config, *, device: str, dtype: str, repeats: int, seed: int,
+                progress: bool, prompt_indices=None):
+    """Encode the prompts with the target's tokenizer and run live decoding over them."""
+    import numpy as np
+
+    from specsim.live.engine import Target
+    from specsim.live.runs import LivePrompt, build_drafter, run_live
+    from specsim.prompts import encode
+    from specsim.record.models import eos_token_ids
+
+    drafter = build_drafter(draft, loaded, device=device, dtype=dtype)
+    indices = prompt_indices if prompt_indices is not None else range(len(prompts))
+    live_prompts = [
+        LivePrompt(prompt_index=int(i), category=p.category,
+                   token_ids=np.asarray(encode(loaded.tokenizer, p.text), dtype=np.int64))
+        for i, p in zip(indices, prompts)
+    ]
+    return run_live(Target(loaded.model, eos_token_ids(loaded)), drafter, live_prompts, config,
+                    target_name=loaded.name, repeats=repeats, seed=seed, device=device_label(device),
+                    progress=progress)
+
+
+def report(run, *, out: Path | None, steps_out: Path | None) -> None:
+    import polars as pl
+
+    from specsim.errors import SpecError
+    from specsim.live.runs import steps_frame, summary_rows
+
+    rows = summary_rows(run)
+    if not rows:
+        raise SpecError("interrupted before any prompt finished; nothing to report")
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    click.echo(format_rows(df))
+    click.echo()
+    click.echo(footer(df, run))
+    if out is not None:
+        write_frame(df, out)
+        click.echo(f"wrote {len(df)} rows x {len(df.columns)} columns to {out}")
+    if steps_out is not None:
+        steps = steps_frame(run)
+        if steps_out.suffix.lower() == ".csv":
+            steps = steps.with_columns(pl.col("path").list.eval(pl.element().cast(pl.String)).list.join(" "))
+        try:
+            {".parquet": steps.write_parquet, ".csv": steps.write_csv, ".json": steps.write_json}[
+                steps_out.suffix.lower()](steps_out)
+        except OSError as exc:
+            raise SpecError(f"--steps-out {steps_out}: cannot write ({exc.strerror or exc})") from None
+        click.echo(f"wrote {len(steps)} steps to {steps_out}")
