@@ -220,6 +220,8 @@ def candidate_acceptance(
 def sample_tree_table(features: "Features", tree: Tree, spec, rng: np.random.Generator) -> "AcceptanceTable":
     """AcceptanceTable of a sampling tree under multi-draft verification (`spec.multi_draft`).
 
+    A node's children are its candidates in sibling order: the i-th child (ranks sorted) is
+    the i-th candidate drawn, so a node with k children draws and verifies k candidates.
     Exact for 'iid' and for chains; 'swor' trees are Monte-Carlo with `samples` per position
     (`spec.samples`, default 64) and a standard error of E[A | t].
     """
