@@ -23,6 +23,10 @@ def _f(x: float) -> str:
     return f"{x:.3f}"
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _ci(row: dict, metric: str = "tokens_per_call") -> str:
     lo, hi = row.get(f"{metric}_lo"), row.get(f"{metric}_hi")
     if lo is None or hi is None or lo != lo or hi != hi:
@@ -64,10 +68,10 @@ def _diminishing(results: pl.DataFrame) -> list[str]:
             gain = b["tokens_per_call"] - a["tokens_per_call"]
             if gain < DIMINISHING * a["tokens_per_call"]:
                 out.append(
-                    f"Returns diminish for {pair} at {setting} beyond {a['budget']} draft tokens: the best shape "
-                    f"gives {_f(a['tokens_per_call'])} tokens/call at {a['budget']} and {_f(b['tokens_per_call'])} "
-                    f"at {b['budget']} ({gain / a['tokens_per_call']:+.1%} for {b['budget'] - a['budget']} "
-                    f"more drafts).")
+                    f"Returns diminish for {pair} at {setting} beyond {_n(a['budget'], 'draft token')}: the best "
+                    f"shape gives {_f(a['tokens_per_call'])} tokens/call at {a['budget']} and "
+                    f"{_f(b['tokens_per_call'])} at {b['budget']} ({gain / a['tokens_per_call']:+.1%} for "
+                    f"{_n(b['budget'] - a['budget'], 'more draft')}).")
                 break
         else:
             if len(g) > 1:
@@ -122,8 +126,9 @@ def _categories(results: pl.DataFrame) -> list[str]:
         g = group.sort("tokens_per_call", descending=True)
         hi, lo = g.row(0, named=True), g.row(-1, named=True)
         out.append(f"By task ({pair}, {setting}, {family} tree of {budget}): {hi['category']} speculates best "
-                   f"with {_f(hi['tokens_per_call'])} tokens/call{_ci(hi)} over {hi['n_prompts']} prompts, "
-                   f"{lo['category']} worst with {_f(lo['tokens_per_call'])}{_ci(lo)} over {lo['n_prompts']}.")
+                   f"with {_f(hi['tokens_per_call'])} tokens/call{_ci(hi)} over {_n(hi['n_prompts'], 'prompt')}, "
+                   f"{lo['category']} worst with {_f(lo['tokens_per_call'])}{_ci(lo)} over "
+                   f"{_n(lo['n_prompts'], 'prompt')}.")
     return out
 
 

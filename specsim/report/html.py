@@ -56,7 +56,7 @@ class Figure:
     png: Path  # the PNG on disk (inlined into the page)
 
 
-def _table_html(table: pl.DataFrame, columns: list[str] | None = None, digits: int = 3) -> str:
+def _table_html(table: pl.DataFrame, columns: list[str] | None = None, digits: int = 4) -> str:
     table = table.select(columns) if columns else table
     head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
     body = []
@@ -64,7 +64,7 @@ def _table_html(table: pl.DataFrame, columns: list[str] | None = None, digits: i
         cells = []
         for v in row:
             if isinstance(v, float):
-                cells.append(f'<td class="num">{v:.{digits}f}</td>')
+                cells.append(f'<td class="num">{v:.{digits}g}</td>')
             elif isinstance(v, int) and not isinstance(v, bool):
                 cells.append(f'<td class="num">{v}</td>')
             else:
