@@ -172,11 +172,12 @@ def theory_vs_simulated(theory: pl.DataFrame) -> alt.FacetChart:
     both = pl.concat([sim, closed])
     x = alt.X("gamma:Q", scale=alt.Scale(type="log", base=2), title="chain length γ (draft tokens, log scale)",
               axis=alt.Axis(values=sorted(data["gamma"].unique().to_list()), format="d"))
-    color = alt.Color("source:N", title=None, scale=alt.Scale(range=["#d62728", "#1f77b4"]))
+    color = alt.Color("source:N", title=None, scale=alt.Scale(range=["#d62728", "#1f77b4"]),
+                      legend=alt.Legend(symbolType="stroke", symbolStrokeWidth=3, symbolSize=300))
     band = alt.Chart().mark_area(opacity=0.2, color="#1f77b4").encode(x=x, y="lo:Q", y2="hi:Q")
     line = alt.Chart().mark_line(point=True).encode(
         x=x, y=alt.Y("value:Q", title="tokens per target call"), color=color,
-        strokeDash=alt.StrokeDash("source:N", title=None, scale=alt.Scale(range=[[5, 3], [1, 0]])),
+        strokeDash=alt.StrokeDash("source:N", legend=None, scale=alt.Scale(range=[[5, 3], [1, 0]])),
         tooltip=["pair", "setting", "source", "gamma", alt.Tooltip("value:Q", format=".3f"),
                  alt.Tooltip("alpha:Q", format=".3f")])
     label = alt.Chart().mark_text(align="left", x=5, y=8, fontSize=10).encode(
