@@ -153,3 +153,25 @@ def test_sampling_trees_refuse_greedy_trajectories(cache):
     features = load_features(cache, "small", 0.0, progress=False)
     with pytest.raises(SpecError, match="temperature > 0; at T=0 use --policy greedy"):
         sample_tree_table(features, parse_tree("kary:2,2"), parse_policy("sample"), np.random.default_rng(0))
+
+
+def test_a_sweep_streams_the_distributions_once(cache, monkeypatch):
+    from specsim.sim.features import Features
+
+    features = load_features(cache, "small", 1.0, progress=False)
+    calls = []
+    original = Features.iter_distributions
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        yield from original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Features, "iter_distributions", counting)
+    spec = parse_policy("sample")
+    first = sample_tree_table(features, parse_tree("kary:3,2"), spec, np.random.default_rng(0))
+    again = sample_tree_table(features, parse_tree("widths:2,2,1"), spec, np.random.default_rng(0))
+    assert len(calls) == 1 and first.exact and again.exact
+    fresh = load_features(cache, "small", 1.0, progress=False)  # another Features: computed afresh, same answer
+    redo = sample_tree_table(fresh, parse_tree("widths:2,2,1"), spec, np.random.default_rng(0))
+    assert len(calls) == 2
+    np.testing.assert_allclose(redo.p_len, again.p_len, atol=1e-12)

@@ -28,6 +28,7 @@ end of each trajectory (a call at t accepts at most n − 1 − t drafts).
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,7 +42,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _NO_MASS = 1e-12  # as specsim.verify: a residual lighter than this is rounding noise of r == q
 _BLOCK_ELEMENTS = 1 << 22  # (positions × samples × vocab) floats per Monte-Carlo block
+_MIN_WIDTH = 4  # candidates estimated per position at least, so a sweep's trees share one pass
+_MEMO_ELEMENTS = 1 << 25  # Monte-Carlo replicates kept for reuse up to this many floats (256 MB)
 SCHEMES = ("iid", "swor")
+_memo: dict[int, tuple] = {}  # id(features) -> (weakref, scheme, samples, pi, reps)
 
 
 # ---------------------------------------------------------------------------- per-position π
@@ -188,21 +192,35 @@ def candidate_acceptance(
     scheme: str,
     samples: int,
     rng: np.random.Generator,
-    progress: bool = False,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-position π (N, k) and, for 'swor' with k > 1, Monte-Carlo replicates (N, M, k).
 
-    k = 1 uses the cached log-probabilities (β); otherwise the full distributions are
-    streamed from the cache.
+    k = 1 uses the cached log-probabilities (β). Otherwise the full distributions are
+    streamed from the cache once per Features object and scheme: π_i does not depend on the
+    fan-out, so the columns estimated for one tree serve every tree of a sweep with no more
+    candidates per node (the Monte-Carlo draws are then shared, common random numbers).
     """
     if scheme not in SCHEMES:
         raise SpecError(f"multi-draft scheme {scheme!r} is not one of {', '.join(SCHEMES)}")
-    n_total = int(features.token.shape[0])
     if k == 1 and features.logp is not None and features.logq is not None:
         logp = features.logp.astype(np.float64)
         return np.exp(np.minimum(0.0, features.logq.astype(np.float64) - logp))[:, None], None
+    hit = _memo.get(id(features))
+    if hit is not None and hit[0]() is features and hit[1:3] == (scheme, samples) and hit[3].shape[1] >= k:
+        pi, reps = hit[3], hit[4]
+        return pi[:, :k], (reps[:, :, :k] if reps is not None and k > 1 else None)
+    width = max(k, _MIN_WIDTH)
+    pi, reps = _estimate(features, width, scheme, samples, rng)
+    if reps is None or reps.size <= _MEMO_ELEMENTS:
+        _memo.clear()  # one Features at a time: a sweep walks (draft, temperature) in turn
+        _memo[id(features)] = (weakref.ref(features), scheme, samples, pi, reps)
+    return pi[:, :k], (reps[:, :, :k] if reps is not None and k > 1 else None)
+
+
+def _estimate(features: "Features", k: int, scheme: str, samples: int, rng: np.random.Generator):
+    n_total = int(features.token.shape[0])
     pi = np.zeros((n_total, k))
-    reps = np.zeros((n_total, samples, k)) if (scheme == "swor" and k > 1) else None
+    reps = np.zeros((n_total, samples, k)) if scheme == "swor" else None
     for start, stop, p_target, q_draft in features.iter_distributions():
         y = features.token[start:stop].astype(np.int64)
         if reps is None:
