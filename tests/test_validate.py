@@ -1,0 +1,111 @@
+"""`specsim validate`: live decoding on a cache's own setup agrees with the simulator.
+
+The tiny recorded cache (conftest: tiny Llama, drafts layers:2 and int8, T=0 and
+T=1, 4 prompts x 12 tokens) is small enough to rerun live in seconds; the packaged
+SmolLM2 check is marked slow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from specsim.cli import main
+from specsim.live.runs import LiveRun, LiveTrajectory
+from specsim.live.validate import greedy_agreement, near_tie_tolerance, token_gap, top2_gap
+from specsim.trees import parse_tree
+
+
+def _validate(*args: str):
+    return CliRunner().invoke(main, ["validate", *args, "--quiet", "--threads", "1"])
+
+
+def test_greedy_validation_passes_on_the_tiny_cache(tiny_cache, tmp_path):
+    steps = tmp_path / "steps.csv"
+    result = _validate(str(tiny_cache), "--tree", "chain:3", "--tree", "widths:2,2,1", "--draft", "layers:2",
+                       "--steps-out", str(steps))
+    assert result.exit_code == 0, result.output
+    assert result.output.count("PASS") == 2
+    assert "output = cached trajectory" in result.output
+    assert "all 2 checks passed" in result.output
+    frame = pl.read_csv(steps)
+    assert set(frame["tree"]) == {"chain:3", "widths:2,2,1"}
+    assert (frame["live"] == frame["simulated"]).mean() >= 0.99
+    assert frame["simulated"].sum() > 0  # the draft got something accepted: the comparison is not all zeros
+
+
+def test_sampling_validation_reports_overlapping_cis(tiny_cache):
+    result = _validate(str(tiny_cache), "--tree", "chain:3", "--policy", "sample", "--draft", "int8",
+                       "--repeats", "3")
+    assert result.exit_code == 0, result.output
+    assert "CIs overlap" in result.output and "PASS" in result.output
+    assert "12 live decodes" in result.output  # 4 prompts x 3 repeats
+
+
+def test_a_wrong_replay_is_an_unexplained_failure(tiny_cache, tiny_model_dir):
+    """Shift every live acceptance by one: the check must call it a bug, not a near-tie."""
+    import torch
+
+    from specsim.live.drafting import ModelDrafter
+    from specsim.live.engine import LiveConfig, StepRecord, Target, Decoded
+    from specsim.live.runs import run_live
+    from specsim.live.validate import cache_setup
+    from specsim.record.models import eos_token_ids, load_draft, load_model
+
+    torch.set_num_threads(1)
+    setup = cache_setup(tiny_cache)
+    target = load_model(str(tiny_model_dir))
+    tree = parse_tree("chain:3")
+    run = run_live(Target(target.model, eos_token_ids(target)), ModelDrafter(load_draft("layers:2", target).model,
+                   "layers:2"), setup.prompts, LiveConfig(tree=tree, max_new_tokens=setup.max_new_tokens),
+                   target_name="tiny", progress=False)
+    good = greedy_agreement(run, tiny_cache, "layers:2", tree)
+    assert good.passed and good.agreement == 1.0
+    broken = LiveRun(config=run.config, target=run.target, draft=run.draft, trajectories=[
+        LiveTrajectory(t.prompt, t.repeat, t.seed, Decoded(
+            tokens=t.live.tokens, seconds=t.live.seconds, stop_reason=t.live.stop_reason,
+            steps=tuple(StepRecord(s.start, (s.accepted + 1) % 4, s.path, s.drafted, s.draft_s, s.verify_s)
+                        for s in t.live.steps)), t.plain)
+        for t in run.trajectories])
+    bad = greedy_agreement(broken, tiny_cache, "layers:2", tree)
+    assert not bad.passed and bad.unexplained > 0
+
+
+def test_near_tie_helpers():
+    logits = np.array([1.0, 3.0, 3.0004, -2.0])
+    assert token_gap(logits, 1) == pytest.approx(0.0004)
+    assert token_gap(logits, 0) == pytest.approx(2.0)
+    gap, top = top2_gap(logits)
+    assert gap == pytest.approx(0.0004) and top == pytest.approx(3.0004)
+    assert gap <= near_tie_tolerance(top) < 0.1
+
+
+def test_validate_refuses_what_the_cache_cannot_check(tiny_cache, tmp_path):
+    result = _validate(str(tiny_cache), "--draft", "layers:9")
+    assert result.exit_code == 1
+    assert "no draft named 'layers:9'; recorded drafts: layers:2, int8" in result.output
+    result = _validate(str(tiny_cache), "--policy", "sample", "--temperature", "0.5")
+    assert result.exit_code == 1 and "at 0.5; recorded: 0, 1" in result.output
+    result = _validate(str(tmp_path / "missing.h5"))
+    assert result.exit_code == 2 and "does not exist" in result.output
+
+
+@pytest.mark.slow
+def test_validate_on_the_packaged_model(tmp_path):
+    """SmolLM2-135M with an int8 draft: record a short cache, then validate greedy chain + tree and sampling."""
+    cache = tmp_path / "v.h5"
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"question_id": 1, "category": "qa", "turns": ["Name three colours."]}\n'
+                       '{"question_id": 2, "category": "math", "turns": ["What is 7 times 6?"]}\n')
+    rec = CliRunner().invoke(main, ["cache", "--target", "smollm2-135m", "--draft", "int8", "--prompts", str(prompts),
+                                    "--max-new-tokens", "16", "--temperature", "0", "--temperature", "0.7",
+                                    "--device", "cpu", "--out", str(cache), "--quiet"])
+    assert rec.exit_code == 0, rec.output
+    result = _validate(str(cache), "--tree", "chain:4", "--tree", "widths:2,2,1", "--policy", "greedy",
+                       "--policy", "sample", "--repeats", "2", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("PASS") == 4
