@@ -5,7 +5,9 @@ along a trajectory sampled from the target is exactly replayable from the
 target's and the draft's next-token distributions on that trajectory. So the
 recorder (1) lets the target sample each trajectory with a KV cache, keeping the
 logits it sampled from, and (2) scores the finished trajectory with each draft
-in ONE teacher-forced forward pass over (prompt, y_1 .. y_{n-1}).
+in ONE teacher-forced forward pass over y_1 .. y_{n-1} on top of the draft's
+prompt KV cache. Each model runs a prompt once per batch; every temperature's
+trajectory continues from a copy of that prompt cache.
 
 Trajectories are committed to the cache one at a time (a Ctrl-C waits for the
 commit in progress), so an interrupted run keeps everything it finished and
@@ -15,13 +17,14 @@ commit in progress), so an interrupted run keeps everything it finished and
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import platform
 import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -73,6 +76,30 @@ def _left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: str):
     return ids.to(device), mask.to(device), positions.to(device)
 
 
+@dataclass(frozen=True)
+class Prefill:
+    """A batch of prompts after one forward pass: reused by every temperature's continuation."""
+
+    cache: Any  # transformers DynamicCache over the left-padded prompts; copied, never extended
+    last_logits: Any  # (B, V) float32 tensor: next-token logits after each prompt
+    mask: Any  # (B, W) attention mask of the left-padded prompts
+    next_positions: Any  # (B, 1) position id of each row's first generated token
+
+
+def prefill(loaded: LoadedModel, prompts: Sequence[Sequence[int]]) -> Prefill:
+    """Run the prompts once (left-padded) and keep their KV cache and last logits."""
+    import torch
+    from transformers import DynamicCache
+
+    pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
+    ids, mask, positions = _left_pad(prompts, pad_id, loaded.info["device"])
+    with torch.inference_mode():
+        out = loaded.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                           past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
+    return Prefill(cache=out.past_key_values, last_logits=out.logits[:, -1, :].float(), mask=mask,
+                   next_positions=positions[:, -1:] + 1)
+
+
 def generate(
     target: LoadedModel,
     prompts: Sequence[Sequence[int]],
@@ -81,39 +108,35 @@ def generate(
     seeds: Sequence[int],
     max_new_tokens: int,
     on_token: Callable[[int], None] = lambda n: None,
+    start: Prefill | None = None,
 ) -> list[Trajectory]:
-    """Sample one trajectory per prompt with a KV cache, keeping the logits each token was sampled from."""
+    """Sample one trajectory per prompt with a KV cache, keeping the logits each token was sampled from.
+
+    ``start`` (from :func:`prefill` on the same prompts) skips the prompt pass; it is not modified.
+    """
     import torch
-    from transformers import DynamicCache
 
     model, device = target.model, target.info["device"]
     eos = eos_token_ids(target)
-    pad_id = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else min(eos, default=0)
+    start = start if start is not None else prefill(target, prompts)
     generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
-    ids, mask, positions = _left_pad(prompts, pad_id, device)
     B = len(prompts)
     steps: list = []  # each (B, V) float32 on CPU
     tokens = torch.zeros((B, max_new_tokens), dtype=torch.long)
     lengths = [0] * B
     finished = [False] * B
-    cache = DynamicCache()
     with torch.inference_mode():
+        cache = copy.deepcopy(start.cache)
+        logits, mask, positions = start.last_logits, start.mask, start.next_positions
         for step in range(max_new_tokens):
-            out = model(
-                input_ids=ids, attention_mask=mask, position_ids=positions,
-                past_key_values=cache, use_cache=True, logits_to_keep=1,
-            )
-            cache = out.past_key_values
-            logits = out.logits[:, -1, :].float()  # (B, V)
             if temperature == 0:
                 nxt = logits.argmax(dim=-1)
             else:
                 probs = torch.softmax(logits / temperature, dim=-1)  # (B, V)
                 nxt = torch.cat([torch.multinomial(probs[i], 1, generator=generators[i]) for i in range(B)])
             steps.append(logits.to("cpu", copy=True))
-            nxt_list = nxt.tolist()
             alive = 0
-            for i, tok in enumerate(nxt_list):
+            for i, tok in enumerate(nxt.tolist()):
                 if finished[i]:
                     continue
                 tokens[i, step] = tok
@@ -121,11 +144,12 @@ def generate(
                 alive += 1
                 finished[i] = tok in eos
             on_token(alive)
-            if all(finished):
+            if all(finished) or step == max_new_tokens - 1:
                 break
-            ids = nxt.view(B, 1)
             mask = torch.cat([mask, mask.new_ones((B, 1))], dim=1)
-            positions = positions[:, -1:] + 1
+            out = model(input_ids=nxt.view(B, 1), attention_mask=mask, position_ids=positions,
+                        past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache, logits, positions = out.past_key_values, out.logits[:, -1, :].float(), positions + 1
     stacked = torch.stack(steps, dim=1).numpy()  # (B, steps, V)
     return [
         Trajectory(
@@ -138,24 +162,39 @@ def generate(
 
 
 def teacher_forced_logits(
-    draft: LoadedModel, prompts: Sequence[Sequence[int]], trajectories: Sequence[np.ndarray]
+    draft: LoadedModel,
+    prompts: Sequence[Sequence[int]],
+    trajectories: Sequence[np.ndarray],
+    *,
+    start: Prefill | None = None,
 ) -> list[np.ndarray]:
-    """The draft's next-token logits at every trajectory position, from ONE forward pass.
+    """The draft's next-token logits at every trajectory position, teacher-forced.
 
-    Position t is predicted from (prompt, y_<t), so the input is (prompt, y_1..y_{n-1})
-    and the last n logits are kept. Rows are left-padded, so their ends align.
+    Position t is predicted from (prompt, y_<t): the prompt pass (``start``, shared by
+    all temperatures) gives position 1, and ONE forward pass over y_1..y_{n-1} on top of
+    its KV cache gives the rest. Continuations are right-padded and masked.
     """
     import torch
 
     device = draft.info["device"]
-    rows = [list(p) + [int(t) for t in y[:-1]] for p, y in zip(prompts, trajectories)]
+    start = start if start is not None else prefill(draft, prompts)
+    first = start.last_logits.cpu().numpy()  # (B, V)
+    width = max(len(y) for y in trajectories) - 1
+    if width == 0:
+        return [first[i : i + 1] for i in range(len(trajectories))]
     pad_id = draft.tokenizer.pad_token_id if draft.tokenizer.pad_token_id is not None else 0
-    ids, mask, positions = _left_pad(rows, pad_id, device)
-    keep = max(len(y) for y in trajectories)
+    ids = torch.full((len(trajectories), width), pad_id, dtype=torch.long)
+    cont_mask = torch.zeros((len(trajectories), width), dtype=torch.long)
+    for i, y in enumerate(trajectories):
+        ids[i, : len(y) - 1] = torch.as_tensor(np.asarray(y[:-1], dtype=np.int64))
+        cont_mask[i, : len(y) - 1] = 1
+    positions = start.next_positions + torch.arange(width, device=device)  # (B, width)
+    mask = torch.cat([start.mask, cont_mask.to(device)], dim=1)
     with torch.inference_mode():
-        logits = draft.model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep).logits
-        logits = logits.float().cpu().numpy()  # (B, keep, V)
-    return [logits[i, keep - len(y) :] for i, y in enumerate(trajectories)]
+        out = draft.model(input_ids=ids.to(device), attention_mask=mask, position_ids=positions,
+                          past_key_values=copy.deepcopy(start.cache), use_cache=True)
+        rest = out.logits.float().cpu().numpy()  # (B, width, V)
+    return [np.concatenate([first[i : i + 1], rest[i, : len(y) - 1]]) for i, y in enumerate(trajectories)]
 
 
 # -- metadata and resume ---------------------------------------------------------
@@ -223,8 +262,10 @@ def build_meta(target: LoadedModel, drafts: Sequence[LoadedModel], prompt_spec: 
 
 def _commit_uninterrupted(commit: Callable[[], None]) -> None:
     """Run a commit with Ctrl-C deferred until it is done, so no trajectory is half-written."""
-    if threading.current_thread() is not threading.main_thread():
-        commit()
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
+        signal.SIG_IGN, None
+    ):
+        commit()  # SIGINT ignored (e.g. a background job) or not ours to handle: nothing to defer
         return
     pending: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
@@ -259,29 +300,32 @@ def record(
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
-    pending = [
-        (t, i)
-        for t in config.temperatures
-        for i in range(len(writer.prompts))
-        if not writer.is_done(i, t)
-    ]
-    skipped = len(config.temperatures) * len(writer.prompts) - len(pending)
+    todo = {i: [t for t in config.temperatures if not writer.is_done(i, t)] for i in range(len(writer.prompts))}
+    prompt_order = [i for i in range(len(writer.prompts)) if todo[i]]
+    n_pending = sum(len(ts) for ts in todo.values())
+    skipped = len(config.temperatures) * len(writer.prompts) - n_pending
     n_traj = n_pos = 0
-    bar = tqdm(total=len(pending) * config.max_new_tokens, unit="pos", desc="recording", disable=not progress,
+    bar = tqdm(total=n_pending * config.max_new_tokens, unit="pos", desc="recording", disable=not progress,
                dynamic_ncols=True)
     try:
-        for b in range(0, len(pending), config.batch_size):
-            batch = pending[b : b + config.batch_size]
-            by_temp: dict[float, list[int]] = {}
-            for t, i in batch:
-                by_temp.setdefault(t, []).append(i)
-            for t, indices in by_temp.items():
-                prompt_ids = [writer.prompts[i].token_ids.tolist() for i in indices]
+        for b in range(0, len(prompt_order), config.batch_size):
+            indices = prompt_order[b : b + config.batch_size]
+            prompt_ids = [writer.prompts[i].token_ids.tolist() for i in indices]
+            # One prompt pass per model, shared by every temperature of this batch.
+            p_start = prefill(target, prompt_ids)
+            q_starts = {d.name: prefill(d, prompt_ids) for d in drafts}
+            for t in [t for t in config.temperatures if any(t in todo[i] for i in indices)]:
                 seeds = [trajectory_seed(config.seed, i, t) for i in indices]
                 trajs = generate(target, prompt_ids, temperature=t, seeds=seeds,
-                                 max_new_tokens=config.max_new_tokens, on_token=bar.update)
-                q_draft = {d.name: teacher_forced_logits(d, prompt_ids, [y.tokens for y in trajs]) for d in drafts}
+                                 max_new_tokens=config.max_new_tokens, on_token=bar.update, start=p_start)
+                q_draft = {
+                    d.name: teacher_forced_logits(d, prompt_ids, [y.tokens for y in trajs], start=q_starts[d.name])
+                    for d in drafts
+                }
                 for k, (i, seed, y) in enumerate(zip(indices, seeds, trajs)):
+                    if t not in todo[i]:
+                        bar.total += len(y.tokens)  # recomputed alongside a pending row (resume), not stored
+                        continue
                     _commit_uninterrupted(lambda: writer.append_trajectory(
                         prompt_index=i, temperature=t, seed=seed, tokens=y.tokens,
                         target_logits=y.p_target_logits,
@@ -291,7 +335,7 @@ def record(
                     n_traj += 1
                     n_pos += len(y.tokens)
                     bar.total -= config.max_new_tokens - len(y.tokens)  # stopped early: shrink the ETA
-                    bar.set_postfix(trajectories=f"{skipped + n_traj}/{skipped + len(pending)}", refresh=True)
+                    bar.set_postfix(trajectories=f"{skipped + n_traj}/{skipped + n_pending}", refresh=True)
     finally:
         bar.close()
     return RecordStats(trajectories=n_traj, positions=n_pos, skipped=skipped,
