@@ -11,11 +11,12 @@ that chain, so its expectation is an exact dynamic program over start positions,
 
 for all rewards at once (calls, drafted, accepted, reach per depth). It is computed
 in its forward form: the expected number of calls starting at each position
-(occupancy) times each position's expected reward, vectorised across trajectories
-by looping over the offset from the trajectory end.
+(occupancy) times each position's expected reward. The occupancy is a banded
+unit-triangular linear system, solved for every trajectory at once by one LAPACK
+call (scipy), with no Python loop over positions.
 No Monte-Carlo noise enters here; a Monte-Carlo table's standard errors are carried
 to the totals by the delta method (expected visits × per-position SE).
-numpy only.
+numpy (and scipy's LAPACK wrapper for the banded solve).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def check_table(table: AcceptanceTable, features) -> None:
     N = features.n_positions
     if table.p_len.ndim != 2 or table.p_len.shape[0] != N:
         raise ValueError(f"p_len has shape {table.p_len.shape}, expected ({N}, D+1)")
-    if not np.allclose(table.p_len.sum(axis=1), 1.0, atol=1e-9):
+    if N and float(np.abs(table.p_len.sum(axis=1) - 1.0).max()) > 1e-9:
         raise ValueError("p_len rows must sum to 1")
     remaining = features.remaining()
     near = np.flatnonzero(remaining < table.p_len.shape[1] - 1)  # only calls near an end can overflow
@@ -93,48 +94,44 @@ def walk(table: AcceptanceTable, features, call_cost: float) -> TrajectoryStats:
     per_traj = lambda x: np.add.reduceat(x, bounds, axis=0) if x.shape[0] else x  # noqa: E731
     calls = per_traj(occ)
     drafted = per_traj(occ * np.asarray(table.drafted, dtype=np.float64))
-    accepted = per_traj(occ * table.mean_len())
-    reach = per_traj(occ[:, None] * table.reach())  # (n_traj, D)
+    law = per_traj(occ[:, None] * table.p_len)  # (n_traj, D+1): expected calls accepting a drafts
+    accepted = law @ np.arange(law.shape[1], dtype=np.float64)
+    reach = np.cumsum(law[:, ::-1], axis=1)[:, ::-1][:, 1:]  # (n_traj, D): expected calls with A >= d
     se = None
     if not table.exact and table.se_len is not None:
         se = np.sqrt(per_traj((occ * table.se_len) ** 2))
     return TrajectoryStats(
-        calls=calls, drafted=drafted, accepted=accepted, tokens=features.traj_len.astype(np.float64), reach=reach,
-        cost=calls * float(call_cost), exact=table.exact, se_accepted=se, extra=table.extra,
+        calls=calls, drafted=drafted, accepted=accepted, tokens=features.traj_len.astype(np.float64),
+        reach=np.ascontiguousarray(reach), cost=calls * float(call_cost), exact=table.exact, se_accepted=se,
+        extra=table.extra,
     )
-
-
-def _right_aligned(features) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Trajectories longest first, their ends, and how many have length >= o for each offset o."""
-    order = np.argsort(-features.traj_len, kind="stable")  # (n_traj,)
-    lens = features.traj_len[order].astype(np.int64)
-    ends = features.traj_start[order] + lens
-    alive = np.searchsorted(-lens, -np.arange(int(lens[0]) + 1), side="right")  # alive[o] = #{len >= o}
-    return order, ends, alive
 
 
 def occupancy(table: AcceptanceTable, features) -> np.ndarray:
     """(N,) probability that a call starts at each position (expected visits of the walk).
 
-    Forward DP, visits(t + a + 1) += visits(t) · P(a | t), run for all trajectories at once
-    over the offset from the end: a trajectory's visits at offset o are final once every
-    larger offset has been processed.
+    The forward DP visits(t + a + 1) += visits(t) · P(a | t), started with one visit at each
+    trajectory's first position, is the unit lower-triangular banded system
+    (I − M) visits = e_starts with M[t + a + 1, t] = P(a | t): bandwidth D + 1, so one
+    LAPACK banded triangular solve (dtbtrs, O(N·D)) does every trajectory at once. A call
+    that accepts every remaining draft ends its trajectory; that mass leaves the system
+    (it would otherwise land on the next trajectory's first position).
     """
-    order, ends, alive = _right_aligned(features)
+    from scipy.linalg.lapack import dtbtrs  # scipy.linalg is slow to import: not at CLI start
+
     P = table.p_len
-    D1 = P.shape[1]
-    max_len = len(alive) - 1
-    n_traj = len(order)
-    # occ[i, D1 + o]: visits at offset o from the end; D1 columns of padding on the left take the
-    # (zero) mass a table puts past the end, so the scatter below never repeats an index.
-    occ = np.zeros((n_traj, max_len + 1 + D1))
-    occ[np.arange(n_traj), D1 + features.traj_len[order]] = 1.0
-    out = np.zeros(features.n_positions)
-    back = np.arange(D1)
-    for o in range(max_len, 0, -1):
-        m = alive[o]
-        t = ends[:m] - o  # (m,) local positions at offset o
-        here = occ[:m, D1 + o]  # (m,)
-        out[t] = here
-        occ[:m, D1 + o - 1 - back] += here[:, None] * P[t]  # (m, D+1)
-    return out
+    N, D1 = P.shape
+    if N == 0:
+        return np.zeros(0)
+    band = np.empty((N, D1 + 1))  # (N, D+2); its transpose is LAPACK's Fortran-ordered lower band
+    band[:, 0] = 1.0
+    np.negative(P, out=band[:, 1:])
+    remaining = features.remaining()
+    near = np.flatnonzero(remaining < D1)  # calls whose a = remaining would step onto the next trajectory
+    band[near, 1 + remaining[near]] = 0.0
+    starts = np.zeros((N, 1))
+    starts[features.traj_start, 0] = 1.0
+    visits, info = dtbtrs(band.T, starts, uplo="L", trans="N", diag="U")
+    if info != 0:  # pragma: no cover - a unit-diagonal band cannot be singular
+        raise ValueError(f"banded solve failed (LAPACK info {info})")
+    return visits[:, 0]

@@ -8,8 +8,13 @@ Uncertainty from *which prompts* were cached is a percentile bootstrap (Efron &
 Tibshirani 1993): resample the group's trajectories with replacement B times and
 recompute each ratio. All B resamples are one matrix product of multinomial counts
 (B, n) with the per-trajectory sums (n, K); the counts depend only on the group size
-and the seed, so configurations of one sweep share them (their CIs are comparable).
+and the seed, so configurations of one sweep share them (their CIs are comparable),
+and `summarize_many` resamples every configuration of a sweep in one product.
 A Monte-Carlo policy's own estimation error is reported separately as a standard error.
+
+A configuration that drafts nothing (a model-free draft on contexts without a match)
+has an undefined acceptance rate: it is reported as NaN, without numpy warnings, and
+its tokens per call is exactly 1.
 numpy only.
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 import numpy as np
 
@@ -24,6 +30,9 @@ from specsim.sim.engine import TrajectoryStats
 
 ALL = "all"  # the category label of the row over every prompt
 CI_LEVEL = 0.95  # two-sided percentile interval
+METRICS = ("accept_rate", "accepted_per_call", "tokens_per_call", "calls_per_100_tokens", "drafted_per_call",
+           "speedup")  # the ratio columns of a row, each with _lo and _hi
+_TOTALS = ("accepted", "drafted", "calls", "tokens", "cost")  # the per-trajectory sums they are ratios of
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,22 @@ def bootstrap_counts(n: int, n_boot: int, seed: int) -> np.ndarray:
     return counts
 
 
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den with 0/0 = NaN and no warning (a group or resample that drafted nothing)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return num / den
+
+
+def _interval(boot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile interval over axis 0; NaN resamples are left out, all-NaN columns give NaN."""
+    tail = (1 - CI_LEVEL) / 2 * 100
+    lo, hi = np.percentile(boot, [tail, 100 - tail], axis=0)
+    some = np.isnan(boot).any(axis=0) & ~np.isnan(boot).all(axis=0)
+    if some.any():
+        lo[some], hi[some] = np.nanpercentile(boot[:, some], [tail, 100 - tail], axis=0)
+    return lo, hi
+
+
 def ratio_estimates(num: np.ndarray, den: np.ndarray, *, n_boot: int, seed: int) -> list[Estimate]:
     """Ratio-of-sums estimates Σnum[:, k] / Σden[:, k] with bootstrap CIs over rows (trajectories).
 
@@ -49,17 +74,13 @@ def ratio_estimates(num: np.ndarray, den: np.ndarray, *, n_boot: int, seed: int)
     """
     num, den = np.atleast_2d(num.T).T, np.atleast_2d(den.T).T  # (n, K)
     n = num.shape[0]
-    point = num.sum(axis=0) / den.sum(axis=0)
+    point = _ratio(num.sum(axis=0), den.sum(axis=0))
     if n < 2 or n_boot < 1:
         return [Estimate(float(v), float("nan"), float("nan")) for v in point]
     W = bootstrap_counts(n, int(n_boot), int(seed))  # (B, n)
     K = num.shape[1]
     sums = W @ np.concatenate([num, den], axis=1)  # (B, 2K): every resample's sums in one product
-    with np.errstate(invalid="ignore", divide="ignore"):
-        boot = sums[:, :K] / sums[:, K:]  # (B, K)
-    tail = (1 - CI_LEVEL) / 2 * 100
-    pct = np.nanpercentile if np.isnan(boot).any() else np.percentile  # nan: a resample drafted nothing
-    lo, hi = pct(boot, [tail, 100 - tail], axis=0)
+    lo, hi = _interval(_ratio(sums[:, :K], sums[:, K:]))
     return [Estimate(float(v), float(a), float(b)) for v, a, b in zip(point, lo, hi)]
 
 
@@ -73,29 +94,56 @@ def groups(categories: np.ndarray, by_category: bool) -> list[tuple[str, np.ndar
     return out
 
 
+def _metrics(sums: np.ndarray) -> np.ndarray:
+    """(..., 6) the METRICS from (..., 5) sums of the _TOTALS."""
+    accepted, drafted, calls, tokens, cost = np.moveaxis(sums, -1, 0)
+    return np.stack([_ratio(accepted, drafted), accepted / calls, tokens / calls, 100 * calls / tokens,
+                     drafted / calls, tokens / cost], axis=-1)
+
+
 def summarize(stats: TrajectoryStats, features, *, by_category: bool = True, n_boot: int = 1000,
               seed: int = 0) -> list[dict]:
     """One dict of metrics per group ("all", then categories)."""
-    D = stats.reach.shape[1]
-    rows = []
+    return summarize_many([stats], features, by_category=by_category, n_boot=n_boot, seed=seed)[0]
+
+
+def summarize_many(stats_list: Sequence[TrajectoryStats], features, *, by_category: bool = True,
+                   n_boot: int = 1000, seed: int = 0) -> list[list[dict]]:
+    """`summarize` for several configurations on the same trajectories (one list of rows each).
+
+    Every configuration of a group is resampled by the same bootstrap counts in one
+    matrix product (B, n) @ (n, 5·C), so a sweep pays one product per group, not one
+    per configuration; the numbers are those of `summarize` called one at a time.
+    """
+    C = len(stats_list)
+    rows: list[list[dict]] = [[] for _ in range(C)]
+    if not C:
+        return rows
+    totals = np.stack([np.column_stack([getattr(s, name) for name in _TOTALS]) for s in stats_list],
+                      axis=1).astype(np.float64)  # (n_traj, C, 5)
     for label, idx in groups(features.traj_category, by_category):
-        calls, drafted, accepted = stats.calls[idx], stats.drafted[idx], stats.accepted[idx]
-        tokens, cost, reach = stats.tokens[idx], stats.cost[idx], stats.reach[idx]
-        num = np.column_stack([accepted, accepted, tokens, 100 * calls, drafted, tokens, reach])  # (n, 6 + D)
-        den = np.column_stack([drafted, calls, calls, tokens, calls, cost] + [calls] * D)
-        est = ratio_estimates(num, den, n_boot=n_boot, seed=seed)
-        row = {"category": label, "n_prompts": int(len(np.unique(features.traj_prompt[idx]))),
-               "n_positions": int(tokens.sum())}
-        for name, e in zip(("accept_rate", "accepted_per_call", "tokens_per_call", "calls_per_100_tokens",
-                            "drafted_per_call", "speedup"), est):
-            row[name], row[name + "_lo"], row[name + "_hi"] = e.value, e.lo, e.hi
-        row["depth_accept"] = [e.value for e in est[6:]]  # P(A >= d) per call, d = 1..D
-        row["call_cost"] = float(cost.sum() / calls.sum())
-        if stats.exact or stats.se_accepted is None:
-            row["mc_se_accept_rate"] = row["mc_se_tokens_per_call"] = None
-        else:
-            se = float(np.sqrt((stats.se_accepted[idx] ** 2).sum()))  # SE of Σ accepted
-            row["mc_se_accept_rate"] = se / float(drafted.sum())
-            row["mc_se_tokens_per_call"] = se * float(tokens.sum()) / float(calls.sum()) ** 2  # via calls = n - accepted
-        rows.append(row)
+        part = totals[idx]  # (n, C, 5)
+        sums = part.sum(axis=0)  # (C, 5)
+        point = _metrics(sums)  # (C, 6)
+        lo = hi = np.full_like(point, np.nan)
+        n = part.shape[0]
+        if n >= 2 and n_boot >= 1:
+            W = bootstrap_counts(n, int(n_boot), int(seed))  # (B, n)
+            boot = (W @ part.reshape(n, C * 5)).reshape(-1, C, 5)  # (B, C, 5) every resample's sums
+            lo, hi = (x.reshape(C, 6) for x in _interval(_metrics(boot).reshape(-1, C * 6)))
+        n_prompts = int(len(np.unique(features.traj_prompt[idx])))
+        for c, stats in enumerate(stats_list):
+            accepted, drafted, calls, tokens, cost = sums[c]
+            row = {"category": label, "n_prompts": n_prompts, "n_positions": int(tokens)}
+            for k, name in enumerate(METRICS):
+                row[name], row[name + "_lo"], row[name + "_hi"] = float(point[c, k]), float(lo[c, k]), float(hi[c, k])
+            row["depth_accept"] = (stats.reach[idx].sum(axis=0) / calls).tolist()  # P(A >= d) per call, d = 1..D
+            row["call_cost"] = float(cost / calls)
+            if stats.exact or stats.se_accepted is None:
+                row["mc_se_accept_rate"] = row["mc_se_tokens_per_call"] = None
+            else:
+                se = float(np.sqrt((stats.se_accepted[idx] ** 2).sum()))  # SE of Σ accepted
+                row["mc_se_accept_rate"] = se / float(drafted) if drafted > 0 else float("nan")
+                row["mc_se_tokens_per_call"] = se * float(tokens) / float(calls) ** 2  # via calls = n - accepted
+            rows[c].append(row)
     return rows
