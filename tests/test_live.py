@@ -124,3 +124,19 @@ def test_live_cli_errors_are_one_line(tiny_model_dir, tmp_path):
     greedy_hot = runner.invoke(main, ["live", "--target", str(tiny_model_dir), "--draft", "int8",
                                       "--temperature", "0.5"])
     assert greedy_hot.exit_code == 1 and "use --policy sample" in greedy_hot.output
+
+
+def test_ctrl_c_keeps_the_decodes_that_finished(tiny):
+    from specsim.live.runs import LivePrompt, run_live, summary_rows
+
+    class StopsOnSecondPrompt(ModelFreeDrafter):
+        def reset(self, prompt_ids):
+            if prompt_ids[0] == 80:
+                raise KeyboardInterrupt
+
+    prompts = [LivePrompt(0, "a", np.arange(50, 60)), LivePrompt(1, "b", np.arange(80, 90))]
+    run = run_live(Target(tiny.model, eos_token_ids(tiny)), StopsOnSecondPrompt("ngram:2"), prompts,
+                   LiveConfig(tree=parse_tree("chain:2"), max_new_tokens=6), target_name="tiny", progress=False)
+    assert run.interrupted and [t.prompt.prompt_index for t in run.trajectories] == [0]
+    rows = summary_rows(run, n_boot=0)
+    assert rows[0]["interrupted"] and rows[0]["n_positions"] == 6
