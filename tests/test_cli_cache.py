@@ -235,11 +235,14 @@ def resume_setup(tiny_model_dir, tmp_path_factory):
     return base, args, _contents(reference)
 
 
-def test_kill_9_during_recording_then_resume_loses_nothing(resume_setup):
+def test_inspect_while_recording_then_kill_9_then_resume_loses_nothing(resume_setup):
     base, args, reference = resume_setup
     out = base / "killed.h5"
     proc = _spawn(args(out))
     _wait_for_commits(out, proc)
+    live = _run("inspect", str(out), "--quiet")  # SWMR: readable while the recording runs
+    assert live.exit_code == 0, live.output
+    assert re.search(r"trajectories \(\d+ committed", live.output)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     with CacheReader(out) as r:
