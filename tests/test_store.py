@@ -155,3 +155,27 @@ def test_kill_9_keeps_committed_trajectories_and_resume_continues(tmp_path):
     with CacheReader(path) as r:
         assert len(r.trajectories) == n_before + 1
         assert r.trajectories["start"].to_list() == [20 * i for i in range(n_before + 1)]
+
+
+def test_truncated_copy_of_a_crashed_recording_is_refused(tmp_path):
+    path = tmp_path / "crash.h5"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    for _ in range(3):
+        proc.stdout.readline()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    data = path.read_bytes()
+    (tmp_path / "cut.h5").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CacheError, match="truncated"):
+        CacheReader(tmp_path / "cut.h5")
+
+
+def test_garbled_superblock_is_a_cache_error(tmp_path):
+    path = tmp_path / "c.h5"
+    with CacheWriter.create(path, _spec(), _prompts()) as w:
+        _append(w, np.random.default_rng(0), 0, 0.0, 3)
+    data = bytearray(path.read_bytes())
+    data[8] = 0x7F  # superblock version byte
+    path.write_bytes(bytes(data))
+    with pytest.raises(CacheError):
+        CacheReader(path)

@@ -15,9 +15,7 @@ softmax and flagged as such. numpy only.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -38,30 +36,6 @@ class AgreementStats:
     top1_agreement: float  # mean of 1[argmax q = argmax p]
     mean_alpha: float  # mean of 1 - TV(p, q)
     tail_approximated: bool  # True for top-K storage: the non-top-K mass is spread evenly
-
-
-def check_complete(path: Path) -> None:
-    """CacheError if the file is shorter than HDF5's end-of-allocation address (truncated copy).
-
-    SWMR readers skip HDF5's own end-of-file check and read missing chunks as fill
-    values, so a truncated cache would look like an empty one. A live SWMR writer
-    never leaves the file shorter than its end-of-allocation (checked while writing).
-    """
-    import h5py
-
-    try:
-        with h5py.File(path, "r", libver="latest", swmr=True) as f:
-            allocated = f.id.get_filesize()
-    except FileNotFoundError:
-        return  # CacheReader says "no such file"
-    except (OSError, RuntimeError, ValueError) as exc:  # h5py raises RuntimeError on a garbled superblock
-        raise CacheError(f"{path}: cannot open as HDF5 ({exc}); is it a specsim cache, complete and not corrupted?") from None
-    actual = os.path.getsize(path)
-    if actual < allocated:
-        raise CacheError(
-            f"{path}: truncated cache ({actual:,} of {allocated:,} bytes); "
-            "copy it again or re-record it (specsim cache ... --resume keeps what a readable file holds)"
-        )
 
 
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:

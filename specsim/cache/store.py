@@ -118,14 +118,19 @@ def _open_h5(path: Path, mode: str) -> h5py.File:
             try:  # a plain open checks the file's length; SWMR reads skip that check and
                 return h5py.File(path, "r")  # retry forever on truncated metadata
             except OSError as exc:
-                if "truncated" in str(exc) or not path.exists():
+                if "truncated" in str(exc):
+                    raise CacheError(
+                        f"{path}: truncated cache ({path.stat().st_size:,} bytes on disk, HDF5 says: {exc}); "
+                        "copy it again or re-record it (specsim cache ... --resume keeps what a readable file holds)"
+                    ) from None
+                if not path.exists():
                     raise
             # open for writing by a recorder, or left by a killed one: read it the SWMR way
             return h5py.File(path, "r", libver="latest", swmr=True)
         return h5py.File(path, mode, libver="latest")
     except FileNotFoundError:
         raise CacheError(f"{path}: no such file") from None
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # RuntimeError: h5py on a garbled superblock
         raise CacheError(f"{path}: cannot open as HDF5 ({exc}); is it a specsim cache, complete and not corrupted?") from None
 
 
@@ -384,6 +389,14 @@ class CacheReader:
         self.path = Path(path)
         self._f = _open_h5(self.path, "r")
         try:
+            # A SWMR read of a truncated file sees missing chunks as zeros instead of failing.
+            # (a live SWMR writer never leaves the file shorter than its end of allocation).
+            allocated, actual = self._f.id.get_filesize(), self.path.stat().st_size
+            if actual < allocated:
+                raise CacheError(
+                    f"{self.path}: truncated cache ({actual:,} of {allocated:,} bytes); copy it again or "
+                    "re-record it (specsim cache ... --resume keeps what a readable file holds)"
+                )
             self.spec = _read_spec(self._f, self.path)
             self.meta: dict = dict(self.spec.meta)
             rows = _committed_rows(self._f)

@@ -52,11 +52,9 @@ def inspect(file: Path, quiet: bool) -> None:
     """
     from tqdm.auto import tqdm
 
-    from specsim.cache.inspect import agreement_stats, check_complete
+    from specsim.cache.inspect import agreement_stats
     from specsim.cache.store import CacheReader
 
-    if file.is_file():
-        check_complete(file)
     with CacheReader(file) as reader:
         meta, spec = reader.meta, reader.spec
         storage = "full float16 logits" if spec.storage == "full" else f"top-{spec.top_k} logits + tail log-sum-exp"
