@@ -105,7 +105,7 @@ def validate(cache, trees, policies, drafts, temperatures, multi_draft, repeats,
                                     max_new_tokens=setup.max_new_tokens)
                 run = run_live(target, drafter, setup.prompts, config, target_name=loaded.name,
                                repeats=1 if policy == "greedy" else repeats, seed=seed,
-                               device=device_label(device), progress=not quiet)
+                               device=device_label(device), plain=False, progress=not quiet)
                 if run.interrupted:
                     raise click.ClickException("interrupted; no verdict")
                 if policy == "greedy":

@@ -14,6 +14,7 @@ A Ctrl-C stops the run after the decode in progress; what finished is kept.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Sequence
@@ -37,7 +38,7 @@ class LiveTrajectory:
     repeat: int  # 0 .. repeats-1
     seed: int  # seed of this decode's numpy Generator
     live: Decoded  # the speculative decode
-    plain: Decoded  # the plain decode of the same prompt (shared by its repeats)
+    plain: Decoded | None  # the plain decode of the same prompt (shared by its repeats); None when not run
 
 
 @dataclass
@@ -56,23 +57,25 @@ def decode_seed(seed: int, prompt_index: int, repeat: int) -> int:
 
 
 def run_live(target: Target, drafter, prompts: Sequence[LivePrompt], config: LiveConfig, *, target_name: str,
-             repeats: int = 1, seed: int = 0, device: str = "", progress: bool = True) -> LiveRun:
-    """Decode every prompt plainly once and speculatively `repeats` times."""
+             repeats: int = 1, seed: int = 0, device: str = "", plain: bool = True, progress: bool = True) -> LiveRun:
+    """Decode every prompt plainly once (unless `plain` is False) and speculatively `repeats` times."""
     from tqdm.auto import tqdm
 
     run = LiveRun(config=config, target=target_name, draft=drafter.name, device=device)
-    bar = tqdm(total=len(prompts) * (repeats + 1) * config.max_new_tokens, unit="tok", desc="live decoding",
+    bar = tqdm(total=len(prompts) * (repeats + plain) * config.max_new_tokens, unit="tok", desc="live decoding",
                disable=not progress, dynamic_ncols=True)
     try:
         for prompt in prompts:
-            plain = plain_decode(target, prompt.token_ids, temperature=config.temperature,
-                                 max_new_tokens=config.max_new_tokens,
-                                 rng=np.random.default_rng(decode_seed(seed, prompt.prompt_index, -1)))
-            bar.update(config.max_new_tokens)
+            baseline = None
+            if plain:
+                baseline = plain_decode(target, prompt.token_ids, temperature=config.temperature,
+                                        max_new_tokens=config.max_new_tokens,
+                                        rng=np.random.default_rng(decode_seed(seed, prompt.prompt_index, -1)))
+                bar.update(config.max_new_tokens)
             for r in range(repeats):
                 s = decode_seed(seed, prompt.prompt_index, r)
                 live = speculative_decode(target, drafter, prompt.token_ids, config, np.random.default_rng(s))
-                run.trajectories.append(LiveTrajectory(prompt=prompt, repeat=r, seed=s, live=live, plain=plain))
+                run.trajectories.append(LiveTrajectory(prompt=prompt, repeat=r, seed=s, live=live, plain=baseline))
                 bar.update(config.max_new_tokens)
                 bar.set_postfix(tok_per_call=f"{_tokens_per_call(run):.2f}", refresh=False)
     except KeyboardInterrupt:
@@ -93,7 +96,7 @@ def trajectory_stats(run: LiveRun):
 
     D = run.config.tree.max_depth
     accepted = [np.array([s.accepted for s in t.live.steps]) for t in run.trajectories]
-    plain_step = [t.plain.seconds / len(t.plain.tokens) for t in run.trajectories]
+    plain_step = [t.plain.seconds / len(t.plain.tokens) if t.plain else np.nan for t in run.trajectories]
     stats = TrajectoryStats(
         calls=np.array([len(a) for a in accepted], dtype=np.float64),
         drafted=np.array([sum(s.drafted for s in t.live.steps) for t in run.trajectories], dtype=np.float64),
@@ -125,21 +128,24 @@ def summary_rows(run: LiveRun, *, by_category: bool = True, n_boot: int = 1000, 
         "multi_draft": cfg.multi_draft if sampling_tree else None, "estimate": "live",
     }
     rows = []
-    for row in summarize(stats, groups, by_category=by_category, n_boot=n_boot, seed=seed):
+    with warnings.catch_warnings():  # without a plain baseline, cost and speedup are NaN by design
+        warnings.simplefilter("ignore", RuntimeWarning)
+        summaries = summarize(stats, groups, by_category=by_category, n_boot=n_boot, seed=seed)
+    for row in summaries:
         picked = [t for t in run.trajectories if row["category"] in ("all", t.prompt.category)]
         steps = [s for t in picked for s in t.live.steps]
         live_s = sum(t.live.seconds for t in picked)
-        plain = {id(t.plain): t.plain for t in picked}.values()
+        plain = [p for p in {id(t.plain): t.plain for t in picked}.values() if p is not None]
         rows.append({
             **head, **row,
             "n_decodes": len(picked),
             "target_calls": len(steps),
             "live_tokens_per_s": sum(len(t.live.tokens) for t in picked) / live_s,
-            "plain_tokens_per_s": sum(len(p.tokens) for p in plain) / sum(p.seconds for p in plain),
+            "plain_tokens_per_s": sum(len(p.tokens) for p in plain) / sum(p.seconds for p in plain) if plain else None,
             "draft_ms_per_call": 1000 * sum(s.draft_s for s in steps) / len(steps),
             "verify_ms_per_call": 1000 * sum(s.verify_s for s in steps) / len(steps),
             "identical_to_plain": (sum(np.array_equal(t.live.tokens, t.plain.tokens) for t in picked) / len(picked)
-                                   if cfg.policy == "greedy" else None),
+                                   if cfg.policy == "greedy" and plain else None),
             "max_new_tokens": cfg.max_new_tokens,
             "device": run.device,
             "interrupted": run.interrupted,
