@@ -110,3 +110,46 @@ def test_simulate_imports_no_torch():
     code = ("import specsim.cli.simulate_cmd, specsim.sim.api, specsim.sim.features, sys; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_invalid_combinations_are_skipped_with_one_line_each(tiny_cache):
+    res = CliRunner().invoke(main, ["simulate", str(tiny_cache), "--tree", "chain:2", "--tree", "kary:2,2",
+                                    "--draft", "int8", "--draft", "ngram:2", "--policy", "greedy",
+                                    "--policy", "adaptive-hf", "--temperature", "0", "--no-by-category", "-q"])
+    assert res.exit_code == 0, res.output
+    skipped = res.stderr.splitlines()
+    assert sorted(skipped) == sorted([
+        "skipped kary:2,2 x int8 x adaptive-hf at T=0: adaptive speculation lengths apply to chains, "
+        "not to the tree kary:2,2",
+        "skipped chain:2 x ngram:2 x adaptive-hf at T=0: adaptive rules need a model draft; 'ngram:2' is model-free",
+        "skipped kary:2,2 x ngram:2 x adaptive-hf at T=0: adaptive speculation lengths apply to chains, "
+        "not to the tree kary:2,2",
+    ])
+    rows = [ln.split()[:4] for ln in res.stdout.splitlines() if ln.startswith(("chain:", "kary:"))]
+    assert rows == [["chain:2", "2", "int8", "greedy"], ["kary:2,2", "6", "int8", "greedy"],
+                    ["chain:2", "2", "int8", "adaptive-hf"], ["chain:2", "2", "ngram:2", "greedy"],
+                    ["kary:2,2", "6", "ngram:2", "greedy"]]
+
+
+def test_nothing_left_to_run_is_one_clear_error(tiny_cache):
+    res = run(tiny_cache, "--tree", "kary:2,2", "--draft", "int8", "--policy", "adaptive-hf", "--temperature", "0")
+    assert res.exit_code == 1
+    assert res.output.splitlines()[-1] == (
+        "Error: no configuration of the sweep can run: kary:2,2 x int8 x adaptive-hf at T=0: adaptive speculation "
+        "lengths apply to chains, not to the tree kary:2,2")
+
+
+def test_model_free_drafts_that_propose_nothing_print_no_warnings(tiny_cache):
+    """ngram:8 on 12-token trajectories never matches: accept rate '-' (NaN), tokens/call 1, no numpy warnings."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        df = specsim.simulate(tiny_cache, trees=["chain:3"], drafts=["ngram:8"], n_boot=200)
+    assert df["drafted_per_call"].to_list() == [0.0] * df.height
+    assert all(x != x for x in df["accept_rate"].to_list())  # NaN
+    assert df["tokens_per_call"].to_list() == [1.0] * df.height
+    res = run(tiny_cache, "--tree", "chain:3", "--draft", "ngram:8", "--no-by-category", "-q")
+    assert res.exit_code == 0 and res.stderr == ""
+    row = next(ln for ln in res.stdout.splitlines() if ln.startswith("chain:3"))
+    assert row.split()[5:7] == ["-", "1.000"]

@@ -202,3 +202,38 @@ def test_root_only_tree_accepts_nothing():
     table = greedy_table(f, Tree([-1], [-1]), parse_policy("greedy"), RNG)
     assert table.p_len.shape == (4, 1)
     assert walk(table, f, 1.0).calls[0] == 4
+
+
+def test_point_mass_walk_follows_pointers_and_equals_the_banded_solve():
+    """A table with `length` (greedy, model-free) is walked by pointers; dropping it gives the banded solve."""
+    rng = np.random.default_rng(11)
+    f = memory_features([9, 1, 14, 5])
+    cap = np.minimum(f.remaining(), 3)
+    length = (rng.integers(0, 4, f.n_positions) % (cap + 1)).astype(np.int64)
+    p_len = np.zeros((f.n_positions, 4))
+    p_len[np.arange(f.n_positions), length] = 1.0
+    drafted = rng.integers(1, 5, f.n_positions)
+    fast = AcceptanceTable(p_len=p_len, drafted=drafted, exact=True, length=length)
+    dense = AcceptanceTable(p_len=p_len, drafted=drafted, exact=True)
+    occ = occupancy(fast, f)
+    np.testing.assert_array_equal(occ, occupancy(dense, f))
+    assert set(np.unique(occ)) <= {0.0, 1.0}
+    a, b = walk(fast, f, 1.0), walk(dense, f, 1.0)
+    for name in ("calls", "drafted", "accepted", "reach"):
+        np.testing.assert_allclose(getattr(a, name), getattr(b, name), atol=1e-12)
+    for i, (s, n) in enumerate(zip(f.traj_start, f.traj_len)):  # and both equal the brute-force expectation
+        want = brute_expectation(p_len, drafted, int(s), int(n), 3)
+        np.testing.assert_allclose(np.concatenate([[a.calls[i], a.drafted[i], a.accepted[i]], a.reach[i]]), want,
+                                   atol=1e-12)
+
+
+def test_occupancy_of_a_long_sweep_sized_walk_keeps_unit_starts():
+    """The banded solve on thousands of positions: starts visited once, calls = tokens - accepted."""
+    rng = np.random.default_rng(5)
+    f = memory_features(rng.integers(1, 300, 40))
+    table = random_table(f, 6, rng)
+    occ = occupancy(table, f)
+    np.testing.assert_allclose(occ[f.traj_start], 1.0, atol=1e-12)
+    assert occ.min() >= -1e-12 and occ.max() <= 1 + 1e-12
+    stats = walk(table, f, 1.0)
+    np.testing.assert_allclose(stats.accepted + stats.calls, stats.tokens, atol=1e-9)

@@ -91,3 +91,48 @@ def test_monte_carlo_rows_carry_a_standard_error():
     se_sum = np.sqrt(12 * 0.25)
     assert row["mc_se_accept_rate"] == pytest.approx(se_sum / stats.drafted.sum())
     assert row["mc_se_tokens_per_call"] == pytest.approx(se_sum * stats.tokens.sum() / stats.calls.sum() ** 2)
+
+
+def test_a_configuration_that_drafts_nothing_is_well_defined_and_quiet():
+    """drafted = 0 (a model-free draft without matches): accept rate NaN, tokens/call exactly 1, no warnings."""
+    import warnings
+
+    stats, f = stats_for(12, np.random.default_rng(2))
+    tokens = stats.tokens
+    none = TrajectoryStats(calls=tokens.copy(), drafted=np.zeros(12), accepted=np.zeros(12), tokens=tokens,
+                           reach=np.zeros((12, 2)), cost=tokens.copy(), exact=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any RuntimeWarning fails the test
+        rows = summarize(none, f, n_boot=100)
+    for r in rows:
+        assert np.isnan(r["accept_rate"]) and np.isnan(r["accept_rate_lo"]) and np.isnan(r["accept_rate_hi"])
+        assert r["tokens_per_call"] == 1.0 and r["tokens_per_call_lo"] == 1.0 and r["tokens_per_call_hi"] == 1.0
+        assert r["drafted_per_call"] == 0.0 and r["depth_accept"] == [0.0, 0.0]
+
+
+def test_some_prompts_drafting_nothing_leave_the_others_resamples():
+    """Prompts that drafted nothing keep the rate defined; resamples of only those are left out, quietly."""
+    import warnings
+
+    stats, f = stats_for(3, np.random.default_rng(4))
+    drafted = np.array([0.0, 0.0, stats.drafted[2]])
+    accepted = np.array([0.0, 0.0, stats.accepted[2]])
+    part = TrajectoryStats(calls=stats.tokens - accepted, drafted=drafted, accepted=accepted, tokens=stats.tokens,
+                           reach=np.zeros((3, 3)), cost=stats.tokens - accepted, exact=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        row = summarize(part, f, by_category=False, n_boot=500)[0]
+    assert row["accept_rate"] == pytest.approx(accepted[2] / drafted[2])
+    assert row["accept_rate_lo"] == pytest.approx(row["accept_rate"]) == pytest.approx(row["accept_rate_hi"])
+
+
+def test_a_sweep_summarised_at_once_equals_one_configuration_at_a_time():
+    from specsim.sim.metrics import summarize_many
+
+    rng = np.random.default_rng(9)
+    stats_a, f = stats_for(25, rng)
+    stats_b, _ = stats_for(25, rng)
+    stats_b = TrajectoryStats(**{**stats_b.__dict__, "tokens": stats_a.tokens})  # same trajectories
+    together = summarize_many([stats_a, stats_b], f, n_boot=300, seed=3)
+    for stats, rows in zip([stats_a, stats_b], together):
+        assert rows == summarize(stats, f, n_boot=300, seed=3)

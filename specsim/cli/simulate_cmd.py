@@ -47,7 +47,9 @@ def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft,
     """Replay speculative decoding configurations on CACHE: exact acceptance, tokens/call, speedup.
 
     Runs the cross product of --tree x --budget x --draft x --policy x
-    --temperature. Greedy trees and sampling chains are exact (no Monte-Carlo);
+    --temperature; combinations that cannot run (an adaptive rule on a branching
+    tree, a p-vs-q rule with a model-free draft) are skipped with one line each on
+    stderr. Greedy trees and sampling chains are exact (no Monte-Carlo);
     CIs are 95% bootstrap intervals over prompts. Speedup = tokens per target
     call / cost of a call, in plain target decode steps.
 
@@ -70,7 +72,7 @@ def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft,
     df = run(cache, trees=list(trees), drafts=list(drafts) or None, policies=list(policies),
              budgets=list(budgets) or None, temperatures=list(temperatures) or None, multi_draft=multi_draft,
              cost=cost or "c=0.05", cost_profile=cost_profile, by_category=by_category, n_boot=n_boot,
-             samples=samples, seed=seed, progress=not quiet)
+             samples=samples, seed=seed, progress=not quiet, on_skip=lambda line: click.echo(line, err=True))
     click.echo(format_table(df))
     click.echo()
     click.echo(footer(df))

@@ -17,8 +17,9 @@ numpy + polars only.
 from __future__ import annotations
 
 import re
+import sys
 import zlib
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import polars as pl
@@ -26,9 +27,9 @@ import polars as pl
 from specsim.cache.store import CacheReader
 from specsim.errors import CacheError, SpecError
 from specsim.sim.cost import load_cost_profile, parse_cost
-from specsim.sim.engine import AcceptanceTable, walk
+from specsim.sim.engine import AcceptanceTable, TrajectoryStats, walk
 from specsim.sim.features import Features, is_model_free, load_features
-from specsim.sim.metrics import summarize
+from specsim.sim.metrics import summarize_many
 from specsim.sim.policies import PolicySpec, check_temperature, parse_policy, run_policy
 from specsim.trees import Tree, kary, parse_tree
 
@@ -149,6 +150,7 @@ def simulate(
     seed: int = 0,
     top_k: int = 16,
     progress: bool = False,
+    on_skip: Callable[[str], None] | None = None,
 ) -> pl.DataFrame:
     """Simulate every configuration of the sweep; one row per configuration and category ("all" first).
 
@@ -159,6 +161,11 @@ def simulate(
     temperatures: default, per policy, every recorded temperature it can use. cost: "c=RATIO",
     or cost_profile: a `specsim profile` JSON. samples: Monte-Carlo samples per position
     (sampling trees without replacement). n_boot, seed: the bootstrap over prompts.
+
+    A combination of the cross product that cannot run (an adaptive rule on a branching
+    tree, a p-vs-q rule with a model-free draft, ...) is skipped: `on_skip` receives one
+    line saying which and why (default: printed to stderr). SpecError only when nothing
+    is left to run.
     """
     from tqdm.auto import tqdm
 
@@ -169,6 +176,9 @@ def simulate(
             for p in ([policies] if isinstance(policies, str) else policies)]
     if not pols:
         raise SpecError("give at least one policy, e.g. --policy greedy")
+    if on_skip is None:
+        on_skip = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    skipped: list[str] = []
     with CacheReader(cache) as reader:
         if drafts is None:
             drafts = list(reader.spec.drafts)
@@ -189,18 +199,74 @@ def simulate(
                     features = load_features(reader, draft, T, top_k=top_k, progress=progress)
                     context = _mean_context(reader, features)
                     for _, policy in [tp for tp in plan if tp[0] == T]:
+                        runs: list[tuple[dict, TrajectoryStats]] = []
+                        trees_here = _trees_for(features, policy, specs, fixed, skipped)
+                        _warm_candidates(features, policy, [t for t in trees_here.values() if t is not None], seed)
                         for spec in specs:
-                            tree = fixed.get(spec) or resolve_tree(spec, features, policy)
-                            rows += _configuration(features, tree, policy, cost_model, context, reader,
-                                                   by_category=by_category, n_boot=n_boot, seed=seed)
+                            tree = trees_here[spec]
+                            if tree is not None:
+                                try:
+                                    runs.append(_configuration(features, tree, policy, cost_model, context, reader,
+                                                               n_boot=n_boot, seed=seed))
+                                except SpecError as exc:
+                                    skipped.append(_skip_line(features, policy, spec, exc))
                             bar.update()
+                        rows += _rows(runs, features, by_category=by_category, n_boot=n_boot, seed=seed)
         finally:
             bar.close()
+    for line in skipped:
+        on_skip(line)
+    if not rows:
+        raise SpecError("no configuration of the sweep can run: " + "; ".join(
+            line.removeprefix("skipped ") for line in skipped[:3]) + ("; ..." if len(skipped) > 3 else ""))
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
+def _skip_line(features: Features, policy: PolicySpec, spec: str, exc: Exception) -> str:
+    return (f"skipped {spec} x {features.draft} x {policy.label} at T={features.temperature:g}: {exc}")
+
+
+def _trees_for(features: Features, policy: PolicySpec, specs: list[str], fixed: dict[str, Tree],
+               skipped: list[str]) -> dict[str, Tree | None]:
+    """Every spec's tree for one (features, policy); optimal:N for all budgets from one fit."""
+    out: dict[str, Tree | None] = {s: fixed[s] for s in specs if s in fixed}
+    wanted = [s for s in specs if s not in fixed]
+    if wanted:
+        budgets = [int(s.split(":", 1)[1]) for s in wanted]
+        try:
+            from specsim.sim.optimize import optimal_trees
+
+            fitted = optimal_trees(features, budgets, policy=policy)
+        except SpecError as exc:
+            for s in wanted:
+                skipped.append(_skip_line(features, policy, s, exc))
+                out[s] = None
+        else:
+            out.update({s: f.tree for s, f in zip(wanted, fitted)})
+    return out
+
+
+def _warm_candidates(features: Features, policy: PolicySpec, trees: list[Tree], seed: int) -> None:
+    """Estimate sampling trees' candidate acceptance once, at the widest fan-out of the sweep.
+
+    `multidraft.candidate_acceptance` keeps its last estimate and serves any narrower tree
+    from it; estimating the widest first means one stream of the distributions per sweep.
+    """
+    if policy.name != "sample" or features.model_free or features.temperature <= 0:
+        return
+    width = max([int(t.n_children.max()) for t in trees if t.budget] or [1])
+    if width <= 1:
+        return
+    from specsim.sim.multidraft import candidate_acceptance
+
+    label = f"{features.draft}|{features.temperature:g}|{policy.multi_draft}|warm"
+    candidate_acceptance(features, width, scheme=policy.multi_draft, samples=policy.samples,
+                         rng=np.random.default_rng([seed, zlib.crc32(label.encode())]))
+
+
 def _configuration(features: Features, tree: Tree, policy: PolicySpec, cost_model, context: float,
-                   reader: CacheReader, *, by_category: bool, n_boot: int, seed: int) -> list[dict]:
+                   reader: CacheReader, *, n_boot: int, seed: int) -> tuple[dict, TrajectoryStats]:
+    """The row's description columns and the walk's totals of one configuration."""
     label = f"{features.draft}|{features.temperature:g}|{policy.label}|{policy.multi_draft}|{tree.name}"
     rng = np.random.default_rng([seed, zlib.crc32(label.encode())])  # reproducible per configuration
     call_cost = cost_model.call_cost(tree, context=context, model_draft=not features.model_free)
@@ -224,5 +290,12 @@ def _configuration(features: Features, tree: Tree, policy: PolicySpec, cost_mode
         "samples": policy.samples if not stats.exact else None,
         **dict(stats.extra or {}),
     }
-    return [{**config, **row, **tail} for row in summarize(stats, features, by_category=by_category,
-                                                           n_boot=n_boot, seed=seed)]
+    return {"config": config, "tail": tail}, stats
+
+
+def _rows(runs: list[tuple[dict, TrajectoryStats]], features: Features, *, by_category: bool, n_boot: int,
+          seed: int) -> list[dict]:
+    """Rows of several configurations on the same trajectories: one bootstrap product per group."""
+    summaries = summarize_many([stats for _, stats in runs], features, by_category=by_category, n_boot=n_boot,
+                               seed=seed)
+    return [{**head["config"], **row, **head["tail"]} for (head, _), rows in zip(runs, summaries) for row in rows]

@@ -37,6 +37,8 @@ class AcceptanceTable:
     exact: bool  # False for Monte-Carlo estimates
     se_len: np.ndarray | None = None  # (N,) standard error of E[A | t] when Monte-Carlo
     extra: Mapping | None = None  # per-configuration scalars for the result row, e.g. {"tv_distortion": 0.02}
+    length: np.ndarray | None = None  # (N,) int accepted length when every law is a point mass (greedy,
+    #                                   model-free): p_len is then one-hot and the walk follows pointers
 
     @property
     def depth(self) -> int:
@@ -94,7 +96,14 @@ def walk(table: AcceptanceTable, features, call_cost: float) -> TrajectoryStats:
     per_traj = lambda x: np.add.reduceat(x, bounds, axis=0) if x.shape[0] else x  # noqa: E731
     calls = per_traj(occ)
     drafted = per_traj(occ * np.asarray(table.drafted, dtype=np.float64))
-    law = per_traj(occ[:, None] * table.p_len)  # (n_traj, D+1): expected calls accepting a drafts
+    if table.length is not None:  # point masses: count the visited calls by accepted length
+        D1 = table.p_len.shape[1]
+        visited = np.flatnonzero(occ)
+        traj_of = np.repeat(np.arange(features.n_traj), features.traj_len)[visited]
+        law = np.bincount(traj_of * D1 + table.length[visited], weights=occ[visited],
+                          minlength=features.n_traj * D1).reshape(features.n_traj, D1)
+    else:
+        law = per_traj(occ[:, None] * table.p_len)  # (n_traj, D+1): expected calls accepting a drafts
     accepted = law @ np.arange(law.shape[1], dtype=np.float64)
     reach = np.cumsum(law[:, ::-1], axis=1)[:, ::-1][:, 1:]  # (n_traj, D): expected calls with A >= d
     se = None
@@ -117,6 +126,8 @@ def occupancy(table: AcceptanceTable, features) -> np.ndarray:
     that accepts every remaining draft ends its trajectory; that mass leaves the system
     (it would otherwise land on the next trajectory's first position).
     """
+    if table.length is not None:
+        return deterministic_occupancy(table.length, features)
     from scipy.linalg.lapack import dtbtrs  # scipy.linalg is slow to import: not at CLI start
 
     P = table.p_len
@@ -135,3 +146,23 @@ def occupancy(table: AcceptanceTable, features) -> np.ndarray:
     if info != 0:  # pragma: no cover - a unit-diagonal band cannot be singular
         raise ValueError(f"banded solve failed (LAPACK info {info})")
     return visits[:, 0]
+
+
+def deterministic_occupancy(length: np.ndarray, features) -> np.ndarray:
+    """(N,) 0/1 visits when a call at t always accepts length[t] drafts (greedy, model-free).
+
+    Follows next(t) = t + length[t] + 1 for every trajectory at once: one step per call of
+    the longest walk, each a handful of array operations over the trajectories.
+    """
+    N = features.n_positions
+    nxt = np.arange(N) + np.asarray(length, dtype=np.int64) + 1
+    visits = np.zeros(N)
+    cur = features.traj_start.astype(np.int64)
+    end = cur + features.traj_len
+    cur, end = cur[end > cur], end[end > cur]
+    while cur.size:
+        visits[cur] = 1.0
+        cur = nxt[cur]
+        alive = cur < end
+        cur, end = cur[alive], end[alive]
+    return visits

@@ -35,6 +35,8 @@ MODEL_FREE = ("ngram", "prompt-lookup")  # draft families that need no draft col
 FEATURES_FORMAT = "specsim-features"
 FEATURES_VERSION = 2  # bump when the stored arrays change meaning
 BLOCK = 256  # positions read at once per column while deriving features
+BLOCK_ELEMENTS = 1 << 20  # logits read at once per column when streaming distributions (>= BLOCK rows):
+#                           a small vocabulary reads many rows per HDF5 call instead of paying per call
 MEMO_BYTES = 512 << 20  # keep streamed distributions in memory when both columns fit in this many bytes
 
 
@@ -87,14 +89,16 @@ class Features:
         with CacheReader(self.cache_path) as reader:
             return reader.prompt_token_ids(int(self.traj_prompt[i_traj]))
 
-    def iter_distributions(self, block: int = BLOCK) -> Iterator[tuple[int, int, np.ndarray, np.ndarray | None]]:
+    def iter_distributions(self, block: int | None = None) -> Iterator[tuple[int, int, np.ndarray, np.ndarray | None]]:
         """Stream (local_start, local_stop, p_target, q_draft) in bounded memory.
 
         p_target and q_draft are (n, V) float64 probabilities at the simulated temperature
-        (T=0 trajectories: the T=1 softmax); q_draft is None for model-free drafts.
+        (T=0 trajectories: the T=1 softmax); q_draft is None for model-free drafts. block:
+        positions per piece (default: BLOCK_ELEMENTS / V, at least BLOCK).
         """
         if "p_target" in self._memo:  # a sweep streams the same small cache many times: keep it
             p_all, q_all = self._memo["p_target"], self._memo["q_draft"]
+            block = block or max(BLOCK, BLOCK_ELEMENTS // max(p_all.shape[1], 1))
             for s in range(0, self.n_positions, block):
                 e = min(s + block, self.n_positions)
                 yield s, e, p_all[s:e], None if q_all is None else q_all[s:e]
@@ -102,20 +106,20 @@ class Features:
         T = self.softmax_temperature
         with CacheReader(self.cache_path) as reader:
             V = reader.spec.vocab_size
+            block = block or max(BLOCK, BLOCK_ELEMENTS // max(V, 1))
             keep = self.n_positions * V * 8 * (1 if self.model_free else 2) <= MEMO_BYTES
             if keep:
                 p_all = np.empty((self.n_positions, V))  # (N, V)
                 q_all = None if self.model_free else np.empty((self.n_positions, V))
-            for local, cache, n in _runs(self):
-                for s in range(0, n, block):
-                    e = min(s + block, n)
-                    p_target = _softmax(reader.logits(TARGET, cache + s, cache + e), T)
-                    q_draft = None if self.model_free else _softmax(reader.logits(self.draft, cache + s, cache + e), T)
-                    if keep:
-                        p_all[local + s : local + e] = p_target
-                        if q_all is not None:
-                            q_all[local + s : local + e] = q_draft
-                    yield local + s, local + e, p_target, q_draft
+            for local, lo, hi, rows in _spans(self, block):
+                p_target = _softmax(reader.logits(TARGET, lo, hi)[rows], T)
+                q_draft = None if self.model_free else _softmax(reader.logits(self.draft, lo, hi)[rows], T)
+                stop = local + rows.shape[0]
+                if keep:
+                    p_all[local:stop] = p_target
+                    if q_all is not None:
+                        q_all[local:stop] = q_draft
+                yield local, stop, p_target, q_draft
         if keep:  # only a complete pass is kept; read-only, as every later pass shares it
             for x in (p_all, q_all):
                 if x is not None:
@@ -195,6 +199,36 @@ def _runs(features) -> list[tuple[int, int, int]]:
         else:
             runs.append([local, cache, n])
     return [tuple(r) for r in runs]
+
+
+def _spans(features, block: int) -> Iterator[tuple[int, int, int, np.ndarray]]:
+    """(local_start, cache_lo, cache_hi, rows): one HDF5 read [lo, hi) per piece, rows = the wanted ones.
+
+    Trajectories of one temperature are interleaved with the others' in the cache, so runs
+    are short; consecutive runs are read together while the span stays within `block` rows
+    and at most half of it is unwanted (read and dropped), cutting the number of reads.
+    """
+    pieces: list[tuple[int, int]] = []  # (cache_start, n) of the current span, contiguous in local numbering
+    local0 = 0
+    for local, cache, n in _runs(features):
+        for s in range(0, n, block):
+            c, m = cache + s, min(block, n - s)
+            if pieces:
+                lo, used = pieces[0][0], sum(k for _, k in pieces)
+                span = c + m - lo
+                if c < pieces[-1][0] + pieces[-1][1] or span > block or span > 2 * (used + m):
+                    yield local0, lo, pieces[-1][0] + pieces[-1][1], _rows(pieces)
+                    pieces = []
+            if not pieces:
+                local0 = local + s
+            pieces.append((c, m))
+    if pieces:
+        yield local0, pieces[0][0], pieces[-1][0] + pieces[-1][1], _rows(pieces)
+
+
+def _rows(pieces: list[tuple[int, int]]) -> np.ndarray:
+    lo = pieces[0][0]
+    return np.concatenate([np.arange(c - lo, c - lo + m) for c, m in pieces])
 
 
 class _Base:  # what _runs needs, before the Features exist

@@ -147,4 +147,4 @@ def modelfree_table(features: "Features", tree: Tree, spec, rng: np.random.Gener
             length[start + t] = accepted_length(tree, tokens, future)
     p_len = np.zeros((N, tree.max_depth + 1))  # (N, D+1)
     p_len[np.arange(N), length] = 1.0
-    return AcceptanceTable(p_len=p_len, drafted=drafted, exact=True)
+    return AcceptanceTable(p_len=p_len, drafted=drafted, exact=True, length=length)

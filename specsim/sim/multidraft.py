@@ -159,16 +159,18 @@ def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray) -> np.ndar
         raise ValueError(f"pi has {pi.shape[1]} candidates, the tree needs {int(index.max()) + 1}")
     out = np.zeros((n_total, depth) + pi.shape[2:])  # (N, D, ...)
     prev_nodes = np.array([0])
-    prev_reach = np.ones((n_total, 1) + pi.shape[2:])  # (N, nodes in level, ...)
+    prev_reach = np.ones((n_total, 1) + pi.shape[2:])  # (n, nodes in level, ...), n shrinks with depth
     valid_shape = (n_total,) + (1,) * (pi.ndim - 2)
+    valid_all = (remaining >= np.arange(1, depth + 1)[:, None]).T  # (N, D)
     for d in range(1, depth + 1):
+        n = n_total - (d - 1)  # calls at t >= n would read π past the array; remaining < d there anyway
+        if n <= 0:
+            break
         nodes = np.flatnonzero(depths == d)
-        shifted = np.zeros_like(pi)  # π at position t + d − 1, 0 past the array
-        shifted[: n_total - (d - 1)] = pi[d - 1 :]
-        valid = (remaining >= d).reshape(valid_shape)
+        valid = valid_all[:n, d - 1].reshape((n,) + valid_shape[1:])
         parent_col = np.searchsorted(prev_nodes, tree.parents[nodes])
-        reach = prev_reach[:, parent_col] * shifted[:, index[nodes]] * valid[:, None]
-        out[:, d - 1] = reach.sum(axis=1)
+        reach = prev_reach[:n, parent_col] * pi[d - 1 :, index[nodes]] * valid[:, None]  # π at t + d − 1
+        out[:n, d - 1] = reach.sum(axis=1)
         prev_nodes, prev_reach = nodes, reach
     return out
 

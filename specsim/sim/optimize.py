@@ -1,13 +1,26 @@
 """The best static draft tree for a token budget (Sequoia, Chen et al. 2024; DESIGN.md §2).
 
-Two data sources, one objective: expected tokens per target call = 1 + Σ_nodes P(node accepted).
+Objective on a cache: the tokens per target call of *decoding the cached trajectories*
+with the tree (Σ tokens / Σ expected target calls, what `specsim simulate` reports).
 
-* Greedy on a cache: P(node accepted) is the empirical frequency, over all start positions,
-  of the node's rank path in the trajectory's rank sequence (ρ_t, ρ_{t+1}, …). A child's
-  frequency never exceeds its parent's, so the N most frequent rank paths form a
-  prefix-closed tree and are optimal. Found best-first: pop the most frequent path,
-  count its children over the positions it matched (ties: shallower first, then smaller
-  ranks, so a parent always precedes its children).
+Expected tokens per call of a call started at a uniformly chosen position, 1 + Σ_nodes
+P(node accepted), has an exact optimum (below), but the decoding walk does not start
+calls uniformly: it starts them right after each correction token, and where the draft
+is wrong tends to cluster, so the two objectives can rank trees differently (on a demo
+cache, the all-positions optimum of 16 nodes decoded at 4.17 tokens/call, chain:16 at
+4.57). The walk's objective has no known exact optimiser, so on a cache we keep the best,
+*by walk value*, of: the all-positions optimum; refits of it on the start positions the
+walk of the current best visits (weighted by expected visits; EM-like, until a refit
+stops improving, at most `REFITS` times); and the chain and k-ary (k = 2, 3, 4) trees of the same
+budget. The result never decodes worse than those simple trees; it is not proven optimal.
+
+* Greedy on a cache: P(node accepted) is the empirical frequency, over the start positions
+  (optionally weighted), of the node's rank path in the trajectory's rank sequence
+  (ρ_t, ρ_{t+1}, …). A child's frequency never exceeds its parent's, so the N most
+  frequent rank paths form a prefix-closed tree and maximise the (weighted) mean. Found
+  best-first: pop the most frequent path, count its children over the positions it
+  matched (ties: shallower first, then smaller ranks, so a parent always precedes its
+  children).
 * A positional acceptance vector (Sequoia's layout: entry k ≥ 1 is the probability that the
   k-th ranked sibling is the accepted one): P(node) = Π p_{rank+1} along the path, and a
   node's children are the first k candidates. Sequoia's dynamic program over (subtree size,
@@ -15,10 +28,8 @@ Two data sources, one objective: expected tokens per target call = 1 + Σ_nodes 
 * Sampling on a cache: π_i(s) per position from `specsim.sim.multidraft`; the positional
   vector is their mean and Sequoia's DP proposes one tree; a best-first search on the exact
   per-position node values (mean over t of Π π along the path, which treats consecutive
-  positions jointly rather than as independent) proposes another; both are scored exactly
-  on the cache and the better is kept. Neither search alone is guaranteed optimal for the
-  exact objective (it is not a product of positional factors), so keeping the better of two
-  exactly-scored candidates is the honest choice.
+  positions jointly rather than as independent) proposes another; with the refits and
+  simple trees above, all are scored by their walk on the cache and the best is kept.
 """
 
 from __future__ import annotations
@@ -36,14 +47,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from specsim.sim.features import Features
 
 
+REFITS = 4  # most refits on the positions the walk visits, per budget (each must improve the walk)
+SIMPLE_WIDTHS = (1, 2, 3, 4)  # chain (1) and k-ary trees every cache fit is compared with
+
+
 @dataclass(frozen=True)
 class OptimalTree:
     tree: Tree  # the chosen tree (canonical order)
     expected_tokens_per_call: float  # 1 + expected accepted drafts per call, on the data it was fitted to
     source: str  # what it was computed from, for the table footer
     walk_tokens_per_call: float | None = None  # Σ tokens / Σ target calls of decoding the trajectories
-    #   with this tree (what `specsim simulate` reports); the objective above weights every start
-    #   position equally, the walk weights them by how often a call starts there
+    #   with this tree (what `specsim simulate` reports, and what a cache fit maximises); the value
+    #   above weights every start position equally, the walk weights them by how often a call starts there
 
 
 # ---------------------------------------------------------------------------- Sequoia's DP
@@ -161,16 +176,17 @@ def tree_value(tree: Tree, acceptance: Sequence[float]) -> float:
 
 
 def best_first_paths(
-    symbols: np.ndarray, remaining: np.ndarray, budget: int, max_depth: int
+    symbols: np.ndarray, remaining: np.ndarray, budget: int, max_depth: int, weights: np.ndarray | None = None
 ) -> tuple[list[tuple[int, ...]], np.ndarray]:
     """The `budget` most frequent prefixes of the sequences (symbols[t], symbols[t+1], …).
 
-    remaining[t] caps the prefix length at t (end of trajectory). Returns the paths in the
-    order found — non-increasing frequency, so the first n of them are the best n — and
-    how many start positions each matched.
+    remaining[t] caps the prefix length at t (end of trajectory); weights[t] (default 1)
+    weights start position t. Returns the paths in the order found — non-increasing
+    frequency, so the first n of them are the best n — and their (weighted) counts.
     """
     n_total = symbols.shape[0]
-    heap: list[tuple[int, int, tuple[int, ...], np.ndarray]] = []
+    heap: list[tuple[float, int, tuple[int, ...], np.ndarray]] = []
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
 
     def push_children(path: tuple[int, ...], positions: np.ndarray) -> None:
         d = len(path)
@@ -181,52 +197,115 @@ def best_first_paths(
             return
         nxt = symbols[live + d]
         order = np.argsort(nxt, kind="stable")
+        live = live[order]
         values, starts, counts = np.unique(nxt[order], return_index=True, return_counts=True)
-        for value, start, count in zip(values.tolist(), starts.tolist(), counts.tolist()):
-            child = path + (int(value),)
-            heapq.heappush(heap, (-count, d + 1, child, live[order[start : start + count]]))
+        mass = counts if w is None else np.add.reduceat(w[live], starts)
+        for value, start, count, m in zip(values.tolist(), starts.tolist(), counts.tolist(), mass.tolist()):
+            if m > 0:
+                heapq.heappush(heap, (-m, d + 1, path + (int(value),), live[start : start + count]))
 
-    push_children((), np.arange(n_total))
+    push_children((), np.arange(n_total) if w is None else np.flatnonzero(w > 0))
     paths: list[tuple[int, ...]] = []
-    counts: list[int] = []
+    counts: list[float] = []
     while heap and len(paths) < budget:
         neg_count, _, path, positions = heapq.heappop(heap)
         paths.append(path)
         counts.append(-neg_count)
         push_children(path, positions)
-    return paths, np.array(counts, dtype=np.int64)
+    return paths, np.array(counts, dtype=np.int64 if w is None else np.float64)
 
 
-def _greedy_trees(features: "Features", budget: int, max_depth: int) -> list[OptimalTree]:
-    """The optimal greedy tree for every budget 1..budget (prefixes of one best-first order)."""
+def simple_trees(budget: int, max_depth: int) -> dict[str, Tree]:
+    """chain:N and kary:W@N of this budget (those within max_depth), distinct shapes only."""
+    from specsim.sim.api import kary_prefix
+
+    out: dict[str, Tree] = {}
+    seen = set()
+    for width in SIMPLE_WIDTHS:
+        tree = kary_prefix(width, budget)
+        name = f"chain:{budget}" if width == 1 else f"kary:{width}@{budget}"
+        key = tuple(tree.rank_paths())
+        if tree.max_depth <= max_depth and key not in seen:
+            seen.add(key)
+            out[name] = tree
+    return out
+
+
+class _WalkSearch:
+    """Best tree by walk value among candidates, for one budget; remembers what it scored."""
+
+    def __init__(self, score) -> None:
+        self.score = score  # tree -> (walk tokens/call, all-positions tokens/call, visits (N,))
+        self.best: tuple | None = None  # (walk value, how, tree, all-positions value, visits)
+        self.seen: set = set()
+
+    def offer(self, tree: Tree, how: str) -> bool:
+        """Score `tree` unless already scored; True when it was new."""
+        key = tuple(tree.rank_paths())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        walk_value, mean_value, visits = self.score(tree)
+        if self.best is None or walk_value > self.best[0] + 1e-12:
+            self.best = (walk_value, how, tree, mean_value, visits)
+        return True
+
+
+def _search(budget: int, max_depth: int, fit, score, n_pos: int, what: str) -> OptimalTree:
+    """The walk-value search shared by greedy and sampling fits.
+
+    fit(weights | None) → the tree maximising the (weighted) mean over start positions.
+    """
+    search = _WalkSearch(score)
+    search.offer(fit(None), f"the all-positions optimum ({what} over {n_pos} start positions)")
+    for name, tree in simple_trees(budget, max_depth).items():
+        search.offer(tree, name)
+    for i in range(REFITS):  # stop once a refit no longer improves the walk
+        before = search.best[0]
+        if not search.offer(fit(search.best[4]), f"refit {i + 1} on the positions the walk visits") \
+                or search.best[0] <= before:
+            break
+    walk_value, how, tree, mean_value, _ = search.best
+    return OptimalTree(
+        tree=Tree.from_paths(tree.rank_paths()[1:], name=f"optimal:{budget}"),
+        expected_tokens_per_call=float(mean_value),
+        source=(f"best walk tokens/call of {len(search.seen)} candidate trees ({what}; the all-positions "
+                f"optimum over {n_pos} start positions, its refits on visited positions, chain and k-ary "
+                f"trees of budget {budget}); chosen: {how}"),
+        walk_tokens_per_call=float(walk_value),
+    )
+
+
+def _greedy_trees(features: "Features", budgets: Sequence[int], max_depth: int) -> list[OptimalTree]:
+    """The greedy fit for each budget (the all-positions optimum's paths are shared by every budget)."""
+    from specsim.sim.engine import deterministic_occupancy
+    from specsim.sim.policies import greedy_lengths
+
     if features.rank is None:
         raise SpecError(
             f"draft {features.draft!r} has no ranks (model-free): optimise trees for model drafts"
         )
-    paths, counts = best_first_paths(features.rank.astype(np.int64), features.remaining(), budget, max_depth)
+    rank = features.rank.astype(np.int64)
+    remaining = features.remaining()
+    paths, counts = best_first_paths(rank, remaining, max(budgets), max_depth)
     if not paths:
         raise SpecError("the cache has no position with a next token to draft: trajectories of length 1")
-    from specsim.sim.policies import greedy_table
-
     n_pos = features.n_positions
-    value = 1.0 + np.cumsum(counts) / n_pos
+
+    def score(tree: Tree):
+        length = greedy_lengths(rank, remaining, tree)
+        visits = deterministic_occupancy(length, features)
+        return n_pos / visits.sum(), 1.0 + length.mean(), visits
+
     out = []
-    for n in range(1, len(paths) + 1):
-        tree = Tree.from_paths(paths[:n], name=f"optimal:{n}")
-        out.append(OptimalTree(
-            tree=tree,
-            expected_tokens_per_call=float(value[n - 1]),
-            source=f"the {n} most frequent rank paths over {n_pos} start positions (greedy, exact)",
-            walk_tokens_per_call=_walk_value(features, greedy_table(features, tree, None, None)),
-        ))
+    for budget in budgets:
+        def fit(weights, budget=budget):
+            found = paths[:budget] if weights is None else best_first_paths(rank, remaining, budget, max_depth,
+                                                                            weights)[0]
+            return Tree.from_paths(found or paths[:1])
+
+        out.append(_search(budget, max_depth, fit, score, n_pos, "greedy, exact"))
     return out
-
-
-def _walk_value(features: "Features", table) -> float:
-    from specsim.sim.engine import walk
-
-    stats = walk(table, features, 1.0)
-    return float(stats.tokens.sum() / stats.calls.sum())
 
 
 # ---------------------------------------------------------------------------- sampling on a cache
@@ -234,14 +313,14 @@ def _walk_value(features: "Features", table) -> float:
 
 def _sample_trees(features: "Features", budgets: Sequence[int], max_depth: int, scheme: str, samples: int,
                   rng: np.random.Generator) -> list[OptimalTree]:
-    from specsim.sim.engine import AcceptanceTable
+    from specsim.sim.engine import AcceptanceTable, occupancy
     from specsim.sim.multidraft import candidate_acceptance, length_distribution, reach_by_depth
 
     if features.temperature <= 0:
         raise SpecError("sampling trees need trajectories sampled at T > 0; at T=0 use --policy greedy")
     if features.rank is None:
         raise SpecError(f"draft {features.draft!r} is model-free: its proposals are not sampled from a q")
-    width = min(max(budgets), 8)  # fan-outs above 8 candidates per node are not estimated
+    width = min(max(max(budgets), max(SIMPLE_WIDTHS)), 8)  # fan-outs above 8 candidates are not estimated
     pi, _ = candidate_acceptance(features, width, scheme=scheme, samples=samples, rng=rng)
     remaining = features.remaining()
     vector = np.concatenate([[0.0], np.clip(pi.mean(axis=0), 0.0, 1.0)])
@@ -249,45 +328,57 @@ def _sample_trees(features: "Features", budgets: Sequence[int], max_depth: int, 
         vector[1:] /= vector[1:].sum()
     n_pos = int(pi.shape[0])
     mc = "exact" if scheme == "iid" else f"Monte-Carlo, {samples} samples/position"
+
+    def score(tree: Tree):
+        at_least = reach_by_depth(pi, tree, remaining)  # (N, D)
+        table = AcceptanceTable(p_len=length_distribution(at_least), drafted=np.zeros(n_pos), exact=True)
+        visits = occupancy(table, features)
+        return n_pos / visits.sum(), 1.0 + at_least.sum(axis=1).mean(), visits
+
+    shared = _best_first_exact(pi, remaining, max(budgets), max_depth)  # unweighted: one order for all budgets
     out = []
     for budget in budgets:
-        candidates = [optimal_tree_from_vector(vector, budget, max_depth=max_depth).tree,
-                      _best_first_exact(pi, remaining, budget, max_depth)]
-        at_least = [reach_by_depth(pi, t, remaining) for t in candidates]  # (N, D) each
-        scores = [1.0 + a.sum(axis=1).mean() for a in at_least]
-        best = int(np.argmax(scores))
-        how = ("Sequoia DP on the cache's positional acceptance vector", "best-first on exact node values")[best]
-        tree = Tree.from_paths(candidates[best].rank_paths()[1:], name=f"optimal:{budget}")
-        table = AcceptanceTable(p_len=length_distribution(at_least[best]),
-                                drafted=np.full(n_pos, float(tree.budget)), exact=scheme == "iid")
-        out.append(OptimalTree(
-            tree=tree,
-            expected_tokens_per_call=float(scores[best]),
-            source=f"{how} ({scheme}, {mc}), scored over {n_pos} start positions",
-            walk_tokens_per_call=_walk_value(features, table),
-        ))
+        sequoia = optimal_tree_from_vector(vector, budget, max_depth=max_depth).tree
+
+        def fit(weights, budget=budget):
+            found = shared[:budget] if weights is None else _best_first_exact(pi, remaining, budget, max_depth,
+                                                                              weights)
+            return Tree.from_paths(found)
+
+        found = _search(budget, max_depth, fit, score, n_pos, f"{scheme}, {mc}")
+        walk_value, mean_value, _ = score(sequoia)
+        if walk_value > found.walk_tokens_per_call + 1e-12:  # Sequoia's DP on the positional vector
+            found = OptimalTree(tree=Tree.from_paths(sequoia.rank_paths()[1:], name=f"optimal:{budget}"),
+                                expected_tokens_per_call=float(mean_value),
+                                source=found.source.rsplit("; chosen:", 1)[0]
+                                + " and Sequoia's DP on the positional vector); chosen: Sequoia's DP",
+                                walk_tokens_per_call=float(walk_value))
+        out.append(found)
     return out
 
 
-def _best_first_exact(pi: np.ndarray, remaining: np.ndarray, budget: int, max_depth: int) -> Tree:
+def _best_first_exact(pi: np.ndarray, remaining: np.ndarray, budget: int, max_depth: int,
+                      weights: np.ndarray | None = None) -> list[tuple[int, ...]]:
     """Grow a tree node by node, always adding the open node of highest exact value.
 
     A node is open once its parent and its left sibling are in the tree (candidates are
-    drawn in order). Value = mean over t of Π π along the path at positions t, t+1, ….
+    drawn in order). Value = (weighted) mean over t of Π π along the path at positions t, t+1, ….
     """
     n_total, width = pi.shape
-    reach = {(): np.ones(n_total)}
+    w = np.ones(n_total) if weights is None else np.asarray(weights, dtype=np.float64)
+    reach = {(): np.ones(n_total)}  # reach[path][t] for t < n_total - depth + 1 (later t cannot reach it)
     heap: list[tuple[float, int, tuple[int, ...]]] = []
 
     def push(path: tuple[int, ...]) -> None:
         d, i = len(path), path[-1]
         if d > max_depth or i >= width:
             return
-        shifted = np.zeros(n_total)
-        shifted[: n_total - (d - 1)] = pi[d - 1 :, i]
-        value = reach[path[:-1]] * shifted * (remaining >= d)
+        n = n_total - (d - 1)
+        if n <= 0:
+            return
+        value = reach[path[:-1]][:n] * pi[d - 1 :, i] * (remaining[:n] >= d)  # π at t + d − 1
         reach[path] = value
-        heapq.heappush(heap, (-float(value.mean()), d, path))
+        heapq.heappush(heap, (-float(value @ w[:n]), d, path))
 
     push((0,))
     paths: list[tuple[int, ...]] = []
@@ -296,7 +387,7 @@ def _best_first_exact(pi: np.ndarray, remaining: np.ndarray, budget: int, max_de
         paths.append(path)
         push(path + (0,))
         push(path[:-1] + (path[-1] + 1,))
-    return Tree.from_paths(paths)
+    return paths  # in the order added: the first n form the best-first tree of n nodes
 
 
 def optimal_trees(
@@ -315,8 +406,7 @@ def optimal_trees(
         _check_budget(b, max_depth)
     depth_cap = max(budgets) if max_depth is None else int(max_depth)
     if name == "greedy":
-        every = _greedy_trees(features, max(budgets), depth_cap)
-        return [every[min(b, len(every)) - 1] for b in budgets]
+        return _greedy_trees(features, budgets, depth_cap)
     if name == "sample":
         scheme = getattr(policy, "multi_draft", "iid")
         samples = int(samples or getattr(policy, "samples", 64))

@@ -144,7 +144,8 @@ def greedy_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generato
     length = greedy_lengths(features.rank, features.remaining(), tree)
     p_len = np.zeros((features.n_positions, tree.max_depth + 1))  # (N, D+1)
     p_len[np.arange(features.n_positions), length] = 1.0
-    return AcceptanceTable(p_len=p_len, drafted=np.full(features.n_positions, float(tree.budget)), exact=True)
+    return AcceptanceTable(p_len=p_len, drafted=np.full(features.n_positions, float(tree.budget)), exact=True,
+                           length=length)
 
 
 def chain_acceptance(features) -> np.ndarray:
