@@ -115,3 +115,24 @@ def test_topk_cache_is_flagged_inexact(tmp_path):
     f = load_features(path, "small", 1.0, progress=False)
     assert not f.exact_tail
     assert load_features(random_cache(tmp_path / "f.h5", n_prompts=2), "small", 1.0, progress=False).exact_tail
+
+
+def test_streaming_reads_interleaved_trajectories_in_few_spans(tmp_path, monkeypatch):
+    """T=0 and T=1 trajectories alternate in the cache: one read spans many of them, the others' rows dropped."""
+    from specsim.cache.store import CacheReader
+
+    path = random_cache(tmp_path / "c.h5", n_prompts=6, length=12, vocab=10)
+    f = load_features(path, "small", 1.0, progress=False)
+    from specsim.sim.features import _runs
+
+    assert len(_runs(f)) == f.n_traj == 6  # no two T=1 trajectories adjacent in the cache
+    reads = []
+    original = CacheReader.logits
+    monkeypatch.setattr(CacheReader, "logits", lambda self, c, a, b: reads.append((c, a, b)) or original(self, c, a, b))
+    pieces = list(f.iter_distributions())
+    assert len(reads) == 2  # target and draft, each once for every trajectory at T=1
+    assert [(a, b) for a, b, *_ in pieces] == [(0, f.n_positions)]
+    _, _, p_target, q_draft = pieces[0]
+    rows = np.arange(f.n_positions)
+    np.testing.assert_allclose(np.log(p_target[rows, f.token]), f.logp, atol=1e-12)
+    np.testing.assert_allclose(np.log(q_draft[rows, f.token]), f.logq, atol=1e-12)

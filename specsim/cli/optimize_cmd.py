@@ -38,13 +38,17 @@ from specsim.cli._common import friendly_errors
 @friendly_errors
 def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, cost, cost_profile,
              acceptance_vector, samples, seed, out, max_lines):
-    """Find the static tree of at most --budget drafts with the most expected tokens per call.
+    """Find the static tree of at most --budget drafts with the most tokens per target call.
 
-    Greedy: the N most frequent rank paths of the trajectory tokens under the
-    draft (exact optimum on the cache). Sample: the draft's candidates'
-    acceptance given the output is estimated at every position, then Sequoia's
-    dynamic program and a best-first search propose trees, scored exactly on the
-    cache. With --acceptance-vector (no cache): Sequoia's DP on that vector.
+    On a cache the objective is what `specsim simulate` reports: total tokens /
+    total expected target calls of decoding the cached trajectories with the
+    tree. Candidates: the tree maximising expected tokens of a call at a
+    uniformly chosen position (greedy: the N most frequent rank paths, exact;
+    sample: best-first on estimated candidate acceptance, and Sequoia's DP on
+    the positional vector), its refits on the positions the decoding walk
+    visits, and chain / k-ary trees of the same budget; the best by the
+    objective is kept, so it never decodes worse than those. With
+    --acceptance-vector (no cache): Sequoia's DP on that vector.
     With --cost or --cost-profile, N = 1..budget is scanned and the N with the
     best tokens/call / call cost is reported with its estimated speedup.
 
@@ -77,10 +81,15 @@ def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, 
                                                           max_depth, samples, seed, cost_model)
     best = results[-1]
     click.echo(f"{best.tree.name}: budget {best.tree.budget}, depth {best.tree.max_depth}  ({what})")
-    click.echo(f"expected tokens/call: {best.expected_tokens_per_call:.3f}  ({best.source})")
-    if best.walk_tokens_per_call is not None:
-        click.echo(f"decoding the trajectories with it: {best.walk_tokens_per_call:.3f} tokens/call "
-                   "(total tokens / total target calls, as `specsim simulate` reports)")
+    if best.walk_tokens_per_call is None:  # an acceptance vector: no trajectories to decode
+        click.echo(f"expected tokens/call: {best.expected_tokens_per_call:.3f}  ({best.source})")
+    else:
+        click.echo(f"objective, tokens/call decoding the cached trajectories: {best.walk_tokens_per_call:.3f} "
+                   "(total tokens / total expected target calls, as `specsim simulate` reports)")
+        click.echo(f"searched: {best.source}")
+        click.echo(f"expected tokens/call of a call at a uniformly chosen start position: "
+                   f"{best.expected_tokens_per_call:.3f} (not the objective: decoding starts calls after "
+                   "corrections, where misses cluster)")
     click.echo(draw_tree(best.tree, max_lines=max_lines))
     chosen = best
     if cost_model is not None:
