@@ -237,3 +237,16 @@ def test_occupancy_of_a_long_sweep_sized_walk_keeps_unit_starts():
     assert occ.min() >= -1e-12 and occ.max() <= 1 + 1e-12
     stats = walk(table, f, 1.0)
     np.testing.assert_allclose(stats.accepted + stats.calls, stats.tokens, atol=1e-9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(gamma=st.integers(1, 12), lengths=st.lists(st.integers(1, 15), min_size=1, max_size=4), data=st.data())
+def test_top_choice_chains_stop_at_the_first_miss_and_the_trajectory_end(gamma, lengths, data):
+    """Chains take a run-length shortcut; runs of rank 0 cross trajectory boundaries in the flat arrays."""
+    N = sum(lengths)
+    ranks = np.array(data.draw(st.lists(st.sampled_from([0, 0, 0, 1]), min_size=N, max_size=N)))
+    f = memory_features(lengths, rank=ranks)
+    got = greedy_table(f, parse_tree(f"chain:{gamma}"), parse_policy("greedy"), RNG).length
+    ends = np.repeat(f.traj_start + f.traj_len, f.traj_len)
+    paths = {(0,) * d for d in range(1, gamma + 1)}
+    assert got.tolist() == [brute_greedy_length(ranks, t, ends[t], paths) for t in range(N)]

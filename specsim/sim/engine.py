@@ -74,6 +74,12 @@ def check_table(table: AcceptanceTable, features) -> None:
     N = features.n_positions
     if table.p_len.ndim != 2 or table.p_len.shape[0] != N:
         raise ValueError(f"p_len has shape {table.p_len.shape}, expected ({N}, D+1)")
+    if table.length is not None:  # point masses: p_len is their one-hot, built beside them
+        if table.length.shape != (N,) or (N and (table.length.min() < 0 or table.length.max() >= table.p_len.shape[1])):
+            raise ValueError("length must hold one accepted length 0..D per position")
+        if np.any(table.length > features.remaining()):
+            raise ValueError("p_len puts mass past the end of a trajectory (a > n-1-t)")
+        return
     if N and float(np.abs(table.p_len.sum(axis=1) - 1.0).max()) > 1e-9:
         raise ValueError("p_len rows must sum to 1")
     remaining = features.remaining()

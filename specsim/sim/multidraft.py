@@ -220,17 +220,29 @@ def candidate_acceptance(
     return pi[:, :k], (reps[:, :, :k] if reps is not None and k > 1 else None)
 
 
+_BAR_ELEMENTS = 1 << 28  # (positions × vocab × candidates [× samples]) above which a progress bar shows
+
+
 def _estimate(features: "Features", k: int, scheme: str, samples: int, rng: np.random.Generator):
+    from tqdm.auto import tqdm
+
     n_total = int(features.token.shape[0])
     pi = np.zeros((n_total, k))
     reps = np.zeros((n_total, samples, k)) if scheme == "swor" else None
+    bar = None
     for start, stop, p_target, q_draft in features.iter_distributions():
+        if bar is None:  # a terminal-only bar once the work is known to be long (swor at a large V: minutes)
+            work = n_total * p_target.shape[1] * k * (samples if scheme == "swor" else 1)
+            bar = tqdm(total=n_total, unit="pos", desc=f"{scheme} candidate acceptance ({features.draft}, "
+                       f"T={features.temperature:g})", leave=False,
+                       disable=None if work >= _BAR_ELEMENTS else True)
         y = features.token[start:stop].astype(np.int64)
         if reps is None:
             step = max(1, _BLOCK_ELEMENTS // p_target.shape[1])
             for a in range(0, stop - start, step):
                 b = min(a + step, stop - start)
                 pi[start + a : start + b] = acceptance_iid(p_target[a:b], q_draft[a:b], y[a:b], k)
+                bar.update(b - a)
             continue
         step = max(1, _BLOCK_ELEMENTS // (samples * p_target.shape[1]))
         for a in range(0, stop - start, step):
@@ -238,6 +250,9 @@ def _estimate(features: "Features", k: int, scheme: str, samples: int, rng: np.r
             est = acceptance_swor(p_target[a:b], q_draft[a:b], y[a:b], k, samples, rng)
             reps[start + a : start + b] = est
             pi[start + a : start + b] = est.mean(axis=1)
+            bar.update(b - a)
+    if bar is not None:
+        bar.close()
     return pi, reps
 
 

@@ -368,6 +368,8 @@ def _best_first_exact(pi: np.ndarray, remaining: np.ndarray, budget: int, max_de
     w = np.ones(n_total) if weights is None else np.asarray(weights, dtype=np.float64)
     reach = {(): np.ones(n_total)}  # reach[path][t] for t < n_total - depth + 1 (later t cannot reach it)
     heap: list[tuple[float, int, tuple[int, ...]]] = []
+    pi_rows = np.ascontiguousarray(pi.T)  # (width, N): candidate i's π contiguous
+    w_valid = {d: w[: n_total - d + 1] * (remaining[: n_total - d + 1] >= d) for d in range(1, min(max_depth, n_total) + 1)}
 
     def push(path: tuple[int, ...]) -> None:
         d, i = len(path), path[-1]
@@ -376,9 +378,9 @@ def _best_first_exact(pi: np.ndarray, remaining: np.ndarray, budget: int, max_de
         n = n_total - (d - 1)
         if n <= 0:
             return
-        value = reach[path[:-1]][:n] * pi[d - 1 :, i] * (remaining[:n] >= d)  # π at t + d − 1
+        value = reach[path[:-1]][:n] * pi_rows[i, d - 1 :] * (remaining[:n] >= d)  # π at t + d − 1
         reach[path] = value
-        heapq.heappush(heap, (-float(value @ w[:n]), d, path))
+        heapq.heappush(heap, (-float(value @ w_valid[d]), d, path))
 
     push((0,))
     paths: list[tuple[int, ...]] = []

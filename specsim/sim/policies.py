@@ -121,12 +121,19 @@ def child_table(tree: Tree) -> np.ndarray:
 def greedy_lengths(rank: np.ndarray, remaining: np.ndarray, tree: Tree) -> np.ndarray:
     """(N,) accepted depth of a greedy call at every start position: walk child[node, ρ_{t+d-1}]."""
     N = rank.shape[0]
+    if tree.budget and int(tree.n_children.max()) == 1 and not tree.ranks[1:].any():
+        return _top1_chain_lengths(rank, remaining, tree.max_depth)
     child = child_table(tree)
     width = child.shape[1]
     length = np.zeros(N, dtype=np.int64)
-    t = np.arange(N)  # start positions still walking (shrinks as calls stop)
-    node = np.zeros(N, dtype=np.int32)
-    for d in range(1, tree.max_depth + 1):
+    if not tree.budget:
+        return length
+    # depth 1 over every position without gathers; deeper levels follow only calls still accepting
+    node = np.where(rank < width, child[0, np.minimum(rank, width - 1)], -1)
+    t = np.flatnonzero((node >= 0) & (remaining >= 1))
+    node = node[t]
+    length[t] = 1
+    for d in range(2, tree.max_depth + 1):
         keep = remaining[t] >= d  # the end cap: a call at t accepts at most n-1-t drafts
         t, node = t[keep], node[keep]
         r = rank[t + d - 1]  # rank of the token this depth proposes
@@ -137,6 +144,16 @@ def greedy_lengths(rank: np.ndarray, remaining: np.ndarray, tree: Tree) -> np.nd
         if t.size == 0:
             break
     return length
+
+
+def _top1_chain_lengths(rank: np.ndarray, remaining: np.ndarray, depth: int) -> np.ndarray:
+    """Chains of the draft's top choice: the run of rank-0 tokens from t, capped by depth and the end."""
+    N = rank.shape[0]
+    miss = np.flatnonzero(rank != 0)
+    next_miss = np.full(N, N, dtype=np.int64)  # first position >= t whose token is not the draft's top choice
+    next_miss[miss] = miss
+    next_miss = np.minimum.accumulate(next_miss[::-1])[::-1]
+    return np.minimum(np.minimum(next_miss - np.arange(N), remaining), depth).astype(np.int64)
 
 
 def greedy_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator) -> AcceptanceTable:
