@@ -369,7 +369,8 @@ def _best_first_exact(pi: np.ndarray, remaining: np.ndarray, budget: int, max_de
     reach = {(): np.ones(n_total)}  # reach[path][t] for t < n_total - depth + 1 (later t cannot reach it)
     heap: list[tuple[float, int, tuple[int, ...]]] = []
     pi_rows = np.ascontiguousarray(pi.T)  # (width, N): candidate i's π contiguous
-    w_valid = {d: w[: n_total - d + 1] * (remaining[: n_total - d + 1] >= d) for d in range(1, min(max_depth, n_total) + 1)}
+    depths = range(1, min(max_depth, n_total) + 1)
+    valid = {d: (remaining[: n_total - d + 1] >= d).astype(np.float64) for d in depths}  # the end cap
 
     def push(path: tuple[int, ...]) -> None:
         d, i = len(path), path[-1]
@@ -378,9 +379,10 @@ def _best_first_exact(pi: np.ndarray, remaining: np.ndarray, budget: int, max_de
         n = n_total - (d - 1)
         if n <= 0:
             return
-        value = reach[path[:-1]][:n] * pi_rows[i, d - 1 :] * (remaining[:n] >= d)  # π at t + d − 1
+        value = np.multiply(reach[path[:-1]][:n], pi_rows[i, d - 1 :])  # π at t + d − 1
+        value *= valid[d]
         reach[path] = value
-        heapq.heappush(heap, (-float(value @ w_valid[d]), d, path))
+        heapq.heappush(heap, (-float(value @ w[:n]), d, path))
 
     push((0,))
     paths: list[tuple[int, ...]] = []
