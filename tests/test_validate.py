@@ -60,9 +60,9 @@ def test_a_wrong_replay_is_an_unexplained_failure(tiny_cache, tiny_model_dir):
     setup = cache_setup(tiny_cache)
     target = load_model(str(tiny_model_dir))
     tree = parse_tree("chain:3")
-    run = run_live(Target(target.model, eos_token_ids(target)), ModelDrafter(load_draft("layers:2", target).model,
-                   "layers:2"), setup.prompts, LiveConfig(tree=tree, max_new_tokens=setup.max_new_tokens),
-                   target_name="tiny", progress=False)
+    draft = load_draft("layers:2", target)
+    run = run_live(Target(target.model, eos_token_ids(target)), ModelDrafter(draft.model, "layers:2"), setup.prompts,
+                   LiveConfig(tree=tree, max_new_tokens=setup.max_new_tokens), target_name="tiny", progress=False)
     good = greedy_agreement(run, tiny_cache, "layers:2", tree)
     assert good.passed and good.agreement == 1.0
     broken = LiveRun(config=run.config, target=run.target, draft=run.draft, trajectories=[
@@ -73,6 +73,9 @@ def test_a_wrong_replay_is_an_unexplained_failure(tiny_cache, tiny_model_dir):
         for t in run.trajectories])
     bad = greedy_agreement(broken, tiny_cache, "layers:2", tree)
     assert not bad.passed and bad.unexplained > 0
+    # Rerunning the draft stepwise reproduces the cache, so it excuses none of them.
+    rerun = greedy_agreement(broken, tiny_cache, "layers:2", tree, draft_model=draft.model)
+    assert rerun.unexplained == bad.unexplained and rerun.draft_mismatches == 0
 
 
 def test_near_tie_helpers():

@@ -46,7 +46,9 @@ def validate(cache, trees, policies, drafts, temperatures, multi_draft, repeats,
             must accept what the simulator's replay accepts at the same position
             (>= --min-agreement of calls). Disagreements are classified from the
             cached logits: near-tie (target/draft top logits within float16
-            rounding) or unexplained (a bug). Fails on any unexplained one.
+            rounding), draft ≠ cache (the draft rerun one token at a time ranks
+            the token differently from the cached batched pass) or unexplained
+            (a bug). Fails on any unexplained one or below --min-agreement.
     sample  live mean acceptance (--repeats seeds per prompt) and the simulated one,
             each with a 95% bootstrap CI; passes when the intervals overlap.
 
@@ -109,14 +111,16 @@ def validate(cache, trees, policies, drafts, temperatures, multi_draft, repeats,
                 if run.interrupted:
                     raise click.ClickException("interrupted; no verdict")
                 if policy == "greedy":
-                    g = greedy_agreement(run, cache, draft, tree, min_agreement=min_agreement)
+                    g = greedy_agreement(run, cache, draft, tree, min_agreement=min_agreement,
+                                         draft_model=getattr(drafter, "kv", None) and drafter.kv.model)
                     step_rows += [{"draft": draft, "tree": tree.name, **s.__dict__} for s in g.steps]
                     diverged = (f"; {len(g.divergences)} outputs left the cached trajectory "
                                 f"({sum(d.verdict.startswith('near') for d in g.divergences)} near-tie)"
                                 if g.divergences else "; output = cached trajectory")
                     verdicts.append((draft, tree.name, "greedy", 0.0,
                                      f"{g.identical}/{len(g.steps)} calls identical ({g.agreement:.1%})",
-                                     f"{g.near_ties} near-tie, {g.unexplained} unexplained{diverged}", g.passed))
+                                     f"{g.near_ties} near-tie, {g.draft_mismatches} draft ≠ cache, "
+                                     f"{g.unexplained} unexplained{diverged}", g.passed))
                     continue
                 from specsim.sim.api import simulate
 

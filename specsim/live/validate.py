@@ -10,6 +10,11 @@ disagreement is classified from the cached logits:
 * 'near-tie (draft)'  — the call's acceptance differs at a position where the draft
   logit of the trajectory token is within rounding of another token's, so its rank
   (which decides which tree node it matches) is not determined by the data;
+* 'draft ≠ cache'     — the draft, rerun one token at a time along the cached
+  trajectory, ranks the trajectory token differently from the cached (teacher-forced,
+  batched) draft logits: the draft's logits depend on how tokens are batched (e.g. a
+  draft with dynamic activation quantisation turns float32 noise into rounding-step
+  jumps), so the cache does not describe what a live draft computes;
 * 'unexplained'       — anything else: a bug.
 
 Rounding tolerance: the cache stores float16 logits (relative error 2^-11) and a
@@ -85,9 +90,10 @@ class StepCheck:
     start: int  # output position the call started at
     live: int  # drafts accepted live
     simulated: int  # drafts the simulator's replay accepts at this start
-    verdict: str  # 'identical' | 'near-tie (draft)' | 'unexplained'
+    verdict: str  # 'identical' | 'near-tie (draft)' | 'draft ≠ cache' | 'unexplained'
     position: int | None  # output position where the two first differ (None when identical)
     gap: float | None  # the draft logit gap there, in logits
+    draft_shift: float | None = None  # max |stepwise - cached| draft logit there, when rerun
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,10 @@ class GreedyAgreement:
             d.verdict.startswith("near-tie") for d in self.divergences)
 
     @property
+    def draft_mismatches(self) -> int:
+        return sum(s.verdict == "draft ≠ cache" for s in self.steps)
+
+    @property
     def unexplained(self) -> int:
         return sum(s.verdict == "unexplained" for s in self.steps) + sum(
             d.verdict == "unexplained" for d in self.divergences)
@@ -128,9 +138,31 @@ class GreedyAgreement:
         return bool(self.steps) and self.unexplained == 0 and self.agreement >= self.min_agreement
 
 
-def greedy_agreement(run: LiveRun, cache_path, draft: str, tree: Tree, *,
-                     min_agreement: float = MIN_AGREEMENT) -> GreedyAgreement:
-    """Compare every live call with the simulator's greedy replay of the cached trajectory."""
+def stepwise_draft_logits(draft_model, prompt_ids: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """(n, V) the draft's logits along a trajectory, fed one token at a time over its KV cache."""
+    from specsim.live.tree_forward import KVModel
+
+    kv = KVModel(draft_model)
+    rows = [kv.feed_chain(np.asarray(prompt_ids, dtype=np.int64))[-1].cpu().numpy()]
+    for token in np.asarray(tokens[:-1], dtype=np.int64):
+        rows.append(kv.feed_chain(np.array([token]))[-1].cpu().numpy())
+    return np.stack(rows)  # (n, V)
+
+
+def _rank(logits: np.ndarray, token: int) -> int:
+    """Rank of `token` (0 = top), ties broken by the lower token id (as the simulator ranks)."""
+    ahead = logits > logits[token]
+    ahead[:token] |= logits[:token] == logits[token]
+    return int(ahead.sum())
+
+
+def greedy_agreement(run: LiveRun, cache_path, draft: str, tree: Tree, *, min_agreement: float = MIN_AGREEMENT,
+                     draft_model=None) -> GreedyAgreement:
+    """Compare every live call with the simulator's greedy replay of the cached trajectory.
+
+    `draft_model` (optional): the live draft model, rerun one token at a time along a
+    trajectory to tell 'draft ≠ cache' from 'unexplained' disagreements.
+    """
     from specsim.sim.features import load_features
     from specsim.sim.policies import parse_policy, run_policy
 
@@ -151,6 +183,7 @@ def greedy_agreement(run: LiveRun, cache_path, draft: str, tree: Tree, *,
             m = min(len(live), n)
             differ = np.flatnonzero(live[:m] != cached[:m])
             split = int(differ[0]) if differ.size else (m if len(live) != n else None)
+            stepwise = None
             for step in traj.live.steps:
                 if split is not None and step.start + step.accepted >= split:
                     break
@@ -162,8 +195,17 @@ def greedy_agreement(run: LiveRun, cache_path, draft: str, tree: Tree, *,
                 j = step.start + min(sim, step.accepted)
                 q_logits = reader.logits(draft, c0 + j, c0 + j + 1)[0]
                 gap = token_gap(q_logits, int(cached[j]))
-                verdict = "near-tie (draft)" if gap <= near_tie_tolerance(q_logits[cached[j]]) else "unexplained"
-                checks.append(StepCheck(traj.prompt.prompt_index, step.start, step.accepted, sim, verdict, j, gap))
+                verdict, shift = "near-tie (draft)", None
+                if gap > near_tie_tolerance(q_logits[cached[j]]):
+                    verdict = "unexplained"
+                    if draft_model is not None:
+                        if stepwise is None:
+                            stepwise = stepwise_draft_logits(draft_model, traj.prompt.token_ids, cached)
+                        shift = float(np.abs(stepwise[j] - q_logits).max())
+                        if _rank(stepwise[j], int(cached[j])) != _rank(q_logits, int(cached[j])):
+                            verdict = "draft ≠ cache"
+                checks.append(StepCheck(traj.prompt.prompt_index, step.start, step.accepted, sim, verdict, j, gap,
+                                        shift))
             if split is not None:
                 dropped = sum(s.start + s.accepted >= split for s in traj.live.steps)
                 if split < n:
