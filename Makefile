@@ -13,7 +13,7 @@ STAMP       := $(VENV)/.specsim-installed
 
 DEMO_CACHE  ?= cache/demo.h5
 DEMO_ARGS   ?= --target smollm2-135m --draft int8 --draft layers:20 \
-               --prompts spec-bench --per-category 1 --max-new-tokens 48 \
+               --prompts spec-bench --per-category 1 --max-new-tokens 32 \
                --temperature 0 --temperature 0.7 --seed 0
 
 .PHONY: setup demo test test-fast bench qwen clean
