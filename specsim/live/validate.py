@@ -91,8 +91,8 @@ class StepCheck:
     live: int  # drafts accepted live
     simulated: int  # drafts the simulator's replay accepts at this start
     verdict: str  # 'identical' | 'near-tie (draft)' | 'draft ≠ cache' | 'unexplained'
-    position: int | None  # output position where the two first differ (None when identical)
-    gap: float | None  # the draft logit gap there, in logits
+    position: int | None  # output position of the cause (a near-tie, a moved rank), else the smallest gap
+    gap: float | None  # the draft logit gap of the trajectory token there, in logits
     draft_shift: float | None = None  # max |stepwise - cached| draft logit there, when rerun
 
 
@@ -192,20 +192,25 @@ def greedy_agreement(run: LiveRun, cache_path, draft: str, tree: Tree, *, min_ag
                     checks.append(StepCheck(traj.prompt.prompt_index, step.start, step.accepted, sim,
                                             "identical", None, None))
                     continue
+                # The ranks of y_t .. y_j all decide which node is reached: look for the cause along the path.
                 j = step.start + min(sim, step.accepted)
-                q_logits = reader.logits(draft, c0 + j, c0 + j + 1)[0]
-                gap = token_gap(q_logits, int(cached[j]))
-                verdict, shift = "near-tie (draft)", None
-                if gap > near_tie_tolerance(q_logits[cached[j]]):
-                    verdict = "unexplained"
-                    if draft_model is not None:
-                        if stepwise is None:
-                            stepwise = stepwise_draft_logits(draft_model, traj.prompt.token_ids, cached)
-                        shift = float(np.abs(stepwise[j] - q_logits).max())
-                        if _rank(stepwise[j], int(cached[j])) != _rank(q_logits, int(cached[j])):
-                            verdict = "draft ≠ cache"
-                checks.append(StepCheck(traj.prompt.prompt_index, step.start, step.accepted, sim, verdict, j, gap,
-                                        shift))
+                q_logits = reader.logits(draft, c0 + step.start, c0 + j + 1)  # (j - t + 1, V)
+                path = cached[step.start : j + 1]
+                gaps = np.array([token_gap(row, int(y)) for row, y in zip(q_logits, path)])
+                ties = np.flatnonzero(gaps <= [near_tie_tolerance(row[y]) for row, y in zip(q_logits, path)])
+                k = int(ties[0]) if ties.size else int(np.argmin(gaps))
+                verdict, shift = ("near-tie (draft)" if ties.size else "unexplained"), None
+                if not ties.size and draft_model is not None:
+                    if stepwise is None:
+                        stepwise = stepwise_draft_logits(draft_model, traj.prompt.token_ids, cached)
+                    rerun = stepwise[step.start : j + 1]
+                    moved = [_rank(a, int(y)) != _rank(b, int(y)) for a, b, y in zip(rerun, q_logits, path)]
+                    if any(moved):
+                        k = int(np.flatnonzero(moved)[0])
+                        verdict = "draft ≠ cache"
+                    shift = float(np.abs(rerun[k] - q_logits[k]).max())
+                checks.append(StepCheck(traj.prompt.prompt_index, step.start, step.accepted, sim, verdict,
+                                        step.start + k, float(gaps[k]), shift))
             if split is not None:
                 dropped = sum(s.start + s.accepted >= split for s in traj.live.steps)
                 if split < n:
