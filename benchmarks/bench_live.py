@@ -1,7 +1,7 @@
 """Live speculative decoding speed: tokens/s of chain and tree decoding as ratios to plain decoding.
 
     python -m benchmarks.bench_live                      # packaged SmolLM2-135M, CPU, a few minutes
-    python -m benchmarks.bench_live --drafts int8,layers:8 --trees chain:4,widths:3,2,1 --max-new-tokens 64
+    python -m benchmarks.bench_live --drafts int8,layers:8 --tree chain:4 --tree kary:2,3 --max-new-tokens 64
 
 Plain greedy decoding of the same prompts (same KV-cache code) is measured in the
 same run; each configuration prints its tokens/s, tokens per target call, and its
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--drafts", default="int8,layers:8")
-    parser.add_argument("--trees", default="chain:4,widths:3,2,1")
+    parser.add_argument("--tree", dest="trees", action="append", help="repeatable  [default: chain:4, widths:3,2,1]")
     parser.add_argument("--prompts", type=int, default=3, help="first N Spec-Bench prompts (one per category)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--device", default="cpu")
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'-':<10} {'plain':<14} {base:7.1f} {1.0:8.2f} {0.0:9.1f} {1000 / base:9.1f} {1.0:9.2f}x")
     for spec in args.drafts.split(","):
         drafter = build_drafter(spec, loaded, device=args.device, dtype="float32")
-        for tree_spec in args.trees.split(","):
+        for tree_spec in args.trees or ["chain:4", "widths:3,2,1"]:
             config = LiveConfig(tree=parse_tree(tree_spec), max_new_tokens=args.max_new_tokens)
             started = time.perf_counter()
             outs = [speculative_decode(target, drafter, p, config, rng) for p in prompts]
