@@ -23,7 +23,7 @@ from tests.conftest import build_tiny_model
 VOCAB = 12
 PROMPT = np.array([3, 1, 4, 1, 5, 9, 2, 6])
 TEMPERATURE = 1.0
-SAMPLES = 600  # per configuration: detects a TV distortion of 0.16 ~90% of the time (at p < 1e-3)
+SAMPLES = 1500  # per configuration: detects a TV distortion of 0.08 ~94% of the time (at p < 1e-3)
 
 
 def _random_lm(seed: int, layers: int):
@@ -83,13 +83,13 @@ def test_speculative_sampling_emits_the_target_law(pair, tree, multi_draft):
 
 
 def test_the_chi_square_check_can_fail(pair):
-    """With the same sample size the check rejects a law 30% of the way to the draft's (TV ~ 0.2 here),
+    """With the same sample size the check rejects a law 15% of the way to the draft's (TV ~ 0.12 here),
     so it has the power to notice an engine that leaks draft probability into the output."""
     target_model, draft_model = pair
     law = _exact_first_two(target_model)
-    distorted = 0.7 * law + 0.3 * _exact_first_two(draft_model)
+    distorted = 0.85 * law + 0.15 * _exact_first_two(draft_model)
     counts = np.random.default_rng(7).multinomial(SAMPLES, distorted.ravel()).reshape(law.shape)
-    assert 0.5 * np.abs(distorted - law).sum() < 0.3
+    assert 0.5 * np.abs(distorted - law).sum() < 0.15
     assert _chi_square_p(counts.astype(float), law) < 1e-3
 
 
