@@ -99,12 +99,15 @@ def test_validate_refuses_what_the_cache_cannot_check(tiny_cache, tmp_path):
 
 @pytest.mark.slow
 def test_validate_on_the_packaged_model(tmp_path):
-    """SmolLM2-135M with an int8 draft: record a short cache, then validate greedy chain + tree and sampling."""
+    """SmolLM2-135M with an early-exit draft: record a short cache, then validate greedy chain + tree and sampling.
+
+    (Not int8: its per-token activation quantisation makes batched and one-token draft logits differ
+    by whole rounding steps, which validate reports as 'draft ≠ cache'.)"""
     cache = tmp_path / "v.h5"
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"question_id": 1, "category": "qa", "turns": ["Name three colours."]}\n'
                        '{"question_id": 2, "category": "math", "turns": ["What is 7 times 6?"]}\n')
-    rec = CliRunner().invoke(main, ["cache", "--target", "smollm2-135m", "--draft", "int8", "--prompts", str(prompts),
+    rec = CliRunner().invoke(main, ["cache", "--target", "smollm2-135m", "--draft", "layers:20", "--prompts", str(prompts),
                                     "--max-new-tokens", "16", "--temperature", "0", "--temperature", "0.7",
                                     "--device", "cpu", "--out", str(cache), "--quiet"])
     assert rec.exit_code == 0, rec.output
