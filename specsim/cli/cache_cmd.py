@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from specsim.cli._common import friendly_errors
+from specsim.cli._common import friendly_errors, human_bytes as _human_bytes
 from specsim.errors import CacheError
 
 
@@ -34,13 +34,6 @@ def _check_output(out: Path, *, resume: bool, overwrite: bool) -> None:
     if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise CacheError(f"--out {out}: not writable; choose another path")
 
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
 
 
 @click.command("cache")

@@ -6,15 +6,8 @@ from pathlib import Path
 
 import click
 
-from specsim.cli._common import friendly_errors
+from specsim.cli._common import friendly_errors, human_bytes as _human_bytes
 
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
 
 
 def _model_line(info: dict) -> str:
