@@ -30,3 +30,15 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} GB"
+
+
+def comma_ints(value: str, flag: str, *, example: str) -> tuple[int, ...]:
+    """Parse a flag like --contexts 128,512 into a tuple of ints (click error otherwise)."""
+    try:
+        out = tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers such as {example}, got {value!r}",
+                                 param_hint=flag) from None
+    if not out:
+        raise click.BadParameter("give at least one value", param_hint=flag)
+    return out

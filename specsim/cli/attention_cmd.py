@@ -6,20 +6,11 @@ from pathlib import Path
 
 import click
 
-from specsim.cli._common import friendly_errors
+from specsim.cli._common import comma_ints, friendly_errors
 
 
 def _ints(value: str | None, flag: str) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    try:
-        out = tuple(int(x) for x in value.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers such as 1,4,16, got {value!r}",
-                                 param_hint=flag) from None
-    if not out:
-        raise click.BadParameter("give at least one value", param_hint=flag)
-    return out
+    return None if value is None else comma_ints(value, flag, example="1,4,16")
 
 
 def _names(value: str | None) -> tuple[str, ...] | None:

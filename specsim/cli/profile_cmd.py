@@ -6,18 +6,11 @@ from pathlib import Path
 
 import click
 
-from specsim.cli._common import friendly_errors
+from specsim.cli._common import comma_ints, friendly_errors
 
 
 def _ints(value: str, flag: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(x) for x in value.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers such as 128,512, got {value!r}",
-                                 param_hint=flag) from None
-    if not out:
-        raise click.BadParameter("give at least one value", param_hint=flag)
-    return out
+    return comma_ints(value, flag, example="128,512")
 
 
 @click.command("profile")
