@@ -9,10 +9,10 @@ import torch
 from click.testing import CliRunner
 
 from specsim.cli import main
-from specsim.live.drafting import ModelFreeDrafter, Proposal
-from specsim.live.engine import LiveConfig, Target, plain_decode, speculative_decode, verify_tree
-from specsim.live.tree_forward import KVModel, chain_parents, tree_attend
-from specsim.record.models import eos_token_ids, load_model
+from specsim.live.drafting import ModelDrafter, ModelFreeDrafter, top_ranked
+from specsim.live.engine import LiveConfig, Target, decode, plain_decode, speculative_decode, verify_tree
+from specsim.live.kv import SlotKV
+from specsim.record.models import eos_token_ids, load_draft, load_model
 from specsim.trees import parse_tree
 
 
@@ -22,54 +22,107 @@ def tiny(tiny_model_dir):
     return load_model(str(tiny_model_dir))
 
 
-def test_tree_forward_equals_each_branch_run_as_a_chain(tiny):
-    """One masked forward over a tree gives every node the logits of its root-to-node chain."""
+def _chain_logits(model, tokens) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=torch.as_tensor(np.asarray(tokens))[None]).logits[0, -1].float()
+
+
+def _path(tree, node):
+    path = [node]
+    while path[-1] != 0:
+        path.append(int(tree.parents[path[-1]]))
+    return path[::-1]
+
+
+def test_tree_forward_of_a_batch_equals_each_branch_run_as_a_chain(tiny):
+    """One masked forward over a tree, two rows of different lengths: every node gets its own chain's logits."""
     tree = parse_tree("widths:3,2,1")
-    context = np.arange(20, 32)
-    tokens = np.arange(100, 100 + tree.n_nodes)
-    kv = KVModel(tiny.model)
-    kv.start(context)
-    attend = np.concatenate([np.ones((tree.n_nodes, len(context)), bool), tree.ancestor_mask()], axis=1)
-    logits = kv.forward(tokens, len(context) + tree.depths, attend)
-    for node in range(tree.n_nodes):
-        path = [node]
-        while path[-1] != 0:
-            path.append(int(tree.parents[path[-1]]))
-        chain = KVModel(tiny.model)
-        expected = chain.feed_chain(np.concatenate([context, tokens[path[::-1]]]))[-1]
-        torch.testing.assert_close(logits[node], expected, atol=1e-4, rtol=1e-4)
+    contexts = [np.arange(20, 32), np.arange(40, 47)]
+    tokens = np.stack([np.arange(100, 100 + tree.n_nodes), np.arange(150, 150 + tree.n_nodes)])
+    kv = SlotKV(tiny.model)
+    kv.start(contexts)
+    logits = kv.forward(tokens, tree.depths, tree.ancestor_mask())  # (2, n_nodes, V)
+    for r, context in enumerate(contexts):
+        for node in range(tree.n_nodes):
+            expected = _chain_logits(tiny.model, np.concatenate([context, tokens[r, _path(tree, node)]]))
+            torch.testing.assert_close(logits[r, node], expected, atol=1e-4, rtol=1e-4)
 
 
-def test_keep_leaves_the_cache_of_the_accepted_path(tiny):
-    """After keep(), the next token's logits equal those of a cache fed the accepted path plainly."""
+def test_commit_leaves_each_row_the_cache_of_its_accepted_path(tiny):
+    """After commit(), the next token's logits equal those of a cache fed the accepted path plainly."""
     tree = parse_tree("kary:2,2")
-    context, tokens = np.arange(40, 50), np.arange(200, 200 + tree.n_nodes)
-    kv = KVModel(tiny.model)
-    kv.start(context)
-    attend = np.concatenate([np.ones((tree.n_nodes, len(context)), bool), tree.ancestor_mask()], axis=1)
-    kv.forward(tokens, len(context) + tree.depths, attend)
-    path = np.array([0, 2, 6])  # root, its second child, that child's second child
-    kv.keep(len(context), path)
-    assert kv.length == len(context) + 3
-    after = kv.feed_chain(np.array([7]))[-1]
-    plain = KVModel(tiny.model).feed_chain(np.concatenate([context, tokens[path], [7]]))[-1]
-    torch.testing.assert_close(after, plain, atol=1e-4, rtol=1e-4)
+    contexts = [np.arange(40, 50), np.arange(60, 66)]
+    tokens = np.stack([np.arange(200, 200 + tree.n_nodes), np.arange(230, 230 + tree.n_nodes)])
+    kv = SlotKV(tiny.model)
+    kv.start(contexts)
+    kv.forward(tokens, tree.depths, tree.ancestor_mask())
+    paths = [np.array([0, 2, 6]), np.array([0, 1])]  # root, second child, its second child | root, first child
+    kv.commit(paths)
+    assert kv.lengths.tolist() == [13, 8]
+    after = kv.feed_chains([np.array([7]), np.array([8, 9])])
+    for r, (context, path, tail) in enumerate(zip(contexts, paths, ([7], [8, 9]))):
+        expected = _chain_logits(tiny.model, np.concatenate([context, tokens[r, path], tail]))
+        torch.testing.assert_close(after[r], expected, atol=1e-4, rtol=1e-4)
 
 
-def test_tree_attend_is_ancestors_and_self():
-    np.testing.assert_array_equal(tree_attend(chain_parents(3)), np.tril(np.ones((3, 3), bool)))
-    np.testing.assert_array_equal(tree_attend(np.array([-1, 0, 0, 1])),
-                                  [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]])
+def test_rows_leave_and_join_between_steps(tiny):
+    kv = SlotKV(tiny.model)
+    kv.start([np.arange(10, 20), np.arange(30, 34)])
+    kv.drop(np.array([1]))
+    late = SlotKV(tiny.model)
+    late.start([np.arange(50, 75)])
+    kv.append(late)
+    out = kv.feed_chains([np.array([5]), np.array([6])])
+    torch.testing.assert_close(out[0], _chain_logits(tiny.model, [*range(30, 34), 5]), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out[1], _chain_logits(tiny.model, [*range(50, 75), 6]), atol=1e-4, rtol=1e-4)
+
+
+def test_top_ranked_breaks_ties_by_the_lower_id():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0] + [0.0] * 20, [0.0] * 24 + [9.0]])
+    np.testing.assert_array_equal(top_ranked(logits, 3), [[1, 2, 4], [24, 0, 1]])
+    np.testing.assert_array_equal(top_ranked(logits, 1), [[1], [24]])
+    ties = torch.zeros((1, 40))  # a tie run longer than the top-k slack: the full sort decides
+    np.testing.assert_array_equal(top_ranked(ties, 4), [[0, 1, 2, 3]])
 
 
 def test_greedy_walk_follows_the_argmax_and_emits_the_bonus():
     tree = parse_tree("widths:2,1")  # root -> nodes 1, 2; node 1 -> node 3
     tokens = np.array([9, 4, 5, 6])
-    logits = np.full((4, 8), -1.0)
-    logits[0, 5] = logits[2, 7] = logits[1, 0] = 3.0  # root picks 5 (node 2, a leaf); bonus at node 2 is 7
-    proposal = Proposal(tokens=tokens, valid=np.ones(4, bool), q_draft=None)
-    verdict = verify_tree(tree, proposal, logits, policy="greedy", multi_draft="iid", rng=np.random.default_rng(0))
+    top = {0: 5, 1: 0, 2: 7, 3: 1}  # root picks 5 (node 2, a leaf); bonus at node 2 is 7
+    verdict = verify_tree(tree, tokens, np.ones(4, bool), policy="greedy", multi_draft="iid",
+                          rng=np.random.default_rng(0), top_of=top.__getitem__)
     assert verdict.path == (2,) and verdict.token == 7
+
+
+def test_batched_greedy_live_equals_plain_greedy_per_prompt(tiny):
+    """Lockstep and continuous batches of 3 (5 prompts of different lengths): each output is plain greedy's."""
+    target = Target(tiny.model, eos_token_ids(tiny))
+    prompts = [np.arange(20, 20 + k) * 3 % 300 for k in (5, 9, 14, 6, 11)]
+    plain = [plain_decode(target, p, temperature=0.0, max_new_tokens=15, rng=np.random.default_rng(0)).tokens
+             for p in prompts]
+    drafter = ModelDrafter(load_draft("layers:2", tiny).model, "layers:2")
+    rngs = [np.random.default_rng(i) for i in range(5)]
+    for batching in ("lockstep", "continuous"):
+        for tree in ("chain:3", "kary:2,2"):
+            config = LiveConfig(tree=parse_tree(tree), max_new_tokens=15, batch=3, batching=batching)
+            run = decode(target, drafter, prompts, rngs, config)
+            assert [d.tokens.tolist() for d in run.decoded] == [p.tolist() for p in plain], (batching, tree)
+            assert max(s.batch for s in run.steps) == 3
+            assert sum(s.emitted for s in run.steps) == sum(len(p) for p in plain)
+            if batching == "continuous":  # a finished request's place is refilled while prompts wait
+                sizes = [s.batch for s in run.steps]
+                assert sizes[: sizes.index(min(sizes))].count(3) > 0
+
+
+def test_a_request_drafts_only_what_it_can_still_accept(tiny):
+    """Near the output limit the tree is cut to the remaining room: no call drafts past it."""
+    target = Target(tiny.model, eos_token_ids(tiny))
+    drafter = ModelDrafter(load_draft("layers:2", tiny).model, "layers:2")
+    out = speculative_decode(target, drafter, np.arange(30, 40), LiveConfig(tree=parse_tree("chain:4"),
+                                                                            max_new_tokens=10),
+                             np.random.default_rng(0))
+    for s in out.steps:
+        assert s.drafted == min(4, 10 - 1 - s.start)
 
 
 def test_model_free_live_equals_plain_greedy(tiny):
@@ -130,8 +183,8 @@ def test_ctrl_c_keeps_the_decodes_that_finished(tiny):
     from specsim.live.runs import LivePrompt, run_live, summary_rows
 
     class StopsOnSecondPrompt(ModelFreeDrafter):
-        def reset(self, prompt_ids):
-            if prompt_ids[0] == 80:
+        def start(self, prompts):
+            if prompts[0][0] == 80:
                 raise KeyboardInterrupt
 
     prompts = [LivePrompt(0, "a", np.arange(50, 60)), LivePrompt(1, "b", np.arange(80, 90))]

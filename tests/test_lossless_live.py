@@ -107,6 +107,7 @@ def test_greedy_live_equals_plain_greedy(tiny_with_drafts, tree):
     target, drafts = tiny_with_drafts
     runner = Target(target.model, eos_token_ids(target))
     config = LiveConfig(tree=parse_tree(tree), max_new_tokens=24)
+    accepted = {draft.name: 0 for draft in drafts}
     for prompt in (PROMPT + 40, np.arange(60, 90)):
         plain = plain_decode(runner, prompt, temperature=0.0, max_new_tokens=24, rng=np.random.default_rng(0))
         for draft in drafts:
@@ -114,4 +115,7 @@ def test_greedy_live_equals_plain_greedy(tiny_with_drafts, tree):
                                       np.random.default_rng(0))
             assert live.tokens.tolist() == plain.tokens.tolist(), draft.name
             assert sum(s.accepted + 1 for s in live.steps) == len(live.tokens)
-            assert live.target_calls < len(plain.tokens) or draft.name != "int8"
+            accepted[draft.name] += sum(s.accepted for s in live.steps)
+    # The derived drafts agree with the target often enough that acceptance is exercised; the separate
+    # random-weight draft (never accepted) exercises the all-rejected path.
+    assert accepted["int8"] > 0 and accepted["layers:2"] > 0, accepted

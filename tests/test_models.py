@@ -64,6 +64,51 @@ def test_int8_draft_is_a_separate_quantised_copy_close_to_the_target(target):
     assert np.corrcoef(q.ravel(), before.ravel())[0, 1] > 0.95
 
 
+def _batching_gap(model, ids) -> float:
+    """max |logit| difference between one teacher-forced pass, one-token steps and a tree level."""
+    from specsim.live.kv import SlotKV
+    from specsim.trees import parse_tree
+
+    ids = np.asarray(ids)
+    forced = _logits(model, ids.tolist())[4:]  # (n - 4, V): positions 4.. from one batched pass
+    kv = SlotKV(model)
+    kv.start([ids[:4]])
+    steps = np.stack([kv.feed_chains([ids[i : i + 1]])[0].numpy() for i in range(4, len(ids))])
+    kv2 = SlotKV(model)
+    kv2.start([ids[:4]])
+    tree = parse_tree("widths:3")  # root ids[4] with three children it must not see
+    level = kv2.forward(np.array([[ids[4], 3, 4, 5]]), tree.depths, tree.ancestor_mask())[0, 0].numpy()
+    return float(max(np.abs(forced - steps).max(), np.abs(forced[0] - level).max()))
+
+
+class PerTensorScale(torch.nn.Module):
+    """A deliberately batch-dependent int8 Linear: one activation scale per tensor (torch's dynamic int8)."""
+
+    def __init__(self, linear):
+        super().__init__()
+        self.inner = linear
+
+    def forward(self, x):
+        scale = x.abs().amax().clamp_min(1e-12) / 127
+        return self.inner((torch.round(x / scale).clamp(-127, 127)) * scale)
+
+
+def test_int8_draft_is_batch_invariant_and_the_check_can_fail(target):
+    """int8 logits of a row do not depend on the rows beside it: a teacher-forced pass, one-token steps and
+    a tree level give bit-identical logits. The same check flags a per-tensor activation scale."""
+    ids = [1, 17, 42, 99, 5, 7, 60, 61, 200, 13, 14, 150]
+    draft = load_draft("int8", target)
+    assert _batching_gap(draft.model, ids) == 0.0
+    import copy
+
+    leaky = copy.deepcopy(target.model)
+    for parent in list(leaky.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(parent, name, PerTensorScale(child))
+    assert _batching_gap(leaky, ids) > 1e-3
+
+
 def test_a_draft_with_another_tokenizer_is_refused_naming_both(target, tmp_path):
     other = build_tiny_model(tmp_path / "other", seed=1)
     from tokenizers import Tokenizer

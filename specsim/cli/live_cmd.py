@@ -49,16 +49,19 @@ def format_rows(df) -> str:
     from specsim.cli.simulate_cmd import _ci
 
     show_cat = df["category"].n_unique() > 1
-    header = ["tree", "draft", "policy", "T"] + (["category"] if show_cat else []) + [
+    header = ["tree", "draft", "policy", "T", "batch"] + (["category"] if show_cat else []) + [
         "accept rate [95% CI]", "tokens/call [95% CI]", "tok/s live", "tok/s plain", "speedup [95% CI]",
-        "draft ms/call", "verify ms/call", "decodes/tokens"]
+        "ms/token", "draft ms/step", "verify ms/step", "decodes/tokens"]
+    num = lambda v, f: "-" if v is None or v != v else format(v, f)  # noqa: E731
     lines = []
     for r in df.iter_rows(named=True):
-        lines.append([r["tree"], r["draft"], r["policy"], f"{r['temperature']:g}"] + ([r["category"]] if show_cat else [])
+        lines.append([r["tree"], r["draft"], r["policy"], f"{r['temperature']:g}", str(r["batch"])]
+                     + ([r["category"]] if show_cat else [])
                      + [_ci(r["accept_rate"], r["accept_rate_lo"], r["accept_rate_hi"]),
                         _ci(r["tokens_per_call"], r["tokens_per_call_lo"], r["tokens_per_call_hi"]),
-                        f"{r['live_tokens_per_s']:.1f}", f"{r['plain_tokens_per_s']:.1f}",
+                        num(r["live_tokens_per_s"], ".1f"), num(r["plain_tokens_per_s"], ".1f"),
                         _ci(r["speedup"], r["speedup_lo"], r["speedup_hi"]),
+                        num(r["latency_per_token_ms"], ".1f"),
                         f"{r['draft_ms_per_call']:.1f}", f"{r['verify_ms_per_call']:.1f}",
                         f"{r['n_decodes']}/{r['n_positions']}"])
     widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(header)]
@@ -71,8 +74,10 @@ def footer(df, run) -> str:
     lines = [
         f"measured on {first['device']}: target {first['target']}, draft {first['draft']}, "
         f"{first['n_prompts']} prompts x {len({t.repeat for t in run.trajectories})} repeat(s), "
-        f"max {first['max_new_tokens']} new tokens; plain decoding of the same prompts in the same run",
-        "speedup = live tokens/s over plain tokens/s (ratio of sums); CIs: 95% bootstrap over decodes",
+        f"max {first['max_new_tokens']} new tokens, batch {first['batch']} ({first['batching']}); "
+        "plain decoding of the same requests, same batching, in the same run",
+        "speedup = live output tokens/s over plain tokens/s, decode steps only (prompt passes apart: "
+        f"{first['prefill_s']:.2f} s); CIs: 95% bootstrap over decodes; ms/token: mean per-request latency per token",
     ]
     if first["identical_to_plain"] is not None:
         lines.append(f"greedy output identical to plain greedy decoding: {first['identical_to_plain']:.0%} of decodes")
@@ -105,6 +110,11 @@ def write_frame(df, out: Path) -> None:
 @click.option("--multi-draft", type=click.Choice(["iid", "swor"]), default="iid", show_default=True,
               help="How a sampling tree draws a node's k candidates: i.i.d. (SpecInfer) or without replacement.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Requests decoded together (one draft and one target forward per step for all of them).")
+@click.option("--batching", type=click.Choice(["lockstep", "continuous"]), default="lockstep", show_default=True,
+              help="lockstep: a batch runs until its last request finishes; continuous: a finished request's "
+                   "place goes to the next prompt at once.")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Speculative decodes per prompt, each with its own seed (sampling: tighter CIs).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Base seed of drafting and verification.")
@@ -119,14 +129,17 @@ def write_frame(df, out: Path) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @friendly_errors
 def live(target, draft, prompts, categories, per_category, tree, policy, temperature, multi_draft, max_new_tokens,
-         repeats, seed, device, dtype, threads, out, steps_out, quiet):
+         batch, batching, repeats, seed, device, dtype, threads, out, steps_out, quiet):
     """Run real speculative decoding and measure it against plain decoding in the same run.
 
     The draft fills the tree level by level (one draft forward per level), the
     target verifies every node in ONE forward with a tree attention mask, and the
     rules of specsim.verify decide acceptance; the accepted path's KV entries are
-    kept, the rest dropped. Each prompt is also decoded plainly (the speedup
-    baseline). Rows have `specsim simulate`'s columns, so the two can be joined.
+    kept, the rest dropped. --batch B decodes B requests at once (one draft and one
+    target forward per step for the whole batch, each request with its own accepted
+    length), as serving engines do. The same requests are also decoded plainly with
+    the same batching (the speedup baseline). Rows have `specsim simulate`'s columns,
+    so the two can be joined.
 
     \b
     Examples:
@@ -135,6 +148,7 @@ def live(target, draft, prompts, categories, per_category, tree, policy, tempera
       specsim live --target smollm2-135m --draft layers:20 --tree kary:2,3 --policy sample \\
           --temperature 0.7 --multi-draft swor --repeats 3 --steps-out steps.parquet
       specsim live --target smollm2-135m --draft ngram:3 --tree widths:2,1,1 --categories coding
+      specsim live --target smollm2-135m --draft int8 --tree chain:4 --batch 4 --per-category 1
 
     Ctrl-C stops after the decode in progress and prints what finished.
     """
@@ -151,7 +165,7 @@ def live(target, draft, prompts, categories, per_category, tree, policy, tempera
     if parsed.name == "":
         parsed = type(parsed)(parsed.parents, parsed.ranks, name=tree)
     config = LiveConfig(tree=parsed, policy=policy, temperature=temperature, multi_draft=multi_draft,
-                        max_new_tokens=max_new_tokens)
+                        max_new_tokens=max_new_tokens, batch=batch, batching=batching)
     prompt_set = load_prompts(prompts, categories=_split_categories(categories), per_category=per_category)
 
     loaded, device = load_models(target, device, dtype, threads)

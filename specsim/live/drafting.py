@@ -1,4 +1,4 @@
-"""Draft proposers: fill a static tree's nodes with draft tokens, one draft forward per level.
+"""Draft proposers: fill a static tree's nodes with draft tokens for a batch of requests.
 
 A static tree (specsim.trees) names each node by its rank path. A model draft fills
 it level by level (SpecInfer, Miao et al. 2024; Sequoia, Chen et al. 2024): one
@@ -11,43 +11,56 @@ their children are
 * sampling: k candidates drawn from q at the parent (`specsim.verify.sample_candidates`,
             'iid' or 'swor'), in draw order, for a parent with k children.
 
-After verification the draft keeps the KV entries of the accepted nodes it was fed
-and forgets the rest; tokens it has not seen (the correction, an accepted leaf) are
-fed at the start of the next step. Model-free drafts (n-gram, prompt lookup) put a
-point mass on a candidate trie built from the token prefix (`specsim.sim.modelfree`).
+Every request of the batch drafts the same tree in the same forwards (one row each), as
+serving engines batch their draft steps. A request drafts only what it can use, as
+Hugging Face's assisted generation and serving engines do: no node deeper than the
+drafts it can still accept before its output limit (`rooms`), and nothing below a node
+whose token ends the sequence. A level no request needs is not run.
+
+After verification the draft keeps the KV entries of the accepted nodes it was fed and
+forgets the rest; tokens it has not seen (the correction, an accepted leaf) are fed at
+the start of the next step. Model-free drafts (n-gram, prompt lookup) put a point mass
+on a candidate trie built from the token prefix (`specsim.sim.modelfree`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 import torch
 
-from specsim.live.tree_forward import KVModel
+from specsim.live.kv import SlotKV
 from specsim.trees import Tree
 from specsim.verify import sample_candidates
 
 
 @dataclass(frozen=True)
 class Proposal:
-    """A tree filled with draft tokens for one speculative step."""
+    """A tree filled with draft tokens, one row per request of the batch."""
 
-    tokens: np.ndarray  # (n_nodes,) int64 token of each node; node 0 is the root (last committed token)
-    valid: np.ndarray  # (n_nodes,) bool, prefix-closed; False: no token (swor out of support, no n-gram match)
-    q_draft: np.ndarray | None  # (n_nodes, V) float64 draft probabilities at each node with children; None: point masses
+    tokens: np.ndarray  # (B, n_nodes) int64 token of each node; node 0 is the root (last committed token)
+    valid: np.ndarray  # (B, n_nodes) bool, prefix-closed per row; False: not drafted (output cap, below EOS,
+    #                    swor out of support, no n-gram match)
+    q_draft: dict[int, np.ndarray] | None  # node -> (B, V) float64 draft probabilities at that node (sampling
+    #                                        drafts, nodes with children); None for point masses (greedy, model-free)
 
 
 class Drafter(Protocol):
     name: str
 
-    def reset(self, prompt_ids: np.ndarray) -> None: ...
+    def start(self, prompts: Sequence[np.ndarray]) -> None: ...
 
-    def propose(self, committed: np.ndarray, tree: Tree, *, policy: str, temperature: float, multi_draft: str,
-                rng: np.random.Generator) -> Proposal: ...
+    def join(self, prompts: Sequence[np.ndarray]) -> None: ...
 
-    def accept(self, path: np.ndarray) -> None: ...
+    def drop(self, keep: np.ndarray) -> None: ...
+
+    def propose(self, committed: Sequence[Sequence[int]], tree: Tree, rooms: np.ndarray, *, policy: str,
+                temperature: float, multi_draft: str, rngs: Sequence[np.random.Generator],
+                eos: set[int]) -> Proposal: ...
+
+    def accept(self, paths: Sequence[Sequence[int]]) -> None: ...
 
 
 def probabilities(logits: torch.Tensor, temperature: float) -> np.ndarray:
@@ -57,98 +70,150 @@ def probabilities(logits: torch.Tensor, temperature: float) -> np.ndarray:
 
 
 def top_ranked(logits: torch.Tensor, k: int) -> np.ndarray:
-    """(rows, k) ids of the k most likely tokens per row, ties broken by the lower token id."""
-    order = torch.sort(logits, dim=-1, descending=True, stable=True).indices[..., :k]
-    return order.cpu().numpy().astype(np.int64)
+    """(rows, k) ids of the k most likely tokens per row, ties broken by the lower token id.
+
+    torch.argmax returns the first maximum, which is the rule for k = 1. For k > 1 a top-k
+    with slack is sorted by (logit desc, id asc); a row whose tie run reaches the slack's
+    edge is sorted in full.
+    """
+    if k == 1:
+        return logits.argmax(dim=-1, keepdim=True).cpu().numpy().astype(np.int64)
+    V = logits.shape[-1]
+    m = min(V, k + 8)
+    values, ids = torch.topk(logits, m, dim=-1)  # (rows, m), unordered among equal values
+    order = torch.sort(ids, dim=-1).indices  # by id, then stably by value: (value desc, id asc)
+    ids, values = ids.gather(-1, order), values.gather(-1, order)
+    order = torch.sort(values, dim=-1, descending=True, stable=True).indices
+    ids, values = ids.gather(-1, order), values.gather(-1, order)
+    out = ids[:, :k].cpu().numpy().astype(np.int64)
+    if m < V:
+        edge = (values[:, m - 1] == values[:, k - 1]).cpu().numpy()
+        for row in np.flatnonzero(edge):
+            full = torch.sort(logits[row], descending=True, stable=True).indices[:k]
+            out[row] = full.cpu().numpy()
+    return out
+
+
+def allowed(tree: Tree, rooms: np.ndarray) -> np.ndarray:
+    """(B, n_nodes) bool: nodes no deeper than each request's room (drafts it can still accept)."""
+    return tree.depths[None, :] <= np.asarray(rooms)[:, None]
+
+
+def cut_below_eos(tree: Tree, tokens: np.ndarray, valid: np.ndarray, eos: set[int]) -> np.ndarray:
+    """valid with every node below an end-of-sequence node removed (nothing follows EOS)."""
+    if not eos:
+        return valid
+    valid = valid.copy()
+    is_eos = np.isin(tokens, list(eos))
+    is_eos[:, 0] = False  # the root is committed output, never EOS while decoding goes on
+    for v in range(1, tree.n_nodes):  # breadth-first: a parent's verdict is final before its children
+        p = tree.parents[v]
+        valid[:, v] &= valid[:, p] & ~is_eos[:, p]
+    return valid
 
 
 class ModelDrafter:
-    """A draft language model (a separate model, `layers:K` or `int8`) with its own KV cache."""
+    """A draft language model (a separate model, `layers:K` or `int8`) with its own slot KV cache."""
 
     def __init__(self, model, name: str):
-        self.kv = KVModel(model)
+        self.kv = SlotKV(model)
         self.name = name
-        self._cached = 0  # committed tokens whose KV entries the draft holds
-        self._base = 0  # committed tokens when the last proposal was made
-        self._slots = np.empty(0, np.int64)  # cache row (after `_base`) of each node fed last step; -1 unfed
+        self._seen = np.zeros(0, dtype=np.int64)  # committed tokens whose KV entries the draft holds, per row
+        self._slot = np.zeros(0, dtype=np.int64)  # (n_nodes,) pending-region index of each node fed; -1 unfed
+        self.levels: list[int] = []  # widths of the draft forwards of the last proposal (root feed first)
 
-    def reset(self, prompt_ids: np.ndarray) -> None:
-        self.kv.start(np.asarray(prompt_ids[:-1]))
-        self._cached = self.kv.length
+    def start(self, prompts: Sequence[np.ndarray]) -> None:
+        self.kv.start([np.asarray(p[:-1]) for p in prompts])
+        self._seen = np.array([len(p) - 1 for p in prompts], dtype=np.int64)
 
-    def propose(self, committed, tree, *, policy, temperature, multi_draft, rng) -> Proposal:
-        if self._cached != self.kv.length:
+    def join(self, prompts: Sequence[np.ndarray]) -> None:
+        fresh = ModelDrafter(self.kv.model, self.name)
+        fresh.start(prompts)
+        self.kv.append(fresh.kv)
+        self._seen = np.concatenate([self._seen, fresh._seen])
+
+    def drop(self, keep: np.ndarray) -> None:
+        self.kv.drop(keep)
+        self._seen = self._seen[keep]
+
+    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs, eos) -> Proposal:
+        B, n = len(committed), tree.n_nodes
+        if not np.array_equal(self._seen, self.kv.lengths):
             raise RuntimeError("draft cache out of step with the committed tokens")
-        n = tree.n_nodes
-        tokens = np.zeros(n, dtype=np.int64)
-        tokens[0] = committed[-1]
-        valid = np.ones(n, dtype=bool)
+        pending = [np.asarray(c[s:], dtype=np.int64) for c, s in zip(committed, self._seen)]
+        root_logits = self.kv.feed_chains(pending)  # (B, V); the root is now in the cache
+        self._seen = self.kv.lengths.copy()
+        self.levels = [max(len(p) for p in pending)]
+        tokens = np.zeros((B, n), dtype=np.int64)
+        tokens[:, 0] = [c[-1] for c in committed]
+        valid = allowed(tree, rooms)
         sampling = policy != "greedy"
-        q_draft = None
-        slots = np.full(n, -1, dtype=np.int64)
-        base = len(committed)  # the root sits at row base - 1 once pending tokens are fed
-        root_logits = self.kv.feed_chain(np.asarray(committed[self._cached:]))[-1:]  # (1, V)
+        q_draft: dict[int, np.ndarray] | None = {} if sampling else None
+        slot = np.full(n, -1, dtype=np.int64)
         anc = tree.ancestor_mask()
+        level_nodes, level_logits = np.array([0]), root_logits[:, None, :]  # (B, 1, V)
         fed = 0
-        level_nodes = np.array([0])
-        level_logits = root_logits
         while True:
             parents = level_nodes[tree.n_children[level_nodes] > 0]
             if parents.size == 0:
                 break
-            rows = np.searchsorted(level_nodes, parents)
-            logits = level_logits[torch.as_tensor(rows)]  # (n_parents, V)
+            logits = level_logits[:, np.searchsorted(level_nodes, parents)]  # (B, P, V)
+            children = [tree.children(int(p)) for p in parents]
             if sampling:
-                probs = probabilities(logits, temperature)  # (n_parents, V)
-                if q_draft is None:
-                    q_draft = np.zeros((n, probs.shape[1]))
-                q_draft[parents] = probs
+                probs = probabilities(logits, temperature)  # (B, P, V)
+                for i, (parent, kids) in enumerate(zip(parents, children)):
+                    q_draft[int(parent)] = probs[:, i]
+                    scheme = multi_draft if len(kids) > 1 else "iid"
+                    for r in range(B):
+                        if not valid[r, kids].any():
+                            continue  # nothing this request can use: draw nothing
+                        drawn = sample_candidates(probs[r, i], len(kids), rngs[r], scheme=scheme)
+                        tokens[r, kids[: len(drawn)]] = drawn
+                        valid[r, kids[len(drawn):]] = False  # swor ran out of tokens with mass
             else:
-                ranked = top_ranked(logits, int(tree.ranks[1:].max()) + 1)  # (n_parents, max_rank + 1)
-            children_all = []
-            for row, parent in enumerate(parents):
-                children = tree.children(int(parent))
-                children_all.append(children)
-                if not sampling:
-                    tokens[children] = ranked[row, tree.ranks[children]]
-                    continue
-                scheme = multi_draft if len(children) > 1 else "iid"
-                drawn = sample_candidates(q_draft[parent], len(children), rng, scheme=scheme)
-                tokens[children[: len(drawn)]] = drawn
-                valid[children[len(drawn):]] = False  # swor ran out of tokens with mass
-                valid[children] &= valid[parent]
-            level_nodes = np.concatenate(children_all)
-            # Feed this level's nodes that have children of their own: one draft forward.
-            to_feed = level_nodes[tree.n_children[level_nodes] > 0]
+                ranked = top_ranked(logits.reshape(B * len(parents), -1), int(tree.ranks[1:].max()) + 1)
+                ranked = ranked.reshape(B, len(parents), -1)  # (B, P, max_rank + 1)
+                for i, kids in enumerate(children):
+                    tokens[:, kids] = ranked[:, i, tree.ranks[kids]]
+            level_nodes = np.concatenate(children)
+            valid = cut_below_eos(tree, tokens, valid, eos)
+            # Feed this level's nodes whose children some request can still use: one draft forward.
+            needs = np.array([tree.n_children[v] > 0 and valid[:, tree.children(int(v))].any() for v in level_nodes],
+                             dtype=bool)
+            to_feed = level_nodes[needs]
             if to_feed.size == 0:
                 break
-            context = self.kv.length
-            fed_nodes = np.flatnonzero(slots >= 0)
-            attend = np.zeros((to_feed.size, context + to_feed.size), dtype=bool)
-            attend[:, :base] = True
-            attend[:, base + slots[fed_nodes]] = anc[np.ix_(to_feed, fed_nodes)]
-            attend[:, context:] = np.eye(to_feed.size, dtype=bool)
-            slots[to_feed] = fed + np.arange(to_feed.size)
-            fed += to_feed.size
-            level_logits = self.kv.forward(tokens[to_feed], base - 1 + tree.depths[to_feed], attend)
+            w = to_feed.size
+            fed_nodes = np.flatnonzero(slot >= 0)
+            attend = np.zeros((B, w, fed + w), dtype=bool)
+            attend[:, :, slot[fed_nodes]] = anc[np.ix_(to_feed, fed_nodes)][None]
+            attend[:, :, fed:] = np.eye(w, dtype=bool)[None]
+            level_logits = self.kv.forward(tokens[:, to_feed], tree.depths[to_feed] - 1, attend)  # (B, w, V)
+            slot[to_feed] = fed + np.arange(w)
+            fed += w
+            self.levels.append(w)
             level_nodes = to_feed
-        self._slots = slots
-        self._base = base
+        self._slot = slot
         return Proposal(tokens=tokens, valid=valid, q_draft=q_draft)
 
-    def accept(self, path: np.ndarray) -> None:
-        """`path`: accepted node ids after the root (only those whose tokens were committed)."""
+    def accept(self, paths: Sequence[Sequence[int]]) -> None:
+        """paths[r]: accepted node ids after the root whose tokens were committed, root to leaf."""
         kept = []
-        for node in path:
-            if self._slots[node] < 0:
-                break
-            kept.append(self._slots[node])
-        self.kv.keep(self._base, np.asarray(kept, dtype=np.int64))
-        self._cached = self._base + len(kept)
+        for path in paths:
+            rows = []
+            for node in path:
+                if self._slot[node] < 0:
+                    break
+                rows.append(self._slot[node])
+            kept.append(np.asarray(rows, dtype=np.int64))
+        self.kv.commit(kept)
+        self._seen = self.kv.lengths.copy()
 
 
 class ModelFreeDrafter:
     """ngram:N / prompt-lookup:N: the simulator's candidate trie over the committed tokens (no model)."""
+
+    levels: list[int] = []  # no draft forwards
 
     def __init__(self, spec: str):
         from specsim.sim.modelfree import parse_modelfree
@@ -156,19 +221,26 @@ class ModelFreeDrafter:
         self.draft = parse_modelfree(spec)
         self.name = self.draft.name
 
-    def reset(self, prompt_ids: np.ndarray) -> None:
+    def start(self, prompts) -> None:
         pass
 
-    def propose(self, committed, tree, *, policy, temperature, multi_draft, rng) -> Proposal:
+    def join(self, prompts) -> None:
+        pass
+
+    def drop(self, keep) -> None:
+        pass
+
+    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs, eos) -> Proposal:
         from specsim.sim.modelfree import tree_tokens
 
-        tokens = tree_tokens(np.asarray(committed, dtype=np.int64), self.draft, tree)  # -1: no candidate
-        valid = tokens >= 0
-        valid[0] = True
-        tokens[0] = committed[-1]
-        return Proposal(tokens=np.where(valid, tokens, 0), valid=valid, q_draft=None)
+        tokens = np.stack([tree_tokens(np.asarray(c, dtype=np.int64), self.draft, tree) for c in committed])
+        valid = (tokens >= 0) & allowed(tree, rooms)  # -1: no candidate
+        valid[:, 0] = True
+        tokens[:, 0] = [c[-1] for c in committed]
+        tokens = np.where(valid, tokens, 0)
+        return Proposal(tokens=tokens, valid=cut_below_eos(tree, tokens, valid, eos), q_draft=None)
 
-    def accept(self, path: np.ndarray) -> None:
+    def accept(self, paths) -> None:
         pass
 
 

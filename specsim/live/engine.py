@@ -1,21 +1,33 @@
-"""Real speculative decoding: draft a tree, verify it in one target forward, keep the accepted path.
+"""Real speculative decoding of B requests at once: draft a tree, verify it in one target forward.
 
 Leviathan et al. (2023) and Chen et al. (2023) for chains; SpecInfer (Miao et al.
-2024) for token trees verified in one pass with a tree attention mask. One step:
+2024) for token trees verified in one pass with a tree attention mask. One engine step,
+for every request in the batch together:
 
-1. the drafter fills the tree's nodes (`specsim.live.drafting`, one draft forward per level);
-2. the target runs ONE forward over all nodes (root = the last committed token) with a
-   4-D tree mask and positions context + depth (`specsim.live.tree_forward`);
-3. `verify_tree` walks down from the root with the rules of `specsim.verify`
-   (greedy: `verify_greedy`; sampling: `verify_single` for one child,
-   `verify_multi_iid` / `verify_multi_swor` for k children), following the accepted
-   child, and emits the correction (or bonus) token where the walk stops;
-4. both KV caches keep the accepted path and drop the rest.
+1. the drafter fills the tree's nodes (`specsim.live.drafting`, one draft forward per
+   level, one row per request; a request drafts no deeper than it can still accept);
+2. the target runs ONE forward over the nodes any request drafted (root = each request's
+   last committed token), a 4-D tree mask per request and positions context + depth
+   (`specsim.live.kv`);
+3. `verify_tree` walks down each request's tree from the root with the rules of
+   `specsim.verify` (greedy: the child equal to the target's argmax; sampling:
+   `verify_single` for one child, `verify_multi_iid` / `verify_multi_swor` for k, point
+   masses for model-free candidates) and emits the correction (or bonus) token where the
+   walk stops;
+4. both KV caches keep each request's accepted path and forget the rest.
 
-Accounting follows the simulator (see the sim seam notes): a call at position t
-accepts A drafts and emits A + 1 tokens, and A <= n - 1 - t where n is the final
-output length (the last token, EOS or the max_new_tokens-th, is always counted as
-the target's). Output is truncated at EOS and at max_new_tokens.
+Scheduling, as serving engines do it: at most `batch` requests decode together. In
+`lockstep` (static batching) a batch starts together and decodes until its last request
+finishes; finished requests leave, the batch shrinks. In `continuous` batching a finished
+request's place goes to the next waiting request before the next step. Plain decoding is
+the same engine with the root-only tree (no draft): the baseline shares every line of code.
+
+Accounting follows the simulator: a call at output position t accepts A drafts and
+emits A + 1 tokens, with A <= n - 1 - t where n is the final output length (the last
+token, EOS or the max_new_tokens-th, is always counted as the target's). Output is cut
+at EOS and at max_new_tokens. Times: a step's seconds count drafting, verification and
+bookkeeping; prompt passes (prefill) are timed apart, since speculation does not change
+them (serving engines report them as time to first token).
 
 Invariant: the target's cache holds every committed token except the last one (the
 root of the next tree).
@@ -24,29 +36,34 @@ root of the next tree).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import numpy as np
 
 from specsim.errors import SpecError
 from specsim.live.drafting import Drafter, Proposal, probabilities
-from specsim.live.tree_forward import KVModel
+from specsim.live.kv import SlotKV
 from specsim.trees import Tree
-from specsim.verify import verify_greedy, verify_multi_iid, verify_multi_swor, verify_point_mass, verify_single
+from specsim.verify import verify_multi_iid, verify_multi_swor, verify_point_mass, verify_single
 
 POLICIES = ("greedy", "sample")
 MULTI_DRAFT = ("iid", "swor")
+BATCHING = ("lockstep", "continuous")
+ROOT_ONLY = Tree(np.array([-1]), np.array([-1]), name="plain")  # plain decoding: verify the root, draft nothing
 
 
 @dataclass(frozen=True)
 class LiveConfig:
     """One speculative decoding configuration."""
 
-    tree: Tree  # static draft tree (chain:γ is a tree too)
+    tree: Tree  # static draft tree (chain:γ is a tree too; ROOT_ONLY is plain decoding)
     policy: str = "greedy"  # 'greedy' (argmax, T = 0) or 'sample' (lossless speculative sampling at temperature)
     temperature: float = 0.0  # sampling temperature; must be 0 for greedy and > 0 for sample
     multi_draft: str = "iid"  # how a node with k children draws them under sampling: 'iid' or 'swor'
-    max_new_tokens: int = 128  # output length limit per prompt
+    max_new_tokens: int = 128  # output length limit per request
+    batch: int = 1  # requests decoded together
+    batching: str = "lockstep"  # 'lockstep' (static batches) or 'continuous' (finished requests replaced)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -57,10 +74,17 @@ class LiveConfig:
             raise SpecError(f"policy greedy decodes at temperature 0, got {self.temperature:g}; use --policy sample")
         if self.policy == "sample" and not self.temperature > 0:
             raise SpecError("policy sample needs a temperature > 0 (e.g. --temperature 0.7); T = 0 is greedy")
-        if self.tree.budget < 1:
-            raise SpecError("the draft tree has no draft tokens; use e.g. --tree chain:4")
         if self.max_new_tokens < 1:
             raise SpecError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.batch < 1:
+            raise SpecError(f"--batch must be at least 1, got {self.batch}")
+        if self.batching not in BATCHING:
+            raise SpecError(f"--batching {self.batching!r} is not one of {', '.join(BATCHING)}")
+
+    def plain(self) -> "LiveConfig":
+        """The plain-decoding baseline of this configuration: same policy, limits and batching."""
+        return LiveConfig(tree=ROOT_ONLY, policy=self.policy, temperature=self.temperature,
+                          max_new_tokens=self.max_new_tokens, batch=self.batch, batching=self.batching)
 
 
 @dataclass(frozen=True)
@@ -73,68 +97,104 @@ class TreeVerdict:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One target call of a live run."""
+    """One target call of one request."""
 
     start: int  # output tokens already emitted when the call started (t)
     accepted: int  # drafts accepted (A, after the end-of-output cap)
     path: tuple[int, ...]  # accepted node ids (first `accepted` of them count)
-    drafted: int  # draft tokens verified in this call (valid tree nodes)
-    draft_s: float  # seconds spent drafting
-    verify_s: float  # seconds of the target forward + verification walk
+    drafted: int  # draft tokens this request verified in this call (its valid tree nodes)
+    draft_s: float  # seconds the batch spent drafting in this step
+    verify_s: float  # seconds of the target forward, the verification walks and the cache updates
+    batch: int = 1  # requests in the engine step
 
 
 @dataclass(frozen=True)
 class Decoded:
-    """One prompt decoded (speculatively or plainly)."""
+    """One request decoded (speculatively or plainly)."""
 
     tokens: np.ndarray  # (n,) int64 output tokens
     steps: tuple[StepRecord, ...]  # one per target call
-    seconds: float  # wall-clock of the decode, prompt pass included
+    seconds: float  # decode time: the engine steps this request took part in (prefill excluded)
     stop_reason: str  # 'eos' | 'max_new_tokens'
+    prefill_s: float = 0.0  # seconds of the prompt pass that admitted it (shared by requests admitted together)
 
     @property
     def target_calls(self) -> int:
         return len(self.steps)
 
 
-def verify_tree(tree: Tree, proposal: Proposal, p_target: np.ndarray, *, policy: str, multi_draft: str,
-                rng: np.random.Generator) -> TreeVerdict:
-    """Walk from the root: verify each node's children with `specsim.verify`, follow the accepted one.
+@dataclass(frozen=True)
+class EngineStep:
+    """One engine step: every request in the batch drafted and was verified."""
 
-    `p_target` (n_nodes, V): the target's logits (greedy) or probabilities (sample) at each node.
+    batch: int  # requests in the step
+    verified: int  # tree nodes per request in the target forward (the batch's widest need)
+    draft_levels: tuple[int, ...]  # width of each draft forward (root feed first); () without a model draft
+    emitted: int  # output tokens the step produced over the batch
+    draft_s: float  # seconds drafting
+    verify_s: float  # seconds verifying (target forward, walks, cache updates)
+    seconds: float  # the whole step, finished requests leaving included
+
+
+@dataclass
+class DecodeRun:
+    """Every request of one `decode` call, in request order, and the engine steps."""
+
+    decoded: list[Decoded | None]  # None: not finished (interrupted)
+    steps: list[EngineStep] = field(default_factory=list)
+    prefill_s: float = 0.0  # prompt passes, all admissions together
+    interrupted: bool = False  # True when a Ctrl-C cut the run short
+
+    @property
+    def decode_s(self) -> float:
+        return float(sum(s.seconds for s in self.steps))
+
+
+class Target:
+    """The target model with its slot KV cache and stop tokens."""
+
+    def __init__(self, model, eos: set[int]):
+        self.kv = SlotKV(model)
+        self.eos = set(eos)
+
+
+def verify_tree(tree: Tree, tokens: np.ndarray, valid: np.ndarray, *, policy: str, multi_draft: str,
+                rng: np.random.Generator, top_of: Callable[[int], int] | None = None,
+                p_of: Callable[[int], np.ndarray] | None = None,
+                q_of: Callable[[int], np.ndarray] | None = None) -> TreeVerdict:
+    """Walk one request's tree from the root and follow the accepted child.
+
+    tokens, valid (n_nodes,): the request's row of the proposal. Greedy needs `top_of(node)`,
+    the target's argmax after the node (lowest id on ties); sampling needs `p_of(node)`, the
+    target's probabilities there, and `q_of(node)` the draft's (None: point-mass candidates).
     """
     node, path = 0, []
     while True:
         children = tree.children(node)
-        children = children[proposal.valid[children]]
-        candidates = proposal.tokens[children]
+        children = children[valid[children]]
+        candidates = tokens[children]
         if policy == "greedy":
-            step = verify_greedy(p_target[node], candidates)
-        elif children.size == 0 or proposal.q_draft is None:
+            y = int(top_of(node))
+            hit = np.flatnonzero(candidates == y)
+            if hit.size == 0:
+                return TreeVerdict(path=tuple(path), token=y)
+            node = int(children[hit[0]])
+            path.append(node)
+            continue
+        p = p_of(node)
+        if children.size == 0 or q_of is None:
             # A leaf (the bonus token y ~ p), or candidates that are a function of the prefix.
-            step = verify_point_mass(p_target[node], candidates, rng)
+            step = verify_point_mass(p, candidates, rng)
         elif children.size == 1:
-            step = verify_single(p_target[node], proposal.q_draft[node], int(candidates[0]), rng)
+            step = verify_single(p, q_of(node), int(candidates[0]), rng)
         elif multi_draft == "swor":
-            step = verify_multi_swor(p_target[node], proposal.q_draft[node], candidates, rng)
+            step = verify_multi_swor(p, q_of(node), candidates, rng)
         else:
-            step = verify_multi_iid(p_target[node], proposal.q_draft[node], candidates, rng)
+            step = verify_multi_iid(p, q_of(node), candidates, rng)
         if step.accepted < 0:
             return TreeVerdict(path=tuple(path), token=step.token)
         node = int(children[step.accepted])
         path.append(node)
-
-
-class Target:
-    """The target model with its KV cache and stop tokens."""
-
-    def __init__(self, model, eos: set[int]):
-        self.kv = KVModel(model)
-        self.eos = set(eos)
-
-    def start(self, prompt_ids: np.ndarray) -> None:
-        """Prefill everything but the last prompt token (the first tree's root)."""
-        self.kv.start(np.asarray(prompt_ids[:-1]))
 
 
 def _finish(emitted: list[int], produced: int, max_new_tokens: int, eos: set[int]) -> tuple[list[int], bool]:
@@ -146,75 +206,162 @@ def _finish(emitted: list[int], produced: int, max_new_tokens: int, eos: set[int
     return emitted[:room], len(emitted) >= room
 
 
+@dataclass
+class _Active:
+    """A request in the batch."""
+
+    index: int  # position in the request list
+    committed: list[int]  # prompt + output so far
+    prompt_len: int
+    rng: np.random.Generator
+    prefill_s: float
+    steps: list[StepRecord] = field(default_factory=list)
+    seconds: float = 0.0  # engine steps taken part in
+    done: bool = False  # output ended (EOS or max_new_tokens)
+
+    @property
+    def produced(self) -> int:
+        return len(self.committed) - self.prompt_len
+
+
+def decode(target: Target, drafter: Drafter | None, prompts: Sequence[np.ndarray],
+           rngs: Sequence[np.random.Generator], config: LiveConfig, *,
+           on_step: Callable[[EngineStep], None] | None = None) -> DecodeRun:
+    """Decode every prompt (speculatively, or plainly with ROOT_ONLY or no drafter); see the module docstring.
+
+    rngs[i] drives request i's drafting and verification, so a request's sampling does not
+    depend on which others share its batch. A Ctrl-C stops after the step in progress; the
+    requests that finished are kept.
+    """
+    prompts = [np.asarray(p, dtype=np.int64) for p in prompts]
+    if any(p.size == 0 for p in prompts):
+        raise SpecError("cannot decode an empty prompt")
+    if drafter is None and config.tree.budget:
+        raise SpecError("a draft tree needs a drafter; plain decoding uses ROOT_ONLY")
+    run = DecodeRun(decoded=[None] * len(prompts))
+    queue = list(range(len(prompts)))
+    active: list[_Active] = []
+    try:
+        while queue or active:
+            if queue and (not active or (config.batching == "continuous" and len(active) < config.batch)):
+                joining = queue[: config.batch - len(active)]
+                del queue[: len(joining)]
+                started = time.perf_counter()
+                _admit(target, drafter, [prompts[i] for i in joining], first=not active)
+                seconds = time.perf_counter() - started
+                run.prefill_s += seconds
+                active += [_Active(i, prompts[i].tolist(), len(prompts[i]), rngs[i], seconds) for i in joining]
+            step = _step(target, drafter, active, config)
+            run.steps.append(step)
+            done = [a for a in active if a.done]
+            if done:
+                started = time.perf_counter()
+                keep = np.array([k for k, a in enumerate(active) if not a.done], dtype=np.int64)
+                target.kv.drop(keep)
+                if drafter is not None:
+                    drafter.drop(keep)
+                leaving = time.perf_counter() - started
+                run.steps[-1] = step = EngineStep(**{**step.__dict__, "seconds": step.seconds + leaving})
+                for a in active:
+                    a.seconds += leaving
+                for a in done:
+                    out = np.asarray(a.committed[a.prompt_len:], dtype=np.int64)
+                    run.decoded[a.index] = Decoded(
+                        tokens=out, steps=tuple(a.steps), seconds=a.seconds, prefill_s=a.prefill_s,
+                        stop_reason="eos" if int(out[-1]) in target.eos else "max_new_tokens")
+                active = [a for a in active if not a.done]
+            if on_step is not None:
+                on_step(step)
+    except KeyboardInterrupt:
+        run.interrupted = True
+    return run
+
+
+def _admit(target: Target, drafter: Drafter | None, prompts: list[np.ndarray], *, first: bool) -> None:
+    """Prefill new requests (everything but each prompt's last token, the first root)."""
+    heads = [p[:-1] for p in prompts]
+    if first:
+        target.kv.start(heads)
+        if drafter is not None:
+            drafter.start(prompts)
+        return
+    fresh = SlotKV(target.kv.model)
+    fresh.start(heads)
+    target.kv.append(fresh)
+    if drafter is not None:
+        drafter.join(prompts)
+
+
+def _step(target: Target, drafter: Drafter | None, active: list[_Active], config: LiveConfig) -> EngineStep:
+    tree, B = config.tree, len(active)
+    rngs = [a.rng for a in active]
+    started = time.perf_counter()
+    if drafter is None or not tree.budget:
+        tree = ROOT_ONLY
+        proposal = Proposal(tokens=np.array([[a.committed[-1]] for a in active], dtype=np.int64),
+                            valid=np.ones((B, 1), dtype=bool), q_draft=None)
+        levels: tuple[int, ...] = ()
+    else:
+        rooms = np.array([config.max_new_tokens - a.produced - 1 for a in active], dtype=np.int64)
+        proposal = drafter.propose([a.committed for a in active], tree, rooms, policy=config.policy,
+                                   temperature=config.temperature, multi_draft=config.multi_draft, rngs=rngs,
+                                   eos=target.eos)
+        levels = tuple(getattr(drafter, "levels", ()))
+    drafted_at = time.perf_counter()
+    cols = np.flatnonzero(proposal.valid.any(axis=0))  # nodes some request verifies (prefix-closed)
+    col_of = np.full(tree.n_nodes, -1, dtype=np.int64)
+    col_of[cols] = np.arange(cols.size)
+    sub_valid = proposal.valid[:, cols]  # (B, m)
+    attend = (tree.ancestor_mask()[np.ix_(cols, cols)][None] & sub_valid[:, None, :]) | np.eye(cols.size, dtype=bool)
+    logits = target.kv.forward(proposal.tokens[:, cols], tree.depths[cols], attend)  # (B, m, V)
+    greedy = config.policy == "greedy"
+    top = logits.argmax(dim=-1).cpu().numpy() if greedy else None  # (B, m): first maximum = lowest id
+    keeps, paths, emitted_total = [], [], 0
+    for r, a in enumerate(active):
+        q = proposal.q_draft
+        verdict = verify_tree(
+            tree, proposal.tokens[r], proposal.valid[r], policy=config.policy, multi_draft=config.multi_draft,
+            rng=a.rng,
+            top_of=(lambda node, r=r: top[r, col_of[node]]) if greedy else None,
+            p_of=None if greedy else (lambda node, r=r: probabilities(logits[r, col_of[node]], config.temperature)),
+            q_of=None if q is None else (lambda node, r=r: q[node][r]))
+        emitted = [int(proposal.tokens[r, n]) for n in verdict.path] + [verdict.token]
+        start = a.produced
+        emitted, a.done = _finish(emitted, start, config.max_new_tokens, target.eos)
+        accepted = len(emitted) - 1
+        keeps.append(col_of[[0, *verdict.path[:accepted]]])
+        paths.append(verdict.path[:accepted])
+        a.committed += emitted
+        emitted_total += len(emitted)
+        a.steps.append(StepRecord(start=start, accepted=accepted, path=verdict.path,
+                                  drafted=int(proposal.valid[r].sum()) - 1, draft_s=0.0, verify_s=0.0, batch=B))
+    target.kv.commit(keeps)
+    if drafter is not None and tree.budget:
+        drafter.accept(paths)
+    done_at = time.perf_counter()
+    draft_s, verify_s = drafted_at - started, done_at - drafted_at
+    for a in active:
+        a.steps[-1] = StepRecord(**{**a.steps[-1].__dict__, "draft_s": draft_s, "verify_s": verify_s})
+        a.seconds += done_at - started
+    return EngineStep(batch=B, verified=int(cols.size), draft_levels=levels, emitted=emitted_total,
+                      draft_s=draft_s, verify_s=verify_s, seconds=done_at - started)
+
+
 def speculative_decode(target: Target, drafter: Drafter, prompt_ids: np.ndarray, config: LiveConfig,
                        rng: np.random.Generator) -> Decoded:
-    """Decode one prompt speculatively; see the module docstring for the step and the accounting."""
-    started = time.perf_counter()
-    prompt_ids = np.asarray(prompt_ids, dtype=np.int64)
-    if prompt_ids.size == 0:
-        raise SpecError("cannot decode an empty prompt")
-    tree = config.tree
-    target.start(prompt_ids)
-    drafter.reset(prompt_ids)
-    committed = list(prompt_ids.tolist())
-    anc = tree.ancestor_mask()
-    steps: list[StepRecord] = []
-    produced, done = 0, False
-    while not done:
-        t0 = time.perf_counter()
-        proposal = drafter.propose(np.asarray(committed), tree, policy=config.policy,
-                                   temperature=config.temperature, multi_draft=config.multi_draft, rng=rng)
-        t1 = time.perf_counter()
-        context = target.kv.length
-        live = np.flatnonzero(proposal.valid)  # nodes with a token; the target sees only these
-        attend = np.concatenate([np.ones((live.size, context), bool), anc[np.ix_(live, live)]], axis=1)
-        logits = target.kv.forward(proposal.tokens[live], context + tree.depths[live], attend)  # (n_live, V)
-        p_live = logits.double().cpu().numpy() if config.policy == "greedy" else probabilities(logits, config.temperature)
-        p_target = np.zeros((tree.n_nodes, p_live.shape[1]))  # (n_nodes, V); rows of nodes without tokens unused
-        p_target[live] = p_live
-        verdict = verify_tree(tree, proposal, p_target, policy=config.policy, multi_draft=config.multi_draft, rng=rng)
-        emitted = [int(proposal.tokens[n]) for n in verdict.path] + [verdict.token]
-        emitted, done = _finish(emitted, produced, config.max_new_tokens, target.eos)
-        accepted = len(emitted) - 1
-        target.kv.keep(context, np.searchsorted(live, (0, *verdict.path[:accepted])))
-        drafter.accept(np.asarray(verdict.path[:accepted], dtype=np.int64))
-        t2 = time.perf_counter()
-        steps.append(StepRecord(start=produced, accepted=accepted, path=verdict.path, drafted=live.size - 1,
-                                draft_s=t1 - t0, verify_s=t2 - t1))
-        committed += emitted
-        produced += len(emitted)
-    tokens = np.asarray(committed[len(prompt_ids):], dtype=np.int64)
-    stop = "eos" if tokens[-1] in target.eos else "max_new_tokens"
-    return Decoded(tokens=tokens, steps=tuple(steps), seconds=time.perf_counter() - started, stop_reason=stop)
+    """Decode one prompt speculatively (a batch of one)."""
+    run = decode(target, drafter, [prompt_ids], [rng], config)
+    if run.interrupted:
+        raise KeyboardInterrupt
+    return run.decoded[0]
 
 
 def plain_decode(target: Target, prompt_ids: np.ndarray, *, temperature: float, max_new_tokens: int,
                  rng: np.random.Generator) -> Decoded:
-    """Plain autoregressive decoding with the same KV cache code: the speedup baseline.
+    """Plain autoregressive decoding of one prompt with the same engine: the speedup baseline.
 
-    Greedy (T = 0) takes argmax p (`verify_greedy` with no candidates); T > 0 samples y ~ p.
+    Greedy (T = 0) takes argmax p; T > 0 samples y ~ p (`verify_point_mass` with no candidates).
     """
-    started = time.perf_counter()
-    prompt_ids = np.asarray(prompt_ids, dtype=np.int64)
-    if prompt_ids.size == 0:
-        raise SpecError("cannot decode an empty prompt")
-    target.start(prompt_ids)
-    none = np.empty(0, dtype=np.int64)
-    out: list[int] = []
-    steps: list[StepRecord] = []
-    last = int(prompt_ids[-1])
-    while True:
-        t0 = time.perf_counter()
-        logits = target.kv.feed_chain(np.array([last]))[-1:]  # (1, V)
-        if temperature == 0:
-            last = verify_greedy(logits[0].double().cpu().numpy(), none).token
-        else:
-            last = verify_point_mass(probabilities(logits, temperature)[0], none, rng).token
-        steps.append(StepRecord(start=len(out), accepted=0, path=(), drafted=0, draft_s=0.0,
-                                verify_s=time.perf_counter() - t0))
-        out.append(last)
-        if last in target.eos or len(out) >= max_new_tokens:
-            break
-    stop = "eos" if out[-1] in target.eos else "max_new_tokens"
-    return Decoded(tokens=np.asarray(out, dtype=np.int64), steps=tuple(steps),
-                   seconds=time.perf_counter() - started, stop_reason=stop)
+    config = LiveConfig(tree=ROOT_ONLY, policy="greedy" if temperature == 0 else "sample", temperature=temperature,
+                        max_new_tokens=max_new_tokens)
+    return speculative_decode(target, None, prompt_ids, config, rng)

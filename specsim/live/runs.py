@@ -1,15 +1,19 @@
 """Running live speculative decoding over a prompt set, and the tables it produces.
 
-Every prompt is decoded plainly once (the speedup baseline, same KV-cache code, same
-run) and speculatively `repeats` times with different seeds. Rows use the
-simulator's metric code (`specsim.sim.metrics.summarize`: ratio-of-sums metrics
-with bootstrap CIs over trajectories) and its configuration columns, so live and
-simulated rows join on (tree, draft, policy, temperature, multi_draft, category).
-Live rows add wall-clock columns; the cost of a trajectory is its live seconds in
-units of the plain decode step measured on the same prompt, so `speedup` is the
-measured wall-clock speedup.
+The requests are the prompts, each decoded `repeats` times with its own seed. The same
+requests are decoded plainly (the baseline: same engine, same batch size and batching,
+same run) and speculatively. Rows use the simulator's metric code
+(`specsim.sim.metrics.summarize`: ratio-of-sums metrics with bootstrap CIs over
+requests) and its configuration columns, so live and simulated rows join on (tree, draft,
+policy, temperature, multi_draft, batch, category). Times are decode times (engine steps);
+prompt passes are reported apart.
 
-A Ctrl-C stops the run after the decode in progress; what finished is kept.
+* ``speedup``: output tokens per second of the speculative run over the plain run's
+  (throughput, decode steps only). Its CI is a bootstrap over requests of the same ratio
+  computed from each request's time in the engine (identical to throughput at batch 1).
+* ``latency_per_token_ms``: mean over requests of (time in the engine / output tokens).
+
+A Ctrl-C stops the run after the step in progress; what finished is kept.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
-from specsim.live.engine import Decoded, LiveConfig, Target, plain_decode, speculative_decode
+from specsim.live.engine import DecodeRun, Decoded, LiveConfig, Target, decode
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class LiveTrajectory:
     repeat: int  # 0 .. repeats-1
     seed: int  # seed of this decode's numpy Generator
     live: Decoded  # the speculative decode
-    plain: Decoded | None  # the plain decode of the same prompt (shared by its repeats); None when not run
+    plain: Decoded | None  # the plain decode of the same request; None when not run
 
 
 @dataclass
@@ -46,9 +50,11 @@ class LiveRun:
     config: LiveConfig  # what was run
     target: str  # target model name
     draft: str  # draft name (model spec, layers:K, int8, ngram:N, ...)
-    trajectories: list[LiveTrajectory] = field(default_factory=list)  # in decode order
+    trajectories: list[LiveTrajectory] = field(default_factory=list)  # in request order
     interrupted: bool = False  # True when a Ctrl-C cut the run short
     device: str = ""  # where it ran, e.g. "cpu (2 threads)"
+    spec_run: DecodeRun | None = None  # the engine's record of the speculative decodes (steps, times)
+    plain_run: DecodeRun | None = None  # the same for the plain baseline
 
 
 def decode_seed(seed: int, prompt_index: int, repeat: int) -> int:
@@ -58,52 +64,59 @@ def decode_seed(seed: int, prompt_index: int, repeat: int) -> int:
 
 def run_live(target: Target, drafter, prompts: Sequence[LivePrompt], config: LiveConfig, *, target_name: str,
              repeats: int = 1, seed: int = 0, device: str = "", plain: bool = True, progress: bool = True) -> LiveRun:
-    """Decode every prompt plainly once (unless `plain` is False) and speculatively `repeats` times."""
+    """Decode every (prompt, repeat) plainly (unless `plain` is False), then speculatively, `config.batch` at a time."""
     from tqdm.auto import tqdm
 
+    requests = [(p, r) for p in prompts for r in range(repeats)]
     run = LiveRun(config=config, target=target_name, draft=drafter.name, device=device)
-    bar = tqdm(total=len(prompts) * (repeats + plain) * config.max_new_tokens, unit="tok", desc="live decoding",
+    passes = [("plain", config.plain(), None)] if plain else []
+    passes.append(("speculative", config, drafter))
+    bar = tqdm(total=len(requests) * config.max_new_tokens * len(passes), unit="tok", desc="live decoding",
                disable=not progress, dynamic_ncols=True)
+    results: dict[str, DecodeRun] = {}
     try:
-        for prompt in prompts:
-            baseline = None
-            if plain:
-                baseline = plain_decode(target, prompt.token_ids, temperature=config.temperature,
-                                        max_new_tokens=config.max_new_tokens,
-                                        rng=np.random.default_rng(decode_seed(seed, prompt.prompt_index, -1)))
-                bar.update(config.max_new_tokens)
-            for r in range(repeats):
-                s = decode_seed(seed, prompt.prompt_index, r)
-                live = speculative_decode(target, drafter, prompt.token_ids, config, np.random.default_rng(s))
-                run.trajectories.append(LiveTrajectory(prompt=prompt, repeat=r, seed=s, live=live, plain=baseline))
-                bar.update(config.max_new_tokens)
-                bar.set_postfix(tok_per_call=f"{_tokens_per_call(run):.2f}", refresh=False)
+        for name, cfg, d in passes:
+            seeds = [decode_seed(seed, p.prompt_index, -1 if d is None else r) for p, r in requests]
+            results[name] = decode(target, d, [p.token_ids for p, _ in requests],
+                                   [np.random.default_rng(s) for s in seeds], cfg,
+                                   on_step=lambda step: bar.update(step.emitted))
+            if results[name].interrupted:
+                raise KeyboardInterrupt
     except KeyboardInterrupt:
         run.interrupted = True
     finally:
         bar.close()
+    run.spec_run, run.plain_run = results.get("speculative"), results.get("plain")
+    if run.spec_run is None:
+        return run
+    for k, ((p, r), live) in enumerate(zip(requests, run.spec_run.decoded)):
+        if live is None:
+            continue
+        base = run.plain_run.decoded[k] if run.plain_run is not None else None
+        run.trajectories.append(LiveTrajectory(prompt=p, repeat=r, seed=decode_seed(seed, p.prompt_index, r),
+                                               live=live, plain=base))
     return run
 
 
-def _tokens_per_call(run: LiveRun) -> float:
-    calls = sum(t.live.target_calls for t in run.trajectories)
-    return sum(len(t.live.tokens) for t in run.trajectories) / max(calls, 1)
-
-
 def trajectory_stats(run: LiveRun):
-    """The simulator's `TrajectoryStats` (observed totals) and the grouping it needs, for `summarize`."""
+    """The simulator's `TrajectoryStats` (observed totals) and the grouping it needs, for `summarize`.
+
+    A trajectory's cost is its time in the engine in units of the plain run's mean time per
+    output token, so summarize's speedup is a ratio of sums of engine times.
+    """
     from specsim.sim.engine import TrajectoryStats
 
-    D = run.config.tree.max_depth
+    D = max(run.config.tree.max_depth, 1)
     accepted = [np.array([s.accepted for s in t.live.steps]) for t in run.trajectories]
-    plain_step = [t.plain.seconds / len(t.plain.tokens) if t.plain else np.nan for t in run.trajectories]
+    plains = [t.plain for t in run.trajectories if t.plain is not None]
+    unit = (sum(p.seconds for p in plains) / sum(len(p.tokens) for p in plains)) if plains else np.nan
     stats = TrajectoryStats(
         calls=np.array([len(a) for a in accepted], dtype=np.float64),
         drafted=np.array([sum(s.drafted for s in t.live.steps) for t in run.trajectories], dtype=np.float64),
         accepted=np.array([a.sum() for a in accepted], dtype=np.float64),
         tokens=np.array([len(t.live.tokens) for t in run.trajectories], dtype=np.float64),
         reach=np.array([[(a >= d).sum() for d in range(1, D + 1)] for a in accepted], dtype=np.float64).reshape(-1, D),
-        cost=np.array([t.live.seconds / u for t, u in zip(run.trajectories, plain_step)], dtype=np.float64),
+        cost=np.array([t.live.seconds / unit for t in run.trajectories], dtype=np.float64),
         exact=True,
     )
     groups = SimpleNamespace(
@@ -125,7 +138,8 @@ def summary_rows(run: LiveRun, *, by_category: bool = True, n_boot: int = 1000, 
     head = {
         "tree": cfg.tree.name, "budget": cfg.tree.budget, "depth": cfg.tree.max_depth, "draft": run.draft,
         "target": run.target, "policy": cfg.policy, "temperature": float(cfg.temperature),
-        "multi_draft": cfg.multi_draft if sampling_tree else None, "estimate": "live",
+        "multi_draft": cfg.multi_draft if sampling_tree else None, "batch": cfg.batch, "batching": cfg.batching,
+        "estimate": "live",
     }
     rows = []
     with warnings.catch_warnings():  # without a plain baseline, cost and speedup are NaN by design
@@ -134,16 +148,18 @@ def summary_rows(run: LiveRun, *, by_category: bool = True, n_boot: int = 1000, 
     for row in summaries:
         picked = [t for t in run.trajectories if row["category"] in ("all", t.prompt.category)]
         steps = [s for t in picked for s in t.live.steps]
-        live_s = sum(t.live.seconds for t in picked)
-        plain = [p for p in {id(t.plain): t.plain for t in picked}.values() if p is not None]
+        plain = [t.plain for t in picked if t.plain is not None]
+        extra = _throughput(run, picked, plain, row["category"] == "all")
+        if extra["speedup"] is not None:
+            row["speedup"] = extra.pop("speedup")
+        else:
+            extra.pop("speedup")
         rows.append({
-            **head, **row,
+            **head, **row, **extra,
             "n_decodes": len(picked),
             "target_calls": len(steps),
-            "live_tokens_per_s": sum(len(t.live.tokens) for t in picked) / live_s,
-            "plain_tokens_per_s": sum(len(p.tokens) for p in plain) / sum(p.seconds for p in plain) if plain else None,
-            "draft_ms_per_call": 1000 * sum(s.draft_s for s in steps) / len(steps),
-            "verify_ms_per_call": 1000 * sum(s.verify_s for s in steps) / len(steps),
+            "draft_ms_per_call": 1000 * float(np.mean([s.draft_s for s in steps])),
+            "verify_ms_per_call": 1000 * float(np.mean([s.verify_s for s in steps])),
             "identical_to_plain": (sum(np.array_equal(t.live.tokens, t.plain.tokens) for t in picked) / len(picked)
                                    if cfg.policy == "greedy" and plain else None),
             "max_new_tokens": cfg.max_new_tokens,
@@ -153,17 +169,39 @@ def summary_rows(run: LiveRun, *, by_category: bool = True, n_boot: int = 1000, 
     return rows
 
 
+def _throughput(run: LiveRun, picked: list[LiveTrajectory], plain: list[Decoded], whole: bool) -> dict:
+    """Tokens/s and latency columns; throughput is a whole-run figure (one engine timeline)."""
+    tokens = sum(len(t.live.tokens) for t in picked)
+    latency = 1000 * float(np.mean([t.live.seconds / len(t.live.tokens) for t in picked]))
+    out = {"live_tokens_per_s": None, "plain_tokens_per_s": None, "speedup": None,
+           "latency_per_token_ms": latency,
+           "plain_latency_per_token_ms": (1000 * float(np.mean([p.seconds / len(p.tokens) for p in plain]))
+                                          if plain else None),
+           "prefill_s": float(sum(t.live.prefill_s for t in picked))}
+    if whole and run.spec_run is not None:
+        out["live_tokens_per_s"] = tokens / run.spec_run.decode_s
+        if run.plain_run is not None and plain:
+            out["plain_tokens_per_s"] = sum(len(p.tokens) for p in plain) / run.plain_run.decode_s
+            out["speedup"] = out["live_tokens_per_s"] / out["plain_tokens_per_s"]
+    elif run.config.batch == 1:  # a category's own decodes are a contiguous share of a batch-1 timeline
+        out["live_tokens_per_s"] = tokens / sum(t.live.seconds for t in picked)
+        if plain:
+            out["plain_tokens_per_s"] = sum(len(p.tokens) for p in plain) / sum(p.seconds for p in plain)
+            out["speedup"] = out["live_tokens_per_s"] / out["plain_tokens_per_s"]
+    return out
+
+
 def steps_frame(run: LiveRun) -> pl.DataFrame:
-    """One row per target call: where it started, what it accepted (node ids) and how long it took."""
+    """One row per target call: where it started, what it accepted (node ids), the batch and how long it took."""
     rows = [
         {"prompt_index": t.prompt.prompt_index, "category": t.prompt.category, "repeat": t.repeat, "step": i,
          "start": s.start, "accepted": s.accepted, "path": list(s.path[: s.accepted]), "drafted": s.drafted,
-         "draft_ms": 1000 * s.draft_s, "verify_ms": 1000 * s.verify_s}
+         "batch": s.batch, "draft_ms": 1000 * s.draft_s, "verify_ms": 1000 * s.verify_s}
         for t in run.trajectories for i, s in enumerate(t.live.steps)
     ]
     schema = {"prompt_index": pl.Int64, "category": pl.String, "repeat": pl.Int64, "step": pl.Int64,
               "start": pl.Int64, "accepted": pl.Int64, "path": pl.List(pl.Int64), "drafted": pl.Int64,
-              "draft_ms": pl.Float64, "verify_ms": pl.Float64}
+              "batch": pl.Int64, "draft_ms": pl.Float64, "verify_ms": pl.Float64}
     return pl.DataFrame(rows, schema=schema)
 
 

@@ -140,12 +140,13 @@ class GreedyAgreement:
 
 def stepwise_draft_logits(draft_model, prompt_ids: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """(n, V) the draft's logits along a trajectory, fed one token at a time over its KV cache."""
-    from specsim.live.tree_forward import KVModel
+    from specsim.live.kv import SlotKV
 
-    kv = KVModel(draft_model)
-    rows = [kv.feed_chain(np.asarray(prompt_ids, dtype=np.int64))[-1].cpu().numpy()]
+    kv = SlotKV(draft_model)
+    kv.start([np.asarray(prompt_ids[:-1], dtype=np.int64)])
+    rows = [kv.feed_chains([np.asarray(prompt_ids[-1:], dtype=np.int64)])[0].cpu().numpy()]
     for token in np.asarray(tokens[:-1], dtype=np.int64):
-        rows.append(kv.feed_chain(np.array([token]))[-1].cpu().numpy())
+        rows.append(kv.feed_chains([np.array([token])])[0].cpu().numpy())
     return np.stack(rows)  # (n, V)
 
 
