@@ -139,6 +139,11 @@ def iid_sample_cache(path, *, alpha: float, n_traj: int = 4, length: int = 40, v
     return path, float(alpha_exact)
 
 
+def _half(x: np.ndarray) -> np.ndarray:
+    """float32 values that float16 storage keeps exactly (so stored logits and recorded statistics agree)."""
+    return np.asarray(x).astype(np.float16).astype(np.float32)
+
+
 def random_cache(path, *, n_prompts: int = 6, length: int = 24, vocab: int = 16, drafts: Sequence[str] = ("small",),
                  temperatures: Sequence[float] = (0.0, 1.0), categories: Sequence[str] = ("code", "chat"),
                  noise: float = 1.0, seed: int = 0, storage: str = "full", top_k: int = 0) -> Path:
@@ -153,7 +158,7 @@ def random_cache(path, *, n_prompts: int = 6, length: int = 24, vocab: int = 16,
     for i in range(n_prompts):
         for T in temperatures:
             n = int(rng.integers(max(1, length // 2), length + 1))
-            p_logits = np.round(rng.normal(0, 2.0, (n, vocab)), 2).astype(np.float32)
+            p_logits = _half(np.round(rng.normal(0, 2.0, (n, vocab)), 2))
             if T == 0:
                 tokens = p_logits.argmax(axis=1)
             else:
@@ -161,8 +166,7 @@ def random_cache(path, *, n_prompts: int = 6, length: int = 24, vocab: int = 16,
                 probs = np.exp(z - z.max(axis=1, keepdims=True))
                 probs /= probs.sum(axis=1, keepdims=True)
                 tokens = (probs.cumsum(axis=1) > rng.random((n, 1))).argmax(axis=1)
-            q = {d: (p_logits + rng.normal(0, noise * (1 + j), (n, vocab))).astype(np.float32)
-                 for j, d in enumerate(drafts)}
+            q = {d: _half(p_logits + rng.normal(0, noise * (1 + j), (n, vocab))) for j, d in enumerate(drafts)}
             trajectories.append(dict(prompt_index=i, temperature=T, tokens=tokens.astype(np.int32),
                                      target_logits=p_logits, draft_logits=q))
     return write_cache(path, trajectories, vocab=vocab, drafts=drafts, temperatures=temperatures, categories=cats,

@@ -34,10 +34,12 @@ import h5py
 import numpy as np
 import polars as pl
 
+from specsim.cache.stats import STATS_TOP_K, position_stats
 from specsim.errors import CacheError
 
 FORMAT = "specsim-cache"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-position float32 statistics beside the logits (/columns/<c>/stats)
+READS = (1, 2)  # versions this specsim reads
 TARGET = "target"  # column name of the target's logits
 ROW_CHUNK = 16  # positions per HDF5 chunk: bounded-memory streaming, ~1.5 MB at V=49k
 
@@ -138,8 +140,9 @@ def _read_spec(f: h5py.File, path: Path) -> CacheSpec:
     if f.attrs.get("format") != FORMAT:
         raise CacheError(f"{path}: not a specsim cache (no format={FORMAT!r} attribute)")
     version = int(f.attrs.get("format_version", -1))
-    if version != FORMAT_VERSION:
-        raise CacheError(f"{path}: cache format version {version}, this specsim reads {FORMAT_VERSION}")
+    if version not in READS:
+        raise CacheError(f"{path}: cache format version {version}, this specsim reads "
+                         + ", ".join(map(str, READS)))
     try:
         return CacheSpec(
             vocab_size=int(f.attrs["vocab_size"]),
@@ -256,6 +259,12 @@ class CacheWriter:
         for c in spec.columns:
             g = cols.create_group(_group_name(c))
             g.attrs["name"] = c
+            st = g.create_group("stats")
+            st.create_dataset("logprob", (0,), maxshape=(None,), dtype=np.float64, chunks=(1024,))
+            if c != TARGET:
+                st.create_dataset("rank", (0,), maxshape=(None,), dtype=np.int32, chunks=(1024,))
+                st.create_dataset("top_ids", (0, STATS_TOP_K), maxshape=(None, STATS_TOP_K), dtype=np.int32,
+                                  chunks=(256, STATS_TOP_K))
             if spec.storage == "full":
                 g.create_dataset("logits", (0, V), maxshape=(None, V), dtype=np.float16, chunks=(ROW_CHUNK, V))
             else:
@@ -269,8 +278,11 @@ class CacheWriter:
             f"columns/{_group_name(c)}/{name}"
             for c in spec.columns
             for name in (("logits",) if spec.storage == "full" else ("topk_ids", "topk_logits", "tail_lse"))
-        ]
+        ] + [f"columns/{_group_name(c)}/stats/{name}" for c in spec.columns
+             for name in (("logprob",) if c == TARGET else ("logprob", "rank", "top_ids"))]
         for name in datasets:
+            if name not in src:  # statistics a version-1 file does not have: resume fills new rows only
+                raise CacheError(f"cannot resume a version-1 cache ({name} missing); record a new file")
             s, d = src[name], out[name]
             d.resize((n, *d.shape[1:]))
             step = 1024
@@ -323,7 +335,13 @@ class CacheWriter:
         tok.resize((stop,))
         tok[start:stop] = tokens
         for c, x in columns.items():
-            self._write_column(f["columns"][_group_name(c)], start, stop, np.asarray(x, dtype=np.float32))
+            x = np.asarray(x, dtype=np.float32)
+            g = f["columns"][_group_name(c)]
+            self._write_column(g, start, stop, x)
+            for name, values in position_stats(x, tokens, temperature, draft=c != TARGET).items():
+                ds = g["stats"][name]
+                ds.resize((stop, *ds.shape[1:]))
+                ds[start:stop] = values
         f.flush()  # positions reach the file before the row that makes them visible
 
         rows = f["trajectories"]
@@ -443,7 +461,9 @@ class CacheReader:
             return
         for c in self.spec.columns:
             g = self._f["columns"][_group_name(c)]
-            for ds in g.values():
+            datasets = [ds for ds in g.values() if isinstance(ds, h5py.Dataset)]
+            datasets += [ds for ds in g["stats"].values()] if "stats" in g else []
+            for ds in datasets:
                 if ds.shape[0] < n:
                     raise CacheError(f"{self.path}: column {c!r} has {ds.shape[0]} positions, trajectories need {n}")
                 ds[n - 1]
@@ -494,6 +514,15 @@ class CacheReader:
     def tokens(self, start: int, stop: int) -> np.ndarray:
         self._check_range(start, stop)
         return self._f["positions/token"][start:stop].astype(np.int32)
+
+    def has_stats(self) -> bool:
+        """Whether the file records float32 per-position statistics (format version 2)."""
+        return "stats" in self._f["columns"][_group_name(TARGET)]
+
+    def stats(self, column: str, name: str, start: int, stop: int) -> np.ndarray:
+        """A recorded statistic of `column` over positions [start, stop): logprob, rank or top_ids."""
+        self._check_range(start, stop)
+        return self._f["columns"][_group_name(self.check_column(column))]["stats"][name][start:stop]
 
     def logits(self, column: str, start: int, stop: int) -> np.ndarray:
         """(stop - start, V) float32 logits of `column` ("target" or a draft name)."""

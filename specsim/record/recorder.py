@@ -244,6 +244,7 @@ def build_meta(target: LoadedModel, drafts: Sequence[LoadedModel], prompt_spec: 
         "target": target.info,
         "drafts": {d.name: d.info for d in drafts},
         "tokenizer_sha256": target.info["tokenizer_sha256"],
+        "eos_token_ids": sorted(eos_token_ids(target)),
         "prompts": prompt_spec,
         "device": device,
         "batch_size": batch_size,
