@@ -106,3 +106,20 @@ def tiny_cache(tiny_model_dir, tiny_prompts_file, tmp_path_factory) -> Path:
     with CacheWriter.create(path, spec, prompt_records(prompts.prompts, target.tokenizer)) as writer:
         record(writer, target, drafts, config, progress=False)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_profile(tiny_model_dir, tmp_path_factory) -> Path:
+    """A cost profile measured on the tiny model for its layers:2 and int8 drafts (batch 1-2, N <= 5, w <= 4)."""
+    import torch
+
+    from specsim.attention.profile import ProfileConfig, measure_cost_profile, write_profile
+    from specsim.record.models import load_draft, load_model
+
+    torch.set_num_threads(1)
+    target = load_model(str(tiny_model_dir))
+    drafts = [load_draft("layers:2", target), load_draft("int8", target)]
+    config = ProfileConfig(batches=(1, 2), contexts=(16, 64), max_tokens=5, draft_widths=(1, 2, 3, 4), repeats=3,
+                           warmup=1)
+    body = measure_cost_profile(target, drafts, config=config, progress=False)
+    return write_profile(body, tmp_path_factory.mktemp("profile") / "tiny-profile.json")

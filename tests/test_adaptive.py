@@ -9,6 +9,7 @@ import pytest
 
 from specsim.errors import SpecError
 from specsim.sim.adaptive import adaptive_stats, next_gamma_table
+from specsim.sim.api import Pricing
 from specsim.sim.cost import parse_cost
 from specsim.sim.engine import walk
 from specsim.sim.features import load_features
@@ -34,12 +35,13 @@ def cache(tmp_path_factory):
 @pytest.mark.parametrize("T, policy", [(1.0, "sample"), (0.0, "greedy")])
 def test_frozen_rule_equals_the_fixed_chain_walk(cache, T, policy):
     features = load_features(cache, "small", T, progress=False)
-    cost = parse_cost("c=0.1")
+    pricing = Pricing(parse_cost("c=0.1"), "small", "assumed")
     tree = parse_tree("chain:3")
-    frozen = run_policy(features, tree, parse_policy("adaptive-history:1,0"), np.random.default_rng(0), cost)
-    fixed = walk(run_policy(features, tree, parse_policy(policy), np.random.default_rng(0)), features,
-                 cost.call_cost(tree, context=0.0, model_draft=True))
-    for name in ("calls", "drafted", "accepted", "cost"):
+    frozen = run_policy(features, tree, parse_policy("adaptive-history:1,0"), np.random.default_rng(0), pricing)
+    call, plain, full = pricing.priced(features, tree)
+    fixed = walk(run_policy(features, tree, parse_policy(policy), np.random.default_rng(0)), features, call,
+                 plain_cost=plain, full_accept_cost=full)
+    for name in ("calls", "drafted", "accepted", "cost", "plain"):
         np.testing.assert_allclose(getattr(frozen, name), getattr(fixed, name), atol=1e-12)
     np.testing.assert_allclose(frozen.reach[:, :3], fixed.reach, atol=1e-12)
     assert np.all(frozen.reach[:, 3:] == 0) and frozen.exact
@@ -81,8 +83,9 @@ def test_hf_schedule_grows_by_two_on_full_acceptance(tmp_path):
     path = rank_cache(tmp_path / "zeros.h5", [np.zeros(30, dtype=int)])  # the draft's top choice, always
     features = load_features(path, "d", 0.0, progress=False)
     stats = adaptive_stats(features, parse_tree("chain:3"), parse_policy("adaptive-hf"), None, None)
-    # calls of γ = 3, 5, 7, 9 emit 4 + 6 + 8 + 10 = 28 tokens; γ = 11 is capped to the last 2
-    assert stats.calls[0] == 5 and stats.accepted[0] == 25 and stats.drafted[0] == 3 + 5 + 7 + 9 + 11
+    # calls of γ = 3, 5, 7, 9 emit 4 + 6 + 8 + 10 = 28 tokens; γ = 11 is capped to the last 2, and that
+    # call drafts only the 1 token it could accept (as HF's assisted generation does near max_new_tokens)
+    assert stats.calls[0] == 5 and stats.accepted[0] == 25 and stats.drafted[0] == 3 + 5 + 7 + 9 + 1
 
 
 def test_adaptive_rules_need_a_chain_and_a_model_draft(cache):

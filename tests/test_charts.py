@@ -78,14 +78,33 @@ def _fields(spec) -> set[str]:
 
 @pytest.mark.parametrize("metric", ["tokens_per_call", "accept_rate", "speedup"])
 def test_metric_vs_budget_is_valid_vega_lite_with_bands_and_facets(results, metric):
-    spec = charts.metric_vs_budget(results, metric, cost_model="c=0.05").to_dict()  # validates against the schema
+    spec = charts.metric_vs_budget(results, metric, cost_basis="MEASURED profile p.json").to_dict()  # schema-checked
     fields = _fields(spec)
     assert {metric, f"{metric}_lo", f"{metric}_hi", "budget", "family", "pair", "setting"} <= fields
     title = spec["title"]
     assert "T=0: 4 prompts, 48 positions" in title["subtitle"][0]
     assert "int8 → tiny" in title["subtitle"][0]
     if metric == "speedup":
-        assert any("c=0.05" in s for s in title["subtitle"])
+        assert any("costs: MEASURED profile p.json" in s for s in title["subtitle"])
+        assert "measured step times" in title["text"]
+
+
+def test_an_assumed_speedup_chart_says_so_in_title_and_subtitle(results):
+    assumed = results.rename({"speedup": "speedup_assumed", "speedup_lo": "speedup_assumed_lo",
+                              "speedup_hi": "speedup_assumed_hi"})
+    spec = charts.metric_vs_budget(assumed, "speedup_assumed", cost_basis="ASSUMED c=0.05").to_dict()
+    assert "ASSUMED" in spec["title"]["text"] and any("ASSUMED, not measured" in s for s in spec["title"]["subtitle"])
+
+
+def test_speedup_vs_batch_chart():
+    batch = pl.DataFrame({"cache_name": ["c"] * 3, "pair": ["int8 → t"] * 3, "temperature": [0.0] * 3,
+                          "policy": ["greedy"] * 3, "batch": [1, 4, 16], "batching": ["lockstep"] * 3,
+                          "tree": ["optimal:8", "optimal:4", "optimal:1"], "budget": [8, 4, 1],
+                          "speedup": [1.8, 1.3, 0.95], "speedup_lo": [1.6, 1.2, 0.9], "speedup_hi": [2.0, 1.4, 1.0],
+                          "tokens_per_s": [40.0, 120.0, 300.0], "cost_basis": ["MEASURED p.json"] * 3})
+    spec = charts.speedup_vs_batch(batch).to_dict()
+    assert {"batch", "speedup", "speedup_lo", "speedup_hi", "budget"} <= _fields(spec)
+    assert "MEASURED p.json" in spec["title"]["subtitle"][0]
 
 
 def test_setting_labels_name_temperature_and_policy(results):

@@ -34,7 +34,15 @@ def test_table_rows_with_cis_and_a_footer(tiny_cache):
     assert all_row["n_prompts"] == 4 and all_row["n_positions"] == 48  # 4 prompts x 12 tokens at T=0
     assert f"computed from {tiny_cache}" in res.output
     assert "T=0: 4 prompts, 48 positions; storage full" in res.output
-    assert "cost model: c=0.05" in res.output and "95% bootstrap over prompts (1000 resamples, seed 0)" in res.output
+    assert "speed: no speedup without costs" in res.output and "speedup" not in lines[0]
+    assert "95% bootstrap over prompts (1000 resamples, seed 0)" in res.output
+
+
+def test_an_assumed_cost_is_labelled_as_one_in_the_table_and_footer(tiny_cache):
+    res = run(tiny_cache, "--tree", "chain:2", "--draft", "int8", "--cost", "c=0.2", "--no-by-category", "-q")
+    assert res.exit_code == 0, res.output
+    assert "speedup ASSUMED [95% CI]" in res.output.splitlines()[0]
+    assert "ASSUMED c=0.2" in res.output and "is an ASSUMPTION, not measured" in res.output
 
 
 def test_sampling_at_a_recorded_temperature(tiny_cache):
@@ -63,10 +71,11 @@ def test_greedy_needs_greedy_trajectories(tiny_cache):
 def test_out_round_trips(tmp_path, suffix):
     cache = random_cache(tmp_path / "c.h5", n_prompts=6, length=16, vocab=12)
     out = tmp_path / f"results{suffix}"
-    res = run(cache, "--tree", "chain:3", "--tree", "kary:2@3", "--out", out, "-q", "--n-boot", "200")
+    res = run(cache, "--tree", "chain:3", "--tree", "kary:2@3", "--out", out, "-q", "--n-boot", "200",
+              "--cost", "c=0.1")
     assert res.exit_code == 0, res.output
     assert f"wrote 6 rows x" in res.output
-    expected = specsim.simulate(cache, trees=["chain:3", "kary:2@3"], n_boot=200)
+    expected = specsim.simulate(cache, trees=["chain:3", "kary:2@3"], n_boot=200, cost="c=0.1")
     back = {".parquet": pl.read_parquet, ".csv": pl.read_csv, ".json": pl.read_json}[suffix](out)
     if suffix == ".csv":  # lists become depth_d columns
         depth = expected["depth"].max()
@@ -77,7 +86,8 @@ def test_out_round_trips(tmp_path, suffix):
     if suffix == ".json":  # rows of objects: polars reads the keys back in its own order
         back = back.select(expected.columns)
     assert back.columns == expected.columns
-    for col in ("tree", "category", "accept_rate", "accept_rate_lo", "tokens_per_call_hi", "speedup", "n_positions"):
+    for col in ("tree", "category", "accept_rate", "accept_rate_lo", "tokens_per_call_hi", "speedup_assumed",
+                "n_positions"):
         a, b = back[col].to_list(), expected[col].to_list()
         assert a == (pytest.approx(b) if isinstance(b[0], float) else b)
 
@@ -87,7 +97,8 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     cases = [
         (["--tree", "chain"], "tree family 'chain' needs --budget N"),
         (["--tree", "chain:2", "--out", tmp_path / "x.txt"], "unknown format .txt"),
-        (["--tree", "chain:2", "--cost", "c=0.1", "--cost-profile", cache], "give --cost or --cost-profile, not both"),
+        (["--tree", "chain:2", "--cost", "c=0.1", "--cost-profile", cache], "or an assumed --cost, not both"),
+        (["--tree", "chain:2", "--batch", "4"], "--batch needs measured costs"),
         (["--tree", "chain:2", "--policy", "sometimes"], "'sometimes' is not a policy"),
         (["--tree", "chain:2", "--draft", "huge"], "no draft named 'huge'; recorded drafts: small"),
         (["--tree", "bush:3"], "'bush:3' is not a tree spec"),

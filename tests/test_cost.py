@@ -1,4 +1,4 @@
-"""Cost models: Leviathan's ratio model and measured profiles."""
+"""Cost models: the shape of a step, measured profiles (interpolation, limits, model matching), assumed ratios."""
 
 from __future__ import annotations
 
@@ -9,94 +9,170 @@ import pytest
 
 import specsim
 from specsim.errors import SpecError
-from specsim.sim.cost import load_cost_profile, parse_cost
-from specsim.sim.engine import walk
-from specsim.sim.features import load_features
-from specsim.sim.policies import parse_policy, run_policy
+from specsim.sim.cost import (
+    AssumedCost,
+    ModelId,
+    check_profile,
+    load_cost_profile,
+    parse_cost,
+    step_shape,
+)
 from specsim.trees import parse_tree
-from tests.synthetic import iid_sample_cache
+from tests.synthetic import TARGET_NAME, iid_sample_cache, random_cache
+
+
+def test_step_shape_is_what_the_live_engine_runs():
+    assert step_shape(parse_tree("chain:4")) == step_shape(parse_tree("chain:4"), room=9)
+    shape = step_shape(parse_tree("chain:4"))
+    assert shape.verify_tokens == 5 and shape.draft_levels == (1, 1, 1, 1)  # root feed + depths 1..3 fed
+    kary = step_shape(parse_tree("kary:2,2"))
+    assert kary.verify_tokens == 7 and kary.draft_levels == (1, 2)  # the leaves at depth 2 are never fed
+    cut = step_shape(parse_tree("chain:4"), room=2)  # near the output limit: no deeper than 2
+    assert cut.verify_tokens == 3 and cut.draft_levels == (1, 1)
+    assert step_shape(parse_tree("chain:4"), room=0).draft_levels == ()  # nothing to accept: nothing drafted
+    assert step_shape(parse_tree("kary:2,2"), model_draft=False).draft_levels == ()
+    assert step_shape(parse_tree("chain:3"), root_feed=2).draft_levels == (2, 1, 1)
 
 
 @pytest.mark.parametrize("alpha,gamma,c", [(0.7, 4, 0.05), (0.9, 8, 0.1), (0.5, 1, 0.2)])
-def test_ratio_cost_gives_leviathans_improvement_factor(tmp_path, alpha, gamma, c):
-    path, a = iid_sample_cache(tmp_path / "s.h5", alpha=alpha, n_traj=2, length=40)
-    f = load_features(path, "d", 1.0, progress=False)
-    tree = parse_tree(f"chain:{gamma}")
-    model = parse_cost(f"c={c}")
-    kappa = model.call_cost(tree, context=100.0, model_draft=True)
-    assert kappa == pytest.approx(1 + gamma * c)
-    table = run_policy(f, tree, parse_policy("sample"), np.random.default_rng(0))
-    away = f.remaining() >= gamma
-    improvement = (1 - a ** (gamma + 1)) / ((1 - a) * (gamma * c + 1))
-    np.testing.assert_allclose((1 + table.mean_len()[away]) / kappa, improvement, rtol=0, atol=1e-9)
-    # The walk over whole trajectories: speedup = tokens / (calls x call cost), ends included.
-    stats = walk(table, f, kappa)
-    assert stats.tokens.sum() / stats.cost.sum() == pytest.approx(stats.tokens.sum() / stats.calls.sum() / kappa)
-    assert stats.tokens.sum() / stats.cost.sum() < improvement  # the end cap only loses tokens
-
-
-def test_simulate_speedup_matches_long_run_leviathan(tmp_path):
+def test_assumed_cost_gives_leviathans_improvement_on_long_trajectories(tmp_path, alpha, gamma, c):
     # Renewal argument: on long trajectories tokens/call tends to the per-call expectation.
-    path, a = iid_sample_cache(tmp_path / "s.h5", alpha=0.8, n_traj=2, length=4000)
-    df = specsim.simulate(path, trees=["chain:5"], policies=["sample"], cost="c=0.05", n_boot=0)
+    path, a = iid_sample_cache(tmp_path / "s.h5", alpha=alpha, n_traj=2, length=4000)
+    df = specsim.simulate(path, trees=[f"chain:{gamma}"], policies=["sample"], cost=f"c={c}", n_boot=0)
     row = df.row(0, named=True)
-    assert row["speedup"] == pytest.approx((1 - a**6) / ((1 - a) * 1.25), rel=2e-3)
-    assert row["call_cost"] == pytest.approx(1.25)
+    improvement = (1 - a ** (gamma + 1)) / ((1 - a) * (gamma * c + 1))
+    assert row["speedup_assumed"] == pytest.approx(improvement, rel=3e-3)
+    assert row["call_cost_assumed"] == pytest.approx(1 + gamma * c, rel=1e-3)
+    assert "speedup" not in df.columns and "tokens_per_s" not in df.columns
+    assert row["cost_basis"].startswith("ASSUMED") and "not measured" in row["cost_basis"]
 
 
-def test_model_free_drafts_cost_nothing_to_draft():
-    assert parse_cost("c=0.3").call_cost(parse_tree("chain:5"), context=1, model_draft=False) == 1.0
+def test_without_costs_there_is_no_speedup(tmp_path):
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0,))
+    df = specsim.simulate(path, trees=["chain:2"], n_boot=0)
+    assert not [c for c in df.columns if "speedup" in c or "tokens_per_s" in c]
+    assert df["cost_basis"][0].startswith("none")
 
 
 @pytest.mark.parametrize("text", ["0.05", "c=", "c=abc", "d=0.1", "c=-1"])
 def test_bad_cost_specs_are_refused(text):
-    with pytest.raises(SpecError, match="c=0.05|>= 0"):
+    with pytest.raises(SpecError, match="c=0.1|>= 0"):
         parse_cost(text)
 
 
-def write_profile(path, **override):
+def profile_body(**override) -> dict:
+    """A hand-made v2 profile: verify time = 10 ms + 1 ms per token + 2 ms per request, x2 at L=512."""
+    grid = {"batches": [1, 4], "contexts": [128, 512], "sizes": [1, 2, 4, 8], "widths": [1, 2, 4]}
+
+    def table(xs, base, per):
+        return {str(b): {str(L): {str(x): {"median": (base + per * x + 0.002 * b) * (2 if L == 512 else 1)}
+                                  for x in xs} for L in grid["contexts"]} for b in grid["batches"]}
+
     data = {
-        "format": "specsim-cost-profile", "version": 1, "device": "cpu", "target": "t", "draft": "d",
-        "dtype": "float32", "mask": "tree-4d", "contexts": [128, 512],
-        "target_verify_s": {"128": {"1": 0.010, "2": 0.011, "4": 0.012, "8": 0.016},
-                            "512": {"1": 0.020, "2": 0.022, "4": 0.026, "8": 0.030}},
-        "draft_step_s": {"128": {"1": 0.002, "2": 0.0025, "4": 0.003},
-                         "512": {"1": 0.004, "2": 0.0045, "4": 0.005}},
-        "repeats": 10, "statistic": "median",
+        "format": "specsim-cost-profile", "version": 2, "device": "cpu (2 threads)", "dtype": "float32",
+        "target": {"name": TARGET_NAME}, "drafts": {"d": {"name": "d"}}, **grid,
+        "target_verify_s": table(grid["sizes"], 0.010, 0.001),
+        "draft_step_s": {"d": table(grid["widths"], 0.002, 0.0005)},
+        "fit": {"max_relative_error": 0.05},
     }
     data.update(override)
-    path.write_text(json.dumps(data))
+    return data
+
+
+def write(path, body):
+    path.write_text(json.dumps(body))
     return path
 
 
-def test_profile_costs_interpolate_sizes_and_contexts(tmp_path):
-    model = load_cost_profile(write_profile(tmp_path / "p.json"))
-    chain2 = parse_tree("chain:2")  # 3 tree tokens, two draft levels of width 1
-    # At a measured context: verify(3) interpolated between N=2 and N=4, plus two draft steps.
-    assert model.call_cost(chain2, context=128, model_draft=True) == pytest.approx((0.0115 + 2 * 0.002) / 0.010)
-    at512 = model.call_cost(chain2, context=512, model_draft=True)
-    assert at512 == pytest.approx((0.024 + 2 * 0.004) / 0.020)
-    # Halfway between contexts: timings interpolated in L, then divided by the interpolated unit.
-    mid = model.call_cost(chain2, context=320, model_draft=True)
-    assert mid == pytest.approx((0.5 * (0.0115 + 0.024) + 2 * 0.003) / 0.015)
-    assert model.call_cost(chain2, context=50, model_draft=True) == model.call_cost(chain2, context=128,
-                                                                                      model_draft=True)
-    # Level widths: kary:2,2 drafts levels of 2 and 4 and verifies 7 tokens.
-    kary = parse_tree("kary:2,2")
-    assert model.call_cost(kary, context=128, model_draft=False) == pytest.approx(0.015 / 0.010)
-    assert model.call_cost(kary, context=128, model_draft=True) == pytest.approx((0.015 + 0.0025 + 0.003) / 0.010)
-    # Beyond the largest measured size: linear extrapolation from the last two points.
-    assert model.call_cost(parse_tree("chain:11"), context=128, model_draft=False) == pytest.approx(0.020 / 0.010)  # 12 tokens
-    assert "p.json" in model.describe() and "cpu" in model.describe()
+def test_profile_interpolates_in_batch_tokens_and_context(tmp_path):
+    model = load_cost_profile(write(tmp_path / "p.json", profile_body()))
+    f = lambda b, n, L: (0.010 + 0.001 * n + 0.002 * b) * (1 + (L - 128) / 384)  # noqa: E731 linear in all three
+    for b, n, L in [(1, 1, 128), (4, 8, 512), (1, 3, 128), (2, 5, 320), (3, 6, 200)]:
+        assert float(model.verify_s(b, n, L)) == pytest.approx(f(b, n, L))
+    assert float(model.plain_s(1, 128)) == pytest.approx(0.013)
+    assert float(model.draft_s("d", 1, 3, 128)) == pytest.approx(0.002 + 0.0015 + 0.002)
+    # vectorised over positions
+    np.testing.assert_allclose(model.verify_s(1, 5, np.array([128.0, 512.0])), [f(1, 5, 128), f(1, 5, 512)])
+    # below the smallest context: that context's time; beyond the largest N up to 2x: linear extrapolation
+    assert float(model.verify_s(1, 2, 10)) == pytest.approx(f(1, 2, 128))
+    assert float(model.verify_s(1, 16, 128)) == pytest.approx(f(1, 16, 128))
+    assert "MEASURED" in model.describe() and "p.json" in model.describe()
+
+
+@pytest.mark.parametrize("args,message", [
+    ((9, 1, 128), r"batch 9 is beyond what it measured \(1-4"),
+    ((1, 17, 128), r"target tokens N 17 is beyond what it measured \(1-8"),
+    ((1, 1, 1025), r"context 1025 is beyond what it measured \(128-512"),
+])
+def test_profile_refuses_to_extrapolate_far(tmp_path, args, message):
+    model = load_cost_profile(write(tmp_path / "p.json", profile_body()))
+    with pytest.raises(SpecError, match=message):
+        model.verify_s(*args)
+
+
+def test_a_profile_for_other_models_is_refused_naming_both(tmp_path):
+    body = profile_body(
+        target={"name": "big", "architecture_sha256": "aaa", "architecture": {"model_type": "llama"}},
+        drafts={"int8": {"name": "int8", "architecture_sha256": "bbb", "architecture": {"quantization": "W8A8"}}})
+    body["draft_step_s"] = {"int8": body["draft_step_s"]["d"]}
+    model = load_cost_profile(write(tmp_path / "p.json", body))
+    with pytest.raises(SpecError, match=r"measured for target big \(model_type=llama\), not for this cache's target "
+                                        r"small"):
+        check_profile(model, "small", {"spec": "small", "architecture_sha256": "ccc"})
+    check_profile(model, "big-as-a-hub-id", {"spec": "big-as-a-hub-id", "architecture_sha256": "aaa"})  # same shape
+    with pytest.raises(SpecError, match=r"not measured for draft layers:20 .* \(it measured: int8 \(quantization"):
+        model.draft_for("layers:20", {"spec": "layers:20", "architecture_sha256": "ddd", "architecture": {"layers": 20}})
+    assert model.draft_for("int8", {"spec": "int8", "architecture_sha256": "bbb"}) == "int8"
+    # files without fingerprints fall back to names
+    assert ModelId("x", None).same_as(ModelId("x", "abc")) and not ModelId("x", None).same_as(ModelId("y", None))
+
+
+def test_simulate_refuses_a_profile_of_another_target(tmp_path):
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0,), drafts=("d",))
+    other = write(tmp_path / "p.json", profile_body(target={"name": "another-model"}))
+    with pytest.raises(SpecError, match="measured for target another-model, not for this cache's target "
+                                        f"{TARGET_NAME}"):
+        specsim.simulate(path, trees=["chain:2"], cost_profile=other, n_boot=0)
+    good = write(tmp_path / "q.json", profile_body())
+    df = specsim.simulate(path, trees=["chain:2"], cost_profile=good, n_boot=0)
+    assert {"speedup", "tokens_per_s", "plain_tokens_per_s", "call_ms"} <= set(df.columns)
+    assert df["cost_basis"][0].startswith("MEASURED")
+    with pytest.raises(SpecError, match="not both"):
+        specsim.simulate(path, trees=["chain:2"], cost_profile=good, cost="c=0.1")
+
+
+def test_measured_speedup_is_plain_time_over_speculative_time(tmp_path):
+    """Model-free drafts cost no draft steps: a call that accepts nothing costs a verify of its nodes."""
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0,), drafts=("d",), n_prompts=3, length=20)
+    good = write(tmp_path / "q.json", profile_body())
+    df = specsim.simulate(path, trees=["chain:2"], drafts=["d", "ngram:2"], cost_profile=good, n_boot=0,
+                          by_category=False)
+    for row in df.iter_rows(named=True):
+        assert row["speedup"] == pytest.approx(row["tokens_per_s"] / row["plain_tokens_per_s"])
+        assert row["call_ms"] >= 1000 * 0.013  # at least a plain step
 
 
 @pytest.mark.parametrize("override,message", [
     ({"format": "x"}, "not a specsim-cost-profile"),
-    ({"version": 2}, "version 2"),
-    ({"target_verify_s": {"128": {"2": 0.01}}, "draft_step_s": {"128": {"1": 0.001}}}, "lacks N=1"),
-    ({"draft_step_s": {"128": {"1": 0.001}}}, "different contexts"),
-    ({"target_verify_s": {"128": {"1": "fast"}}}, r"target_verify_s\['128'\]"),
+    ({"version": 1}, r"version 1; this specsim reads version 2 .*re-run `specsim profile`"),
+    ({"sizes": [2, 4]}, "sizes must start at 1"),
+    ({"target_verify_s": {"1": {"128": {"1": "fast"}}}}, "malformed field"),
 ])
 def test_malformed_profiles_say_what_is_wrong(tmp_path, override, message):
     with pytest.raises(SpecError, match=message):
-        load_cost_profile(write_profile(tmp_path / "p.json", **override))
+        load_cost_profile(write(tmp_path / "p.json", profile_body(**override)))
+
+
+def test_binary_and_missing_profiles_are_one_clean_error(tmp_path):
+    binary = tmp_path / "b.json"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(SpecError, match="not a text file|not JSON"):
+        load_cost_profile(binary)
+    with pytest.raises(SpecError, match="cannot read"):
+        load_cost_profile(tmp_path / "missing.json")
+
+
+def test_assumed_cost_is_flat_and_says_so():
+    model = AssumedCost(0.3)
+    assert float(model.verify_s(4, 17, 999)) == 1.0 and float(model.draft_s("any", 8, 3, 1)) == 0.3
+    assert "ASSUMED" in model.describe() and not model.measured

@@ -97,7 +97,7 @@ def brute_walk_chain(beta, gamma):
             while a < min(gamma, n - 1 - t) and bits[t + a]:
                 a += 1
             totals[0] += prob
-            totals[1] += prob * gamma
+            totals[1] += prob * min(gamma, n - 1 - t)  # a call drafts only what it could accept (room)
             totals[2] += prob * a
             totals[3 : 3 + a] += prob
             t += a + 1

@@ -21,7 +21,7 @@ def stats_for(n_traj: int, rng, *, exact=True) -> tuple[TrajectoryStats, Feature
     lens = tokens.astype(np.int32)
     stats = TrajectoryStats(calls=calls, drafted=3 * calls, accepted=accepted, tokens=tokens,
                             reach=np.column_stack([calls * rate, calls * rate**2, calls * rate**3]),
-                            cost=1.15 * calls, exact=exact,
+                            cost=1.15 * calls, plain=tokens.copy(), exact=exact,
                             se_accepted=None if exact else np.full(n_traj, 0.5))
     features = Features(
         draft="d", temperature=1.0, cache_path=Path("x.h5"), models={"target": "t", "draft": "d"},

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from specsim.cli import main
 from specsim.sim.engine import walk
 from specsim.sim.features import load_features
-from specsim.sim.optimize import best_first_paths, optimal_tree, optimal_tree_from_vector, tree_value
+from specsim.sim.optimize import best_first_paths, optimal_tree, optimal_tree_from_vector, optimal_trees, tree_value
 from specsim.sim.policies import greedy_table, parse_policy
 from specsim.trees import Tree
 from tests.synthetic import random_cache, rank_cache
@@ -204,20 +204,29 @@ def test_cli_optimize_prints_writes_and_round_trips(caches, tmp_path):
 
 
 def test_cli_hardware_aware_choice(caches):
-    result = CliRunner().invoke(main, ["optimize", str(caches["rank"]), "--budget", "6", "--cost", "c=0.3"])
+    """With costs the budget N = 1..6 with the best speedup is chosen, and it is labelled by its basis."""
+    result = CliRunner().invoke(main, ["optimize", str(caches["rank"]), "--budget", "6", "--cost", "c=0.3",
+                                       "--n-boot", "0"])
     assert result.exit_code == 0, result.output
-    features = load_features(caches["rank"], "d", 0.0, progress=False)
-    from specsim.sim.cost import parse_cost
-    from specsim.sim.optimize import optimal_trees
+    import specsim
 
-    cost = parse_cost("c=0.3")
-    options = optimal_trees(features, range(1, 7), policy="greedy")
-    rates = [r.walk_tokens_per_call / cost.call_cost(r.tree, context=0.0, model_draft=True) for r in options]
-    n = int(np.argmax(rates)) + 1
-    m = re.search(r"N = (\d+): ([\d.]+) tokens/call, call cost ([\d.]+) target steps, estimated speedup ([\d.]+)x",
-                  result.output)
+    options = optimal_trees(load_features(caches["rank"], "d", 0.0, progress=False), range(1, 7), policy="greedy")
+    speed = [specsim.simulate(caches["rank"], trees=[f"file:{_saved(r.tree)}"], cost="c=0.3", n_boot=0,
+                              by_category=False)["speedup_assumed"][0] for r in options]
+    n = int(np.argmax(speed)) + 1
+    m = re.search(r"batch 1: N = (\d+) \(optimal:\d+\), ([\d.]+) tokens/call, speedup ASSUMED ([\d.]+)", result.output)
     assert m, result.output
-    assert int(m.group(1)) == n and float(m.group(4)) == pytest.approx(max(rates), abs=0.006)
+    assert int(m.group(1)) == n and float(m.group(3)) == pytest.approx(max(speed), abs=6e-4)
+    assert "ASSUMED c=0.3" in result.output
+
+
+def _saved(tree) -> str:
+    import tempfile
+
+    path = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    path.write(tree.to_json())
+    path.close()
+    return path.name
 
 
 def test_cli_acceptance_vector(tmp_path):

@@ -1,4 +1,4 @@
-"""Cost profile: the 4-D tree mask is really applied, the JSON has the agreed layout."""
+"""Cost profile measurement: the 4-D tree mask is really applied, the grid and the JSON are what the cost model reads."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ import transformers
 from click.testing import CliRunner
 
 from specsim.attention.profile import (
-    CostProfile,
     ProfileConfig,
-    _Prefilled,
+    leave_one_out_error,
     measure_cost_profile,
     tree_mask_honoured,
     verify_tree_parents,
+    write_profile,
 )
 from specsim.cli import main
-from specsim.errors import ModelError
+from specsim.errors import ModelError, SpecError
+from specsim.record.models import load_draft, load_model
+from specsim.sim.cost import load_cost_profile
 
 torch.set_num_threads(1)
 
@@ -43,57 +45,59 @@ class IgnoresMasks(torch.nn.Module):
         return self.inner(**kwargs)
 
 
-def test_tree_forward_equals_each_path_run_as_a_plain_sequence():
-    model = tiny_llama()
-    parents = verify_tree_parents(7)  # binary tree: 0 -> (1, 2), 1 -> (3, 4), 2 -> (5, 6)
-    with torch.inference_mode():
-        run = _Prefilled(model, 12, seed=1)
-        ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(2))
-        tree_logits = run.forward_ids(ids, parents, tree_mask=True)
-        assert run.cache.get_seq_length() == 12  # the tree tokens were cropped back out
-        for node in range(7):
-            path, j = [], node
-            while j != -1:
-                path.append(j)
-                j = int(parents[j])
-            chain_logits = run.forward_ids(ids[:, path[::-1]], None, tree_mask=False)[-1]
-            torch.testing.assert_close(tree_logits[node], chain_logits, atol=1e-4, rtol=1e-4)
-
-
 def test_mask_check_detects_a_model_that_ignores_it():
     model = tiny_llama()
     assert tree_mask_honoured(model)
     assert not tree_mask_honoured(IgnoresMasks(model))
 
 
-def test_profile_has_the_agreed_json_layout(tmp_path):
-    config = ProfileConfig(contexts=(8, 32), max_tokens=8, draft_widths=(1, 2, 4), repeats=2, warmup=1)
-    result = measure_cost_profile(tiny_llama(2), tiny_llama(1, seed=1), config=config, target_name="tiny-2",
-                                  draft_name="tiny-1", progress=False)
-    data = json.loads(result.write(tmp_path / "p.json").read_text())
-    assert data["format"] == "specsim-cost-profile" and data["version"] == 1
-    assert data["mask"] == "tree-4d" and data["statistic"] == "median" and data["repeats"] == 2
-    assert data["device"].startswith("cpu (") and data["target"] == "tiny-2" and data["draft"] == "tiny-1"
-    assert data["contexts"] == [8, 32]
-    assert set(data["target_verify_s"]) == set(data["draft_step_s"]) == {"8", "32"}
-    assert list(data["target_verify_s"]["32"]) == ["1", "2", "4", "8"]
-    assert list(data["draft_step_s"]["8"]) == ["1", "2", "4"]
-    values = [s for table in ("target_verify_s", "draft_step_s") for row in data[table].values() for s in row.values()]
-    assert all(0 < s < 10 for s in values)
-    assert data["created"].endswith("Z") and data["specsim_version"]
+def test_sizes_are_dense_where_small_gemms_are_bumpy():
+    assert ProfileConfig(max_tokens=8).sizes == list(range(1, 9))
+    assert ProfileConfig(max_tokens=40).sizes == [*range(1, 18), 24, 32, 40]
+    assert ProfileConfig(max_tokens=100).sizes[-3:] == [80, 96, 100]
 
 
-def test_profile_falls_back_to_a_causal_chain_and_says_so():
-    config = ProfileConfig(contexts=(8,), max_tokens=4, draft_widths=(1, 2), repeats=1, warmup=0)
-    result = measure_cost_profile(IgnoresMasks(tiny_llama()), tiny_llama(1), config=config, progress=False)
-    assert isinstance(result, CostProfile) and result.mask == "causal-chain"
-    assert set(result.target_verify_s["8"]) == {"1", "2", "4"}
+def test_leave_one_out_error_is_zero_on_a_linear_grid_and_not_on_a_bump():
+    grid = np.array([1.0, 2.0, 3.0, 4.0])
+    linear = (2 + grid)[None, None, :] * np.ones((2, 2, 1))
+    assert leave_one_out_error(linear, ([1, 2], [64, 128], grid)) == pytest.approx(0.0)
+    bumpy = linear.copy()
+    bumpy[..., 2] *= 1.5  # N = 3 slower than N = 4, as on CPUs
+    assert leave_one_out_error(bumpy, ([1, 2], [64, 128], grid)) > 0.3
 
 
-def test_profile_refuses_contexts_beyond_the_position_table():
-    config = ProfileConfig(contexts=(60,), max_tokens=8)
+@pytest.fixture(scope="module")
+def pair(tiny_model_dir):
+    target = load_model(str(tiny_model_dir))
+    return target, [load_draft("layers:2", target), load_draft("int8", target)]
+
+
+def test_profile_json_round_trips_into_the_cost_model(pair, tmp_path):
+    target, drafts = pair
+    config = ProfileConfig(batches=(1, 2), contexts=(8, 32), max_tokens=4, draft_widths=(1, 2), repeats=2, warmup=1)
+    body = measure_cost_profile(target, drafts, config=config, progress=False)
+    path = write_profile(body, tmp_path / "p.json")
+    data = json.loads(path.read_text())
+    assert data["format"] == "specsim-cost-profile" and data["version"] == 2 and data["mask"] == "tree-4d"
+    assert data["device"].startswith("cpu (") and data["threads"] == 1 and data["dtype"] == "float32"
+    assert data["batches"] == [1, 2] and data["contexts"] == [8, 32] and data["sizes"] == [1, 2, 3, 4]
+    assert data["target"]["architecture_sha256"] == target.info["architecture_sha256"]
+    assert set(data["drafts"]) == {"layers:2", "int8"}
+    cell = data["target_verify_s"]["2"]["32"]["3"]
+    assert cell["q25"] <= cell["median"] <= cell["q75"] and cell["n"] == 2
+    assert 0 <= data["fit"]["max_relative_error"] < 100 and data["versions"]["torch"]
+    model = load_cost_profile(path)
+    assert float(model.verify_s(2, 3, 32)) == pytest.approx(cell["median"])
+    assert float(model.draft_s("int8", 1, 2, 8)) == pytest.approx(data["draft_step_s"]["int8"]["1"]["8"]["2"]["median"])
+    with pytest.raises(SpecError, match="exists; pass --overwrite"):
+        write_profile(body, path)
+
+
+def test_profile_refuses_contexts_beyond_the_position_table(pair):
+    target, _ = pair
+    config = ProfileConfig(contexts=(1020,), max_tokens=8)
     with pytest.raises(ModelError, match="lower --contexts or --max-tokens"):
-        measure_cost_profile(tiny_llama(max_positions=64), tiny_llama(1), config=config, progress=False)
+        measure_cost_profile(target, [], config=config, progress=False)
 
 
 def test_verify_tree_is_a_binary_tree_in_bfs_order():
@@ -101,10 +105,22 @@ def test_verify_tree_is_a_binary_tree_in_bfs_order():
     np.testing.assert_array_equal(verify_tree_parents(1), [-1])
 
 
-def test_cli_rejects_bad_contexts_before_loading_models(tmp_path):
+@pytest.mark.parametrize("args,message", [
+    (["--contexts", "128,abc"], "comma-separated integers"),
+    (["--batch", "0,x"], "comma-separated integers"),
+])
+def test_cli_rejects_bad_grids_before_loading_models(tmp_path, args, message):
     result = CliRunner().invoke(main, ["profile", "--target", "smollm2-135m", "--draft", "int8", "--device", "cpu",
-                                       "--contexts", "128,abc", "--out", str(tmp_path / "p.json")])
-    assert result.exit_code == 2 and "comma-separated integers" in result.output
+                                       *args, "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and message in result.output
+
+
+def test_cli_refuses_to_overwrite_and_model_free_drafts(tmp_path):
+    existing = tmp_path / "p.json"
+    existing.write_text("{}")
+    result = CliRunner().invoke(main, ["profile", "--target", "x", "--out", str(existing)])
+    assert result.exit_code == 1 and "exists; pass --overwrite" in result.output
+    assert existing.read_text() == "{}"
 
 
 @pytest.mark.slow
@@ -116,11 +132,10 @@ def test_cli_profiles_the_packaged_model(tmp_path):
     out = tmp_path / "profile.json"
     result = CliRunner().invoke(main, [
         "profile", "--target", "smollm2-135m", "--draft", "layers:20", "--device", "cpu", "--contexts", "64",
-        "--max-tokens", "8", "--draft-widths", "1,4", "--repeats", "2", "--warmup", "1", "--quiet", "--out", str(out),
+        "--max-tokens", "3", "--draft-widths", "1,2", "--repeats", "2", "--warmup", "1", "--quiet", "--out", str(out),
     ])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert data["target"] == "smollm2-135m" and data["draft"] == "layers:20"
-    assert data["mask"] == "tree-4d"  # Llama-architecture models accept custom 4-D masks
-    assert list(data["target_verify_s"]["64"]) == ["1", "2", "4", "8"]
-    assert "L=64: target decode step" in result.output
+    assert data["target"]["name"] == "smollm2-135m" and list(data["drafts"]) == ["layers:20"]
+    assert list(data["target_verify_s"]["1"]["64"]) == ["1", "2", "3"]
+    assert "B=1 L=64: plain decode step" in result.output

@@ -49,9 +49,10 @@ class _Page(HTMLParser):
 
 
 @pytest.fixture(scope="module")
-def report_dir(tiny_cache, tmp_path_factory):
+def report_dir(tiny_cache, tiny_profile, tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "demo"
     result = CliRunner().invoke(main, ["report", str(tiny_cache), "--out", str(out), "--budgets", BUDGETS,
+                                       "--cost-profile", str(tiny_profile), "--batches", "1,2",
                                        "--quiet", "--title", "Tiny study"])
     assert result.exit_code == 0, result.output
     assert f"wrote {out / 'index.html'}" in result.output
@@ -75,7 +76,8 @@ def test_every_chart_is_a_valid_png_and_svg(report_dir):
     pngs = sorted((report_dir / "charts").glob("*.png"))
     names = {p.stem for p in pngs}
     assert {"tokens_per_call_vs_budget", "acceptance_rate_vs_budget", "depth_acceptance", "by_category",
-            "theory_vs_simulated", "speedup_grid", "speedup_vs_budget"} <= names
+            "theory_vs_simulated", "speedup_grid", "speedup_vs_budget", "speedup_vs_batch"} <= names
+    assert "speedup_assumed_vs_budget" not in names  # measured costs: no assumption drawn
     for png in pngs:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         svg = png.with_suffix(".svg")
@@ -84,7 +86,7 @@ def test_every_chart_is_a_valid_png_and_svg(report_dir):
 
 def test_tables_are_written_as_parquet_and_csv(report_dir, tiny_cache):
     tables = report_dir / "tables"
-    for name in ("setup", "categories", "results", "depth_acceptance", "theory", "speedup_grid"):
+    for name in ("setup", "categories", "results", "depth_acceptance", "theory", "speedup_grid", "batch"):
         parquet = pl.read_parquet(tables / f"{name}.parquet")
         csv = pl.read_csv(tables / f"{name}.csv")
         assert parquet.height == csv.height > 0
@@ -108,17 +110,19 @@ def test_setup_and_findings_appear_in_the_page(report_dir):
     assert "Best tree shape per budget for" in text
     assert "Leviathan&#x27;s closed form at the measured α" in text or "Leviathan's closed form" in text
     assert "optimal:4 for" in text  # a data-optimal tree drawn for a budget
+    assert "With measured costs (MEASURED profile tiny-profile.json" in text
+    assert "Best draft budget per batch size for" in text
 
 
-def test_findings_quote_numbers_that_are_in_the_tables(tiny_cache):
-    study = run_study([tiny_cache], StudyConfig(budgets=(1, 2, 4), model_free=(), draw_budgets=(2,)),
-                      progress=False)
-    sentences = findings(study.results, study.theory, study.cost_model)
+def test_findings_quote_numbers_that_are_in_the_tables(tiny_cache, tiny_profile):
+    study = run_study([tiny_cache], StudyConfig(budgets=(1, 2, 4), model_free=(), draw_budgets=(2,), batches=(1, 2)),
+                      cost_profiles=[tiny_profile], progress=False)
+    sentences = findings(study.results, study.theory, study.cost_basis, study.batch)
     assert len(sentences) >= 4
     quoted = [float(x) for s in sentences for x in re.findall(r"(?<![\d.])\d+\.\d{3}(?![\d%])", s)]
     assert quoted
     known = set()
-    for table in (study.results, study.theory):
+    for table in (study.results, study.theory, study.batch):
         for col, dtype in table.schema.items():
             if dtype == pl.Float64:
                 known |= {round(v, 3) for v in table[col].drop_nulls().to_list()}
@@ -132,10 +136,34 @@ def test_findings_name_the_best_shape_per_budget(tiny_cache):
     best = (study.results.filter((pl.col("category") == "all") & (pl.col("temperature") == 0)
                                  & (pl.col("budget") == 4) & (pl.col("draft") == "int8"))
             .sort("tokens_per_call", descending=True).row(0, named=True))
-    sentence = next(s for s in findings(study.results, study.theory, study.cost_model)
+    sentence = next(s for s in findings(study.results, study.theory, study.cost_basis)
                     if s.startswith("Best tree shape per budget for int8") and "T=0 greedy" in s)
     assert f"4 drafts: {best['family']}" in sentence
     assert f"{best['tokens_per_call']:.3f}" in sentence
+
+
+def test_without_costs_no_speedup_and_an_assumed_cost_is_labelled(tiny_cache):
+    plain = run_study([tiny_cache], StudyConfig(budgets=(1, 2), model_free=(), draw_budgets=(),
+                                                families=("chain",), sample_families=("chain",)), progress=False)
+    assert not plain.measured and not plain.assumed and plain.batch.is_empty()
+    assert not [s for s in findings(plain.results, plain.theory, plain.cost_basis) if "speedup" in s]
+    assumed = run_study([tiny_cache], StudyConfig(budgets=(1, 2), model_free=(), draw_budgets=(), cost="c=0.2",
+                                                  families=("chain",), sample_families=("chain",)), progress=False)
+    said = [s for s in findings(assumed.results, assumed.theory, assumed.cost_basis) if "speedup" in s]
+    assert said and all("ASSUMED" in s for s in said)
+
+
+def test_a_speedup_whose_ci_includes_one_is_not_called_a_speedup():
+    from specsim.report.findings import _speedup
+
+    def row(value, lo, hi):
+        return {"cache_name": "c.h5", "pair": "d → t", "temperature": 0.0, "policy": "greedy", "batch": 1,
+                "category": "all", "tree": "chain:4", "tokens_per_call": 2.0, "speedup": value, "speedup_lo": lo,
+                "speedup_hi": hi}
+
+    assert "no demonstrated speedup (the 95% CI includes 1.0)" in _speedup(pl.DataFrame([row(1.1, 0.9, 1.3)]), {})[0]
+    assert "gets a speedup:" in _speedup(pl.DataFrame([row(1.2, 1.05, 1.3)]), {})[0]
+    assert "plain decoding is faster" in _speedup(pl.DataFrame([row(0.8, 0.7, 0.9)]), {})[0]
 
 
 def test_bad_inputs_are_one_line_errors(tiny_cache, tmp_path):

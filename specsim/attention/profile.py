@@ -1,28 +1,37 @@
-"""Cost profile: measured forward times that turn accepted tokens into wall-clock speedup.
+"""Cost profile: measured step times that turn accepted tokens into wall-clock speedup.
 
-The speedup of speculative decoding is (tokens per target call) / (cost per call),
-with costs in units of one plain target decode step (Leviathan et al. 2023, sec. 3;
-Sequoia, Chen et al. 2024, for the width-dependence of verification). This module
-measures, for real models over a prefilled KV cache of L tokens:
+The speedup of speculative decoding is (tokens per step) / (time per step) over the
+plain step's rate (Leviathan et al. 2023, sec. 3; Sequoia, Chen et al. 2024, for the
+width-dependence of verification; serving engines for its dependence on batch size).
+This module times, with the live engine's own code (`specsim.live.kv.SlotKV`, the same
+masks and the same post-processing), over B requests whose KV caches hold L random
+tokens each:
 
-* ``target_verify_s[L][N]``: one target forward over N new tokens arranged as a
-  draft tree (a binary tree cut to N nodes, BFS order) with a 4-D tree attention
-  mask and explicit position ids; N = 1 is a plain decode step, the unit of cost;
-* ``draft_step_s[L][w]``: one draft forward over w new tokens, one tree level
-  (siblings that each see the context and themselves).
+* ``target_verify_s[B][L][N]``: one target forward over N new tokens per request laid out
+  as a draft tree (a binary tree cut to N nodes, breadth-first) with its 4-D tree mask,
+  plus the argmax the verification reads; N = 1 is a plain decode step;
+* ``draft_step_s[draft][B][L][w]``: one draft forward over w new tokens per request (one
+  tree level: siblings that see the context and themselves), plus picking their children.
 
-If a model ignores or rejects a custom 4-D mask, verification falls back to a
-causal chain of N tokens (same token count, chain mask) and the profile says so
-in its ``mask`` field. The JSON written here is what `specsim.sim.cost` reads.
+Timing: `warmup` untimed runs, then `repeats` timed ones per entry; the median is used,
+the quartiles are kept (the spread); every run ends with a device synchronisation, so a
+time is the wall-clock the engine waits (CPU launch overhead included, as live decoding
+pays it). The profile records device, dtype, threads, load average, library versions,
+the models with the architecture fingerprints caches record, and the interpolation
+error of the grid (leave-one-out: each interior point predicted from its neighbours).
+The JSON written here is what `specsim.sim.cost` reads.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -30,59 +39,37 @@ import torch
 from specsim.errors import ModelError, SpecError
 
 FORMAT = "specsim-cost-profile"
-VERSION = 1
+VERSION = 2
+DENSE = 17  # N measured one by one up to here: a budget-16 tree verifies 17 tokens
 
 
 @dataclass(frozen=True)
 class ProfileConfig:
     """What to measure."""
 
-    contexts: tuple[int, ...] = (128, 512)  # L: tokens already in the KV cache
-    max_tokens: int = 64  # largest N; N runs over 1, 2, 4, ... up to it
-    draft_widths: tuple[int, ...] = (1, 2, 4, 8)  # w: draft tokens per draft forward
-    repeats: int = 10  # timed forwards per entry (the median is kept)
-    warmup: int = 2  # untimed forwards per entry
+    batches: tuple[int, ...] = (1,)  # B: requests per step
+    contexts: tuple[int, ...] = (128, 512)  # L: tokens already in each request's KV cache
+    max_tokens: int = 64  # largest N; every N up to DENSE, then steps of 8 (16 beyond 64) up to max_tokens
+    draft_widths: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # w: draft tokens per request per draft forward
+    repeats: int = 10  # timed runs per entry (the median is kept, quartiles as the spread)
+    warmup: int = 2  # untimed runs per entry
     seed: int = 0  # random token ids
 
-
-@dataclass(frozen=True)
-class CostProfile:
-    """Median forward times in seconds, keyed by str(L) then str(N) (the JSON layout)."""
-
-    device: str  # e.g. "cpu (2 threads)" or "cuda (NVIDIA H100 80GB HBM3)"
-    target: str  # target model name as given
-    draft: str  # draft model name as given
-    dtype: str  # model dtype
-    mask: str  # "tree-4d" or "causal-chain" (fallback when the model ignores 4-D masks)
-    contexts: list[int]  # the L values measured
-    target_verify_s: dict[str, dict[str, float]]  # L -> N -> seconds
-    draft_step_s: dict[str, dict[str, float]]  # L -> w -> seconds
-    repeats: int  # timed forwards behind each median
-    statistic: str = "median"  # what each number is
-    created: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    specsim_version: str = field(default_factory=lambda: _version())
-
-    def to_json(self) -> str:
-        body = {"format": FORMAT, "version": VERSION, **asdict(self)}
-        order = ["format", "version", "device", "target", "draft", "dtype", "created", "specsim_version", "mask",
-                 "contexts", "target_verify_s", "draft_step_s", "repeats", "statistic"]
-        return json.dumps({k: body[k] for k in order}, indent=1)
-
-    def write(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json() + "\n")
-        return path
+    @property
+    def sizes(self) -> list[int]:
+        """N measured: every N up to DENSE (small GEMMs are far from linear in N on CPUs: measured on
+        SmolLM2, N = 3 and 7 cost more than N = 4 and 8), then steps of 8, and 16 beyond 64."""
+        sizes = list(range(1, min(self.max_tokens, DENSE) + 1))
+        n = sizes[-1]
+        while n < self.max_tokens:
+            n = min(self.max_tokens, (n // 8 + 1) * 8 if n < 64 else (n // 16 + 1) * 16)
+            sizes.append(n)
+        return sizes
 
 
-def _version() -> str:
-    from specsim import __version__
-
-    return __version__
-
-
-def device_label(device: torch.device) -> str:
+def device_label(device: torch.device | str) -> str:
     """The profile's device string: 'cpu (2 threads)' or 'cuda (<GPU name>)'."""
+    device = torch.device(device)
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
     return f"{device.type} ({torch.get_num_threads()} threads)"
@@ -93,75 +80,15 @@ def verify_tree_parents(n_tokens: int) -> np.ndarray:
     return np.array([-1] + [(i - 1) // 2 for i in range(1, n_tokens)], dtype=np.int64)
 
 
-def _mask_and_positions(parents: np.ndarray | None, n: int, context_len: int, dtype: torch.dtype,
-                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Additive 4-D mask (1, 1, n, L + n) and position ids (1, n) for n new tokens.
-
-    `parents` None means n siblings (each sees the context and itself).
-    """
-    allowed = torch.zeros(n, context_len + n, dtype=torch.bool)
-    allowed[:, :context_len] = True
+def _tree_layout(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(depth (n,), attend (n, n)) of a parent array in BFS order."""
+    n = len(parents)
     depth = np.zeros(n, dtype=np.int64)
-    for i in range(n):
-        j = i
-        while j != -1:
-            allowed[i, context_len + j] = True
-            j = -1 if parents is None else int(parents[j])
-        if parents is not None and parents[i] >= 0:
-            depth[i] = depth[parents[i]] + 1
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-    positions = torch.as_tensor(context_len + depth).unsqueeze(0)
-    return mask[None, None].to(device), positions.to(device)
-
-
-class _Prefilled:
-    """A model with L random tokens in its KV cache; forwards over new tokens are undone after timing."""
-
-    def __init__(self, model, context_len: int, seed: int):
-        self.model = model
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        self.vocab = int(model.config.vocab_size)
-        self.context_len = context_len
-        self.gen = torch.Generator().manual_seed(seed)
-        ids = torch.randint(0, self.vocab, (1, context_len), generator=self.gen).to(self.device)
-        out = model(input_ids=ids, use_cache=True)
-        self.cache = out.past_key_values
-
-    def forward(self, n: int, parents: np.ndarray | None, *, tree_mask: bool) -> torch.Tensor:
-        """Logits (n, V) of one forward over n new tokens; the cache is cropped back to L afterwards."""
-        ids = torch.randint(0, self.vocab, (1, n), generator=self.gen).to(self.device)
-        return self.forward_ids(ids, parents, tree_mask=tree_mask)
-
-    def forward_ids(self, ids: torch.Tensor, parents: np.ndarray | None, *, tree_mask: bool) -> torch.Tensor:
-        n = ids.shape[1]
-        try:
-            if tree_mask:
-                mask, positions = _mask_and_positions(parents, n, self.context_len, self.dtype, self.device)
-                out = self.model(input_ids=ids, past_key_values=self.cache, attention_mask=mask,
-                                 position_ids=positions, use_cache=True)
-            else:
-                positions = torch.arange(self.context_len, self.context_len + n, device=self.device)[None]
-                out = self.model(input_ids=ids, past_key_values=self.cache, position_ids=positions, use_cache=True)
-        finally:
-            extra = self.cache.get_seq_length() - self.context_len
-            if extra > 0:
-                self.cache.crop(-extra)
-        return out.logits[0]
-
-    def time(self, n: int, parents: np.ndarray | None, *, tree_mask: bool, warmup: int, repeats: int) -> float:
-        """Median seconds of one forward over n new tokens."""
-        for _ in range(warmup):
-            self.forward(n, parents, tree_mask=tree_mask)
-        times = []
-        for _ in range(repeats):
-            ids = torch.randint(0, self.vocab, (1, n), generator=self.gen).to(self.device)
-            _sync(self.device)
-            t0 = time.perf_counter()
-            self.forward_ids(ids, parents, tree_mask=tree_mask)
-            _sync(self.device)
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times))
+    attend = np.eye(n, dtype=bool)
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+        attend[i] |= attend[parents[i]]
+    return depth, attend
 
 
 def _sync(device: torch.device) -> None:
@@ -169,76 +96,197 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def tree_mask_honoured(model, context_len: int = 8, seed: int = 0) -> bool:
+def _timed(run: Callable[[], None], device: torch.device, *, warmup: int, repeats: int) -> dict:
+    """{"median", "q25", "q75", "n"} seconds of `run`, synchronised before and after each run."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        started = time.perf_counter()
+        run()
+        _sync(device)
+        times.append(time.perf_counter() - started)
+    q25, median, q75 = np.percentile(times, [25, 50, 75])
+    return {"median": float(median), "q25": float(q25), "q75": float(q75), "n": repeats}
+
+
+class _Bench:
+    """One model with B rows of L random tokens in a slot cache; forwards are timed and never committed."""
+
+    def __init__(self, model, batch: int, context: int, rng: np.random.Generator):
+        from specsim.live.kv import SlotKV
+
+        self.kv = SlotKV(model)
+        self.vocab = int(model.config.vocab_size)
+        self.rng = rng
+        self.kv.start([rng.integers(0, self.vocab, context) for _ in range(batch)])
+
+    def run(self, depth: np.ndarray, attend: np.ndarray, pick: Callable) -> Callable[[], None]:
+        tokens = self.rng.integers(0, self.vocab, (self.kv.rows, len(depth)))
+
+        def once() -> None:
+            logits = self.kv.forward(tokens, depth, attend)
+            pick(logits)
+            self.kv.commit([np.empty(0, dtype=np.int64)] * self.kv.rows)  # forget: the context stays L
+
+        return once
+
+
+def tree_mask_honoured(model, seed: int = 0) -> bool:
     """Whether the model applies a custom 4-D mask: a sibling must not see its sibling.
 
-    Root r with children a and b: b's logits under the tree mask must equal b's
-    logits when the input is just (r, b); a model that ignored the mask would let b
-    attend to a. Any exception from the 4-D path also counts as "not honoured".
+    Root r with children a and b: b's logits under the tree mask must equal b's logits
+    when the input is just (r, b). Any exception from the 4-D path counts as "not honoured".
     """
-    with torch.inference_mode():
-        try:
-            run = _Prefilled(model, context_len, seed)
-            ids = torch.randint(0, run.vocab, (1, 3), generator=run.gen).to(run.device)
-            tree = run.forward_ids(ids, np.array([-1, 0, 0]), tree_mask=True)[2].float()
-            chain = run.forward_ids(ids[:, [0, 2]], None, tree_mask=False)[1].float()
-        except (RuntimeError, ValueError, TypeError, IndexError):
-            return False
+    from specsim.live.kv import SlotKV
+
+    rng = np.random.default_rng(seed)
+    vocab = int(model.config.vocab_size)
+    context, ids = rng.integers(0, vocab, 8), rng.integers(0, vocab, 3)
+    try:
+        kv = SlotKV(model)
+        kv.start([context])
+        depth, attend = _tree_layout(np.array([-1, 0, 0]))
+        tree = kv.forward(ids[None], depth, attend)[0, 2]
+        kv.commit([np.empty(0, dtype=np.int64)])
+        chain = kv.forward(ids[None, [0, 2]], np.arange(2), np.tril(np.ones((2, 2), bool)))[0, 1]
+    except (RuntimeError, ValueError, TypeError, IndexError):
+        return False
     scale = float(chain.abs().max()) or 1.0
     return float((tree - chain).abs().max()) / scale < 1e-2
 
 
-def measure_cost_profile(target_model, draft_model, *, config: ProfileConfig = ProfileConfig(),
-                         target_name: str = "target", draft_name: str = "draft", dtype: str = "float32",
-                         progress: bool = True) -> CostProfile:
-    """Time target verification over N tokens and draft steps over w tokens at each context length."""
+def leave_one_out_error(table: np.ndarray, grids: Sequence[Sequence[float]]) -> float:
+    """Max relative error of predicting each interior grid point by linear interpolation from its neighbours."""
+    worst = 0.0
+    for axis, grid in enumerate(grids):
+        g = np.asarray(grid, dtype=np.float64)
+        for k in range(1, len(g) - 1):
+            w = (g[k] - g[k - 1]) / (g[k + 1] - g[k - 1])
+            lo, mid, hi = (np.take(table, i, axis=axis) for i in (k - 1, k, k + 1))
+            worst = max(worst, float(np.max(np.abs((1 - w) * lo + w * hi - mid) / mid)))
+    return worst
+
+
+def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = ProfileConfig(),
+                         progress: bool = True) -> dict:
+    """Time target verification and draft steps over the (B, L, N) and (B, L, w) grids; the profile JSON body.
+
+    target, drafts: `specsim.record.models.LoadedModel`s (drafts may be empty: plain steps only).
+    """
     from tqdm.auto import tqdm
 
+    from specsim.live.drafting import top_ranked
+
     _validate(config)
-    check_fits(target_model, config.contexts, config.max_tokens, f"target {target_name}")
-    check_fits(draft_model, config.contexts, max(config.draft_widths), f"draft {draft_name}")
-    device = next(target_model.parameters()).device
-    tree_mask = tree_mask_honoured(target_model, seed=config.seed)
-    draft_tree_mask = tree_mask and tree_mask_honoured(draft_model, seed=config.seed)
-    sizes = [2**i for i in range(int(np.log2(config.max_tokens)) + 1)]
-    verify: dict[str, dict[str, float]] = {}
-    draft: dict[str, dict[str, float]] = {}
-    bar = tqdm(total=len(config.contexts) * (len(sizes) + len(config.draft_widths)), desc="profile",
-               unit="entry", disable=not progress)
+    models = [("target", target)] + [(d.name, d) for d in drafts]
+    for what, m in models:
+        widest = config.max_tokens if what == "target" else max(config.draft_widths)
+        check_fits(m.model, config.contexts, widest, f"{what} {m.name}")
+        if not tree_mask_honoured(m.model, seed=config.seed):
+            raise ModelError(f"{what} {m.name} ignores custom 4-D attention masks; tree verification and "
+                             "live decoding need them (try another attention implementation)")
+    device = next(target.model.parameters()).device
+    rng = np.random.default_rng(config.seed)
+    sizes, widths = config.sizes, list(config.draft_widths)
+    batches = sorted(set(config.batches))
+    load_before = _loadavg()
+    verify: dict = {}
+    draft: dict = {d.name: {} for d in drafts}
+    bar = tqdm(total=len(batches) * len(config.contexts) * (len(sizes) + len(drafts) * len(widths)),
+               desc="profile", unit="entry", disable=not progress)
+    greedy_pick = lambda logits: logits.argmax(dim=-1).cpu()  # noqa: E731  what greedy verification reads
     with torch.inference_mode():
-        for context_len in config.contexts:
-            run = _Prefilled(target_model, context_len, config.seed)
-            row = {}
-            for n in sizes:
-                parents = verify_tree_parents(n)
-                row[str(n)] = run.time(n, parents, tree_mask=tree_mask, warmup=config.warmup,
-                                       repeats=config.repeats)
-                bar.update(1)
-            verify[str(context_len)] = row
-            del run
-            run = _Prefilled(draft_model, context_len, config.seed)
-            row = {}
-            for w in config.draft_widths:
-                row[str(w)] = run.time(w, None, tree_mask=draft_tree_mask, warmup=config.warmup,
-                                       repeats=config.repeats)
-                bar.update(1)
-            draft[str(context_len)] = row
-            del run
+        for B in batches:
+            for L in config.contexts:
+                bench = _Bench(target.model, B, L, rng)
+                row = {}
+                for n in sizes:
+                    depth, attend = _tree_layout(verify_tree_parents(n))
+                    row[str(n)] = _timed(bench.run(depth, attend, greedy_pick), device,
+                                         warmup=config.warmup, repeats=config.repeats)
+                    bar.update()
+                verify.setdefault(str(B), {})[str(L)] = row
+                del bench
+                for d in drafts:
+                    bench = _Bench(d.model, B, L, rng)
+                    row = {}
+                    for w in widths:  # siblings: each sees the context and itself; their children are picked
+                        pick = lambda logits: top_ranked(logits.reshape(-1, logits.shape[-1]), 1)  # noqa: E731
+                        row[str(w)] = _timed(bench.run(np.ones(w, np.int64), np.eye(w, dtype=bool), pick),
+                                             device, warmup=config.warmup, repeats=config.repeats)
+                        bar.update()
+                    draft[d.name].setdefault(str(B), {})[str(L)] = row
+                    del bench
     bar.close()
-    return CostProfile(
-        device=device_label(device), target=target_name, draft=draft_name, dtype=dtype,
-        mask="tree-4d" if tree_mask else "causal-chain", contexts=list(config.contexts),
-        target_verify_s=verify, draft_step_s=draft, repeats=config.repeats,
-    )
+    medians = lambda t, xs: np.array([[[t[str(b)][str(L)][str(x)]["median"] for x in xs]  # noqa: E731
+                                       for L in config.contexts] for b in batches])
+    errors = [leave_one_out_error(medians(verify, sizes), (batches, config.contexts, sizes))]
+    errors += [leave_one_out_error(medians(draft[d.name], widths), (batches, config.contexts, widths)) for d in drafts]
+    import transformers
+
+    from specsim import __version__
+
+    return {
+        "format": FORMAT, "version": VERSION,
+        "device": device_label(device), "device_type": device.type,
+        "threads": torch.get_num_threads(), "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch."),
+        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "load_average": {"before": load_before, "after": _loadavg()},
+        "versions": {"specsim": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+                     "python": platform.python_version()},
+        "mask": "tree-4d",
+        "target": _model_entry(target),
+        "drafts": {d.name: _model_entry(d) for d in drafts},
+        "batches": batches, "contexts": list(config.contexts), "sizes": sizes, "widths": widths,
+        "timing": {"warmup": config.warmup, "repeats": config.repeats, "statistic": "median",
+                   "spread": "q25/q75", "clock": "wall, synchronised", "seed": config.seed,
+                   "tokens": "random ids"},
+        "target_verify_s": verify,
+        "draft_step_s": draft,
+        "fit": {"max_relative_error": max(errors),
+                "method": "leave-one-out: each interior grid point predicted by linear interpolation "
+                          "from its neighbours along each axis"},
+    }
+
+
+def _model_entry(loaded) -> dict:
+    keys = ("spec", "source", "sha256", "id", "revision", "n_layers", "params", "tokenizer_sha256", "architecture",
+            "architecture_sha256", "layers", "quantization")
+    return {"name": loaded.name, **{k: loaded.info[k] for k in keys if k in loaded.info}}
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def write_profile(body: dict, path: str | Path, *, overwrite: bool = False) -> Path:
+    """Write the profile JSON atomically (temporary file + rename); refuse to replace a file unless asked."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise SpecError(f"{path} exists; pass --overwrite to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".writing")
+    tmp.write_text(json.dumps(body, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def _validate(config: ProfileConfig) -> None:
+    if not config.batches or min(config.batches) < 1:
+        raise SpecError(f"--batch sizes must be positive, got {config.batches}")
+    if 1 not in config.batches:
+        raise SpecError("--batch must include 1: it is the grid's first point")
     if not config.contexts or min(config.contexts) < 1:
         raise SpecError(f"--contexts must be positive token counts, got {config.contexts}")
-    if config.max_tokens < 1:
-        raise SpecError(f"--max-tokens must be at least 1, got {config.max_tokens}")
-    if not config.draft_widths or min(config.draft_widths) < 1:
-        raise SpecError(f"draft widths must be positive, got {config.draft_widths}")
+    if config.max_tokens < 2:
+        raise SpecError(f"--max-tokens must be at least 2 (N = 1 is the plain step), got {config.max_tokens}")
+    if not config.draft_widths or min(config.draft_widths) < 1 or 1 not in config.draft_widths:
+        raise SpecError(f"--draft-widths must be positive and include 1, got {config.draft_widths}")
     if config.repeats < 1 or config.warmup < 0:
         raise SpecError(f"repeats must be >= 1 and warmup >= 0, got {config.repeats} and {config.warmup}")
 

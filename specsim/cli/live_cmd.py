@@ -20,30 +20,6 @@ def check_out(path: Path | None, flag: str) -> None:
         raise SpecError(f"{flag} {path} is a directory; give a file name such as {path / 'live.parquet'}")
 
 
-def load_models(target: str, device: str, dtype: str, threads: int | None):
-    """The target (quietly) and its device string."""
-    import torch
-    import transformers
-
-    from specsim.record.models import load_model, resolve_device
-
-    if threads:
-        torch.set_num_threads(threads)
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    device = resolve_device(device)
-    click.echo(f"loading target {target} ({dtype}, {device}) ...", err=True)
-    return load_model(target, device=device, dtype=dtype), device
-
-
-def device_label(device: str) -> str:
-    import torch
-
-    if device.startswith("cuda"):
-        return f"cuda ({torch.cuda.get_device_name(device)})"
-    return f"{device} ({torch.get_num_threads()} threads)"
-
-
 def format_rows(df) -> str:
     """The live columns a user reads, aligned."""
     from specsim.cli.simulate_cmd import _ci
@@ -168,32 +144,17 @@ def live(target, draft, prompts, categories, per_category, tree, policy, tempera
                         max_new_tokens=max_new_tokens, batch=batch, batching=batching)
     prompt_set = load_prompts(prompts, categories=_split_categories(categories), per_category=per_category)
 
-    loaded, device = load_models(target, device, dtype, threads)
-    run = run_prompts(loaded, draft, prompt_set.prompts, config, device=device, dtype=dtype, repeats=repeats,
-                      seed=seed, progress=not quiet)
-    report(run, out=out, steps_out=steps_out)
-
-
-def run_prompts(loaded, draft: str, prompts, config, *, device: str, dtype: str, repeats: int, seed: int,
-                progress: bool, prompt_indices=None):
-    """Encode the prompts with the target's tokenizer and run live decoding over them."""
-    import numpy as np
-
     from specsim.live.engine import Target
-    from specsim.live.runs import LivePrompt, build_drafter, run_live
-    from specsim.prompts import encode
+    from specsim.live.runs import build_drafter, device_label, live_prompts, load_target, run_live
     from specsim.record.models import eos_token_ids
 
+    loaded, device = load_target(target, device=device, dtype=dtype, threads=threads,
+                                 echo=lambda line: click.echo(line, err=True))
     drafter = build_drafter(draft, loaded, device=device, dtype=dtype)
-    indices = prompt_indices if prompt_indices is not None else range(len(prompts))
-    live_prompts = [
-        LivePrompt(prompt_index=int(i), category=p.category,
-                   token_ids=np.asarray(encode(loaded.tokenizer, p.text), dtype=np.int64))
-        for i, p in zip(indices, prompts)
-    ]
-    return run_live(Target(loaded.model, eos_token_ids(loaded)), drafter, live_prompts, config,
-                    target_name=loaded.name, repeats=repeats, seed=seed, device=device_label(device),
-                    progress=progress)
+    run = run_live(Target(loaded.model, eos_token_ids(loaded)), drafter, live_prompts(loaded, prompt_set.prompts),
+                   config, target_name=loaded.name, repeats=repeats, seed=seed, device=device_label(device),
+                   progress=not quiet)
+    report(run, out=out, steps_out=steps_out)
 
 
 def report(run, *, out: Path | None, steps_out: Path | None) -> None:

@@ -1,4 +1,4 @@
-"""`specsim profile`: measure the target/draft forward times the speedup model needs."""
+"""`specsim profile`: measure the step times the speedup model needs, on this machine."""
 
 from __future__ import annotations
 
@@ -15,46 +15,61 @@ def _ints(value: str, flag: str) -> tuple[int, ...]:
 
 @click.command("profile")
 @click.option("--target", required=True, help="Target model: packaged short name, GGUF file, HF directory or hub id.")
-@click.option("--draft", required=True, help="Draft model: a model spec like --target, or layers:K, or int8.")
+@click.option("--draft", "drafts", multiple=True, metavar="SPEC",
+              help="Draft model (repeatable): a model spec like --target, or layers:K, or int8. Model-free drafts "
+                   "(ngram, prompt-lookup) need none: they cost no draft forwards.")
+@click.option("--batch", "batches", default="1", show_default=True, metavar="B,B,...",
+              help="Batch sizes to measure (requests per step), e.g. 1,4,16; must include 1.")
+@click.option("--contexts", default="128,512", show_default=True, metavar="L,L,...",
+              help="Context lengths L (tokens already cached per request); cover the contexts you simulate.")
+@click.option("--max-tokens", type=click.IntRange(min=2),
+              help="Largest number of tokens verified per request in one target forward (every N up to 17, then "
+                   "steps of 8). Cover the largest budget you simulate + 1 for the root.  [default: 33 on CPU, "
+                   "256 on CUDA]")
+@click.option("--draft-widths", default="1,2,3,4,5,6,7,8", show_default=True, metavar="W,W,...",
+              help="Draft forward widths w (tokens per request per draft step: tree level widths).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto",
               show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA.")
-@click.option("--contexts", default="128,512", show_default=True, help="Comma-separated context lengths L (tokens).")
-@click.option("--max-tokens", type=click.IntRange(min=1),
-              help="Largest number of tokens verified in one target forward; N = 1, 2, 4, ... up to it.  "
-                   "[default: 64 on CPU, 256 on CUDA]")
-@click.option("--draft-widths", default="1,2,4,8", show_default=True,
-              help="Comma-separated draft forward widths w (tokens per draft step, i.e. tree level widths).")
-@click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True, help="Timed forwards per entry.")
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed forwards per entry.")
+@click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Timed runs per entry (the median is used, quartiles kept).")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs per entry.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random token ids.")
 @click.option("--threads", type=click.IntRange(min=1),
-              help="CPU threads for torch (on a shared or busy machine 1 thread times far more steadily).")
+              help="CPU threads for torch (use what live decoding will use; the profile records it).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Profile JSON to write.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out file.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @friendly_errors
-def profile(target, draft, device, dtype, contexts, max_tokens, draft_widths, repeats, warmup, seed, threads, out, quiet):
-    """Measure target verification and draft step times for the speedup model.
+def profile(target, drafts, batches, contexts, max_tokens, draft_widths, device, dtype, repeats, warmup, seed, threads,
+            out, overwrite, quiet):
+    """Measure target verification and draft step times on this machine, for the speedup model.
 
-    Over a KV cache prefilled with L random tokens, times one target forward over
-    N new tokens laid out as a draft tree (4-D tree attention mask, explicit
-    position ids; N = 1 is a plain decode step, the unit of cost) and one draft
-    forward over w new tokens (one tree level). Each number is the median of
-    --repeats forwards. Writes the cost-profile JSON the simulator's cost model
-    (specsim.sim.cost) reads to turn accepted tokens into speedup.
+    With the live engine's own code, over B requests whose KV caches hold L random
+    tokens, times one target forward over N new tokens per request laid out as a draft
+    tree (4-D tree mask; N = 1 is a plain decode step) and one draft forward over w new
+    tokens per request (one tree level), for every B x L x N and B x L x w. Each entry
+    is the median of --repeats synchronised wall-clock runs. `specsim simulate`,
+    `optimize`, `validate` and `report` take the JSON with --cost-profile and refuse it
+    for models it did not measure.
 
     \b
     Examples:
-      specsim profile --target smollm2-135m --draft int8 --out profiles/cpu.json
-      specsim profile --target smollm2-135m --draft layers:20 --contexts 128 --max-tokens 16 --out p.json
+      specsim profile --target smollm2-135m --draft int8 --draft layers:20 --batch 1,4 \\
+          --contexts 128,512 --max-tokens 32 --out profiles/cpu.json
       specsim profile --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct \\
-          --device cuda --contexts 512,2048,8192 --out profiles/h100.json
+          --device cuda --batch 1,4,16,64 --contexts 512,2048,8192 --out profiles/h100.json
     """
     import transformers
 
-    from specsim.attention.profile import ProfileConfig, measure_cost_profile
+    from specsim.attention.profile import ProfileConfig, measure_cost_profile, write_profile
+    from specsim.errors import SpecError
     from specsim.record.models import load_draft, load_model, resolve_device
 
+    if out.suffix != ".json":
+        raise click.BadParameter(f"{out}: use a .json file name", param_hint="--out")
+    if out.exists() and not overwrite:
+        raise SpecError(f"{out} exists; pass --overwrite to replace it")
     device = resolve_device(device)
     if threads is not None:
         import torch
@@ -63,26 +78,40 @@ def profile(target, draft, device, dtype, contexts, max_tokens, draft_widths, re
     on_cuda = device.startswith("cuda")
     dtype = ("bfloat16" if on_cuda else "float32") if dtype == "auto" else dtype
     config = ProfileConfig(
-        contexts=_ints(contexts, "--contexts"), max_tokens=max_tokens or (256 if on_cuda else 64),
-        draft_widths=_ints(draft_widths, "--draft-widths"), repeats=repeats, warmup=warmup, seed=seed,
+        batches=_ints(batches, "--batch"), contexts=_ints(contexts, "--contexts"),
+        max_tokens=max_tokens or (256 if on_cuda else 33), draft_widths=_ints(draft_widths, "--draft-widths"),
+        repeats=repeats, warmup=warmup, seed=seed,
     )
-    if out.suffix != ".json":
-        raise click.BadParameter(f"{out}: use a .json file name", param_hint="--out")
+    from specsim.live.drafting import is_model_free
+
+    free = [d for d in drafts if is_model_free(d)]
+    if free:
+        raise SpecError(f"--draft {free[0]}: model-free drafts run no draft forwards; profile the target alone")
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
-    click.echo(f"loading target {target} and draft {draft} ({dtype}, {device}) ...", err=True)
+    click.echo(f"loading target {target}" + (f" and drafts {', '.join(drafts)}" if drafts else "")
+               + f" ({dtype}, {device}) ...", err=True)
     p_target = load_model(target, device=device, dtype=dtype)
-    q_draft = load_draft(draft, p_target, device=device, dtype=dtype)
-    result = measure_cost_profile(p_target.model, q_draft.model, config=config, target_name=target,
-                                  draft_name=draft, dtype=dtype, progress=not quiet)
-    result.write(out)
-    click.echo(f"device: {result.device}  target: {target}  draft: {draft}  dtype: {dtype}  "
-               f"mask: {result.mask}  (median of {repeats} forwards, random token ids, seed {seed})")
-    for context_len in result.contexts:
-        unit = result.target_verify_s[str(context_len)]["1"]
-        verify = "  ".join(f"N={n}: {s / unit:.2f}" for n, s in result.target_verify_s[str(context_len)].items())
-        steps = "  ".join(f"w={w}: {s / unit:.2f}" for w, s in result.draft_step_s[str(context_len)].items())
-        click.echo(f"L={context_len}: target decode step {unit * 1e3:.2f} ms = 1 unit")
-        click.echo(f"  target verify (units): {verify}")
-        click.echo(f"  draft step (units):    {steps}")
+    q_drafts = [load_draft(d, p_target, device=device, dtype=dtype) for d in drafts]
+    body = measure_cost_profile(p_target, q_drafts, config=config, progress=not quiet)
+    write_profile(body, out, overwrite=overwrite)
+    click.echo(summary(body))
     click.echo(f"wrote {out}")
+
+
+def summary(body: dict) -> str:
+    """Plain step time per (B, L) and the other entries in plain-step units."""
+    lines = [f"device: {body['device']}  dtype: {body['dtype']}  target: {body['target']['name']}  drafts: "
+             f"{', '.join(body['drafts']) or 'none'}  (median of {body['timing']['repeats']} runs, random token ids; "
+             f"load average {body['load_average']['before']} -> {body['load_average']['after']})"]
+    for B in body["batches"]:
+        for L in body["contexts"]:
+            row = body["target_verify_s"][str(B)][str(L)]
+            unit = row["1"]["median"]
+            lines.append(f"B={B} L={L}: plain decode step {unit * 1e3:.2f} ms = 1 unit")
+            lines.append("  target verify (units): " + "  ".join(f"N={n}: {c['median'] / unit:.2f}" for n, c in row.items()))
+            for name, table in body["draft_step_s"].items():
+                lines.append(f"  draft {name} step (units): " + "  ".join(
+                    f"w={w}: {c['median'] / unit:.2f}" for w, c in table[str(B)][str(L)].items()))
+    lines.append(f"interpolation error (leave-one-out, max): {100 * body['fit']['max_relative_error']:.1f}%")
+    return "\n".join(lines)

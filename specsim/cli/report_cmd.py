@@ -32,10 +32,14 @@ def _names(text: str) -> tuple[str, ...]:
               help="Output directory: index.html, charts/*.png|svg, tables/*.parquet|csv.")
 @click.option("--attention", type=click.Path(path_type=Path, dir_okay=False),
               help="A `specsim bench-attention` table (.parquet or .csv) to chart in section 6.")
-@click.option("--cost-profile", type=click.Path(path_type=Path, dir_okay=False),
-              help="A `specsim profile` JSON: speedups from measured step times instead of --cost.")
-@click.option("--cost", default="c=0.05", show_default=True,
-              help="Draft/target step cost ratio for speedups when no --cost-profile is given.")
+@click.option("--cost-profile", "cost_profiles", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
+              help="A `specsim profile` JSON (repeatable: each cache uses the one measured for its target): "
+                   "measured speedups, and the best budget per batch size.")
+@click.option("--cost", default=None, metavar="c=RATIO",
+              help="An ASSUMED draft/target step cost ratio for caches without a profile; every speedup it "
+                   "gives is labelled as an assumption. No default: without costs there are no speedups.")
+@click.option("--batches", default="1,4,16", show_default=True,
+              help="Batch sizes of the batch analysis (those within each profile's measured range).")
 @click.option("--budgets", default="1,2,4,8,16,32", show_default=True, help="Draft-token budgets to sweep.")
 @click.option("--families", default="chain,kary:2,widths,optimal", show_default=True,
               help="Tree families simulated greedily at T=0.")
@@ -50,7 +54,7 @@ def _names(text: str) -> tuple[str, ...]:
 @click.option("--title", default="Draft-strategy study", show_default=True, help="Report title.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @friendly_errors
-def report(caches, out_dir, attention, cost_profile, cost, budgets, families, sample_families, model_free,
+def report(caches, out_dir, attention, cost_profiles, cost, batches, budgets, families, sample_families, model_free,
            multi_draft, samples, title, quiet) -> None:
     """Simulate the draft-strategy study on CACHE(s) and write an offline HTML report.
 
@@ -66,7 +70,7 @@ def report(caches, out_dir, attention, cost_profile, cost, budgets, families, sa
     Examples:
       specsim report cache/demo.h5 --out reports/demo
       specsim report cache/study-qwen.h5 cache/study-smollm2.h5 --out reports/study \\
-          --attention attention.parquet --cost-profile profile.json
+          --attention attention.parquet --cost-profile qwen-profile.json --cost-profile smollm2-profile.json
       specsim report cache/demo.h5 --out reports/quick --budgets 1,4,16 --model-free ''
     """
     from specsim.report.html import write_report
@@ -74,11 +78,11 @@ def report(caches, out_dir, attention, cost_profile, cost, budgets, families, sa
 
     config = replace(StudyConfig(), budgets=_ints(budgets, "--budgets"), families=_names(families),
                      sample_families=_names(sample_families), model_free=_names(model_free),
-                     multi_draft=multi_draft, samples=samples, cost=cost)
+                     multi_draft=multi_draft, samples=samples, cost=cost, batches=_ints(batches, "--batches"))
     table = None
     if attention is not None:
         table = _read_attention(attention)
-    study = run_study(caches, config, cost_profile=cost_profile, attention=table, progress=not quiet)
+    study = run_study(caches, config, cost_profiles=cost_profiles, attention=table, progress=not quiet)
     command = "specsim report " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
     index = write_report(study, out_dir, title=title, command=command, progress=not quiet)
     n_configs = study.results.filter(study.results["category"] == "all").height if not study.results.is_empty() else 0

@@ -213,3 +213,39 @@ def build_drafter(spec: str, target, *, device: str, dtype: str):
     if is_model_free(spec):
         return ModelFreeDrafter(spec)
     return ModelDrafter(load_draft(spec, target, device=device, dtype=dtype).model, spec)
+
+
+def load_target(spec: str, *, device: str = "auto", dtype: str = "float32", threads: int | None = None,
+                echo=lambda message: None):
+    """(the target LoadedModel, the resolved device), quietly; `echo` hears one line before the load."""
+    import torch
+    import transformers
+
+    from specsim.record.models import load_model, resolve_device
+
+    if threads:
+        torch.set_num_threads(threads)
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    device = resolve_device(device)
+    echo(f"loading target {spec} ({dtype}, {device}) ...")
+    return load_model(spec, device=device, dtype=dtype), device
+
+
+def device_label(device: str) -> str:
+    """'cpu (2 threads)' or 'cuda (<GPU name>)': where a run happened."""
+    import torch
+
+    if device.startswith("cuda"):
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return f"{device} ({torch.get_num_threads()} threads)"
+
+
+def live_prompts(loaded, prompts, indices=None) -> list[LivePrompt]:
+    """Chat-templated token ids of `specsim.prompts` prompts for the target's tokenizer."""
+    from specsim.prompts import encode
+
+    indices = indices if indices is not None else range(len(prompts))
+    return [LivePrompt(prompt_index=int(i), category=p.category,
+                       token_ids=np.asarray(encode(loaded.tokenizer, p.text), dtype=np.int64))
+            for i, p in zip(indices, prompts)]

@@ -243,3 +243,188 @@ def sampling_agreement(live_row: dict, sim_row: dict, metric: str = "accept_rate
     return SamplingAgreement(metric=metric, live=pick(live_row), simulated=pick(sim_row),
                              live_decodes=int(live_row["n_decodes"]), simulated_positions=int(sim_row["n_positions"]),
                              estimate=str(sim_row["estimate"]))
+
+
+# -- the whole check: live decoding on a cache's own setup, compared with the replay -----------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """One comparison of live decoding with the simulator, as `specsim validate` prints it."""
+
+    draft: str
+    tree: str
+    policy: str  # 'greedy' | 'sample'
+    temperature: float
+    batch: int
+    kind: str  # 'greedy calls' | 'acceptance' | 'speedup'
+    comparison: str  # what was compared, with the numbers
+    detail: str  # counts, classification, what the numbers rest on
+    passed: bool | None  # None: inconclusive (too few prompts for a CI)
+    values: dict  # machine-readable columns for --out
+
+    @property
+    def verdict(self) -> str:
+        return "PASS" if self.passed else ("FAIL" if self.passed is False else "inconclusive")
+
+
+@dataclass
+class ValidationReport:
+    checks: list[Check]  # in run order
+    steps: list[dict]  # greedy: every compared call
+    device: str  # where live ran
+    setup: CacheSetup  # what the cache recorded
+
+    @property
+    def failed(self) -> int:
+        return sum(c.passed is False for c in self.checks)
+
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    """What `run_validation` checks."""
+
+    trees: tuple[str, ...] = ("chain:4",)  # tree specs to decode live
+    policies: tuple[str, ...] = ("greedy",)  # 'greedy' (T=0 trajectories) and/or 'sample' (each recorded T>0)
+    drafts: tuple[str, ...] = ()  # recorded drafts or model-free ones; () = every recorded draft
+    temperatures: tuple[float, ...] = ()  # recorded T>0 to check under 'sample'; () = all of them
+    multi_draft: str = "iid"  # candidate drawing of sampling trees
+    repeats: int = 4  # sampling: live decodes per prompt, each with its own seed
+    min_agreement: float = MIN_AGREEMENT  # greedy: share of identical calls required
+    seed: int = 0  # live sampling and bootstrap seed
+    cost_profile: str | None = None  # a profile: compare predicted with live speedup too
+    batch: int = 1  # requests decoded together live (and predicted at)
+    batching: str = "lockstep"  # 'lockstep' | 'continuous'
+    speed_tolerance: float = 0.10  # |predicted / live - 1| allowed for a speedup check to pass
+
+
+def _plan(setup: CacheSetup, config: ValidateConfig, cache) -> list[tuple[str, float]]:
+    plan: list[tuple[str, float]] = []
+    for policy in dict.fromkeys(config.policies):
+        if policy == "greedy":
+            if 0.0 not in setup.temperatures:
+                raise CacheError(f"{cache}: greedy validation needs T=0 trajectories; recorded: "
+                                 + ", ".join(f"{t:g}" for t in setup.temperatures))
+            plan.append(("greedy", 0.0))
+            continue
+        hot = [t for t in setup.temperatures if t > 0]
+        wanted = [t for t in hot if not config.temperatures or any(abs(t - w) < 1e-6 for w in config.temperatures)]
+        if not wanted:
+            raise CacheError(f"{cache}: sampling validation needs recorded T>0 trajectories"
+                             + (f" at {', '.join(f'{t:g}' for t in config.temperatures)}" if config.temperatures
+                                else "") + "; recorded: " + ", ".join(f"{t:g}" for t in setup.temperatures))
+        plan += [("sample", t) for t in wanted]
+    return plan
+
+
+def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threads: int | None = None,
+                   progress: bool = False, echo=lambda line: None) -> ValidationReport:
+    """Decode the cache's prompts live with its models and settings, and compare with the replay.
+
+    Greedy: per-call agreement (`greedy_agreement`). Sampling: acceptance-rate CI overlap.
+    With a cost profile: the predicted speedup (simulate with the profile, at the same batch
+    size) beside the live one (plain decoding of the same requests in the same run).
+    """
+    from specsim.live.drafting import is_model_free
+    from specsim.live.engine import LiveConfig, Target
+    from specsim.live.runs import build_drafter, device_label, load_target, run_live, summary_rows
+    from specsim.record.models import eos_token_ids
+    from specsim.sim.api import simulate
+    from specsim.sim.cost import load_cost_profile
+    from specsim.trees import parse_tree
+
+    setup = cache_setup(cache)
+    drafts = list(config.drafts) or list(setup.drafts)
+    if not drafts:
+        raise CacheError(f"{cache}: records no draft; name a model-free one (--draft ngram:3)")
+    for d in drafts:
+        if d not in setup.drafts and not is_model_free(d):
+            raise CacheError(f"{cache}: no draft named {d!r}; recorded drafts: {', '.join(setup.drafts)}")
+    parsed = [(spec, parse_tree(spec)) for spec in dict.fromkeys(config.trees)]
+    plan = _plan(setup, config, cache)
+    if config.cost_profile is not None:  # refuse a mismatched profile before loading any model
+        load_cost_profile(config.cost_profile)
+        simulate(cache, trees=[parsed[0][0]], drafts=drafts, policies=[plan[0][0]], temperatures=[plan[0][1]],
+                 cost_profile=config.cost_profile, n_boot=0, on_skip=lambda line: None)
+    loaded, device = load_target(setup.target, device=device, dtype=setup.dtype, threads=threads, echo=echo)
+    target = Target(loaded.model, eos_token_ids(loaded))
+    label = device_label(device)
+    report = ValidationReport(checks=[], steps=[], device=label, setup=setup)
+    timed = config.cost_profile is not None
+    for draft in drafts:
+        drafter = build_drafter(draft, loaded, device=device, dtype=setup.dtype)
+        for policy, T in plan:
+            for spec, tree in parsed:
+                live_config = LiveConfig(tree=tree, policy=policy, temperature=T, multi_draft=config.multi_draft,
+                                         max_new_tokens=setup.max_new_tokens, batch=config.batch,
+                                         batching=config.batching)
+                run = run_live(target, drafter, setup.prompts, live_config, target_name=loaded.name,
+                               repeats=1 if policy == "greedy" else config.repeats, seed=config.seed, device=label,
+                               plain=timed, progress=progress)
+                if run.interrupted:
+                    raise KeyboardInterrupt
+                head = dict(draft=draft, tree=tree.name, policy=policy, temperature=T, batch=config.batch)
+                live_row = summary_rows(run, by_category=False, seed=config.seed)[0]
+                sim = simulate(cache, trees=[spec], drafts=[draft], policies=[policy], temperatures=[T],
+                               multi_draft=config.multi_draft, cost_profile=config.cost_profile,
+                               batches=[config.batch] if timed else None, batching=config.batching,
+                               by_category=False, seed=config.seed, on_skip=lambda line: None)
+                sim_row = sim.filter(sim["batch"] == config.batch).row(0, named=True)
+                if policy == "greedy":
+                    report.checks.append(_greedy_check(head, run, cache, draft, tree, config, drafter, report))
+                else:
+                    report.checks.append(_sampling_check(head, live_row, sim_row))
+                if timed:
+                    report.checks.append(_speed_check(head, live_row, sim_row, config))
+    return report
+
+
+def _greedy_check(head: dict, run: LiveRun, cache, draft: str, tree: Tree, config: ValidateConfig, drafter,
+                  report: ValidationReport) -> Check:
+    kv = getattr(drafter, "kv", None)
+    g = greedy_agreement(run, cache, draft, tree, min_agreement=config.min_agreement,
+                         draft_model=kv.model if kv is not None else None)
+    report.steps += [{"draft": head["draft"], "tree": head["tree"], **s.__dict__} for s in g.steps]
+    diverged = (f"; {len(g.divergences)} outputs left the cached trajectory "
+                f"({sum(d.verdict.startswith('near') for d in g.divergences)} near-tie)"
+                if g.divergences else "; output = cached trajectory")
+    return Check(**head, kind="greedy calls",
+                 comparison=f"{g.identical}/{len(g.steps)} calls identical ({g.agreement:.1%})",
+                 detail=f"{g.near_ties} near-tie, {g.draft_mismatches} draft ≠ cache, {g.unexplained} "
+                        f"unexplained{diverged}",
+                 passed=g.passed, values={"calls": len(g.steps), "identical": g.identical,
+                                          "agreement": g.agreement, "unexplained": g.unexplained})
+
+
+def _sampling_check(head: dict, live_row: dict, sim_row: dict) -> Check:
+    a = sampling_agreement(live_row, sim_row)
+    fmt = lambda v: f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"  # noqa: E731
+    no_ci = any(x != x for x in (*a.live[1:], *a.simulated[1:]))
+    return Check(**head, kind="acceptance",
+                 comparison=f"accept rate live {fmt(a.live)} vs sim {fmt(a.simulated)}",
+                 detail=f"{a.live_decodes} live decodes, {a.simulated_positions} cached positions, sim "
+                        f"{a.estimate}; " + ("no CI (n = 1 prompt)" if no_ci else
+                                             f"CIs {'overlap' if a.overlap else 'DISJOINT'}"),
+                 passed=None if no_ci else a.overlap,
+                 values={"accept_rate_live": a.live[0], "accept_rate_sim": a.simulated[0]})
+
+
+def _speed_check(head: dict, live_row: dict, sim_row: dict, config: ValidateConfig) -> Check:
+    predicted, live = float(sim_row["speedup"]), float(live_row["speedup"])
+    ratio = predicted / live
+    ok = abs(ratio - 1) <= config.speed_tolerance
+    return Check(**head, kind="speedup",
+                 comparison=f"predicted {predicted:.3f} [{sim_row['speedup_lo']:.3f}, {sim_row['speedup_hi']:.3f}] "
+                            f"vs live {live:.3f}: ratio {ratio:.3f}",
+                 detail=f"tok/s predicted {sim_row['tokens_per_s']:.1f} vs live {live_row['live_tokens_per_s']:.1f}; "
+                        f"plain {sim_row['plain_tokens_per_s']:.1f} vs {live_row['plain_tokens_per_s']:.1f}; "
+                        f"tolerance ±{config.speed_tolerance:.0%}",
+                 passed=ok,
+                 values={"speedup_predicted": predicted, "speedup_predicted_lo": sim_row["speedup_lo"],
+                         "speedup_predicted_hi": sim_row["speedup_hi"], "speedup_live": live, "ratio": ratio,
+                         "tokens_per_s_predicted": sim_row["tokens_per_s"],
+                         "tokens_per_s_live": live_row["live_tokens_per_s"],
+                         "plain_tokens_per_s_predicted": sim_row["plain_tokens_per_s"],
+                         "plain_tokens_per_s_live": live_row["plain_tokens_per_s"],
+                         "tokens_per_call_sim": sim_row["tokens_per_call"],
+                         "tokens_per_call_live": live_row["tokens_per_call"]})

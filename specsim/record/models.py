@@ -101,6 +101,26 @@ def _n_layers(model) -> int:
     return int(getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", 0))
 
 
+ARCHITECTURE_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "vocab_size", "hidden_act", "tie_word_embeddings")
+
+
+def architecture(model, info: dict) -> dict:
+    """What a forward pass's cost depends on: the config's shape fields plus how a draft was derived.
+
+    Weights do not change the cost, so a profile measured on one checkpoint of an architecture
+    serves every checkpoint of it; a different shape, depth or quantisation does not.
+    """
+    cfg = model.config
+    arch = {key: getattr(cfg, key) for key in ARCHITECTURE_KEYS if getattr(cfg, key, None) is not None}
+    arch.update({key: info[key] for key in ("layers", "quantization") if key in info})
+    return arch
+
+
+def architecture_sha256(arch: dict) -> str:
+    return hashlib.sha256(json.dumps(arch, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def _finish(name: str, model, tokenizer, info: dict, device: str, dtype: str) -> LoadedModel:
     model.eval()
     info.update(
@@ -111,6 +131,8 @@ def _finish(name: str, model, tokenizer, info: dict, device: str, dtype: str) ->
         params=sum(p.numel() for p in model.parameters()),
         tokenizer_sha256=tokenizer_fingerprint(tokenizer),
     )
+    info["architecture"] = architecture(model, info)
+    info["architecture_sha256"] = architecture_sha256(info["architecture"])
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, vocab_size=_logits_width(model), info=info)
 
 

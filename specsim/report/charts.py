@@ -9,7 +9,7 @@ it was computed from: prompts and positions, models, exact or Monte-Carlo.
 * tokens per call by prompt category (which tasks speculate well);
 * simulated chains against Leviathan et al.'s closed form at the measured α;
 * Leviathan's improvement over α × draft cost ratio × draft length;
-* estimated speedup vs budget under the study's cost model.
+* speedup vs budget (measured, or labelled ASSUMED) and vs batch size (measured).
 
 Tree-attention timing charts live in `specsim.attention.charts` and are reused as is.
 """
@@ -74,13 +74,14 @@ def _facet(chart: alt.LayerChart, table: pl.DataFrame) -> alt.FacetChart:
 METRICS = {
     "tokens_per_call": "tokens per target call",
     "accept_rate": "acceptance rate (accepted / drafted)",
-    "speedup": "estimated speedup (x plain decoding)",
+    "speedup": "speedup over plain decoding (measured costs)",
+    "speedup_assumed": "speedup ASSUMED (cost not measured)",
 }
 
 
-def metric_vs_budget(results: pl.DataFrame, metric: str = "tokens_per_call", *, cost_model: str = "") -> alt.FacetChart:
+def metric_vs_budget(results: pl.DataFrame, metric: str = "tokens_per_call", *, cost_basis: str = "") -> alt.FacetChart:
     """One line per tree family of `metric` against the draft budget, with its 95% band."""
-    data = with_setting(results.filter(pl.col("category") == ALL)).select(
+    data = with_setting(results.filter((pl.col("category") == ALL) & pl.col(metric).is_not_null())).select(
         "pair", "setting", "family", "tree", "budget", "n_prompts", "n_positions", "estimate",
         metric, f"{metric}_lo", f"{metric}_hi")
     sort = _family_sort(data)
@@ -96,14 +97,41 @@ def metric_vs_budget(results: pl.DataFrame, metric: str = "tokens_per_call", *, 
                  alt.Tooltip(f"{metric}_lo:Q", format=".3f"), alt.Tooltip(f"{metric}_hi:Q", format=".3f"),
                  "estimate", "n_prompts", "n_positions"])
     layers = [band, line]
-    if metric == "speedup":
+    speed = metric.startswith("speedup")
+    if speed:
         layers.append(alt.Chart().mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.datum(1)))
     names = {"tokens_per_call": "Tokens per target call vs draft budget",
              "accept_rate": "Acceptance rate vs draft budget",
-             "speedup": "Estimated speedup vs draft budget"}
+             "speedup": "Speedup vs draft budget, from measured step times (batch 1)",
+             "speedup_assumed": "Speedup vs draft budget, from an ASSUMED cost — not measured"}
     return _facet(alt.layer(*layers, data=data), data).properties(
         title=_title(names[metric], provenance(results), estimate_note(data),
-                     f"cost model: {cost_model}" if metric == "speedup" and cost_model else ""))
+                     (f"costs: {cost_basis}" if metric == "speedup" else f"ASSUMED, not measured: {cost_basis}")
+                     if speed else ""))
+
+
+def speedup_vs_batch(batch: pl.DataFrame) -> alt.FacetChart:
+    """The best speedup at each batch size (the best budget chosen per batch), one line per draft, 95% band."""
+    data = with_setting(batch).with_columns(pl.format("{} ({})", pl.col("budget"), pl.col("tree")).alias("choice"))
+    x = alt.X("batch:Q", scale=alt.Scale(type="log", base=2), title="batch size (requests per step, log scale)",
+              axis=alt.Axis(values=sorted(data["batch"].unique().to_list()), format="d"))
+    color = alt.Color("pair:N", title="draft → target")
+    band = alt.Chart().mark_area(opacity=0.18).encode(x=x, y="speedup_lo:Q", y2="speedup_hi:Q",
+                                                       fill=alt.Fill("pair:N", legend=None))
+    line = alt.Chart().mark_line(point=True).encode(
+        x=x, y=alt.Y("speedup:Q", title="speedup over plain batched decoding"), color=color,
+        tooltip=["pair", "setting", "batch", "choice", alt.Tooltip("speedup:Q", format=".3f"),
+                 alt.Tooltip("speedup_lo:Q", format=".3f"), alt.Tooltip("speedup_hi:Q", format=".3f"),
+                 alt.Tooltip("tokens_per_s:Q", format=".1f")])
+    text = alt.Chart().mark_text(dy=-9, fontSize=9).encode(x=x, y="speedup:Q", text="budget:Q", color=color)
+    rule = alt.Chart().mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.datum(1))
+    chart = alt.layer(band, line, text, rule, data=data).properties(width=WIDTH, height=HEIGHT).facet(
+        column=alt.Column("setting:N", title="temperature, verification"))
+    first = data.row(0, named=True)
+    return chart.properties(title=_title(
+        "Speedup vs batch size, best draft budget at each (labels: budget)",
+        f"measured costs: {first['cost_basis']}",
+        f"{first['batching']} batching; bands: 95% bootstrap replicates of the batch schedule"))
 
 
 def pick_budget(budgets, wanted: int = 8) -> int:

@@ -3,10 +3,12 @@
 Each finding is a sentence that quotes the numbers it rests on (tokens per call to
 three decimals, exactly as in the tables, with their 95% intervals where the table
 has them): the best tree shape per budget, where returns diminish, which
-draft–target pair and which prompt category speculate best, the budget that
-maximises the estimated speedup under the cost model, and how far Leviathan et
-al.'s i.i.d. closed form is from the simulated chains. Nothing here is
-boilerplate: a finding is skipped when the data cannot support it.
+draft–target pair and which prompt category speculate best, the fastest
+configuration (a "speedup" only when its whole 95% interval is above 1, and
+always with what the cost rests on: a measured profile or an assumption), the best
+budget per batch size, how far Leviathan et al.'s i.i.d. closed form is from the
+simulated chains, and which budgets the trajectories are too short to judge.
+Nothing here is boilerplate: a finding is skipped when the data cannot support it.
 """
 
 from __future__ import annotations
@@ -81,15 +83,71 @@ def _diminishing(results: pl.DataFrame) -> list[str]:
     return out
 
 
-def _speedup(results: pl.DataFrame, cost_model: str) -> list[str]:
+def speed_metric(results: pl.DataFrame) -> str | None:
+    """'speedup' (measured), 'speedup_assumed', or None when the study has no costs."""
+    return next((m for m in ("speedup", "speedup_assumed") if m in results.columns), None)
+
+
+def _speedup(results: pl.DataFrame, basis: dict[str, str]) -> list[str]:
+    """The fastest configuration per pair and setting: a speedup only when its whole CI is above 1."""
+    out = []
+    for metric in ("speedup", "speedup_assumed"):
+        if metric not in results.columns:
+            continue
+        rows = with_setting(results.filter((pl.col("category") == ALL) & pl.col(metric).is_not_null()
+                                           & (pl.col("batch") == 1)))
+        for (cache, pair, setting), group in rows.group_by("cache_name", "pair", "setting", maintain_order=True):
+            r = group.sort(metric, descending=True).row(0, named=True)
+            lo, hi = r.get(f"{metric}_lo"), r.get(f"{metric}_hi")
+            has_ci = lo is not None and lo == lo
+            if r[metric] < 1 and (not has_ci or hi < 1):
+                verdict = "no speedup: plain decoding is faster"
+            elif has_ci and lo <= 1:
+                verdict = "no demonstrated speedup (the 95% CI includes 1.0)"
+            elif not has_ci:
+                verdict = "a speedup, without a CI (n = 1 prompt)"
+            else:
+                verdict = "a speedup"
+            how = ("measured costs" if metric == "speedup" else "an ASSUMED cost (not measured)")
+            out.append(f"With {how} ({basis.get(cache, '?')}), {pair} at {setting}, batch 1, gets {verdict}: the "
+                       f"fastest configuration is {r['tree']} at {r[metric]:.3f}x{_ci(r, metric)} "
+                       f"({_f(r['tokens_per_call'])} tokens per call).")
+    return out
+
+
+def _batches(batch: pl.DataFrame) -> list[str]:
+    """The best budget per batch size (measured costs), as serving engines tune it."""
+    out = []
+    if batch.is_empty():
+        return out
+    for (pair, setting), group in with_setting(batch).group_by("pair", "setting", maintain_order=True):
+        parts = []
+        for r in group.sort("batch").iter_rows(named=True):
+            if r["speedup"] < 1 and not r["speedup_hi"] >= 1:
+                parts.append(f"batch {r['batch']}: plain decoding is faster (best {r['tree']} "
+                             f"{r['speedup']:.3f}x{_ci(r, 'speedup')})")
+            else:
+                shown = "" if r["speedup_lo"] != r["speedup_lo"] or r["speedup_lo"] > 1 else ", CI includes 1.0"
+                parts.append(f"batch {r['batch']}: {r['budget']} draft tokens ({r['tree']}) at "
+                             f"{r['speedup']:.3f}x{_ci(r, 'speedup')}{shown}")
+        out.append(f"Best draft budget per batch size for {pair} at {setting} (measured costs, best of "
+                   f"{group['candidates'][0]} budgets each): " + "; ".join(parts) + ".")
+    return out
+
+
+def _trajectory_caveat(results: pl.DataFrame) -> list[str]:
+    """Budgets close to the trajectory length are capped by trajectory ends: say so."""
     out = []
     rows = with_setting(results.filter(pl.col("category") == ALL))
-    for (pair, setting), group in rows.group_by("pair", "setting", maintain_order=True):
-        r = group.sort("speedup", descending=True).row(0, named=True)
-        verdict = "a speedup" if r["speedup"] > 1 else "no speedup (plain decoding is faster)"
-        out.append(f"Under the cost model {cost_model}, {pair} at {setting} gets {verdict}: the best "
-                   f"configuration is {r['tree']} with an estimated {r['speedup']:.3f}x{_ci(r, 'speedup')} "
-                   f"({_f(r['tokens_per_call'])} tokens per call at a call cost of {r['call_cost']:.3f} plain steps).")
+    for (cache, setting), group in rows.group_by("cache_name", "setting", maintain_order=True):
+        r = group.row(0, named=True)
+        mean_len = r["n_positions"] / max(r["n_prompts"], 1)
+        long = sorted(b for b in group["budget"].unique().to_list() if b >= mean_len / 2)
+        if long:
+            out.append(f"Caveat ({cache}, {setting}): budgets {', '.join(map(str, long))} are at least half the mean "
+                       f"trajectory length ({mean_len:.0f} tokens); calls near a trajectory's end cannot use them, so "
+                       "their tokens per call are capped by the recording's length, not only by the draft. Record "
+                       "longer trajectories (--max-new-tokens) before trusting them.")
     return out
 
 
@@ -150,9 +208,11 @@ def _theory(theory: pl.DataFrame) -> list[str]:
     return out
 
 
-def findings(results: pl.DataFrame, theory: pl.DataFrame, cost_model: str) -> list[str]:
+def findings(results: pl.DataFrame, theory: pl.DataFrame, basis: dict[str, str],
+             batch: pl.DataFrame | None = None) -> list[str]:
     """Every finding the data supports, as sentences quoting the numbers."""
     if results.is_empty():
         return ["No configuration could be simulated on these caches."]
-    return (_shape_findings(results) + _diminishing(results) + _pairs(results) + _speedup(results, cost_model)
-            + _categories(results) + _theory(theory))
+    return (_shape_findings(results) + _diminishing(results) + _pairs(results) + _speedup(results, basis)
+            + _batches(batch if batch is not None else pl.DataFrame()) + _categories(results) + _theory(theory)
+            + _trajectory_caveat(results))

@@ -100,11 +100,19 @@ def _plan(study: Study) -> list[tuple[int, str, Callable[[], object], str]]:
                      "Simulated chains vs Leviathan et al.'s closed form at the α measured on the same positions."))
     plan.append((4, "speedup_grid", lambda: charts.speedup_grid(study.grid),
                  "Closed-form improvement over α × γ × c (no data: the classic analysis table)."))
-    if not res.is_empty():
-        plan.append((5, "speedup_vs_budget",
-                     lambda: charts.metric_vs_budget(res, "speedup", cost_model=study.cost_model),
-                     f"Estimated speedup = tokens per call / call cost; cost model: {study.cost_model}; "
-                     f"{charts.provenance(res)}."))
+    basis = "; ".join(f"{k}: {v}" for k, v in study.cost_basis.items())
+    if study.measured:
+        plan.append((5, "speedup_vs_budget", lambda: charts.metric_vs_budget(res, "speedup", cost_basis=basis),
+                     f"Speedup = plain decoding time / speculative decoding time of the cached trajectories, every "
+                     f"call priced by a measured profile; {basis}; {charts.provenance(res)}."))
+    if study.assumed:
+        plan.append((5, "speedup_assumed_vs_budget",
+                     lambda: charts.metric_vs_budget(res, "speedup_assumed", cost_basis=basis),
+                     f"Speedup from an ASSUMED cost, not measured; {basis}; {charts.provenance(res)}."))
+    if not study.batch.is_empty():
+        plan.append((5, "speedup_vs_batch", lambda: charts.speedup_vs_batch(study.batch),
+                     "The best speedup at each batch size, choosing the best draft budget per batch; measured "
+                     "costs; bands: 95% bootstrap replicates of the batch schedule."))
     if study.attention is not None:
         from specsim.attention import charts as attention_charts
 
@@ -184,7 +192,15 @@ def _trees(study: Study) -> str:
 
 
 def _attention_text(study: Study) -> str:
-    text = [f"<p>Estimated speedup uses the cost model <b>{html.escape(study.cost_model)}</b>.</p>"]
+    text = ["<p>Speedups rest on: " + "; ".join(f"<b>{html.escape(k)}</b>: {html.escape(v)}"
+                                                for k, v in study.cost_basis.items()) + ".</p>"]
+    if not study.measured and not study.assumed:
+        text.append('<p class="note">No costs were given, so no speedup is shown: measure them with '
+                    "<code>specsim profile</code> and pass <code>--cost-profile</code>.</p>")
+    if not study.batch.is_empty():
+        text += ["<p>Best draft budget per batch size (measured costs):</p>", _table_html(
+            study.batch, ["pair", "temperature", "batch", "tree", "budget", "tokens_per_call", "speedup",
+                          "speedup_lo", "speedup_hi", "tokens_per_s"])]
     if study.attention is None:
         text.append('<p class="note">No tree-attention timing table was given; run '
                     "<code>specsim bench-attention --out attention.parquet</code> and pass "
@@ -193,5 +209,5 @@ def _attention_text(study: Study) -> str:
 
 
 def _analysis(study: Study) -> str:
-    items = findings(study.results, study.theory, study.cost_model)
+    items = findings(study.results, study.theory, study.cost_basis, study.batch)
     return "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in items) + "</ul>"

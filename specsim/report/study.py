@@ -49,7 +49,9 @@ class StudyConfig:
     sample_draw_budgets: tuple[int, ...] = (4, 16)  # the same at T>0, where each fit streams the distributions
     multi_draft: str = "iid"  # candidate drawing of sampling trees: "iid" (SpecInfer) or "swor"
     samples: int = 64  # Monte-Carlo samples per position where an estimator needs them
-    cost: str = "c=0.05"  # draft/target step cost ratio used when no cost profile is given
+    cost: str | None = None  # an ASSUMED draft/target step cost ratio ("c=0.1") for caches without a profile
+    batches: tuple[int, ...] = (1, 4, 16)  # batch sizes of the batch analysis (those a cache's profile measured)
+    batching: str = "lockstep"  # how batches run in the batch analysis
     grid_alphas: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)  # acceptance rates of the theory grid
     grid_costs: tuple[float, ...] = (0.01, 0.05, 0.1, 0.2, 0.5)  # draft cost ratios c of the theory grid
     grid_gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10)  # draft lengths γ of the theory grid
@@ -79,9 +81,18 @@ class Study:
     theory: pl.DataFrame  # chains: simulated tokens/call vs Leviathan's closed form at the measured α
     grid: pl.DataFrame  # Leviathan's improvement over α × c × γ
     trees: tuple[DrawnTree, ...]  # shapes drawn in the report
-    cost_model: str  # the cost model the speedups use
+    cost_basis: dict[str, str]  # cache name -> what its speedups rest on (measured profile, assumption, none)
+    batch: pl.DataFrame = field(default_factory=pl.DataFrame)  # best tree per batch size (measured costs only)
     attention: pl.DataFrame | None = None  # a `bench-attention` table, when given
     notes: tuple[str, ...] = field(default=())  # configurations skipped and why
+
+    @property
+    def measured(self) -> bool:
+        return "speedup" in self.results.columns
+
+    @property
+    def assumed(self) -> bool:
+        return "speedup_assumed" in self.results.columns
 
 
 # -- Leviathan et al. (2023) ------------------------------------------------------------------
@@ -244,35 +255,53 @@ def run_study(
     caches: Sequence[str | Path],
     config: StudyConfig = StudyConfig(),
     *,
-    cost_profile: str | Path | None = None,
+    cost_profiles: Sequence[str | Path] = (),
     attention: pl.DataFrame | None = None,
     progress: bool = True,
 ) -> Study:
-    """Simulate every configuration the report draws, on every cache."""
+    """Simulate every configuration the report draws, on every cache.
+
+    cost_profiles: `specsim profile` JSONs; each cache uses the one measured for its target
+    (measured speedups and the batch analysis). A cache without one uses config.cost (an
+    assumption, labelled so) or has no speedups.
+    """
     from tqdm.auto import tqdm
 
+    from specsim.sim.choose import best_per_batch, pricing_for
     from specsim.sim.cost import load_cost_profile, parse_cost
-    from specsim.sim.optimize import optimal_tree
+    from specsim.sim.optimize import optimal_tree, optimal_trees
     from specsim.sim.policies import parse_policy
 
-    cost_model = load_cost_profile(cost_profile) if cost_profile is not None else parse_cost(config.cost)
     if not caches:
         raise CacheError("give at least one cache file (recorded with `specsim cache`)")
+    profiles = [load_cost_profile(p) for p in cost_profiles]
+    assumed = parse_cost(config.cost) if config.cost is not None else None
     paths = [Path(c) for c in caches]
     names = [p.name for p in paths]
     if len(set(names)) != len(names):
         raise CacheError(f"two caches share the file name {next(n for n in names if names.count(n) > 1)!r}; "
                          "rename one so the report can tell them apart")
     common = dict(budgets=list(config.budgets), multi_draft=config.multi_draft, samples=config.samples,
-                  cost=config.cost, cost_profile=cost_profile, by_category=True, n_boot=config.n_boot,
-                  seed=config.seed)
-    setups, cats, results, theory, drawn, notes = [], [], [], [], [], []
+                  by_category=True, n_boot=config.n_boot, seed=config.seed)
+    setups, cats, results, theory, drawn, notes, batch_rows = [], [], [], [], [], [], []
     steps = []  # (cache, kind, T) in the order run, for one progress bar
+    priced: dict[Path, dict] = {}
+    basis: dict[str, str] = {}
     for path in paths:
         with CacheReader(path) as reader:
             s, c = setup_tables(reader)
             setups.append(s)
             cats.append(c)
+            profile = _profile_for(reader, profiles)
+            priced[path] = ({"cost_profile": profile.path} if profile is not None else
+                            {"cost": config.cost} if assumed is not None else {})
+            basis[path.name] = (profile.describe() if profile is not None else
+                                assumed.describe() if assumed is not None else "none: no cost profile for this "
+                                f"target ({short_name(target_name(reader.meta))}); run `specsim profile`")
+            if profiles and profile is None:
+                notes.append(f"{path.name}: none of the cost profiles measured its target "
+                             f"{short_name(target_name(reader.meta))}; its speedups are "
+                             + ("ASSUMED" if assumed is not None else "omitted"))
             recorded = set(reader.trajectories["temperature"].to_list())
             for T in reader.spec.temperatures:
                 if any(abs(T - t) < 1e-6 for t in recorded):
@@ -291,10 +320,11 @@ def run_study(
             parts = []
             if drafts:
                 parts.append(_simulate(path, notes, trees=_tree_args(families, config.budgets),
-                                       drafts=list(drafts), policies=[policy], temperatures=[T], **common))
+                                       drafts=list(drafts), policies=[policy], temperatures=[T], **common,
+                                       **priced[path]))
             if config.model_free and T == 0:
                 parts.append(_simulate(path, notes, trees=["chain"], drafts=list(config.model_free),
-                                       policies=[policy], temperatures=[T], **common))
+                                       policies=[policy], temperatures=[T], **common, **priced[path]))
             table = _label_rows(_concat(parts), path.name)
             results.append(table)
             spec = parse_policy(policy, multi_draft=config.multi_draft, samples=config.samples)
@@ -303,6 +333,8 @@ def run_study(
                 alpha = measured_alpha(features)
                 theory.append(_theory_rows(table, draft, T, alpha, features.n_positions))
                 pair = f"{draft} → {short_name(features.models['target'])}"
+                fits = optimal_trees(features, list(config.budgets), policy=spec, samples=config.samples,
+                                     seed=config.seed) if "optimal" in families else []
                 for b in (config.draw_budgets if T == 0 else config.sample_draw_budgets):
                     if "optimal" not in families:
                         break
@@ -311,6 +343,24 @@ def run_study(
                         label=f"optimal:{b} for {pair}, T={T:g}", family="optimal", budget=b,
                         drawing=draw_tree(fit.tree),
                         note=f"{fit.expected_tokens_per_call:.3f} tokens/call expected; {fit.source}"))
+                profile = priced[path].get("cost_profile")
+                if profile is not None and fits:
+                    model = next(p for p in profiles if p.path == profile)
+                    sizes = [b for b in config.batches if b <= 2 * model.batches.max()]
+                    try:
+                        pricing = pricing_for(path, model, draft)
+                        choices = best_per_batch(features, [f.tree for f in fits], spec, pricing, sizes,
+                                                 batching=config.batching, n_boot=config.n_boot, seed=config.seed)
+                    except SpecError as exc:
+                        notes.append(f"{path.name}: batch analysis of {draft} at T={T:g} skipped ({exc})")
+                        choices = []
+                    batch_rows += [{"cache_name": path.name, "pair": pair, "draft": draft, "temperature": T,
+                                    "policy": policy, "batch": c.batch, "batching": config.batching,
+                                    "tree": c.tree.name, "budget": c.tree.budget,
+                                    "tokens_per_call": c.speed.tokens_per_call, "speedup": c.speed.speedup[0],
+                                    "speedup_lo": c.speed.speedup[1], "speedup_hi": c.speed.speedup[2],
+                                    "tokens_per_s": c.speed.tokens_per_s, "candidates": c.candidates,
+                                    "cost_basis": basis[path.name]} for c in choices]
             bar.update()
     finally:
         bar.close()
@@ -325,8 +375,22 @@ def run_study(
         config=config, setup=_concat(setups), categories=_concat(cats), results=_concat(results),
         theory=_concat(theory),
         grid=speedup_grid(config.grid_alphas, config.grid_costs, config.grid_gammas),
-        trees=tuple(shown + drawn), cost_model=cost_model.describe(), attention=attention, notes=tuple(notes),
+        trees=tuple(shown + drawn), cost_basis=basis, batch=pl.DataFrame(batch_rows, infer_schema_length=None),
+        attention=attention, notes=tuple(notes),
     )
+
+
+def _profile_for(reader: CacheReader, profiles):
+    """The profile measured for this cache's target, or None."""
+    from specsim.sim.cost import check_profile
+
+    for profile in profiles:
+        try:
+            check_profile(profile, target_name(reader.meta), reader.meta.get("target"))
+        except SpecError:
+            continue
+        return profile
+    return None
 
 
 def _theory_rows(table: pl.DataFrame, draft: str, T: float, alpha: float, n_positions: int) -> pl.DataFrame:
@@ -353,6 +417,8 @@ def study_tables(study: Study) -> dict[str, pl.DataFrame]:
     """name -> table, as the report writes them (list columns exploded into a per-depth table)."""
     tables = {"setup": study.setup, "categories": study.categories, "theory": study.theory,
               "speedup_grid": study.grid}
+    if not study.batch.is_empty():
+        tables["batch"] = study.batch
     if not study.results.is_empty():
         tables["results"] = study.results.drop("depth_accept")
         tables["depth_acceptance"] = per_depth(study.results)

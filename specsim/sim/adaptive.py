@@ -62,18 +62,13 @@ def acceptance(features: "Features") -> np.ndarray:
     return np.exp(np.minimum(0.0, features.logq - features.logp))
 
 
-def mean_context(features: "Features") -> float:
-    from specsim.cache.store import CacheReader
-
-    with CacheReader(features.cache_path) as reader:
-        plen = np.array([len(reader.prompt_token_ids(int(i))) for i in features.traj_prompt], dtype=np.float64)
-    n = features.traj_len.astype(np.float64)
-    return float((plen * n + n * (n - 1) / 2).sum() / n.sum())
-
-
 def adaptive_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: np.ndarray,
                   call_cost: np.ndarray) -> dict[str, np.ndarray]:
-    """Expected totals per trajectory of the (position, γ) chain; call_cost[γ] per call of γ drafts."""
+    """Expected totals per trajectory of the (position, γ) chain.
+
+    call_cost (N, Γ+1): time of a call of γ drafts starting at each position. A call drafts
+    min(γ, room) tokens, room = drafts it could still accept before the output limit.
+    """
     cap = nxt.shape[0] - 1
     order = np.argsort(-features.traj_len, kind="stable")
     lens = features.traj_len[order].astype(np.int64)
@@ -99,8 +94,9 @@ def adaptive_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt:
         s = surv[:, None, :] * ok[None]  # (m, γ, k): P(A >= k | γ)
         p_a = s - np.concatenate([s[:, :, 1:], np.zeros((m, cap + 1, 1))], axis=2)  # (m, γ, a)
         totals["calls"][:m] += here.sum(axis=1)
-        totals["drafted"][:m] += here @ gammas.astype(np.float64)
-        totals["cost"][:m] += here @ call_cost
+        room = features.room()[t]  # (m,)
+        totals["drafted"][:m] += (here * np.minimum(gammas[None, :], room[:, None])).sum(axis=1)
+        totals["cost"][:m] += (here * call_cost[t]).sum(axis=1)
         totals["accepted"][:m] += np.einsum("mg,mgk->m", here, s[:, :, 1:])
         reach[:m] += np.einsum("mg,mgk->mk", here, s[:, :, 1:])
         for a in range(0, min(cap, o - 1) + 1):
@@ -124,8 +120,13 @@ def _scatter(target: np.ndarray, m: int, to_gamma: np.ndarray, flow: np.ndarray)
     target[:m] += flow @ onehot
 
 
-def adaptive_stats(features: "Features", tree: Tree, spec, rng: np.random.Generator, cost_model) -> "TrajectoryStats":
-    """Exact expected totals per trajectory of a chain whose length adapts by `spec.name`."""
+def adaptive_stats(features: "Features", tree: Tree, spec, rng: np.random.Generator, pricing) -> "TrajectoryStats":
+    """Exact expected totals per trajectory of a chain whose length adapts by `spec.name`.
+
+    pricing (`specsim.sim.api.Pricing`, or None for no speed columns): a call of γ drafts at t
+    costs what a chain:γ call costs there (its context, its output cap), as fixed trees are
+    priced. (The extra root-feed token after a call that accepted all γ is not charged here.)
+    """
     from specsim.sim.engine import TrajectoryStats
 
     if tree.budget and int(tree.n_children.max()) > 1:
@@ -133,13 +134,14 @@ def adaptive_stats(features: "Features", tree: Tree, spec, rng: np.random.Genera
     start = max(1, tree.max_depth)
     cap = max(MIN_GAMMA_CAP, 2 * start)
     nxt = next_gamma_table(spec.name, cap, tuple(getattr(spec, "params", ())))
-    context = mean_context(features) if cost_model is not None else 0.0
-    call_cost = np.zeros(cap + 1)
-    if cost_model is not None:
+    call_cost, plain = np.zeros((features.n_positions, cap + 1)), None  # (N, Γ+1)
+    if pricing is not None:
         for g in range(1, cap + 1):
-            call_cost[g] = cost_model.call_cost(chain(str(g)), context=context, model_draft=True)
+            call_cost[:, g] = pricing.priced(features, chain(str(g)))[0]
+        plain_steps = pricing.priced(features, chain("1"))[1]
+        plain = np.add.reduceat(plain_steps, features.traj_start) if features.n_positions else plain_steps
     totals = adaptive_walk(acceptance(features), features, start, nxt, call_cost)
     extra = {"gamma_start": start, "gamma_cap": cap, "adaptive_rule": spec.label}
     return TrajectoryStats(calls=totals["calls"], drafted=totals["drafted"], accepted=totals["accepted"],
                            tokens=features.traj_len.astype(np.float64), reach=totals["reach"],
-                           cost=totals["cost"], exact=True, extra=extra)
+                           cost=totals["cost"], exact=True, extra=extra, plain=plain)

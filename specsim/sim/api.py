@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import sys
 import zlib
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -26,10 +27,11 @@ import polars as pl
 
 from specsim.cache.store import CacheReader
 from specsim.errors import CacheError, SpecError
+from specsim.sim.batch import BATCHING
 from specsim.sim.cost import load_cost_profile, parse_cost
 from specsim.sim.engine import AcceptanceTable, TrajectoryStats, walk
-from specsim.sim.features import Features, is_model_free, load_features
-from specsim.sim.metrics import summarize_many
+from specsim.sim.features import Features, is_model_free, load_features, target_name
+from specsim.sim.metrics import ALL, summarize_many
 from specsim.sim.policies import PolicySpec, check_temperature, parse_policy, run_policy
 from specsim.trees import Tree, kary, parse_tree
 
@@ -127,13 +129,6 @@ def _temperature_plan(reader: CacheReader, policies: list[PolicySpec], temperatu
     return sorted(plan, key=lambda tp: tp[0])
 
 
-def _mean_context(reader: CacheReader, features: Features) -> float:
-    """Mean context length (prompt + generated so far) over the positions: the cost profile's L."""
-    plen = np.array([len(reader.prompt_token_ids(int(i))) for i in features.traj_prompt], dtype=np.float64)
-    n = features.traj_len.astype(np.float64)
-    return float((plen * n + n * (n - 1) / 2).sum() / n.sum())
-
-
 def simulate(
     cache,
     trees: Sequence[str] = (),
@@ -142,8 +137,10 @@ def simulate(
     budgets: Sequence[int] | None = None,
     temperatures: Iterable[float] | float | None = None,
     multi_draft: str = "iid",
-    cost: str = "c=0.05",
     cost_profile=None,
+    cost: str | None = None,
+    batches: Sequence[int] | None = None,
+    batching: str = "lockstep",
     by_category: bool = True,
     n_boot: int = 1000,
     samples: int = 64,
@@ -158,9 +155,16 @@ def simulate(
     over `budgets` ("chain", "optimal", "kary:2"). drafts: recorded draft columns (default:
     all) or model-free drafts ("ngram:3", "prompt-lookup:2"). policies: "greedy" (T=0),
     "sample" (T>0; trees use `multi_draft` "iid" | "swor"), lossy and adaptive rules.
-    temperatures: default, per policy, every recorded temperature it can use. cost: "c=RATIO",
-    or cost_profile: a `specsim profile` JSON. samples: Monte-Carlo samples per position
-    (sampling trees without replacement). n_boot, seed: the bootstrap over prompts.
+    temperatures: default, per policy, every recorded temperature it can use. samples:
+    Monte-Carlo samples per position (sampling trees without replacement). n_boot, seed:
+    the bootstrap over prompts.
+
+    Speed: cost_profile (a `specsim profile` JSON, checked against the cache's target and
+    each draft) gives measured `speedup` and `tokens_per_s` columns; cost ("c=RATIO") gives
+    `speedup_assumed` instead, an assumption; with neither there are no speedup columns.
+    batches (needs a profile): extra rows per batch size B > 1 from the batch timeline
+    (`specsim.sim.batch`, `batching` "lockstep" or "continuous"): throughput, per-request
+    latency per token and speedup over plain batched decoding at the same B.
 
     A combination of the cross product that cannot run (an adaptive rule on a branching
     tree, a p-vs-q rule with a model-free draft, ...) is skipped: `on_skip` receives one
@@ -169,7 +173,19 @@ def simulate(
     """
     from tqdm.auto import tqdm
 
-    cost_model = load_cost_profile(cost_profile) if cost_profile is not None else parse_cost(cost)
+    if cost is not None and cost_profile is not None:
+        raise SpecError("give a measured --cost-profile or an assumed --cost, not both")
+    cost_model = load_cost_profile(cost_profile) if cost_profile is not None else (
+        parse_cost(cost) if cost is not None else None)
+    batches = sorted({int(b) for b in (batches or ())})
+    if batches and (cost_model is None or not cost_model.measured):
+        raise SpecError("--batch needs measured costs: give --cost-profile (a profile measured at those batch sizes)")
+    if batches:
+        cost_model.plain_s(np.array(batches), cost_model.contexts[0])  # refuses a batch beyond its range
+    if any(b < 1 for b in batches):
+        raise SpecError(f"batch sizes must be at least 1, got {batches}")
+    if batching not in BATCHING:
+        raise SpecError(f"--batching {batching!r} is not one of {', '.join(BATCHING)}")
     specs = expand_trees(list(trees) if not isinstance(trees, str) else [trees], budgets)
     fixed = {s: resolve_tree(s) for s in specs if not _is_optimal(s)}  # spec errors before any work
     pols = [parse_policy(p, multi_draft=multi_draft, samples=samples)
@@ -189,6 +205,7 @@ def simulate(
                                  f"{', '.join(reader.spec.drafts)}; model-free: ngram:N, prompt-lookup:N")
         if not drafts:
             raise CacheError(f"{reader.path}: records no draft; name a model-free one (--draft ngram:3)")
+        pricing = {d: Pricing.for_draft(cost_model, reader, d) for d in drafts}  # refuses a mismatched profile
         plan = _temperature_plan(reader, pols, temperatures)
         n_configs = len(plan) * len(drafts) * len(specs)
         rows: list[dict] = []
@@ -197,21 +214,28 @@ def simulate(
             for T in sorted({t for t, _ in plan}):
                 for draft in drafts:
                     features = load_features(reader, draft, T, top_k=top_k, progress=progress)
-                    context = _mean_context(reader, features)
                     for _, policy in [tp for tp in plan if tp[0] == T]:
                         runs: list[tuple[dict, TrajectoryStats]] = []
+                        tables: list = []
                         trees_here = _trees_for(features, policy, specs, fixed, skipped)
                         _warm_candidates(features, policy, [t for t in trees_here.values() if t is not None], seed)
                         for spec in specs:
                             tree = trees_here[spec]
                             if tree is not None:
                                 try:
-                                    runs.append(_configuration(features, tree, policy, cost_model, context, reader,
-                                                               n_boot=n_boot, seed=seed))
+                                    head, stats, table = _configuration(features, tree, policy, pricing[draft],
+                                                                        reader, n_boot=n_boot, seed=seed)
+                                    runs.append((head, stats))
+                                    tables.append((tree, table))
                                 except SpecError as exc:
                                     skipped.append(_skip_line(features, policy, spec, exc))
                             bar.update()
-                        rows += _rows(runs, features, by_category=by_category, n_boot=n_boot, seed=seed)
+                        found = _rows(runs, features, by_category=by_category, n_boot=n_boot, seed=seed)
+                        rows += found
+                        for b in batches:
+                            if b > 1:
+                                rows += _batch_rows(found, tables, features, pricing[draft], b, batching,
+                                                    n_boot=n_boot, seed=seed, skipped=skipped, policy=policy)
         finally:
             bar.close()
     for line in skipped:
@@ -219,7 +243,58 @@ def simulate(
     if not rows:
         raise SpecError("no configuration of the sweep can run: " + "; ".join(
             line.removeprefix("skipped ") for line in skipped[:3]) + ("; ..." if len(skipped) > 3 else ""))
-    return pl.DataFrame(rows, infer_schema_length=None)
+    return _finish_columns(pl.DataFrame(rows, infer_schema_length=None), cost_model)
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """How one draft's calls are priced: the cost model and the profile's name for the draft."""
+
+    model: object | None  # ProfileCost, AssumedCost or None (no speed columns)
+    draft_key: str | None  # the profile's draft measured for this draft; None for model-free drafts
+    basis: str  # the row's cost_basis text
+
+    @classmethod
+    def for_draft(cls, cost_model, reader: CacheReader, draft: str) -> "Pricing":
+        if cost_model is None:
+            return cls(None, None, "none (no --cost-profile or --cost)")
+        free = is_model_free(draft)
+        if not cost_model.measured:
+            return cls(cost_model, None if free else draft, cost_model.describe())
+        from specsim.sim.cost import check_profile
+
+        check_profile(cost_model, target_name(reader.meta), reader.meta.get("target"))
+        drafts_meta = reader.meta.get("drafts") if isinstance(reader.meta.get("drafts"), dict) else {}
+        key = None if free else cost_model.draft_for(draft, drafts_meta.get(draft))
+        return cls(cost_model, key, cost_model.describe())
+
+    def priced(self, features: Features, tree: Tree, batch: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(call cost, plain step cost, extra cost after a full acceptance) at every position."""
+        from specsim.sim.cost import tree_by_room
+
+        model, N = self.model, features.n_positions
+        contexts = features.contexts()
+        model_draft = self.draft_key is not None
+        shapes = tree_by_room(tree, model_draft=model_draft)
+        cut = np.minimum(features.room(), tree.max_depth)
+        call = np.zeros(N)
+        for m, shape in enumerate(shapes):
+            idx = np.flatnonzero(cut == m)
+            if idx.size:
+                L = contexts[idx]
+                seconds = model.verify_s(batch, shape.verify_tokens, L)
+                for w in shape.draft_levels:
+                    seconds = seconds + model.draft_s(self.draft_key, batch, w, L)
+                call[idx] = seconds
+        full = None
+        if model_draft and tree.budget:  # charged where the next call starts, if it drafts at all
+            extra = model.draft_s(self.draft_key, batch, 2, contexts) - model.draft_s(self.draft_key, batch, 1, contexts)
+            nxt = np.arange(N) + tree.max_depth + 1
+            ends = np.repeat(features.traj_start + features.traj_len, features.traj_len)
+            ok = nxt < ends
+            ok[ok] &= cut[nxt[ok]] >= 1
+            full = np.where(ok, extra[np.minimum(nxt, N - 1)], 0.0)
+        return call, model.plain_s(batch, contexts), full
 
 
 def _skip_line(features: Features, policy: PolicySpec, spec: str, exc: Exception) -> str:
@@ -264,14 +339,21 @@ def _warm_candidates(features: Features, policy: PolicySpec, trees: list[Tree], 
                          rng=np.random.default_rng([seed, zlib.crc32(label.encode())]))
 
 
-def _configuration(features: Features, tree: Tree, policy: PolicySpec, cost_model, context: float,
-                   reader: CacheReader, *, n_boot: int, seed: int) -> tuple[dict, TrajectoryStats]:
-    """The row's description columns and the walk's totals of one configuration."""
+def _configuration(features: Features, tree: Tree, policy: PolicySpec, pricing: Pricing, reader: CacheReader, *,
+                   n_boot: int, seed: int):
+    """The row's description columns, the walk's totals and the acceptance table of one configuration."""
     label = f"{features.draft}|{features.temperature:g}|{policy.label}|{policy.multi_draft}|{tree.name}"
     rng = np.random.default_rng([seed, zlib.crc32(label.encode())])  # reproducible per configuration
-    call_cost = cost_model.call_cost(tree, context=context, model_draft=not features.model_free)
-    result = run_policy(features, tree, policy, rng, cost_model)
-    stats = walk(result, features, call_cost) if isinstance(result, AcceptanceTable) else result
+    result = run_policy(features, tree, policy, rng, pricing if pricing.model is not None else None)
+    table = result if isinstance(result, AcceptanceTable) else None
+    if table is not None:
+        if pricing.model is not None:
+            call, plain, full = pricing.priced(features, tree)
+            stats = walk(table, features, call, plain_cost=plain, full_accept_cost=full)
+        else:
+            stats = walk(table, features)
+    else:
+        stats = result
     storage = reader.spec.storage
     greedy_exact_tail = policy.name == "greedy" and (not tree.budget or int(tree.ranks.max()) < reader.spec.top_k)
     approximate = (not policy.lossless) or (
@@ -280,17 +362,18 @@ def _configuration(features: Features, tree: Tree, policy: PolicySpec, cost_mode
     config = {
         "tree": tree.name, "budget": tree.budget, "depth": tree.max_depth, "draft": features.draft,
         "target": features.models["target"], "policy": policy.label, "temperature": features.temperature,
-        "multi_draft": policy.multi_draft if sampling_tree else None,
+        "multi_draft": policy.multi_draft if sampling_tree else None, "batch": 1, "batching": None,
         "estimate": "exact" if stats.exact else "monte-carlo",
     }
     tail = {
         "lossless": policy.lossless, "storage": storage + (f":{reader.spec.top_k}" if storage == "topk" else ""),
-        "approximate": bool(approximate), "cost_model": cost_model.describe(), "context": round(context, 1),
+        "approximate": bool(approximate), "cost_basis": pricing.basis,
+        "context": round(float(features.contexts().mean()), 1),
         "cache": str(reader.path), "n_boot": n_boot, "seed": seed,
         "samples": policy.samples if not stats.exact else None,
         **dict(stats.extra or {}),
     }
-    return {"config": config, "tail": tail}, stats
+    return {"config": config, "tail": tail}, stats, table
 
 
 def _rows(runs: list[tuple[dict, TrajectoryStats]], features: Features, *, by_category: bool, n_boot: int,
@@ -299,3 +382,90 @@ def _rows(runs: list[tuple[dict, TrajectoryStats]], features: Features, *, by_ca
     summaries = summarize_many([stats for _, stats in runs], features, by_category=by_category, n_boot=n_boot,
                                seed=seed)
     return [{**head["config"], **row, **head["tail"]} for (head, _), rows in zip(runs, summaries) for row in rows]
+
+
+BATCH_BOOT = 200  # bootstrap replicates of a batch timeline (each replays the whole schedule)
+
+
+def _batch_rows(rows_b1: list[dict], tables: list, features: Features, pricing: Pricing, batch: int, batching: str, *,
+                n_boot: int, seed: int, skipped: list[str], policy: PolicySpec) -> list[dict]:
+    """One 'all' row per configuration at batch size `batch`: the B=1 row with the batch timeline's speed columns."""
+    from specsim.sim.batch import simulate_batch
+
+    out = []
+    alls = [r for r in rows_b1 if r["category"] == ALL]
+    for row, (tree, table) in zip(alls, tables):
+        if table is None:
+            skipped.append(_skip_line(features, policy, tree.name, SpecError(
+                "adaptive rules are replayed at batch 1 only (their γ differs per request)")))
+            continue
+        try:
+            est = simulate_batch(table, features, tree, pricing.model, pricing.draft_key, batch=batch,
+                                 batching=batching, n_boot=min(n_boot, BATCH_BOOT), seed=seed)
+        except SpecError as exc:
+            skipped.append(_skip_line(features, policy, f"{tree.name} at batch {batch}", exc))
+            continue
+        out.append({
+            **row, "batch": batch, "batching": batching,
+            "speedup": est.speedup[0], "speedup_lo": est.speedup[1], "speedup_hi": est.speedup[2],
+            "tokens_per_s": est.tokens_per_s[0], "tokens_per_s_lo": est.tokens_per_s[1],
+            "tokens_per_s_hi": est.tokens_per_s[2],
+            "plain_tokens_per_s": est.plain_tokens_per_s[0],
+            "latency_per_token_ms": est.latency_per_token_ms,
+            "plain_latency_per_token_ms": est.plain_latency_per_token_ms,
+            "mean_batch": est.mean_batch, "mc_se_speedup": est.mc_se_speedup,
+            "n_boot": min(n_boot, BATCH_BOOT),
+            "estimate": row["estimate"] if est.exact else "monte-carlo",
+        })
+    return out
+
+
+def _finish_columns(df: pl.DataFrame, cost_model) -> pl.DataFrame:
+    """Name the speed columns after their basis: measured `speedup`, `speedup_assumed`, or none at all."""
+    speed = [c for c in df.columns if c.startswith(("speedup", "tokens_per_s", "plain_tokens_per_s", "latency",
+                                                    "plain_latency", "mc_se_speedup", "mean_batch"))]
+    if cost_model is None:
+        return df.drop(speed + ["call_cost"])
+    if not cost_model.measured:
+        keep = {"speedup": "speedup_assumed", "speedup_lo": "speedup_assumed_lo", "speedup_hi": "speedup_assumed_hi"}
+        return df.drop([c for c in speed if c not in keep]).rename({**keep, "call_cost": "call_cost_assumed"})
+    if "plain_tokens_per_s" not in df.columns:  # batch-1 rows: plain rate from the same walk
+        df = df.with_columns((pl.col("tokens_per_s") * pl.col("speedup").pow(-1)).alias("plain_tokens_per_s"))
+    else:
+        df = df.with_columns(pl.coalesce("plain_tokens_per_s", pl.col("tokens_per_s") / pl.col("speedup"))
+                             .alias("plain_tokens_per_s"))
+    return df.with_columns((1000 * pl.col("call_cost")).alias("call_ms")).drop("call_cost")
+
+
+@dataclass(frozen=True)
+class Speed:
+    """One tree's speed at one batch size, from the cost model."""
+
+    batch: int  # requests per step
+    tokens_per_call: float  # on the cached trajectories
+    speedup: tuple[float, float, float]  # value, 95% CI low, high (batch 1: bootstrap over prompts)
+    tokens_per_s: float | None  # measured costs only
+    exact: bool  # False: Monte-Carlo (sampling trees, or sampled acceptance in a batch timeline)
+
+
+def speed_of(features: Features, tree: Tree, policy: PolicySpec, pricing: Pricing, *, batch: int = 1,
+             batching: str = "lockstep", n_boot: int = 1000, seed: int = 0) -> Speed:
+    """The speedup of decoding the cached trajectories with `tree` at `batch`, priced by `pricing`."""
+    from specsim.sim.batch import simulate_batch
+
+    label = f"{features.draft}|{features.temperature:g}|{policy.label}|{policy.multi_draft}|{tree.name}"
+    rng = np.random.default_rng([seed, zlib.crc32(label.encode())])
+    result = run_policy(features, tree, policy, rng, pricing)
+    if not isinstance(result, AcceptanceTable):
+        raise SpecError(f"{policy.label} is not a fixed tree; speed_of prices fixed trees")
+    call, plain, full = pricing.priced(features, tree)
+    stats = walk(result, features, call, plain_cost=plain, full_accept_cost=full)
+    row = summarize_many([stats], features, by_category=False, n_boot=n_boot, seed=seed)[0][0]
+    if batch == 1:
+        return Speed(batch=1, tokens_per_call=row["tokens_per_call"],
+                     speedup=(row["speedup"], row["speedup_lo"], row["speedup_hi"]),
+                     tokens_per_s=row["tokens_per_s"] if pricing.model.measured else None, exact=stats.exact)
+    est = simulate_batch(result, features, tree, pricing.model, pricing.draft_key, batch=batch, batching=batching,
+                         n_boot=min(n_boot, BATCH_BOOT), seed=seed)
+    return Speed(batch=batch, tokens_per_call=row["tokens_per_call"], speedup=est.speedup,
+                 tokens_per_s=est.tokens_per_s[0], exact=stats.exact and est.exact)

@@ -1,29 +1,33 @@
-"""Cost of one speculative call, in units of one plain target decode step.
+"""What a speculative decoding step costs, in seconds measured on real hardware (or an assumed ratio).
 
-DESIGN.md §3. A call drafts the tree level by level (one draft step per level, its
-batch the level's width) and verifies all of its tokens in one target pass. With
-tokens per call τ and call cost κ (plain-step units) the speedup over plain decoding
-is τ / κ. Two models:
+DESIGN.md §3. One engine step of B requests runs the draft forwards (the root feed, then
+one forward per tree level that has children, each of width w per request) and ONE target
+forward over N tree tokens per request (root included), at context L. `specsim profile`
+times exactly those forwards with the live engine's own code, for a grid of batch sizes
+B, contexts L, token counts N and draft widths w, and writes a cost profile (JSON, v2).
 
-* ``c=0.05`` — Leviathan et al. (2023): a draft step costs c target steps,
-  verification costs one step whatever the tree size; κ = 1 + c · depth
-  (model-free drafts cost nothing to draft). Their improvement factor
-  (1 − α^{γ+1}) / ((1 − α)(γc + 1)) follows for chains.
-* a measured profile (``specsim profile``'s JSON): verifying N tree tokens at
-  context L costs target_verify_s[L][N] / target_verify_s[L][1]; each draft level
-  of width w costs draft_step_s[L][w] in the same unit. Values are linearly
-  interpolated in N, w and L; beyond the measured sizes they are extrapolated
-  linearly from the last two points, and beyond the measured contexts clamped
-  to the nearest one (`describe` says which).
+`ProfileCost` reads it and answers the time of any (B, N, w, L) by multilinear
+interpolation between measured grid points. Beyond the grid it extrapolates linearly from
+the last two points along each axis, up to `EXTRAPOLATION` (2x) past the largest measured
+B, N, w or L; further out it refuses with an error naming the measured range. Below the
+smallest measured context it uses that context's time (attention only gets cheaper).
+
+`AssumedCost` is Leviathan et al.'s (2023) flat model — a draft step costs c target
+steps, verification costs one step whatever the tree — kept for what-if questions. Its
+numbers are assumptions, never measurements, and every table and chart says so.
+
+A profile belongs to models: `check_profile` refuses one measured for another target or
+for another draft (by architecture fingerprint: what a forward's cost depends on), with
+a message naming both. Model-free drafts cost no draft forwards.
 numpy only.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -31,123 +35,248 @@ from specsim.errors import SpecError
 from specsim.trees import Tree
 
 PROFILE_FORMAT = "specsim-cost-profile"
-PROFILE_VERSION = 1
-
-
-class CostModel(Protocol):
-    def call_cost(self, tree: Tree, *, context: float, model_draft: bool) -> float:
-        """Cost of one call drafting and verifying `tree`, in plain-target-step units."""
-
-    def describe(self) -> str:
-        """One line for table rows and footers."""
+PROFILE_VERSION = 2
+EXTRAPOLATION = 2.0  # furthest extrapolation allowed, as a factor of the largest measured value per axis
 
 
 @dataclass(frozen=True)
-class RatioCost:
-    """Leviathan's model: draft step = c target steps, verification flat at 1."""
+class StepShape:
+    """What one engine step runs, per request."""
+
+    verify_tokens: int  # N: tree nodes in the target forward, root included (1 = a plain decode step)
+    draft_levels: tuple[int, ...]  # width of each draft forward, root feed first; () for model-free drafts
+
+
+def step_shape(tree: Tree, *, room: int | None = None, model_draft: bool = True, root_feed: int = 1) -> StepShape:
+    """The forwards of one call drafting `tree` cut to depth <= room (what the live engine runs).
+
+    The draft feeds the tokens it has not seen (`root_feed`: 1, or 2 after a call that
+    accepted a leaf it never fed), then every node of depths 1 .. D'-1 that has children,
+    one forward per depth (D' = the cut depth). A call that can accept nothing drafts nothing.
+    """
+    depth = tree.max_depth if room is None else min(tree.max_depth, max(int(room), 0))
+    if depth == 0 or not tree.budget:
+        return StepShape(verify_tokens=1, draft_levels=())
+    n = int((tree.depths <= depth).sum())
+    if not model_draft:
+        return StepShape(verify_tokens=n, draft_levels=())
+    inner = (tree.n_children > 0) & (tree.depths >= 1) & (tree.depths < depth)
+    widths = np.bincount(tree.depths[inner], minlength=depth)[1:depth]
+    return StepShape(verify_tokens=n, draft_levels=(int(root_feed), *[int(w) for w in widths]))
+
+
+def tree_by_room(tree: Tree, *, model_draft: bool = True) -> list[StepShape]:
+    """step_shape for room 0, 1, ..., max_depth (a deeper room is the full tree)."""
+    return [step_shape(tree, room=m, model_draft=model_draft) for m in range(tree.max_depth + 1)]
+
+
+@dataclass(frozen=True)
+class AssumedCost:
+    """Leviathan et al.'s flat model: a draft step costs c target steps, verification flat. An assumption."""
 
     c: float  # draft-step / target-step cost ratio
+    measured: bool = False
+    unit: str = "plain target steps"
 
-    def call_cost(self, tree: Tree, *, context: float, model_draft: bool) -> float:
-        return 1.0 + (self.c * tree.max_depth if model_draft else 0.0)
+    def verify_s(self, batch, tokens, context) -> np.ndarray:
+        return np.ones(np.broadcast(np.asarray(batch), np.asarray(tokens), np.asarray(context)).shape)
+
+    def draft_s(self, draft: str, batch, width, context) -> np.ndarray:
+        return self.c * np.ones(np.broadcast(np.asarray(batch), np.asarray(width), np.asarray(context)).shape)
+
+    def plain_s(self, batch, context) -> np.ndarray:
+        return self.verify_s(batch, 1, context)
 
     def describe(self) -> str:
-        return f"c={self.c:g} (draft step = {self.c:g} target steps per tree level, verification flat)"
+        return (f"ASSUMED c={self.c:g} (draft step = {self.c:g} target steps per tree level, verification flat; "
+                "not measured)")
 
 
-def parse_cost(text: str) -> RatioCost:
-    """'c=0.05' → RatioCost(0.05)."""
+def parse_cost(text: str) -> AssumedCost:
+    """'c=0.1' → AssumedCost(0.1)."""
     key, sep, value = str(text).strip().partition("=")
     if key.strip().lower() != "c" or not sep:
-        raise SpecError(f"cost {text!r}: expected c=RATIO (draft step / target step), e.g. c=0.05")
+        raise SpecError(f"--cost {text!r}: expected c=RATIO (draft step / target step), e.g. c=0.1")
     try:
         c = float(value)
     except ValueError:
-        raise SpecError(f"cost {text!r}: {value.strip()!r} is not a number (e.g. c=0.05)") from None
+        raise SpecError(f"--cost {text!r}: {value.strip()!r} is not a number (e.g. c=0.1)") from None
     if not 0 <= c < 1e6 or c != c:
-        raise SpecError(f"cost {text!r}: the ratio must be a number >= 0")
-    return RatioCost(c)
+        raise SpecError(f"--cost {text!r}: the ratio must be a number >= 0")
+    return AssumedCost(c)
 
 
-def _interp(x: float, xs: np.ndarray, ys: np.ndarray) -> float:
-    """Linear interpolation, extrapolated linearly from the two nearest points outside [xs[0], xs[-1]]."""
-    if len(xs) == 1:
-        return float(ys[0])
-    if x <= xs[-1] and x >= xs[0]:
-        return float(np.interp(x, xs, ys))
-    i = (0, 1) if x < xs[0] else (-2, -1)
-    slope = (ys[i[1]] - ys[i[0]]) / (xs[i[1]] - xs[i[0]])
-    return float(max(ys[i[0]] + slope * (x - xs[i[0]]), 0.0))
+@dataclass(frozen=True)
+class ModelId:
+    """A model as a profile or a cache names it."""
+
+    name: str  # the spec it was loaded from ("smollm2-135m", "int8", "layers:20", a hub id)
+    architecture_sha256: str | None  # what its cost depends on (specsim.record.models.architecture)
+    architecture: Mapping | None = None  # the readable fields behind the fingerprint
+
+    def describe(self) -> str:
+        arch = self.architecture or {}
+        shape = ", ".join(f"{k}={arch[k]}" for k in ("model_type", "hidden_size", "num_hidden_layers",
+                                                     "layers", "quantization") if k in arch)
+        return f"{self.name}" + (f" ({shape})" if shape else "")
+
+    def same_as(self, other: "ModelId") -> bool:
+        if self.architecture_sha256 and other.architecture_sha256:
+            return self.architecture_sha256 == other.architecture_sha256
+        return self.name == other.name  # a side without a fingerprint (older files): names must agree
+
+    @classmethod
+    def from_info(cls, name: str, info: Mapping | None) -> "ModelId":
+        info = info if isinstance(info, Mapping) else {}
+        return cls(name=str(info.get("spec") or name), architecture_sha256=info.get("architecture_sha256"),
+                   architecture=info.get("architecture"))
 
 
 @dataclass(frozen=True)
 class ProfileCost:
-    """Costs measured by `specsim profile` on real hardware."""
+    """Seconds measured by `specsim profile`, interpolated in (B, N, w, L)."""
 
     path: Path  # the profile JSON it came from
-    contexts: tuple[int, ...]  # measured context lengths, ascending
-    verify: dict  # context -> (sizes ndarray, seconds ndarray): target pass over N tokens
-    draft: dict  # context -> (widths ndarray, seconds ndarray): one draft step over w tokens
-    label: str  # "device, target, draft, dtype" from the profile
+    device: str  # e.g. "cpu (2 threads)", "cuda (NVIDIA H100 80GB HBM3)"
+    dtype: str  # model dtype measured
+    target: ModelId  # the target measured
+    drafts: dict[str, ModelId]  # the drafts measured, by name
+    batches: np.ndarray  # (nb,) measured batch sizes, ascending, starting at 1
+    contexts: np.ndarray  # (nl,) measured contexts L, ascending
+    sizes: np.ndarray  # (nn,) measured target token counts N, ascending, starting at 1
+    widths: np.ndarray  # (nw,) measured draft widths w, ascending, starting at 1
+    verify: np.ndarray  # (nb, nl, nn) seconds of one target forward over N tokens per request
+    draft: dict[str, np.ndarray]  # name -> (nb, nl, nw) seconds of one draft forward over w tokens per request
+    fit_error: float | None = None  # leave-one-out interpolation error (max relative), from the profile
+    measured: bool = True
+    unit: str = "seconds"
+    notes: tuple[str, ...] = field(default=())
 
-    def _at(self, table: dict, context: float, x: float) -> float:
-        cs = self.contexts
-        if context <= cs[0] or len(cs) == 1:
-            return _interp(x, *table[cs[0]])
-        if context >= cs[-1]:
-            return _interp(x, *table[cs[-1]])
-        j = int(np.searchsorted(cs, context))
-        lo, hi = cs[j - 1], cs[j]
-        w = (context - lo) / (hi - lo)
-        return (1 - w) * _interp(x, *table[lo]) + w * _interp(x, *table[hi])
+    def verify_s(self, batch, tokens, context) -> np.ndarray:
+        """Seconds of one target forward over `tokens` (N) per request for `batch` requests at `context`."""
+        return _interpolate(self.verify, (self.batches, self.contexts, self.sizes), (batch, context, tokens),
+                            ("batch", "context", "target tokens N"), self.path)
 
-    def call_cost(self, tree: Tree, *, context: float, model_draft: bool) -> float:
-        unit = self._at(self.verify, context, 1)
-        cost = self._at(self.verify, context, tree.n_nodes) / unit
-        if model_draft:
-            cost += sum(self._at(self.draft, context, int(w)) for w in tree.level_sizes()) / unit
-        return float(cost)
+    def draft_s(self, draft: str, batch, width, context) -> np.ndarray:
+        """Seconds of one forward of `draft` (a profile draft name) over `width` tokens per request."""
+        return _interpolate(self.draft[draft], (self.batches, self.contexts, self.widths), (batch, context, width),
+                            ("batch", "context", f"{draft} draft width w"), self.path)
+
+    def plain_s(self, batch, context) -> np.ndarray:
+        """Seconds of one plain decode step (N = 1) of `batch` requests: the speedup's baseline."""
+        return self.verify_s(batch, 1, context)
 
     def describe(self) -> str:
-        ctx = "/".join(str(c) for c in self.contexts)
-        return f"profile {self.path.name} ({self.label}; contexts {ctx}, interpolated)"
+        err = f", interpolation error <= {100 * self.fit_error:.0f}%" if self.fit_error is not None else ""
+        return (f"MEASURED profile {self.path.name} ({self.device}, {self.dtype}; target {self.target.name}; "
+                f"batch {_span(self.batches)}, context {_span(self.contexts)}{err})")
+
+    def draft_for(self, name: str, info: Mapping | None) -> str:
+        """The profile's draft that is the cache's draft `name`; SpecError naming both when none is."""
+        wanted = ModelId.from_info(name, info)
+        for key, measured in self.drafts.items():
+            if measured.same_as(wanted):
+                return key
+        have = "; ".join(m.describe() for m in self.drafts.values()) or "none"
+        raise SpecError(f"cost profile {self.path} was not measured for draft {wanted.describe()} (it measured: "
+                        f"{have}); run `specsim profile --target {self.target.name} --draft {name} ...`")
+
+
+def check_profile(profile: ProfileCost, target_name: str, target_info: Mapping | None) -> None:
+    """SpecError unless the profile measured the cache's target (names both)."""
+    wanted = ModelId.from_info(target_name, target_info)
+    if not profile.target.same_as(wanted):
+        raise SpecError(f"cost profile {profile.path} was measured for target {profile.target.describe()}, "
+                        f"not for this cache's target {wanted.describe()}; run `specsim profile --target "
+                        f"{target_name} ...` on the hardware you are asking about")
+
+
+def _span(values: np.ndarray) -> str:
+    values = [f"{v:g}" for v in values]
+    return values[0] if len(values) == 1 else f"{values[0]}-{values[-1]}"
+
+
+def _axis(x: np.ndarray, grid: np.ndarray, name: str, path: Path, *, clamp_below: bool):
+    """(lower index, upper index, fraction) of x on a grid, with the extrapolation rules above."""
+    if x.size and float(x.max()) > EXTRAPOLATION * float(grid[-1]):
+        raise SpecError(f"cost profile {path}: {name} {float(x.max()):g} is beyond what it measured "
+                        f"({_span(grid)}; extrapolating more than {EXTRAPOLATION:g}x past the largest is refused); "
+                        f"re-run `specsim profile` with a wider range")
+    if x.size and float(x.min()) < float(grid[0]) and not clamp_below:
+        raise SpecError(f"cost profile {path}: {name} {float(x.min()):g} is below what it measured ({_span(grid)})")
+    if grid.shape[0] == 1:
+        zeros = np.zeros(x.shape, dtype=np.int64)
+        return zeros, zeros, np.zeros(x.shape)
+    x = np.maximum(x, grid[0]) if clamp_below else x
+    hi = np.clip(np.searchsorted(grid, x), 1, grid.shape[0] - 1)
+    lo = hi - 1
+    return lo, hi, (x - grid[lo]) / (grid[hi] - grid[lo])
+
+
+def _interpolate(table: np.ndarray, grids: Sequence[np.ndarray], points: Sequence, names: Sequence[str],
+                 path: Path) -> np.ndarray:
+    """Multilinear interpolation (linear extrapolation up to the limit) of a 3-D table at broadcast points."""
+    pts = np.broadcast_arrays(*[np.asarray(p, dtype=np.float64) for p in points])
+    axes = [_axis(p.ravel(), g, n, path, clamp_below=(n == "context")) for p, g, n in zip(pts, grids, names)]
+    out = np.zeros(pts[0].size)
+    for corner in range(8):
+        weight = np.ones(pts[0].size)
+        index = []
+        for k, (lo, hi, frac) in enumerate(axes):
+            upper = (corner >> k) & 1
+            weight = weight * (frac if upper else 1.0 - frac)
+            index.append(hi if upper else lo)
+        out += weight * table[tuple(index)]
+    return np.maximum(out, table.min()).reshape(pts[0].shape)
 
 
 def load_cost_profile(path) -> ProfileCost:
-    """Read a specsim-cost-profile JSON (v1); SpecError naming the file and field when malformed."""
+    """Read a specsim-cost-profile JSON (v2); SpecError naming the file and field when malformed."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
         raise SpecError(f"cost profile {path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"cost profile {path}: not a text file (write one with `specsim profile`)") from None
     except json.JSONDecodeError as exc:
         raise SpecError(f"cost profile {path}: not JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
         raise SpecError(f"cost profile {path}: not a {PROFILE_FORMAT} file (write one with `specsim profile`)")
     if data.get("version") != PROFILE_VERSION:
-        raise SpecError(f"cost profile {path}: version {data.get('version')!r}, this specsim reads {PROFILE_VERSION}")
+        raise SpecError(f"cost profile {path}: version {data.get('version')!r}; this specsim reads version "
+                        f"{PROFILE_VERSION} (batch sizes and model fingerprints): re-run `specsim profile`")
+    try:
+        grid = {k: np.array(sorted(float(v) for v in data[k])) for k in ("batches", "contexts", "sizes", "widths")}
+        verify = _table(data["target_verify_s"], grid["batches"], grid["contexts"], grid["sizes"])
+        drafts_meta = data["drafts"]
+        draft = {name: _table(data["draft_step_s"][name], grid["batches"], grid["contexts"], grid["widths"])
+                 for name in drafts_meta}
+        target = data["target"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SpecError(f"cost profile {path}: missing or malformed field ({exc}); re-run `specsim profile`") from None
+    for axis in ("batches", "sizes", "widths"):
+        if grid[axis].size == 0 or grid[axis][0] != 1:
+            raise SpecError(f"cost profile {path}: {axis} must start at 1 (the plain step / one request)")
+    fit = data.get("fit", {}).get("max_relative_error")
+    return ProfileCost(
+        path=path, device=str(data.get("device", "?")), dtype=str(data.get("dtype", "?")),
+        target=ModelId.from_info(target.get("name", "?"), target),
+        drafts={name: ModelId.from_info(name, meta) for name, meta in drafts_meta.items()},
+        batches=grid["batches"], contexts=grid["contexts"], sizes=grid["sizes"], widths=grid["widths"],
+        verify=verify, draft=draft, fit_error=float(fit) if fit is not None else None,
+    )
 
-    def table(field: str) -> dict:
-        raw = data.get(field)
-        if not isinstance(raw, dict) or not raw:
-            raise SpecError(f"cost profile {path}: field {field!r} must map context -> {{size: seconds}}")
-        out = {}
-        for ctx, row in raw.items():
-            try:
-                pairs = sorted((int(k), float(v)) for k, v in row.items())
-                context = int(ctx)
-            except (AttributeError, TypeError, ValueError):
-                raise SpecError(f"cost profile {path}: {field}[{ctx!r}] must map integer sizes to seconds") from None
-            if not pairs or any(v <= 0 for _, v in pairs):
-                raise SpecError(f"cost profile {path}: {field}[{ctx!r}] needs positive timings")
-            out[context] = (np.array([k for k, _ in pairs], dtype=np.float64), np.array([v for _, v in pairs]))
-        return out
 
-    verify, draft = table("target_verify_s"), table("draft_step_s")
-    if set(verify) != set(draft):
-        raise SpecError(f"cost profile {path}: target_verify_s and draft_step_s cover different contexts")
-    for ctx, (sizes, _) in verify.items():
-        if sizes[0] != 1:
-            raise SpecError(f"cost profile {path}: target_verify_s[{ctx}] lacks N=1, the plain decode step (the unit)")
-    label = ", ".join(str(data.get(k)) for k in ("device", "target", "draft", "dtype") if data.get(k))
-    return ProfileCost(path=path, contexts=tuple(sorted(verify)), verify=verify, draft=draft, label=label or "?")
+def _table(raw: Mapping, batches: np.ndarray, contexts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """(nb, nl, nn) medians from {B: {L: {N: {"median": s, ...}}}}; every grid point must be present and > 0."""
+    out = np.empty((len(batches), len(contexts), len(sizes)))
+    for i, b in enumerate(batches):
+        for j, L in enumerate(contexts):
+            for k, n in enumerate(sizes):
+                cell = raw[f"{b:g}"][f"{L:g}"][f"{n:g}"]
+                seconds = float(cell["median"] if isinstance(cell, Mapping) else cell)
+                if not seconds > 0:
+                    raise ValueError(f"non-positive time at B={b:g}, L={L:g}, {n:g}")
+                out[i, j, k] = seconds
+    return out

@@ -63,10 +63,24 @@ class TrajectoryStats:
     accepted: np.ndarray  # (n_traj,) expected accepted draft tokens
     tokens: np.ndarray  # (n_traj,) output tokens (= trajectory length)
     reach: np.ndarray  # (n_traj, D) expected number of calls with A >= d, d = 1..D (per-depth acceptance)
-    cost: np.ndarray  # (n_traj,) expected total cost in plain-target-step units (from the cost model)
+    cost: np.ndarray  # (n_traj,) expected total time of the calls (cost model's unit: seconds, or assumed steps)
     exact: bool  # False when built from a Monte-Carlo table
     se_accepted: np.ndarray | None = None  # (n_traj,) Monte-Carlo standard error of `accepted`
     extra: Mapping | None = None  # per-configuration scalars for the result row (passed on from the table)
+    plain: np.ndarray | None = None  # (n_traj,) time of plain decoding of the trajectory (same unit as cost)
+
+
+def drafted_per_call(tree, room: np.ndarray) -> np.ndarray:
+    """(N,) draft tokens a call drafts when it can accept at most room[t]: the tree's nodes of depth <= room.
+
+    The counting convention of live decoding and of Hugging Face's assisted generation: a call
+    near the output limit drafts only what it could accept, so acceptance rate = accepted /
+    drafted counts the same tokens a real run verifies.
+    """
+    per_depth = np.bincount(tree.depths, minlength=tree.max_depth + 1).astype(np.float64)
+    per_depth[0] = 0.0  # the root is not drafted
+    within = np.cumsum(per_depth)  # within[d]: nodes of depth 1..d
+    return within[np.clip(np.asarray(room, dtype=np.int64), 0, tree.max_depth)]
 
 
 def check_table(table: AcceptanceTable, features) -> None:
@@ -89,12 +103,16 @@ def check_table(table: AcceptanceTable, features) -> None:
         raise ValueError("p_len puts mass past the end of a trajectory (a > n-1-t)")
 
 
-def walk(table: AcceptanceTable, features, call_cost: float) -> TrajectoryStats:
-    """Expected calls, drafted/accepted tokens and per-depth reach of decoding each trajectory.
+def walk(table: AcceptanceTable, features, call_cost=0.0, *, plain_cost=None, full_accept_cost=None) -> TrajectoryStats:
+    """Expected calls, drafted/accepted tokens, per-depth reach and time of decoding each trajectory.
 
     Every total is additive over calls, so E[total] = Σ_t visits(t) · r(t), with visits(t)
     the probability that a call starts at t (`occupancy`) — the same numbers as the
     backward recursion C(t) = r(t) + Σ_a P(a | t) C(t + a + 1), for all rewards at once.
+    call_cost: time of a call starting at each position ((N,) or a scalar); plain_cost: time
+    of a plain decode step at each position ((N,), summed over every position); and
+    full_accept_cost[t]: extra time the NEXT call pays when the call at t accepts the whole
+    depth (the draft then feeds two unseen tokens instead of one; priced at that next call).
     """
     check_table(table, features)
     occ = occupancy(table, features)  # (N,)
@@ -115,10 +133,14 @@ def walk(table: AcceptanceTable, features, call_cost: float) -> TrajectoryStats:
     se = None
     if not table.exact and table.se_len is not None:
         se = np.sqrt(per_traj((occ * table.se_len) ** 2))
+    cost = per_traj(occ * np.broadcast_to(np.asarray(call_cost, dtype=np.float64), occ.shape))
+    if full_accept_cost is not None and table.depth:
+        full = table.p_len[:, table.depth]  # P(A = D | t)
+        cost = cost + per_traj(occ * full * np.broadcast_to(full_accept_cost, occ.shape))
     return TrajectoryStats(
         calls=calls, drafted=drafted, accepted=accepted, tokens=features.traj_len.astype(np.float64),
-        reach=np.ascontiguousarray(reach), cost=calls * float(call_cost), exact=table.exact, se_accepted=se,
-        extra=table.extra,
+        reach=np.ascontiguousarray(reach), cost=cost, exact=table.exact, se_accepted=se,
+        extra=table.extra, plain=None if plain_cost is None else per_traj(np.asarray(plain_cost, dtype=np.float64)),
     )
 
 

@@ -28,12 +28,13 @@ from typing import Iterator
 import h5py
 import numpy as np
 
+from specsim.cache.stats import STATS_TOP_K, log_prob as _log_prob, token_rank, top_k_ids
 from specsim.cache.store import TARGET, CacheReader
 from specsim.errors import CacheError, SpecError
 
 MODEL_FREE = ("ngram", "prompt-lookup")  # draft families that need no draft column
 FEATURES_FORMAT = "specsim-features"
-FEATURES_VERSION = 2  # bump when the stored arrays change meaning
+FEATURES_VERSION = 3  # bump when the stored arrays change meaning (3: float32 ranks from recorded statistics)
 BLOCK = 256  # positions read at once per column while deriving features
 BLOCK_ELEMENTS = 1 << 20  # logits read at once per column when streaming distributions (>= BLOCK rows):
 #                           a small vocabulary reads many rows per HDF5 call instead of paying per call
@@ -59,6 +60,8 @@ class Features:
     logq: np.ndarray | None  # (N,) float64 log q_t(y_t) at `temperature` (T=0: at T=1)
     top_ids: np.ndarray | None  # (N, K) int32 draft's top-K ids, most likely first
     exact_tail: bool  # False when the cache stores top-k only (tail-dependent numbers approximate)
+    prompt_len: np.ndarray | None = None  # (n_traj,) int64 prompt tokens of each trajectory (context = prompt + t)
+    max_new_tokens: int | None = None  # the recording's output limit (None: unknown, each trajectory's end is used)
     _memo: dict = field(default_factory=dict, repr=False, compare=False)  # streamed distributions, when small
 
     @property
@@ -83,6 +86,24 @@ class Features:
         """(N,) int64: drafts a call starting at each position may accept (n - 1 - t; DESIGN end cap)."""
         ends = np.repeat(self.traj_start + self.traj_len, self.traj_len)  # (N,)
         return ends - np.arange(self.n_positions) - 1
+
+    def room(self) -> np.ndarray:
+        """(N,) int64: drafts a call at each position can still accept before the output limit.
+
+        A real engine knows its max_new_tokens, not where the target will stop, so a call at
+        t drafts no deeper than max_new_tokens - 1 - t (Hugging Face's assisted generation
+        and serving engines cap the draft there). Without a recorded limit: n - 1 - t.
+        """
+        if self.max_new_tokens is None:
+            return self.remaining()
+        local = np.arange(self.n_positions) - np.repeat(self.traj_start, self.traj_len)
+        return np.maximum(self.max_new_tokens - 1 - local, self.remaining())
+
+    def contexts(self) -> np.ndarray:
+        """(N,) float64 context length of a call at each position: prompt tokens + output so far."""
+        local = np.arange(self.n_positions) - np.repeat(self.traj_start, self.traj_len)
+        plen = self.prompt_len if self.prompt_len is not None else np.zeros(self.n_traj, dtype=np.int64)
+        return (np.repeat(plen, self.traj_len) + local).astype(np.float64)
 
     def prompt_ids(self, i_traj: int) -> np.ndarray:
         """Token ids of trajectory i_traj's prompt (what model-free drafts match against)."""
@@ -166,6 +187,8 @@ def _load(reader: CacheReader, draft: str, temperature: float, top_k: int, progr
         traj_category=np.array([categories[r.prompt_index] for r in rows], dtype=object),
         cache_start=np.array([r.start for r in rows], dtype=np.int64),
         exact_tail=reader.spec.storage == "full",
+        prompt_len=np.array([len(reader.prompt_token_ids(r.prompt_index)) for r in rows], dtype=np.int64),
+        max_new_tokens=_max_new_tokens(reader.meta),
     )
     if model_free:
         token = np.concatenate([reader.tokens(r.start, r.stop) for r in rows])
@@ -177,6 +200,12 @@ def _load(reader: CacheReader, draft: str, temperature: float, top_k: int, progr
         stored = _derive(reader, base, draft, T, K, progress)
         _write_stored(reader, key, stored)
     return Features(**base, **stored)
+
+
+def _max_new_tokens(meta: dict) -> int | None:
+    settings = meta.get("settings") if isinstance(meta.get("settings"), dict) else {}
+    value = settings.get("max_new_tokens")
+    return int(value) if isinstance(value, (int, float)) and value >= 1 else None
 
 
 def target_name(meta: dict) -> str:
@@ -246,6 +275,7 @@ def _derive(reader: CacheReader, base: dict, draft: str, T: float, K: int, progr
     logq = np.empty(N, dtype=np.float64)
     top_ids = np.empty((N, K), dtype=np.int32)
     Ts = T if T > 0 else 1.0
+    recorded = reader.has_stats() and K <= STATS_TOP_K  # float32 statistics from the recording: no logits read
     bar = tqdm(total=N, unit="pos", desc=f"features {draft} T={T:g}", disable=not progress, dynamic_ncols=True)
     try:
         for local, cache, n in _runs(_Base(base)):
@@ -253,6 +283,14 @@ def _derive(reader: CacheReader, base: dict, draft: str, T: float, K: int, progr
                 e = min(s + BLOCK, n)
                 a, b = local + s, local + e
                 y = reader.tokens(cache + s, cache + e)  # (n,)
+                if recorded:
+                    token[a:b] = y
+                    rank[a:b] = reader.stats(draft, "rank", cache + s, cache + e)
+                    logp[a:b] = reader.stats(TARGET, "logprob", cache + s, cache + e)
+                    logq[a:b] = reader.stats(draft, "logprob", cache + s, cache + e)
+                    top_ids[a:b] = reader.stats(draft, "top_ids", cache + s, cache + e)[:, :K]
+                    bar.update(e - s)
+                    continue
                 p_logits = reader.logits(TARGET, cache + s, cache + e)  # (n, V)
                 q_logits = reader.logits(draft, cache + s, cache + e)  # (n, V)
                 token[a:b] = y
@@ -266,35 +304,6 @@ def _derive(reader: CacheReader, base: dict, draft: str, T: float, K: int, progr
     finally:
         bar.close()
     return dict(token=token, rank=rank, logp=logp, logq=logq, top_ids=top_ids)
-
-
-def token_rank(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """(n,) rank of y[i] in row i: entries strictly larger, plus equal ones with a lower id."""
-    ly = logits[np.arange(len(y)), y][:, None]  # (n, 1)
-    lower_id = np.arange(logits.shape[1])[None, :] < y[:, None]  # (n, V)
-    return ((logits > ly) | ((logits == ly) & lower_id)).sum(axis=1).astype(np.int32)
-
-
-def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
-    """(n, k) ids of the k largest entries per row, ties broken by the lower id (as `token_rank`)."""
-    n, V = logits.shape
-    m = min(V, k + 8)  # slack so ties at the k-th value usually fall inside the partition
-    part = np.argpartition(-logits, m - 1, axis=1)[:, :m] if m < V else np.broadcast_to(np.arange(V), (n, V)).copy()
-    vals = np.take_along_axis(logits, part, axis=1)
-    order = np.lexsort((part, -vals), axis=1)
-    ids = np.take_along_axis(part, order, axis=1)
-    sorted_vals = np.take_along_axis(vals, order, axis=1)
-    if m < V:  # a tie run reaching the partition's edge may hide a lower id outside it: sort those rows fully
-        for i in np.flatnonzero(sorted_vals[:, m - 1] == sorted_vals[:, k - 1]):
-            ids[i] = np.argsort(-logits[i], kind="stable")[:m]
-    return ids[:, :k].astype(np.int32)
-
-
-def _log_prob(logits: np.ndarray, y: np.ndarray, T: float) -> np.ndarray:
-    z = logits.astype(np.float64) / T  # (n, V)
-    m = z.max(axis=1, keepdims=True)
-    lse = m[:, 0] + np.log(np.exp(z - m).sum(axis=1))
-    return z[np.arange(len(y)), y] - lse
 
 
 def _softmax(logits: np.ndarray, T: float) -> np.ndarray:

@@ -71,7 +71,7 @@ def output_law(rule: LossyRule, p_target: np.ndarray, q_draft: np.ndarray) -> np
 
 def lossy_table(features: "Features", tree: Tree, spec, rng: np.random.Generator) -> "AcceptanceTable":
     """Approximate acceptance of a lossy rule along the cached target trajectories, with TV distortion."""
-    from specsim.sim.engine import AcceptanceTable
+    from specsim.sim.engine import AcceptanceTable, drafted_per_call
 
     rule = rule_of(spec)
     k = int(tree.n_children.max()) if tree.budget else 1
@@ -94,5 +94,5 @@ def lossy_table(features: "Features", tree: Tree, spec, rng: np.random.Generator
     at_least = reach_by_depth(pi, tree, features.remaining())
     extra = {"tv_distortion": float(tv.mean()), "tv_distortion_max": float(tv.max(initial=0.0)),
              "approximation": "lossy rule evaluated along target trajectories"}
-    return AcceptanceTable(p_len=length_distribution(at_least), drafted=np.full(N, float(tree.budget)),
+    return AcceptanceTable(p_len=length_distribution(at_least), drafted=drafted_per_call(tree, features.room()),
                            exact=True, extra=extra)

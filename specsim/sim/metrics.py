@@ -31,8 +31,10 @@ from specsim.sim.engine import TrajectoryStats
 ALL = "all"  # the category label of the row over every prompt
 CI_LEVEL = 0.95  # two-sided percentile interval
 METRICS = ("accept_rate", "accepted_per_call", "tokens_per_call", "calls_per_100_tokens", "drafted_per_call",
-           "speedup")  # the ratio columns of a row, each with _lo and _hi
-_TOTALS = ("accepted", "drafted", "calls", "tokens", "cost")  # the per-trajectory sums they are ratios of
+           "speedup", "tokens_per_s")  # the ratio columns of a row, each with _lo and _hi
+_TOTALS = ("accepted", "drafted", "calls", "tokens", "cost", "plain")  # the per-trajectory sums they are ratios of
+# speedup = plain time / speculative time of the same trajectories; tokens_per_s = tokens / time (the
+# cost model's unit: seconds when measured). Without a cost model both are NaN.
 
 
 @dataclass(frozen=True)
@@ -95,10 +97,15 @@ def groups(categories: np.ndarray, by_category: bool) -> list[tuple[str, np.ndar
 
 
 def _metrics(sums: np.ndarray) -> np.ndarray:
-    """(..., 6) the METRICS from (..., 5) sums of the _TOTALS."""
-    accepted, drafted, calls, tokens, cost = np.moveaxis(sums, -1, 0)
+    """(..., len(METRICS)) the METRICS from (..., len(_TOTALS)) sums of the _TOTALS."""
+    accepted, drafted, calls, tokens, cost, plain = np.moveaxis(sums, -1, 0)
     return np.stack([_ratio(accepted, drafted), accepted / calls, tokens / calls, 100 * calls / tokens,
-                     drafted / calls, tokens / cost], axis=-1)
+                     drafted / calls, _ratio(plain, cost), _ratio(tokens, cost)], axis=-1)
+
+
+def _total(stats: TrajectoryStats, name: str) -> np.ndarray:
+    value = getattr(stats, name)
+    return np.full(stats.tokens.shape, np.nan) if value is None else value
 
 
 def summarize(stats: TrajectoryStats, features, *, by_category: bool = True, n_boot: int = 1000,
@@ -119,21 +126,24 @@ def summarize_many(stats_list: Sequence[TrajectoryStats], features, *, by_catego
     rows: list[list[dict]] = [[] for _ in range(C)]
     if not C:
         return rows
-    totals = np.stack([np.column_stack([getattr(s, name) for name in _TOTALS]) for s in stats_list],
-                      axis=1).astype(np.float64)  # (n_traj, C, 5)
+    K, M = len(_TOTALS), len(METRICS)
+    totals = np.stack([np.column_stack([_total(s, name) for name in _TOTALS]) for s in stats_list],
+                      axis=1).astype(np.float64)  # (n_traj, C, K)
     for label, idx in groups(features.traj_category, by_category):
-        part = totals[idx]  # (n, C, 5)
-        sums = part.sum(axis=0)  # (C, 5)
-        point = _metrics(sums)  # (C, 6)
+        part = totals[idx]  # (n, C, K)
+        sums = part.sum(axis=0)  # (C, K)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            point = _metrics(sums)  # (C, M)
         lo = hi = np.full_like(point, np.nan)
         n = part.shape[0]
         if n >= 2 and n_boot >= 1:
             W = bootstrap_counts(n, int(n_boot), int(seed))  # (B, n)
-            boot = (W @ part.reshape(n, C * 5)).reshape(-1, C, 5)  # (B, C, 5) every resample's sums
-            lo, hi = (x.reshape(C, 6) for x in _interval(_metrics(boot).reshape(-1, C * 6)))
+            boot = (W @ part.reshape(n, C * K)).reshape(-1, C, K)  # (B, C, K) every resample's sums
+            with np.errstate(invalid="ignore", divide="ignore"):
+                lo, hi = (x.reshape(C, M) for x in _interval(_metrics(boot).reshape(-1, C * M)))
         n_prompts = int(len(np.unique(features.traj_prompt[idx])))
         for c, stats in enumerate(stats_list):
-            accepted, drafted, calls, tokens, cost = sums[c]
+            accepted, drafted, calls, tokens, cost, plain = sums[c]
             row = {"category": label, "n_prompts": n_prompts, "n_positions": int(tokens)}
             for k, name in enumerate(METRICS):
                 row[name], row[name + "_lo"], row[name + "_hi"] = float(point[c, k]), float(lo[c, k]), float(hi[c, k])

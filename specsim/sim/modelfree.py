@@ -128,7 +128,7 @@ def modelfree_table(features: "Features", tree: Tree, spec, rng: np.random.Gener
 
     draft = parse_modelfree(features.draft)
     N = features.n_positions
-    remaining = features.remaining()
+    remaining, room = features.remaining(), features.room()
     length = np.zeros(N, dtype=np.int64)
     drafted = np.zeros(N)
     with CacheReader(features.cache_path) as reader:  # one open, not one per trajectory
@@ -142,7 +142,7 @@ def modelfree_table(features: "Features", tree: Tree, spec, rng: np.random.Gener
         offset = seq.shape[0] - n
         for t in range(n):
             tokens = tree_tokens(seq[: offset + t], draft, tree)
-            drafted[start + t] = float((tokens >= 0).sum())
+            drafted[start + t] = float(((tokens >= 0) & (tree.depths <= room[start + t])).sum())
             future = seq[offset + t : offset + t + int(remaining[start + t])]
             length[start + t] = accepted_length(tree, tokens, future)
     p_len = np.zeros((N, tree.max_depth + 1))  # (N, D+1)

@@ -264,7 +264,7 @@ def sample_tree_table(features: "Features", tree: Tree, spec, rng: np.random.Gen
     Exact for 'iid' and for chains; 'swor' trees are Monte-Carlo with `samples` per position
     (`spec.samples`, default 64) and a standard error of E[A | t].
     """
-    from specsim.sim.engine import AcceptanceTable
+    from specsim.sim.engine import AcceptanceTable, drafted_per_call
 
     if features.temperature <= 0:
         raise SpecError(
@@ -278,7 +278,7 @@ def sample_tree_table(features: "Features", tree: Tree, spec, rng: np.random.Gen
     pi, reps = candidate_acceptance(features, k, scheme=scheme, samples=samples, rng=rng)
     remaining = features.remaining()
     at_least = reach_by_depth(pi, tree, remaining)  # (N, D)
-    drafted = np.full(pi.shape[0], float(tree.budget))
+    drafted = drafted_per_call(tree, features.room())
     if reps is None:
         return AcceptanceTable(p_len=length_distribution(at_least), drafted=drafted, exact=True)
     # Each replicate uses one sample per position; positions are independent, so each

@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from specsim.errors import SpecError
-from specsim.sim.engine import AcceptanceTable, TrajectoryStats
+from specsim.sim.engine import AcceptanceTable, TrajectoryStats, drafted_per_call
 from specsim.trees import Tree
 
 MULTI_DRAFT = ("iid", "swor")  # how a node's k candidates are drawn from q: i.i.d. (SpecInfer) or without replacement
@@ -161,8 +161,7 @@ def greedy_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generato
     length = greedy_lengths(features.rank, features.remaining(), tree)
     p_len = np.zeros((features.n_positions, tree.max_depth + 1))  # (N, D+1)
     p_len[np.arange(features.n_positions), length] = 1.0
-    return AcceptanceTable(p_len=p_len, drafted=np.full(features.n_positions, float(tree.budget)), exact=True,
-                           length=length)
+    return AcceptanceTable(p_len=p_len, drafted=drafted_per_call(tree, features.room()), exact=True, length=length)
 
 
 def chain_acceptance(features) -> np.ndarray:
@@ -187,7 +186,7 @@ def sample_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generato
     if tree.budget and int(tree.n_children.max()) > 1:
         return _external("sample-tree")(features, tree, spec, rng)
     p_len = chain_table(chain_acceptance(features), features.remaining(), tree.max_depth)
-    return AcceptanceTable(p_len=p_len, drafted=np.full(features.n_positions, float(tree.budget)), exact=True)
+    return AcceptanceTable(p_len=p_len, drafted=drafted_per_call(tree, features.room()), exact=True)
 
 
 # -- the registry ---------------------------------------------------------------------------------

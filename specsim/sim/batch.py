@@ -1,0 +1,201 @@
+"""Batched speculative decoding on a timeline: B requests per engine step, step times from a profile.
+
+DESIGN.md §3. At batch size B an engine step drafts and verifies every active request
+together: its time is the profile's at the step's batch, token and width counts, and it
+yields Σ (A_i + 1) tokens over the requests. Each request's accepted lengths come from
+the exact per-position law of the replay (`AcceptanceTable`): greedy and model-free
+tables are point masses, so a schedule is deterministic; sampling tables are drawn, one
+uniform coin per call (Monte-Carlo). Two schedules, as serving engines run them:
+
+* ``lockstep`` (static batching): B trajectories start together; finished requests leave
+  and the batch shrinks until the last one finishes; then the next B start;
+* ``continuous``: a finished request's lane takes the next trajectory before the next step.
+
+A step pays: the draft's root feed (width 1, or 2 for a request whose last call accepted
+a leaf the draft never fed) and one draft forward per tree level needed by the deepest
+request (a request drafts no deeper than its room before the output limit), plus one
+target forward over the widest request's nodes; at the longest context in the batch (rows
+are padded to it, as in the live engine's slot cache). Plain decoding runs the same
+schedule with one token per request per step. Prompt passes are outside both (speculation
+does not change them).
+
+Replicates run side by side as rows of every array: the cache's trajectory order (the
+point estimate; with sampling, `coins` replicates of it give its mean and standard error)
+and `n_boot` bootstrap resamples of the trajectories with fresh coins (the 95% CI over
+prompts and coins). numpy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specsim.sim.cost import StepShape, tree_by_room
+from specsim.sim.engine import AcceptanceTable
+from specsim.trees import Tree
+
+BATCHING = ("lockstep", "continuous")
+CI_LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Totals of one schedule per replicate."""
+
+    seconds: np.ndarray  # (R,) decode time
+    tokens: np.ndarray  # (R,) output tokens
+    latency: np.ndarray  # (R,) mean over requests of (time in the engine / tokens)
+    steps: np.ndarray  # (R,) engine steps
+    lane_steps: np.ndarray  # (R,) Σ over steps of the requests in the step (mean batch = lane_steps / steps)
+
+
+@dataclass(frozen=True)
+class BatchEstimate:
+    """What the batch simulator reports for one configuration and batch size."""
+
+    batch: int  # requests per step (at most)
+    batching: str  # 'lockstep' | 'continuous'
+    tokens_per_s: tuple[float, float, float]  # speculative throughput: value, CI low, high
+    plain_tokens_per_s: tuple[float, float, float]  # plain batched decoding at the same B
+    speedup: tuple[float, float, float]  # throughput ratio
+    latency_per_token_ms: float  # mean per-request time in the engine per token, speculative
+    plain_latency_per_token_ms: float
+    mean_batch: float  # mean requests per speculative step
+    mc_se_speedup: float | None  # Monte-Carlo standard error of the point estimate (sampling tables)
+    exact: bool  # True when every accepted length is a point mass (no coins)
+
+
+class _Shapes:
+    """Per-room step shapes of a tree as arrays: verify tokens and draft level widths."""
+
+    def __init__(self, tree: Tree, model_draft: bool):
+        shapes: list[StepShape] = tree_by_room(tree, model_draft=model_draft)
+        self.depth = tree.max_depth
+        self.verify = np.array([s.verify_tokens for s in shapes], dtype=np.float64)  # (D+1,)
+        width = max((len(s.draft_levels) for s in shapes), default=0)
+        self.levels = np.zeros((len(shapes), width))  # (D+1, levels): 0 = no forward
+        for m, s in enumerate(shapes):
+            self.levels[m, : len(s.draft_levels)] = s.draft_levels
+
+
+def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *, batch: int, batching: str,
+             orders: np.ndarray, coins: np.random.Generator | None = None, plain: bool = False) -> Timeline:
+    """Run the schedule for every replicate (a row of `orders`: trajectory indices in decoding order).
+
+    lengths: (N,) int accepted length per position (point masses), or an (N, D+1) law to draw from
+    with `coins`. plain=True: plain decoding (one token per request per step, no draft).
+    """
+    if batching not in BATCHING:
+        raise ValueError(f"batching {batching!r} is not one of {BATCHING}")
+    R, n_req = orders.shape
+    shapes = _Shapes(tree, model_draft=draft_key is not None and not plain)
+    room = np.minimum(features.room(), tree.max_depth)  # (N,)
+    context = features.contexts()  # (N,)
+    starts, lens = features.traj_start.astype(np.int64), features.traj_len.astype(np.int64)
+    law = None if plain or np.ndim(lengths) == 1 else np.cumsum(lengths, axis=1)  # (N, D+1) CDF
+    traj = np.full((R, batch), -1, dtype=np.int64)  # trajectory in each lane, -1 empty
+    pos = np.zeros((R, batch), dtype=np.int64)  # next output position of each lane's request
+    joined = np.zeros((R, batch))  # time the lane's request joined
+    fed2 = np.zeros((R, batch), dtype=bool)  # its last call accepted the whole depth: root feed of 2
+    nxt = np.zeros(R, dtype=np.int64)  # next request in each replicate's order
+    clock, tokens, steps, lane_steps = np.zeros(R), np.zeros(R), np.zeros(R), np.zeros(R)
+    latency_sum, finished = np.zeros(R), np.zeros(R)
+    rows = np.arange(R)
+    while True:
+        # admissions: lockstep refills a replicate only when it is empty, continuous any empty lane
+        empty = traj < 0
+        can = empty & (nxt < n_req)[:, None]
+        if batching == "lockstep":
+            can &= empty.all(axis=1)[:, None]
+        if can.any():
+            order_rank = np.cumsum(can, axis=1) - 1  # k-th free lane takes the k-th next request
+            take = nxt[:, None] + order_rank
+            ok = can & (take < n_req)
+            traj[ok] = orders[np.nonzero(ok)[0], take[ok]]
+            pos[ok], joined[ok], fed2[ok] = 0, np.broadcast_to(clock[:, None], ok.shape)[ok], False
+            nxt += ok.sum(axis=1)
+        active = traj >= 0
+        live = active.any(axis=1)
+        if not live.any():
+            break
+        g = np.where(active, starts[np.maximum(traj, 0)] + pos, 0)  # (R, B) global position
+        b_act = active.sum(axis=1).astype(np.float64)  # (R,)
+        ctx = np.where(active, context[g], 0.0).max(axis=1)  # padded to the longest context
+        if plain:
+            step_s = cost_model.plain_s(np.maximum(b_act, 1), ctx)
+            accepted = np.zeros((R, batch), dtype=np.int64)
+        else:
+            m = np.where(active, room[g], 0).max(axis=1)  # the deepest cut any request needs
+            step_s = cost_model.verify_s(np.maximum(b_act, 1), shapes.verify[m], ctx)
+            for k in range(shapes.levels.shape[1]):
+                w = shapes.levels[m, k]
+                if k == 0:  # root feed: 2 tokens when some request's last call accepted a leaf
+                    w = np.where(w > 0, np.where((fed2 & active).any(axis=1), 2.0, w), 0.0)
+                run = w > 0
+                if run.any():
+                    step_s = step_s + np.where(run, cost_model.draft_s(draft_key, np.maximum(b_act, 1),
+                                                                       np.maximum(w, 1), ctx), 0.0)
+            if law is None:
+                accepted = np.where(active, np.asarray(lengths)[g], 0)
+            else:
+                u = coins.random((R, batch))
+                accepted = np.where(active, (law[g] < u[..., None]).sum(axis=-1), 0)  # inverse CDF
+            fed2 = active & (accepted >= shapes.depth)
+        step_s = np.where(live, step_s, 0.0)
+        clock += step_s
+        steps += live
+        lane_steps += b_act
+        emitted = np.where(active, accepted + 1, 0)
+        tokens += emitted.sum(axis=1)
+        pos += emitted
+        done = active & (pos >= lens[np.maximum(traj, 0)])
+        if done.any():
+            n_tok = lens[traj[done]]
+            latency_sum += np.bincount(np.nonzero(done)[0], weights=(clock[:, None] - joined)[done] / n_tok,
+                                       minlength=R)
+            finished += done.sum(axis=1)
+            traj[done] = -1
+    return Timeline(seconds=clock, tokens=tokens, latency=latency_sum / np.maximum(finished, 1), steps=steps,
+                    lane_steps=lane_steps)
+
+
+def simulate_batch(table: AcceptanceTable, features, tree: Tree, cost_model, draft_key: str | None, *,
+                   batch: int, batching: str = "lockstep", n_boot: int = 200, coins: int = 32,
+                   seed: int = 0) -> BatchEstimate:
+    """Throughput, latency and speedup over plain batched decoding at batch size `batch`.
+
+    Replicate 0 (or `coins` replicates, for sampling tables) decodes the trajectories in cache
+    order: the point estimate. `n_boot` bootstrap replicates resample trajectories (and coins):
+    the 95% CI.
+    """
+    rng = np.random.default_rng([seed, batch, BATCHING.index(batching)])
+    deterministic = table.length is not None
+    lengths = table.length if deterministic else table.p_len
+    n = features.n_traj
+    n_point = 1 if deterministic else max(2, int(coins))
+    orders = np.concatenate([np.tile(np.arange(n), (n_point, 1)),
+                             rng.integers(0, n, size=(max(int(n_boot), 0), n))])
+    spec = timeline(lengths, features, tree, cost_model, draft_key, batch=batch, batching=batching, orders=orders,
+                    coins=rng)
+    base = timeline(None, features, tree, cost_model, draft_key, batch=batch, batching=batching, orders=orders,
+                    plain=True)
+    rate, plain_rate = spec.tokens / spec.seconds, base.tokens / base.seconds
+    speedup = base.seconds / spec.seconds
+    point, boot = slice(0, n_point), slice(n_point, None)
+
+    def est(x: np.ndarray) -> tuple[float, float, float]:
+        value = float(x[point].mean())
+        if orders.shape[0] - n_point < 2:
+            return value, float("nan"), float("nan")
+        lo, hi = np.percentile(x[boot], [(1 - CI_LEVEL) / 2 * 100, (1 + CI_LEVEL) / 2 * 100])
+        return value, float(lo), float(hi)
+
+    se = None if deterministic else float(speedup[point].std(ddof=1) / np.sqrt(n_point))
+    return BatchEstimate(
+        batch=batch, batching=batching, tokens_per_s=est(rate), plain_tokens_per_s=est(plain_rate),
+        speedup=est(speedup), latency_per_token_ms=1000 * float(spec.latency[point].mean()),
+        plain_latency_per_token_ms=1000 * float(base.latency[point].mean()),
+        mean_batch=float((spec.lane_steps[point] / spec.steps[point]).mean()), mc_se_speedup=se,
+        exact=deterministic,
+    )

@@ -1,0 +1,93 @@
+"""The hardware-aware choice: for each batch size, the draft tree and budget with the best speedup.
+
+Serving engines pick the number of speculative tokens per batch size (verification
+leaves the memory-bound regime as the batch grows, so the best budget shrinks). Given
+candidate trees (the optimiser's best tree for every budget up to a maximum, which
+never decodes worse than a chain or k-ary tree of the same budget), each is priced by
+the cost model at every batch size (`specsim.sim.api.speed_of`: batch 1 is the exact
+walk, larger batches the batch timeline) and the best by speedup is kept per batch.
+numpy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from specsim.sim.api import Pricing, Speed, speed_of
+from specsim.trees import Tree
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The best candidate at one batch size, and what it was chosen among."""
+
+    batch: int  # requests per step
+    tree: Tree  # the winner
+    speed: Speed  # its speed
+    candidates: int  # trees compared
+    plain_wins: bool  # True when even the best speculative tree is slower than plain decoding
+
+
+def best_per_batch(features, trees: Sequence[Tree], policy, pricing: Pricing, batches: Sequence[int], *,
+                   batching: str = "lockstep", n_boot: int = 1000, seed: int = 0) -> list[Choice]:
+    """For each batch size, the tree of `trees` with the highest speedup (its CI alongside)."""
+    out = []
+    for batch in batches:
+        scored = [(speed_of(features, t, policy, pricing, batch=batch, batching=batching, n_boot=n_boot, seed=seed),
+                   t) for t in trees]
+        speed, tree = max(scored, key=lambda st: st[0].speedup[0])
+        out.append(Choice(batch=batch, tree=tree, speed=speed, candidates=len(scored),
+                          plain_wins=speed.speedup[0] < 1.0))
+    return out
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Optimal trees fitted on one cache's trajectories for one draft, policy and temperature."""
+
+    features: object  # specsim.sim.features.Features
+    policy: object  # specsim.sim.policies.PolicySpec
+    results: list  # specsim.sim.optimize.OptimalTree per budget, ascending budgets
+    what: str  # what was fitted on, for the output
+
+
+def fit_on_cache(cache, budgets: Sequence[int], *, draft: str | None = None, policy: str = "greedy",
+                 temperature: float | None = None, multi_draft: str = "iid", max_depth: int | None = None,
+                 samples: int = 64, seed: int = 0, progress: bool = False) -> Fit:
+    """The optimal tree for each budget on a cache (defaults: the first recorded draft, T by policy)."""
+    from pathlib import Path
+
+    from specsim.cache.store import CacheReader
+    from specsim.errors import CacheError
+    from specsim.sim.features import load_features
+    from specsim.sim.optimize import optimal_trees
+    from specsim.sim.policies import check_temperature, parse_policy
+
+    with CacheReader(cache) as reader:
+        if draft is None:
+            if not reader.spec.drafts:
+                raise CacheError(f"{reader.path}: records no draft column to optimise a tree for")
+            draft = reader.spec.drafts[0]
+        if temperature is None:
+            hot = [t for t in reader.spec.temperatures if t > 0]
+            if policy == "greedy" and 0.0 not in reader.spec.temperatures:
+                raise CacheError(f"{reader.path}: no greedy (T=0) trajectories; use --policy sample")
+            if policy == "sample" and not hot:
+                raise CacheError(f"{reader.path}: only greedy (T=0) trajectories; use --policy greedy")
+            temperature = 0.0 if policy == "greedy" else hot[0]
+        spec = parse_policy(policy, multi_draft=multi_draft, samples=samples)
+        check_temperature(spec, float(temperature))
+        features = load_features(reader, draft, temperature, progress=progress)
+        results = optimal_trees(features, list(budgets), policy=spec, max_depth=max_depth, seed=seed)
+    what = (f"draft {draft}, policy {spec.label}" + (f" {multi_draft}" if policy == "sample" else "")
+            + f", T={features.temperature:g}, {features.n_traj} trajectories of {Path(cache).name}")
+    return Fit(features=features, policy=spec, results=results, what=what)
+
+
+def pricing_for(cache, cost_model, draft: str) -> Pricing:
+    """How `draft`'s calls on `cache` are priced (refuses a profile measured for other models)."""
+    from specsim.cache.store import CacheReader
+
+    with CacheReader(cache) as reader:
+        return Pricing.for_draft(cost_model, reader, draft)

@@ -1,0 +1,151 @@
+"""The batch timeline: equal to a step-by-step brute force, to the exact walk at batch 1, and CLI rows."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+
+import numpy as np
+import pytest
+
+import specsim
+from specsim.errors import SpecError
+from specsim.sim.batch import simulate_batch, timeline
+from specsim.sim.cost import load_cost_profile, step_shape
+from specsim.sim.features import load_features
+from specsim.sim.policies import parse_policy, run_policy
+from specsim.trees import parse_tree
+from tests.synthetic import TARGET_NAME, random_cache
+from tests.test_cost import profile_body
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("batch")
+    path = random_cache(tmp / "c.h5", n_prompts=7, length=18, vocab=10, drafts=("d",), temperatures=(0.0, 1.0),
+                        noise=0.6)
+    body = profile_body()
+    body["batches"] = [1, 2, 4]
+    for table in (body["target_verify_s"], body["draft_step_s"]["d"]):
+        table["2"] = {L: {x: {"median": c["median"] * 1.3} for x, c in row.items()} for L, row in table["1"].items()}
+    profile = tmp / "p.json"
+    profile.write_text(json.dumps(body))
+    return path, load_cost_profile(profile)
+
+
+def brute(lengths, features, tree, model, key, *, batch, batching, plain=False):
+    """One engine step at a time, one request at a time, in plain Python."""
+    D = tree.max_depth
+    room, ctx = features.room(), features.contexts()
+    starts, lens = features.traj_start.tolist(), features.traj_len.tolist()
+    shapes = [step_shape(tree, room=m, model_draft=key is not None and not plain) for m in range(D + 1)]
+    queue, lanes = deque(range(features.n_traj)), []
+    clock = tokens = 0.0
+    latencies = []
+    while queue or lanes:
+        if batching == "continuous" or not lanes:
+            while len(lanes) < batch and queue:
+                lanes.append({"traj": queue.popleft(), "pos": 0, "joined": clock, "fed2": False})
+        b = len(lanes)
+        g = [starts[lane["traj"]] + lane["pos"] for lane in lanes]
+        L = max(ctx[i] for i in g)
+        if plain:
+            seconds, accepted = float(model.plain_s(b, L)), [0] * b
+        else:
+            shape = shapes[max(min(int(room[i]), D) for i in g)]
+            seconds = float(model.verify_s(b, shape.verify_tokens, L))
+            for k, w in enumerate(shape.draft_levels):
+                if k == 0 and any(lane["fed2"] for lane in lanes):
+                    w = 2
+                seconds += float(model.draft_s(key, b, w, L))
+            accepted = [int(lengths[i]) for i in g]
+            for lane, a in zip(lanes, accepted):
+                lane["fed2"] = a >= D
+        clock += seconds
+        for lane, a in zip(lanes, accepted):
+            lane["pos"] += a + 1
+            tokens += a + 1
+        for lane in [lane for lane in lanes if lane["pos"] >= lens[lane["traj"]]]:
+            latencies.append((clock - lane["joined"]) / lens[lane["traj"]])
+            lanes.remove(lane)
+    return clock, tokens, float(np.mean(latencies))
+
+
+@pytest.mark.parametrize("batching", ["lockstep", "continuous"])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+@pytest.mark.parametrize("tree_spec", ["chain:3", "kary:2,2"])
+def test_timeline_equals_brute_force(setup, batching, batch, tree_spec):
+    path, model = setup
+    features = load_features(path, "d", 0.0, progress=False)
+    tree = parse_tree(tree_spec)
+    table = run_policy(features, tree, parse_policy("greedy"), np.random.default_rng(0))
+    orders = np.arange(features.n_traj)[None, :]
+    for plain in (False, True):
+        got = timeline(None if plain else table.length, features, tree, model, "d", batch=batch, batching=batching,
+                       orders=orders, plain=plain)
+        want = brute(table.length, features, tree, model, "d", batch=batch, batching=batching, plain=plain)
+        assert got.seconds[0] == pytest.approx(want[0], rel=1e-12)
+        assert got.tokens[0] == want[1] == features.traj_len.sum()
+        assert got.latency[0] == pytest.approx(want[2], rel=1e-12)
+
+
+def test_the_comparison_can_fail(setup):
+    """A replay that is off by one token per call, or the other schedule, is told apart."""
+    path, model = setup
+    features = load_features(path, "d", 0.0, progress=False)
+    tree = parse_tree("chain:3")
+    table = run_policy(features, tree, parse_policy("greedy"), np.random.default_rng(0))
+    orders = np.arange(features.n_traj)[None, :]
+    right = timeline(table.length, features, tree, model, "d", batch=3, batching="lockstep", orders=orders)
+    wrong = np.maximum(table.length - 1, 0)
+    assert brute(wrong, features, tree, model, "d", batch=3, batching="lockstep")[0] != pytest.approx(right.seconds[0])
+    assert brute(table.length, features, tree, model, "d", batch=3, batching="continuous")[0] != pytest.approx(
+        right.seconds[0])
+
+
+def test_batch_one_equals_the_exact_walk(setup):
+    """Greedy at batch 1: the timeline's time and speedup are the exact walk's, to rounding."""
+    path, model = setup
+    df = specsim.simulate(path, trees=["chain:3", "kary:2,2"], cost_profile=model.path, n_boot=0, by_category=False)
+    features = load_features(path, "d", 0.0, progress=False)
+    from specsim.sim.api import Pricing
+
+    for tree_spec in ("chain:3", "kary:2,2"):
+        tree = parse_tree(tree_spec)
+        table = run_policy(features, tree, parse_policy("greedy"), np.random.default_rng(0))
+        est = simulate_batch(table, features, tree, model, "d", batch=1, n_boot=0)
+        row = df.filter(df["tree"] == tree_spec).row(0, named=True)
+        assert est.speedup[0] == pytest.approx(row["speedup"], rel=1e-12) and est.exact
+        assert est.tokens_per_s[0] == pytest.approx(row["tokens_per_s"], rel=1e-12)
+    assert Pricing  # imported for the reader: the walk prices calls through it
+
+
+def test_sampling_at_batch_one_agrees_with_the_walk_within_its_error(setup):
+    path, model = setup
+    features = load_features(path, "d", 1.0, progress=False)
+    tree = parse_tree("chain:3")
+    table = run_policy(features, tree, parse_policy("sample"), np.random.default_rng(0))
+    est = simulate_batch(table, features, tree, model, "d", batch=1, n_boot=0, coins=400, seed=3)
+    row = specsim.simulate(path, trees=["chain:3"], policies=["sample"], cost_profile=model.path, n_boot=0,
+                           by_category=False).row(0, named=True)
+    assert not est.exact and est.mc_se_speedup > 0
+    # Jensen: E[plain / spec time] >= plain / E[spec time]; the gap is second order, far below 4 SE here
+    assert abs(est.speedup[0] - row["speedup"]) < 4 * est.mc_se_speedup + 0.01 * row["speedup"]
+
+
+def test_simulate_batch_rows_and_their_limits(setup):
+    path, model = setup
+    df = specsim.simulate(path, trees=["chain:3"], cost_profile=model.path, batches=[1, 4], n_boot=50,
+                          by_category=False)
+    assert df["batch"].to_list() == [1, 4]
+    b4 = df.row(1, named=True)
+    assert b4["batching"] == "lockstep" and b4["speedup_lo"] <= b4["speedup"] <= b4["speedup_hi"]
+    assert b4["tokens_per_s"] > df.row(0, named=True)["tokens_per_s"]  # a batch of 4 serves more tokens/s
+    assert b4["mean_batch"] <= 4 and b4["latency_per_token_ms"] > 0
+    # accept rate and tokens/call do not depend on the batch
+    assert b4["tokens_per_call"] == df.row(0, named=True)["tokens_per_call"]
+    with pytest.raises(SpecError, match=r"batch 9 is beyond what it measured \(1-4"):
+        specsim.simulate(path, trees=["chain:3"], cost_profile=model.path, batches=[9], n_boot=0)
+    with pytest.raises(SpecError, match="--batch needs measured costs"):
+        specsim.simulate(path, trees=["chain:3"], cost="c=0.1", batches=[2])
+    assert TARGET_NAME in df["target"][0]
