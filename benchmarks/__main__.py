@@ -1,4 +1,4 @@
-"""Run every benchmark: `python -m benchmarks [NAME ...]` (names: cache, simulate, attention, live).
+"""Run every benchmark: `python -m benchmarks [NAME ...]` (names: cache, simulate, attention, live, speedup).
 
 Each benchmark prints its figures as ratios against a baseline measured in the
 same run, so numbers from a loaded or different machine stay comparable.
@@ -12,6 +12,7 @@ BENCHMARKS = {
     "simulate": "benchmarks.bench_simulate",
     "attention": "benchmarks.bench_attention",
     "live": "benchmarks.bench_live",
+    "speedup": "benchmarks.bench_speedup",
 }
 
 

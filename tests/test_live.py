@@ -167,6 +167,21 @@ def test_live_cli_writes_simulate_columns_and_steps(tiny_model_dir, tiny_prompts
     assert rows["tokens_per_call"][0] == pytest.approx(rows["n_positions"][0] / len(every))
 
 
+def test_live_cli_decodes_a_batch_against_plain_batched_decoding(tiny_model_dir, tiny_prompts_file, tmp_path):
+    out = tmp_path / "live.csv"
+    result = CliRunner().invoke(main, [
+        "live", "--target", str(tiny_model_dir), "--draft", "int8", "--prompts", str(tiny_prompts_file),
+        "--tree", "chain:3", "--max-new-tokens", "8", "--batch", "2", "--batching", "continuous", "--threads", "1",
+        "--quiet", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "batch 2 (continuous)" in result.output
+    assert "greedy output identical to plain greedy decoding: 100% of decodes" in result.output
+    row = pl.read_csv(out).filter(pl.col("category") == "all").row(0, named=True)
+    assert row["batch"] == 2 and row["batching"] == "continuous" and row["n_decodes"] == 4
+    assert row["speedup"] == pytest.approx(row["live_tokens_per_s"] / row["plain_tokens_per_s"])
+    assert row["latency_per_token_ms"] > 0
+
+
 def test_live_cli_errors_are_one_line(tiny_model_dir, tmp_path):
     runner = CliRunner()
     bad_out = runner.invoke(main, ["live", "--target", str(tiny_model_dir), "--draft", "int8", "--out",

@@ -97,21 +97,47 @@ def test_validate_refuses_what_the_cache_cannot_check(tiny_cache, tmp_path):
     assert result.exit_code == 2 and "does not exist" in result.output
 
 
+def test_validate_compares_predicted_and_live_speedup(tiny_cache, tiny_profile, tmp_path):
+    out = tmp_path / "checks.csv"
+    # a tiny model's steps take milliseconds: timing noise is large, so this checks the plumbing, not the ratio
+    result = _validate(str(tiny_cache), "--tree", "chain:3", "--draft", "int8", "--cost-profile", str(tiny_profile),
+                       "--batch", "2", "--speed-tolerance", "10", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "speedup: predicted from" in result.output and "batch 2 lockstep" in result.output
+    frame = pl.read_csv(out)
+    assert {"speedup_predicted", "speedup_live", "ratio", "tokens_per_s_live"} <= set(frame.columns)
+    speed = frame.filter(pl.col("check") == "speedup").row(0, named=True)
+    assert speed["ratio"] == pytest.approx(speed["speedup_predicted"] / speed["speedup_live"])
+    assert speed["batch"] == 2 and speed["speedup_live"] > 0 and speed["verdict"] == "PASS"
+    assert frame.filter(pl.col("check") == "greedy calls")["verdict"].to_list() == ["PASS"]
+
+
+def test_validate_refuses_a_profile_of_other_models_before_loading_any(tiny_cache, tmp_path):
+    import json
+
+    from tests.test_cost import profile_body
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(profile_body(target={"name": "someone-else"})))
+    result = _validate(str(tiny_cache), "--draft", "int8", "--cost-profile", str(other))
+    assert result.exit_code == 1 and "measured for target someone-else, not for this cache's target" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_validate_on_the_packaged_model(tmp_path):
-    """SmolLM2-135M with an early-exit draft: record a short cache, then validate greedy chain + tree and sampling.
-
-    (Not int8: its per-token activation quantisation makes batched and one-token draft logits differ
-    by whole rounding steps, which validate reports as 'draft ≠ cache'.)"""
+    """SmolLM2-135M with the int8 and an early-exit draft: record a short cache, then validate greedy chain +
+    tree and sampling. The int8 draft is batch-invariant, so its calls agree with the replay too."""
     cache = tmp_path / "v.h5"
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"question_id": 1, "category": "qa", "turns": ["Name three colours."]}\n'
                        '{"question_id": 2, "category": "math", "turns": ["What is 7 times 6?"]}\n')
-    rec = CliRunner().invoke(main, ["cache", "--target", "smollm2-135m", "--draft", "layers:20", "--prompts", str(prompts),
+    rec = CliRunner().invoke(main, ["cache", "--target", "smollm2-135m", "--draft", "layers:20", "--draft", "int8",
+                                    "--prompts", str(prompts),
                                     "--max-new-tokens", "16", "--temperature", "0", "--temperature", "0.7",
                                     "--device", "cpu", "--out", str(cache), "--quiet"])
     assert rec.exit_code == 0, rec.output
     result = _validate(str(cache), "--tree", "chain:4", "--tree", "widths:2,2,1", "--policy", "greedy",
                        "--policy", "sample", "--repeats", "2", "--device", "cpu")
     assert result.exit_code == 0, result.output
-    assert result.output.count("PASS") == 4
+    assert result.output.count("PASS") == 8  # 2 drafts x (2 greedy trees + 2 sampling trees)

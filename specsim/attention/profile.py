@@ -41,6 +41,7 @@ from specsim.errors import ModelError, SpecError
 FORMAT = "specsim-cost-profile"
 VERSION = 2
 DENSE = 17  # N measured one by one up to here: a budget-16 tree verifies 17 tokens
+DENSE_BATCH = 8  # every batch size measured up to here
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,14 @@ class ProfileConfig:
     repeats: int = 10  # timed runs per entry (the median is kept, quartiles as the spread)
     warmup: int = 2  # untimed runs per entry
     seed: int = 0  # random token ids
+
+    @property
+    def batch_grid(self) -> list[int]:
+        """B measured: every B up to DENSE_BATCH (a lockstep batch shrinks through each as requests finish,
+        and small-batch GEMMs are not monotonic: measured on SmolLM2, B = 2 costs more than B = 4), then
+        the batch sizes asked for."""
+        top = max(self.batches)
+        return sorted(set(self.batches) | set(range(1, min(top, DENSE_BATCH) + 1)))
 
     @property
     def sizes(self) -> list[int]:
@@ -190,7 +199,7 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
     device = next(target.model.parameters()).device
     rng = np.random.default_rng(config.seed)
     sizes, widths = config.sizes, list(config.draft_widths)
-    batches = sorted(set(config.batches))
+    batches = config.batch_grid
     load_before = _loadavg()
     verify: dict = {}
     draft: dict = {d.name: {} for d in drafts}

@@ -63,17 +63,22 @@ def decode_seed(seed: int, prompt_index: int, repeat: int) -> int:
 
 
 def run_live(target: Target, drafter, prompts: Sequence[LivePrompt], config: LiveConfig, *, target_name: str,
-             repeats: int = 1, seed: int = 0, device: str = "", plain: bool = True, progress: bool = True) -> LiveRun:
-    """Decode every (prompt, repeat) plainly (unless `plain` is False), then speculatively, `config.batch` at a time."""
+             repeats: int = 1, seed: int = 0, device: str = "", plain: bool = True, progress: bool = True,
+             baseline: DecodeRun | None = None) -> LiveRun:
+    """Decode every (prompt, repeat) plainly (unless `plain` is False), then speculatively, `config.batch` at a time.
+
+    baseline: a plain run of the same requests and batching made earlier in the same session,
+    reused instead of decoding them plainly again.
+    """
     from tqdm.auto import tqdm
 
     requests = [(p, r) for p in prompts for r in range(repeats)]
     run = LiveRun(config=config, target=target_name, draft=drafter.name, device=device)
-    passes = [("plain", config.plain(), None)] if plain else []
+    passes = [("plain", config.plain(), None)] if plain and baseline is None else []
     passes.append(("speculative", config, drafter))
     bar = tqdm(total=len(requests) * config.max_new_tokens * len(passes), unit="tok", desc="live decoding",
                disable=not progress, dynamic_ncols=True)
-    results: dict[str, DecodeRun] = {}
+    results: dict[str, DecodeRun] = {"plain": baseline} if plain and baseline is not None else {}
     try:
         for name, cfg, d in passes:
             seeds = [decode_seed(seed, p.prompt_index, -1 if d is None else r) for p, r in requests]

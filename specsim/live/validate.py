@@ -351,6 +351,7 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
     label = device_label(device)
     report = ValidationReport(checks=[], steps=[], device=label, setup=setup)
     timed = config.cost_profile is not None
+    baselines: dict = {}  # (policy, T) -> the plain run of the same requests, decoded once
     for draft in drafts:
         drafter = build_drafter(draft, loaded, device=device, dtype=setup.dtype)
         for policy, T in plan:
@@ -360,9 +361,10 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
                                          batching=config.batching)
                 run = run_live(target, drafter, setup.prompts, live_config, target_name=loaded.name,
                                repeats=1 if policy == "greedy" else config.repeats, seed=config.seed, device=label,
-                               plain=timed, progress=progress)
+                               plain=timed, progress=progress, baseline=baselines.get((policy, T)))
                 if run.interrupted:
                     raise KeyboardInterrupt
+                baselines[(policy, T)] = run.plain_run
                 head = dict(draft=draft, tree=tree.name, policy=policy, temperature=T, batch=config.batch)
                 live_row = summary_rows(run, by_category=False, seed=config.seed)[0]
                 sim = simulate(cache, trees=[spec], drafts=[draft], policies=[policy], temperatures=[T],

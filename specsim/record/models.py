@@ -299,18 +299,18 @@ def fp64_attention(module, query, key, value, attention_mask, scaling=None, drop
     """
     import torch
 
-    groups = query.shape[1] // key.shape[1]
-    k = key.double().repeat_interleave(groups, dim=1)  # (B, H, k, d)
-    v = value.double().repeat_interleave(groups, dim=1)
-    scores = torch.matmul(query.double(), k.transpose(-1, -2)) * (scaling or query.shape[-1] ** -0.5)
-    q_len, k_len = query.shape[-2], k.shape[-2]
+    B, H, q_len, d = query.shape
+    kv_heads, k_len = key.shape[1], key.shape[2]
+    q = query.double().reshape(B, kv_heads, H // kv_heads, q_len, d)  # query heads grouped by their KV head
+    k, v = key.double()[:, :, None], value.double()[:, :, None]  # (B, H_kv, 1, k, d): shared, not copied
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (scaling or d**-0.5)  # (B, H_kv, g, q, k)
     if attention_mask is not None:
-        mask = attention_mask[..., :k_len]
+        mask = attention_mask[..., :k_len][:, :, None]  # (B, 1, 1, q, k)
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
     elif q_len > 1:  # transformers leaves a plain causal mask out (sdpa's is_causal): queries end the keys
         causal = torch.ones(q_len, k_len, dtype=torch.bool, device=scores.device).tril(k_len - q_len)
         scores = scores.masked_fill(~causal, float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), v)  # (B, H, q, d)
+    out = torch.matmul(torch.softmax(scores, dim=-1), v).reshape(B, H, q_len, d)
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 

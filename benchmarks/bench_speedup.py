@@ -1,0 +1,137 @@
+"""Predicted vs live speedup: measure a profile, record a cache, decode live, compare (one command).
+
+    python -m benchmarks.bench_speedup                     # packaged SmolLM2-135M on CPU, ~10 minutes
+    python -m benchmarks.bench_speedup --device cuda --batches 1,4,16 --out results.csv
+
+In one run on this machine: (1) record a small cache with the target and the drafts,
+(2) `specsim profile` the same models at the cache's contexts and the batch sizes,
+(3) for every draft x tree x batch size, decode the cache's prompts live (speculatively,
+and plainly with the same batching: the baseline) and predict the speedup from the cache
+and the profile (`specsim validate --cost-profile`). Prints predicted / live per
+configuration; the goal is every ratio within 1 ± 0.10. Also prints the greedy per-call
+agreement and, since the machine may be shared, CPU time and load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--drafts", default="int8,layers:20")
+    parser.add_argument("--tree", dest="trees", action="append",
+                        help="repeatable  [default: chain:2, chain:4, kary:2,2]")
+    parser.add_argument("--batches", default="1,4")
+    parser.add_argument("--batching", default="lockstep", choices=["lockstep", "continuous"])
+    parser.add_argument("--per-category", type=int, default=1)
+    parser.add_argument("--categories", default="writing,coding,math_reasoning,rag,translation,summarization")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per profile entry")
+    parser.add_argument("--workdir", default=None, help="keep the cache and profile here (default: a temp dir)")
+    parser.add_argument("--out", default=None, help="write every check as CSV")
+    args = parser.parse_args(argv)
+
+    import numpy as np
+    import polars as pl
+    import torch
+    import transformers
+
+    from specsim.attention.profile import ProfileConfig, measure_cost_profile, write_profile
+    from specsim.cache.store import CacheReader, CacheSpec, CacheWriter
+    from specsim.live.validate import ValidateConfig, run_validation
+    from specsim.prompts import load_prompts
+    from specsim.record.models import load_draft, load_model
+    from specsim.record.recorder import RecordConfig, build_meta, prompt_records, record, settings
+    from specsim.sim.cost import step_shape
+    from specsim.trees import parse_tree
+
+    torch.set_num_threads(args.threads)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-speedup-"))
+    work.mkdir(parents=True, exist_ok=True)
+    drafts = [d for d in args.drafts.split(",") if d]
+    trees = args.trees or ["chain:2", "chain:4", "kary:2,2"]
+    batches = [int(b) for b in args.batches.split(",")]
+    started, load0, cpu0 = time.perf_counter(), os.getloadavg(), _cpu()
+
+    # 1. record
+    cache = work / "cache.h5"
+    target = load_model(args.target, device=args.device, dtype=args.dtype)
+    q = [load_draft(d, target, device=args.device, dtype=args.dtype) for d in drafts]
+    prompts = load_prompts("spec-bench", categories=args.categories.split(","), per_category=args.per_category)
+    config = RecordConfig(max_new_tokens=args.max_new_tokens, temperatures=(0.0,), seed=0)
+    prompt_spec = {"spec": "spec-bench", "source": prompts.source, "categories": args.categories.split(","),
+                   "per_category": args.per_category, "sha256": prompts.fingerprint()}
+    run_settings = settings(target=target.name, drafts=drafts, prompt_spec=prompt_spec, config=config,
+                            dtype=args.dtype, storage="full", top_k=0)
+    meta = build_meta(target, q, prompt_spec, run_settings, device=args.device, batch_size=1)
+    spec = CacheSpec(vocab_size=target.vocab_size, drafts=tuple(drafts), temperatures=(0.0,), meta=meta)
+    with CacheWriter.create(cache, spec, prompt_records(prompts.prompts, target.tokenizer), overwrite=True) as w:
+        stats = record(w, target, q, config, progress=False)
+    with CacheReader(cache) as reader:
+        lens = [len(reader.prompt_token_ids(i)) for i in range(len(reader.prompts))]
+    lo, hi = min(lens), max(lens) + args.max_new_tokens
+    print(f"recorded {stats.positions} positions ({len(lens)} prompts, contexts {lo}-{hi}) in {stats.seconds:.0f} s")
+
+    # 2. profile at the cache's contexts, every N and w the trees need
+    shapes = [step_shape(parse_tree(t)) for t in trees]
+    contexts = tuple(sorted({max(8, lo // 16 * 16), (lo + hi) // 2 // 16 * 16, (hi + 15) // 16 * 16}))
+    pconfig = ProfileConfig(batches=tuple(sorted(set(batches) | {1})), contexts=contexts,
+                            max_tokens=max(2, max(s.verify_tokens for s in shapes)),
+                            draft_widths=tuple(range(1, max(2, max(max(s.draft_levels) for s in shapes)) + 1)),
+                            repeats=args.repeats, warmup=2)
+    t0 = time.perf_counter()
+    profile = write_profile(measure_cost_profile(target, q, config=pconfig, progress=False), work / "profile.json",
+                            overwrite=True)
+    print(f"profiled batches {pconfig.batches}, contexts {contexts}, N <= {pconfig.max_tokens} in "
+          f"{time.perf_counter() - t0:.0f} s")
+    del target, q
+
+    # 3. live vs predicted
+    checks = []
+    for batch in batches:
+        report = run_validation(cache, ValidateConfig(trees=tuple(trees), drafts=tuple(drafts), batch=batch,
+                                                      batching=args.batching, cost_profile=str(profile)),
+                                device=args.device, threads=args.threads)
+        greedy = {(c.draft, c.tree): c for c in report.checks if c.kind == "greedy calls"}
+        for c in report.checks:
+            if c.kind == "speedup":
+                g = greedy[(c.draft, c.tree)]
+                checks.append({"draft": c.draft, "tree": c.tree, "batch": batch, **c.values,
+                               "greedy_agreement": g.values["agreement"], "device": report.device})
+    table = pl.DataFrame(checks)
+    print(f"\n{'draft':<10} {'tree':<9} {'B':>2} {'tok/call':>8} {'predicted [95% CI]':>24} {'live':>6} "
+          f"{'ratio':>6} {'tok/s pred':>10} {'tok/s live':>10} {'greedy':>7}")
+    for r in table.iter_rows(named=True):
+        ci = f"{r['speedup_predicted']:.3f} [{r['speedup_predicted_lo']:.2f}, {r['speedup_predicted_hi']:.2f}]"
+        print(f"{r['draft']:<10} {r['tree']:<9} {r['batch']:>2} {r['tokens_per_call_live']:8.2f} {ci:>24} "
+              f"{r['speedup_live']:6.3f} {r['ratio']:6.3f} {r['tokens_per_s_predicted']:10.1f} "
+              f"{r['tokens_per_s_live']:10.1f} {r['greedy_agreement']:7.1%}")
+    worst = float(np.abs(table["ratio"].to_numpy() - 1).max())
+    within = int((np.abs(table["ratio"].to_numpy() - 1) <= 0.10).sum())
+    print(f"\npredicted / live within 1 ± 0.10: {within} of {table.height}; worst |ratio - 1| = {worst:.3f}")
+    print(f"on {checks[0]['device']}; wall {time.perf_counter() - started:.0f} s, CPU {_cpu() - cpu0:.0f} s; load "
+          f"average {load0[0]:.2f} -> {os.getloadavg()[0]:.2f}; cache and profile in {work}")
+    if args.out:
+        table.write_csv(args.out)
+        print(f"wrote {args.out}")
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+if __name__ == "__main__":
+    main()
