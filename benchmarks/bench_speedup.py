@@ -98,8 +98,10 @@ def main(argv: list[str] | None = None) -> None:
           f"{time.perf_counter() - t0:.0f} s")
     del target, q
 
-    # 3. live vs predicted
+    # 3. live vs predicted, printed (and written) batch size by batch size
     checks = []
+    print(f"\n{'draft':<10} {'tree':<9} {'B':>2} {'tok/call':>8} {'predicted [95% CI]':>24} {'live':>6} "
+          f"{'ratio':>6} {'tok/s pred':>10} {'tok/s live':>10} {'greedy':>7}", flush=True)
     for batch in batches:
         report = run_validation(cache, ValidateConfig(trees=tuple(trees), drafts=tuple(drafts), batch=batch,
                                                       batching=args.batching, cost_profile=str(profile)),
@@ -110,14 +112,14 @@ def main(argv: list[str] | None = None) -> None:
                 g = greedy[(c.draft, c.tree)]
                 checks.append({"draft": c.draft, "tree": c.tree, "batch": batch, **c.values,
                                "greedy_agreement": g.values["agreement"], "device": report.device})
+                r = checks[-1]
+                ci = f"{r['speedup_predicted']:.3f} [{r['speedup_predicted_lo']:.2f}, {r['speedup_predicted_hi']:.2f}]"
+                print(f"{r['draft']:<10} {r['tree']:<9} {r['batch']:>2} {r['tokens_per_call_live']:8.2f} {ci:>24} "
+                      f"{r['speedup_live']:6.3f} {r['ratio']:6.3f} {r['tokens_per_s_predicted']:10.1f} "
+                      f"{r['tokens_per_s_live']:10.1f} {r['greedy_agreement']:7.1%}", flush=True)
+        if args.out:  # what is measured so far survives an interrupted run
+            pl.DataFrame(checks).write_csv(args.out)
     table = pl.DataFrame(checks)
-    print(f"\n{'draft':<10} {'tree':<9} {'B':>2} {'tok/call':>8} {'predicted [95% CI]':>24} {'live':>6} "
-          f"{'ratio':>6} {'tok/s pred':>10} {'tok/s live':>10} {'greedy':>7}")
-    for r in table.iter_rows(named=True):
-        ci = f"{r['speedup_predicted']:.3f} [{r['speedup_predicted_lo']:.2f}, {r['speedup_predicted_hi']:.2f}]"
-        print(f"{r['draft']:<10} {r['tree']:<9} {r['batch']:>2} {r['tokens_per_call_live']:8.2f} {ci:>24} "
-              f"{r['speedup_live']:6.3f} {r['ratio']:6.3f} {r['tokens_per_s_predicted']:10.1f} "
-              f"{r['tokens_per_s_live']:10.1f} {r['greedy_agreement']:7.1%}")
     worst = float(np.abs(table["ratio"].to_numpy() - 1).max())
     within = int((np.abs(table["ratio"].to_numpy() - 1) <= 0.10).sum())
     print(f"\npredicted / live within 1 ± 0.10: {within} of {table.height}; worst |ratio - 1| = {worst:.3f}")

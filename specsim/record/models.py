@@ -261,8 +261,10 @@ class Int8Linear:
                 w = linear.weight.detach().float()  # (out, in)
                 scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
                 self.in_features, self.out_features = linear.in_features, linear.out_features
-                self.register_buffer("weight_t", (w / scale[:, None]).round().clamp(-127, 127)
-                                     .to(torch.int8).t().contiguous())  # (in, out)
+                q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)  # (out, in)
+                # (in, out): row-major on CPU (fastest there); on CUDA a transposed view, since cuBLASLt's
+                # int8 GEMM takes its second operand column-major
+                self.register_buffer("weight_t", q.t() if q.is_cuda else q.t().contiguous())
                 self.register_buffer("w_scale", scale)  # (out,)
                 bias = linear.bias
                 self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
