@@ -21,7 +21,7 @@ from specsim.live.engine import LiveConfig, Target, plain_decode, speculative_de
 from specsim.live.runs import build_drafter
 from specsim.prompts import encode, load_prompts
 from specsim.record.models import eos_token_ids, load_model
-from specsim.trees import parse_tree
+from specsim.specs import parse_tree
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -102,8 +102,9 @@ def main(argv: list[str]) -> None:
               "estimators and bootstrap CIs, which the loop does not)")
         # The same configuration without the table plumbing: acceptance table + walk only.
         from specsim.sim.engine import walk
-        from specsim.sim.policies import parse_policy, run_policy
-        from specsim.trees import parse_tree
+        from specsim.sim.policies import run_policy
+        from specsim.specs import parse_policy
+        from specsim.specs import parse_tree
 
         t0 = time.perf_counter()
         stats = walk(run_policy(f, parse_tree("chain:4"), parse_policy("greedy"), np.random.default_rng(0)), f, 1.0)

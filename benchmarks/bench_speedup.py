@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     from specsim.record.models import load_draft, load_model
     from specsim.record.recorder import RecordConfig, build_meta, prompt_records, record, settings
     from specsim.sim.cost import step_shape
-    from specsim.trees import parse_tree
+    from specsim.specs import parse_tree
 
     torch.set_num_threads(args.threads)
     transformers.utils.logging.set_verbosity_error()

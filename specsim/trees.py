@@ -13,25 +13,19 @@ node ids every other module uses (KV slots, attention masks, simulator tables)
 are the same for the same shape. Everything else (depths, masks, rank paths) is
 computed from those two arrays.
 
-Spec strings name trees on the command line (`parse_tree`):
-
-    chain:4                 4 draft tokens in a line
-    kary:2,3                full binary tree of depth 3 (2 + 4 + 8 = 14 drafts)
-    widths:4,2,2,1          the top path branches: 4 children of the root, then
-                            2 children of the top child, ...
-    medusa:[[0],[0,0],[1]]  Medusa's rank-path lists, pasted as they are
-    file:tree.json          a tree saved with `Tree.to_json` (or a bare path list)
-    optimal:16              the best tree of 16 drafts on a cache (needs one)
+The family builders here (chain, kary, widths, medusa, file) turn a spec's argument into
+a tree; `specsim.specs` is the table of tree families that parses whole specs
+("kary:2@8", "optimal:16") for every command.
 """
 
 from __future__ import annotations
 
 import ast
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -381,74 +375,32 @@ def file(arg: str) -> Tree:
         text = path.read_text()
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path} is not a text file (expected a JSON tree written by `specsim optimize --out`)") from None
     try:
         return Tree.from_json(text)
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
 
 
-def optimal(arg: str) -> Tree:
-    """The N most frequent rank paths on a cache: the best static tree of N drafts on that data."""
-    raise SpecError(
-        "needs a cache to count rank paths on: use it where one is given, e.g. "
-        f"`specsim simulate CACHE --tree optimal:{arg.strip()}`"
-    )
+def kary_prefix(width: int, n: int) -> Tree:
+    """The first n drafts of the `width`-ary tree in breadth-first order (spec kary:W@N)."""
+    if width < 1 or n < 1:
+        raise SpecError(f"kary:{width}@{n}: width and budget must both be at least 1")
+    if n >= MAX_NODES:
+        raise SpecError(f"kary:{width}@{n} has {n} drafts, over the limit of {MAX_NODES - 1}")
+    depth, total = 0, 0
+    while total < n:
+        depth += 1
+        total += width**depth if width > 1 else 1
+    full = kary(f"{width},{depth}")
+    return Tree(full.parents[: n + 1], full.ranks[: n + 1])
 
 
 def _exactly(values: list[int], n: int, form: str) -> list[int]:
     if len(values) != n:
         raise SpecError(f"expected {n} integer{'s' if n > 1 else ''} ({form}), got {len(values)}")
     return values
-
-
-TREE_FAMILIES: dict[str, Callable[[str], Tree]] = {
-    "chain": chain,
-    "kary": kary,
-    "widths": widths,
-    "medusa": medusa,
-    "file": file,
-    "optimal": optimal,
-}
-
-FAMILY_EXAMPLES: dict[str, str] = {
-    "chain": "chain:4",
-    "kary": "kary:2,3",
-    "widths": "widths:4,2,2,1",
-    "medusa": "medusa:[[0],[0,0],[1],[0,0,0]]",
-    "file": "file:tree.json",
-    "optimal": "optimal:16",
-}
-
-
-def parse_tree(spec: str, *, optimal: Callable[[int], Tree] | None = None) -> Tree:
-    """Build the tree a spec names; the tree's name is the spec.
-
-    `optimal` is the callback for 'optimal:N' (the simulator has the data to answer it).
-    Errors are `SpecError`s that quote the spec and point at the offending element.
-    """
-    if not isinstance(spec, str):
-        raise SpecError(f"a tree spec must be a string, got {type(spec).__name__}")
-    spec = spec.strip()
-    family, sep, arg = spec.partition(":")
-    family = family.strip().lower()
-    if not sep or family not in TREE_FAMILIES:
-        raise SpecError(
-            f"{spec!r} is not a tree spec; use one of "
-            + ", ".join(FAMILY_EXAMPLES[f] for f in TREE_FAMILIES)
-        )
-    try:
-        if family == "optimal" and optimal is not None:
-            (n,) = _exactly(_ints(arg, "argument"), 1, "optimal:N")
-            if n < 1:
-                raise SpecError(f"budget {n} must be at least 1")
-            tree = optimal(n)
-            if not isinstance(tree, Tree):
-                raise TypeError(f"the optimal-tree callback returned {type(tree).__name__}, not Tree")
-        else:
-            tree = TREE_FAMILIES[family](arg)
-    except SpecError as exc:
-        raise SpecError(f"{spec}: {exc}") from None
-    return replace(tree, name=spec)
 
 
 def draw_tree(tree: Tree, *, max_lines: int | None = None) -> str:

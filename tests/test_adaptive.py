@@ -13,8 +13,9 @@ from specsim.sim.api import Pricing
 from specsim.sim.cost import parse_cost
 from specsim.sim.engine import walk
 from specsim.sim.features import load_features
-from specsim.sim.policies import parse_policy, run_policy
-from specsim.trees import parse_tree
+from specsim.sim.policies import run_policy
+from specsim.specs import parse_policy
+from specsim.specs import parse_tree
 from tests.synthetic import random_cache, rank_cache
 
 

@@ -25,7 +25,8 @@ from specsim.attention.tree_attention import (
 )
 from specsim.cli import main
 from specsim.errors import ModelError, SpecError
-from specsim.trees import Tree, parse_tree
+from specsim.trees import Tree
+from specsim.specs import parse_tree
 from tests.strategies import trees
 
 torch.set_num_threads(1)

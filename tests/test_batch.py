@@ -13,8 +13,9 @@ from specsim.errors import SpecError
 from specsim.sim.batch import simulate_batch, timeline
 from specsim.sim.cost import load_cost_profile, step_shape
 from specsim.sim.features import load_features
-from specsim.sim.policies import parse_policy, run_policy
-from specsim.trees import parse_tree
+from specsim.sim.policies import run_policy
+from specsim.specs import parse_policy
+from specsim.specs import parse_tree
 from tests.synthetic import TARGET_NAME, random_cache
 from tests.test_cost import profile_body
 

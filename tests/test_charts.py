@@ -18,7 +18,7 @@ from specsim.report.study import (
     speedup_grid,
     widths_spec,
 )
-from specsim.trees import parse_tree
+from specsim.specs import parse_tree
 
 PAIRS = ("int8 → tiny", "layers:2 → tiny")
 FAMILIES = ("chain", "kary:2", "optimal")

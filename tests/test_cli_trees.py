@@ -7,22 +7,25 @@ import json
 from click.testing import CliRunner
 
 from specsim.cli import main
-from specsim.trees import TREE_FAMILIES, Tree, parse_tree
+from specsim.specs import DRAFT_KINDS, POLICY_KINDS, TREE_KINDS, parse_tree
+from specsim.trees import Tree
 
 
 def run(*args):
     return CliRunner().invoke(main, ["trees", *args])
 
 
-def test_lists_every_family_with_an_example():
+def test_lists_the_whole_vocabulary_from_the_registry():
     result = run()
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0] == "Tree families (pass a SPEC to draw it):"
-    assert len(lines) == 1 + len(TREE_FAMILIES)
-    for name, line in zip(TREE_FAMILIES, lines[1:]):
+    for name, line in zip(TREE_KINDS, lines[1:]):
         assert line.strip().startswith(f"{name}:")
-    assert "  kary:2,3" in result.output and "W + W^2" in result.output
+    assert "kary:W,D | kary:W@N" in result.output and "[needs a cache" in result.output
+    for kind in (*DRAFT_KINDS.values(), *POLICY_KINDS.values()):
+        assert kind.summary in result.output
+    assert "LOSSY" in result.output and "Monte-Carlo" in result.output
 
 
 def test_draws_each_spec_with_budget_and_depth():

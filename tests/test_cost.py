@@ -17,7 +17,7 @@ from specsim.sim.cost import (
     parse_cost,
     step_shape,
 )
-from specsim.trees import parse_tree
+from specsim.specs import parse_tree
 from tests.synthetic import TARGET_NAME, iid_sample_cache, random_cache
 
 

@@ -25,8 +25,9 @@ import pytest
 from specsim.sim.engine import AcceptanceTable, walk
 from specsim.sim.features import load_features
 from specsim.sim.multidraft import candidate_acceptance, length_distribution, reach_by_depth
-from specsim.sim.policies import parse_policy, run_policy
-from specsim.trees import parse_tree
+from specsim.sim.policies import run_policy
+from specsim.specs import parse_policy
+from specsim.specs import parse_tree
 from tests.toy_markov import (
     exact_totals,
     random_prompts,

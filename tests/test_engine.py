@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 
 from specsim.sim.engine import AcceptanceTable, check_table, occupancy, walk
 from specsim.sim.features import Features, load_features
-from specsim.sim.policies import chain_table, greedy_table, parse_policy, run_policy
-from specsim.trees import Tree, parse_tree
+from specsim.sim.policies import chain_table, greedy_table, run_policy
+from specsim.specs import parse_policy
+from specsim.trees import Tree
+from specsim.specs import parse_tree
 from tests.strategies import trees
 from tests.synthetic import iid_greedy_cache, iid_sample_cache
 

@@ -13,7 +13,7 @@ from specsim.live.drafting import ModelDrafter, ModelFreeDrafter, top_ranked
 from specsim.live.engine import LiveConfig, Target, decode, plain_decode, speculative_decode, verify_tree
 from specsim.live.kv import SlotKV
 from specsim.record.models import eos_token_ids, load_draft, load_model
-from specsim.trees import parse_tree
+from specsim.specs import parse_tree
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from scipy import stats
 from specsim.live.drafting import ModelDrafter
 from specsim.live.engine import LiveConfig, Target, plain_decode, speculative_decode
 from specsim.record.models import eos_token_ids, load_draft, load_model
-from specsim.trees import parse_tree
+from specsim.specs import parse_tree
 from tests.conftest import build_tiny_model
 
 VOCAB = 12

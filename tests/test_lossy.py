@@ -12,8 +12,9 @@ from specsim.errors import SpecError
 from specsim.sim.api import simulate
 from specsim.sim.features import load_features
 from specsim.sim.lossy import lossy_table, output_law, passes, rule_of
-from specsim.sim.policies import parse_policy, run_policy
-from specsim.trees import parse_tree
+from specsim.sim.policies import run_policy
+from specsim.specs import parse_policy
+from specsim.specs import parse_tree
 from tests.strategies import distribution_pairs
 from tests.synthetic import random_cache
 

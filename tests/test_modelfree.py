@@ -17,8 +17,9 @@ from specsim.sim.modelfree import (
     parse_modelfree,
     tree_tokens,
 )
-from specsim.sim.policies import parse_policy, run_policy
-from specsim.trees import parse_tree
+from specsim.sim.policies import run_policy
+from specsim.specs import parse_policy
+from specsim.specs import parse_tree
 from tests.strategies import trees
 from specsim.cache.store import CacheSpec, CacheWriter, PromptRecord
 

@@ -67,7 +67,7 @@ def test_int8_draft_is_a_separate_quantised_copy_close_to_the_target(target):
 def _batching_gap(model, ids) -> float:
     """max |logit| difference between one teacher-forced pass, one-token steps and a tree level."""
     from specsim.live.kv import SlotKV
-    from specsim.trees import parse_tree
+    from specsim.specs import parse_tree
 
     ids = np.asarray(ids)
     forced = _logits(model, ids.tolist())[4:]  # (n - 4, V): positions 4.. from one batched pass

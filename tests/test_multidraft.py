@@ -20,8 +20,9 @@ from specsim.sim.multidraft import (
     sample_tree_table,
     sibling_index,
 )
-from specsim.sim.policies import chain_table, parse_policy
-from specsim.trees import parse_tree
+from specsim.sim.policies import chain_table
+from specsim.specs import parse_policy
+from specsim.specs import parse_tree
 from tests.strategies import distribution_pairs, trees
 from tests.synthetic import random_cache
 

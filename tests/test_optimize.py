@@ -16,7 +16,8 @@ from specsim.cli import main
 from specsim.sim.engine import walk
 from specsim.sim.features import load_features
 from specsim.sim.optimize import best_first_paths, optimal_tree, optimal_tree_from_vector, optimal_trees, tree_value
-from specsim.sim.policies import greedy_table, parse_policy
+from specsim.sim.policies import greedy_table
+from specsim.specs import parse_policy
 from specsim.trees import Tree
 from tests.synthetic import random_cache, rank_cache
 

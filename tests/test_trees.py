@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specsim.errors import SpecError
-from specsim.trees import TREE_FAMILIES, Tree, draw_tree, parse_tree
+from specsim.trees import Tree, draw_tree
+from specsim.specs import TREE_KINDS, parse_tree
 from tests.strategies import rank_path_sets, tree_specs, trees
 
 
@@ -118,9 +119,22 @@ def test_trees_are_immutable():
         tree.ancestor_mask()[0, 1] = True
 
 
-def test_optimal_uses_the_callback_and_names_the_tree():
-    tree = parse_tree("optimal:3", optimal=lambda n: parse_tree(f"widths:{n}"))
+def test_optimal_uses_the_fit_callback_and_names_the_tree():
+    tree = parse_tree("optimal:3", fit=lambda family, n: parse_tree(f"widths:{n}"))
     assert (tree.name, tree.budget, tree.n_children[0]) == ("optimal:3", 3, 3)
+
+
+def test_kary_prefix_specs_parse_everywhere_rows_name_them():
+    """simulate names rows kary:2@8; the same spec parses anywhere (it failed before the registry)."""
+    tree = parse_tree("kary:2@8")
+    assert (tree.name, tree.budget, tree.level_sizes().tolist()) == ("kary:2@8", 8, [2, 4, 2])
+    from specsim.specs import expand_trees, tree_family
+
+    assert expand_trees(["kary:2", "chain", "optimal"], [3]) == ["kary:2@3", "chain:3", "optimal:3"]
+    assert [tree_family(s) for s in ("kary:2@8", "kary:2,3", "chain:4", "widths:2,1")] == [
+        "kary:2", "kary", "chain", "widths"]
+    with pytest.raises(SpecError, match="kary:x@3: kary:W@N width 'x' is not an integer"):
+        parse_tree("kary:x@3")
 
 
 def test_file_trees(tmp_path):
@@ -199,5 +213,6 @@ def test_invalid_arrays_name_the_node(parents, ranks, message):
 
 
 def test_every_family_is_registered_with_a_docstring():
-    assert set(TREE_FAMILIES) == {"chain", "kary", "widths", "medusa", "file", "optimal"}
-    assert all(f.__doc__ for f in TREE_FAMILIES.values())
+    assert set(TREE_KINDS) == {"chain", "kary", "widths", "medusa", "file", "optimal"}
+    assert all(k.summary and parse_tree(k.example, fit=lambda f, a: parse_tree("chain:1")).name == k.example
+               for k in TREE_KINDS.values() if k.name != "file")

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from specsim.cli import main
 from specsim.live.runs import LiveRun, LiveTrajectory
 from specsim.live.validate import greedy_agreement, near_tie_tolerance, token_gap, top2_gap
-from specsim.trees import parse_tree
+from specsim.specs import parse_tree
 
 
 def _validate(*args: str):

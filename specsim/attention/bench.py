@@ -30,7 +30,8 @@ from specsim.attention.tree_attention import (
     reference_tree_attention,
 )
 from specsim.errors import ModelError, SpecError
-from specsim.trees import Tree, parse_tree
+from specsim.trees import Tree
+from specsim.specs import parse_tree
 
 SHAPES = ("chain", "kary2", "kary4", "widths", "star")  # tree families sized to any N
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -131,7 +131,7 @@ def live(target, draft, prompts, categories, per_category, tree, policy, tempera
     from specsim.cli.cache_cmd import _split_categories
     from specsim.live.engine import LiveConfig
     from specsim.prompts import load_prompts
-    from specsim.trees import parse_tree
+    from specsim.specs import parse_tree
 
     check_out(out, "--out")
     check_out(steps_out, "--steps-out")

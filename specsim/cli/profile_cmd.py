@@ -82,7 +82,7 @@ def profile(target, drafts, batches, contexts, max_tokens, draft_widths, device,
         max_tokens=max_tokens or (256 if on_cuda else 33), draft_widths=_ints(draft_widths, "--draft-widths"),
         repeats=repeats, warmup=warmup, seed=seed,
     )
-    from specsim.live.drafting import is_model_free
+    from specsim.specs import is_model_free
 
     free = [d for d in drafts if is_model_free(d)]
     if free:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from specsim.cli._common import friendly_errors
-from specsim.trees import FAMILY_EXAMPLES, TREE_FAMILIES, draw_tree, parse_tree
+from specsim.specs import DRAFT_KINDS, POLICY_KINDS, TREE_KINDS, parse_tree
+from specsim.trees import draw_tree
 
 
 @click.command()
@@ -20,7 +21,7 @@ from specsim.trees import FAMILY_EXAMPLES, TREE_FAMILIES, draw_tree, parse_tree
 )
 @friendly_errors
 def trees(specs: tuple[str, ...], as_json: bool, max_lines: int) -> None:
-    """List the draft-tree families, or draw the tree each SPEC names.
+    """List the spec vocabulary (tree families, drafts, policies), or draw the tree each SPEC names.
 
     A node is labelled by its rank among its parent's draft candidates
     (r0 = the draft's most likely token, or the first candidate sampled).
@@ -35,11 +36,7 @@ def trees(specs: tuple[str, ...], as_json: bool, max_lines: int) -> None:
       specsim trees kary:2,3 --json > tree.json    # then: --tree file:tree.json
     """
     if not specs:
-        width = max(len(example) for example in FAMILY_EXAMPLES.values())
-        click.echo("Tree families (pass a SPEC to draw it):")
-        for name, build in TREE_FAMILIES.items():
-            summary = (build.__doc__ or "").strip().splitlines()[0]
-            click.echo(f"  {FAMILY_EXAMPLES[name]:<{width}}  {summary}")
+        click.echo(vocabulary())
         return
     for i, spec in enumerate(specs):
         tree = parse_tree(spec)
@@ -54,3 +51,23 @@ def trees(specs: tuple[str, ...], as_json: bool, max_lines: int) -> None:
             f"nodes per depth [{levels}]"
         )
         click.echo(draw_tree(tree, max_lines=max_lines))
+
+
+def vocabulary() -> str:
+    """Every tree family, draft kind and policy from the registry (`specsim.specs`), one line each."""
+    lines = ["Tree families (pass a SPEC to draw it):"]
+    width = max(len(k.grammar) for k in TREE_KINDS.values())
+    for k in TREE_KINDS.values():
+        needs = "" if k.needs == "nothing" else f"  [needs {k.needs}]"
+        lines.append(f"  {k.grammar:<{width}}  {k.summary}{needs}")
+    lines += ["", "Drafts (--draft):"]
+    width = max(len(k.grammar) for k in DRAFT_KINDS.values())
+    for k in DRAFT_KINDS.values():
+        lines.append(f"  {k.grammar:<{width}}  {k.summary}  [needs {k.needs}]")
+    lines += ["", "Policies (--policy):"]
+    width = max(len(k.example) for k in POLICY_KINDS.values())
+    for k in POLICY_KINDS.values():
+        temp = {"0": "T=0", ">0": "T>0", "any": "any T"}[k.temperature]
+        loss = "lossless" if k.lossless else "LOSSY"
+        lines.append(f"  {k.example:<{width}}  {k.summary}  [{temp}; {loss}; {k.estimate}]")
+    return "\n".join(lines)

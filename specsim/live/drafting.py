@@ -242,7 +242,3 @@ class ModelFreeDrafter:
 
     def accept(self, paths) -> None:
         pass
-
-
-def is_model_free(spec: str) -> bool:
-    return spec.split(":", 1)[0].strip().lower() in ("ngram", "prompt-lookup")

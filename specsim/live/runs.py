@@ -212,7 +212,8 @@ def steps_frame(run: LiveRun) -> pl.DataFrame:
 
 def build_drafter(spec: str, target, *, device: str, dtype: str):
     """A drafter from a draft spec: ngram:N / prompt-lookup:N, or a model (`load_draft`: layers:K, int8, ...)."""
-    from specsim.live.drafting import ModelDrafter, ModelFreeDrafter, is_model_free
+    from specsim.live.drafting import ModelDrafter, ModelFreeDrafter
+    from specsim.specs import is_model_free
     from specsim.record.models import load_draft
 
     if is_model_free(spec):

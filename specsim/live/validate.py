@@ -165,7 +165,8 @@ def greedy_agreement(run: LiveRun, cache_path, draft: str, tree: Tree, *, min_ag
     trajectory to tell 'draft ≠ cache' from 'unexplained' disagreements.
     """
     from specsim.sim.features import load_features
-    from specsim.sim.policies import parse_policy, run_policy
+    from specsim.sim.policies import run_policy
+    from specsim.specs import parse_policy
 
     features = load_features(cache_path, draft, 0.0, progress=False)
     table = run_policy(features, tree, parse_policy("greedy"), np.random.default_rng(0))
@@ -325,13 +326,13 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
     With a cost profile: the predicted speedup (simulate with the profile, at the same batch
     size) beside the live one (plain decoding of the same requests in the same run).
     """
-    from specsim.live.drafting import is_model_free
+    from specsim.specs import is_model_free
     from specsim.live.engine import LiveConfig, Target
     from specsim.live.runs import build_drafter, device_label, load_target, run_live, summary_rows
     from specsim.record.models import eos_token_ids
     from specsim.sim.api import simulate
     from specsim.sim.cost import load_cost_profile
-    from specsim.trees import parse_tree
+    from specsim.specs import parse_tree
 
     setup = cache_setup(cache)
     drafts = list(config.drafts) or list(setup.drafts)

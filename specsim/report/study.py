@@ -29,7 +29,8 @@ import polars as pl
 
 from specsim.cache.store import CacheReader
 from specsim.errors import CacheError, SpecError
-from specsim.sim.features import is_model_free, load_features, target_name
+from specsim.sim.features import load_features, target_name
+from specsim.specs import is_model_free, tree_family
 from specsim.trees import Tree, draw_tree
 
 ALL = "all"  # category label of the rows over every prompt (specsim.sim.metrics.ALL)
@@ -144,12 +145,7 @@ def family_of(tree: str, draft: str = "") -> str:
     Model-free drafts are families of their own (their chains are n-gram proposals); their
     rows share the pair label "model-free → TARGET".
     """
-    if is_model_free(draft):
-        return draft
-    head = tree.partition(":")[0]
-    if head == "kary" and "@" in tree:
-        return tree.partition("@")[0]
-    return head
+    return draft if is_model_free(draft) else tree_family(tree)
 
 
 def _tree_args(families: Sequence[str], budgets: Sequence[int]) -> list[str]:
@@ -270,7 +266,7 @@ def run_study(
     from specsim.sim.choose import best_per_batch, pricing_for
     from specsim.sim.cost import load_cost_profile, parse_cost
     from specsim.sim.optimize import optimal_tree, optimal_trees
-    from specsim.sim.policies import parse_policy
+    from specsim.specs import parse_policy
 
     if not caches:
         raise CacheError("give at least one cache file (recorded with `specsim cache`)")

@@ -7,16 +7,14 @@ product trees × budgets × drafts × policies × temperatures; features are der
 once per (draft, temperature) and kept beside the cache, so a sweep costs
 vectorised array work per configuration.
 
-Tree specs are those of `specsim.trees`, plus bare family names expanded over the
-budgets: ``chain`` → chain:N, ``optimal`` → optimal:N (the best static tree on this
-cache, from `specsim.sim.optimize`), ``kary:W`` → kary:W@N, the first N nodes of
-the W-ary tree in breadth-first order.
+Tree specs, drafts and policies are those of `specsim.specs` (bare families such as
+``chain``, ``optimal`` and ``kary:W`` expand over the budgets); ``optimal:N`` is fitted
+here, per draft and policy, by `specsim.sim.optimize`.
 numpy + polars only.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 import zlib
 from dataclasses import dataclass
@@ -30,73 +28,24 @@ from specsim.errors import CacheError, SpecError
 from specsim.sim.batch import BATCHING
 from specsim.sim.cost import load_cost_profile, parse_cost
 from specsim.sim.engine import AcceptanceTable, TrajectoryStats, walk
-from specsim.sim.features import Features, is_model_free, load_features, target_name
+from specsim.sim.features import Features, load_features, target_name
 from specsim.sim.metrics import ALL, summarize_many
-from specsim.sim.policies import PolicySpec, check_temperature, parse_policy, run_policy
-from specsim.trees import Tree, kary, parse_tree
-
-BUDGET_FAMILIES = ("chain", "optimal")  # bare names expanded over --budget
-_KARY_BARE = re.compile(r"kary:\s*(\d+)\s*$", re.IGNORECASE)
-_KARY_PREFIX = re.compile(r"kary:\s*(\d+)\s*@\s*(\d+)\s*$", re.IGNORECASE)
-
-
-def kary_prefix(width: int, n: int) -> Tree:
-    """The first n drafts of the `width`-ary tree in breadth-first order (named kary:W@N)."""
-    if width < 1 or n < 1:
-        raise SpecError(f"kary:{width}@{n}: width and budget must both be at least 1")
-    depth, total = 0, 0
-    while total < n:
-        depth += 1
-        total += width**depth if width > 1 else 1
-    full = kary(f"{width},{depth}")
-    return Tree(full.parents[: n + 1], full.ranks[: n + 1], name=f"kary:{width}@{n}")
-
-
-def expand_trees(specs: Sequence[str], budgets: Sequence[int] | None) -> list[str]:
-    """Concrete tree specs: bare families once per budget, full specs as given."""
-    if isinstance(specs, str):
-        specs = [specs]
-    if not specs:
-        raise SpecError("give at least one tree, e.g. --tree chain:4 (or --tree chain --budget 4)")
-    for b in budgets or ():
-        if not isinstance(b, (int, np.integer)) or b < 1:
-            raise SpecError(f"budget {b!r} must be an integer >= 1")
-    out: list[str] = []
-    for raw in specs:
-        spec = str(raw).strip()
-        bare = spec.lower() in BUDGET_FAMILIES or _KARY_BARE.match(spec)
-        if spec.lower() == "kary":
-            raise SpecError("kary needs a width: kary:W expands over --budget, kary:W,D is the full tree")
-        if bare:
-            if not budgets:
-                raise SpecError(f"tree family {spec!r} needs --budget N (or a full spec such as {spec}:8)"
-                                if not _KARY_BARE.match(spec) else
-                                f"{spec} needs --budget N (or a full tree such as {spec},3)")
-            family = spec.lower() if not _KARY_BARE.match(spec) else f"kary:{_KARY_BARE.match(spec).group(1)}"
-            out += [f"{family}@{b}" if family.startswith("kary") else f"{family}:{b}" for b in budgets]
-        else:
-            out.append(spec)
-    return list(dict.fromkeys(out))
-
+from specsim.sim.policies import check_temperature, run_policy
+from specsim.specs import PolicySpec, expand_trees, is_model_free, model_free_help, needs_fit, parse_policy, parse_tree
+from specsim.trees import Tree
 
 def resolve_tree(spec: str, features: Features | None = None, policy: PolicySpec | None = None) -> Tree:
-    """A Tree from a concrete spec; 'optimal:N' needs the features and policy it is optimal for."""
-    m = _KARY_PREFIX.match(spec)
-    if m:
-        return kary_prefix(int(m.group(1)), int(m.group(2)))
-    optimal = None
+    """A Tree from a concrete spec; kinds fitted on a cache (optimal:N) need the features and policy."""
+    fit = None
     if features is not None:
-        def optimal(n: int) -> Tree:
-            try:
-                from specsim.sim.optimize import optimal_tree
-            except ImportError:
-                raise SpecError("optimal:N needs specsim.sim.optimize, which this install does not have") from None
+        def fit(family: str, arg: str) -> Tree:
+            from specsim.sim.optimize import optimal_tree
+
+            n = int(arg)
+            if n < 1:
+                raise SpecError(f"budget {n} must be at least 1")
             return optimal_tree(features, n, policy=policy).tree
-    return parse_tree(spec, optimal=optimal)
-
-
-def _is_optimal(spec: str) -> bool:
-    return spec.strip().lower().startswith("optimal:")
+    return parse_tree(spec, fit=fit)
 
 
 def _temperature_plan(reader: CacheReader, policies: list[PolicySpec], temperatures) -> list[tuple[float, PolicySpec]]:
@@ -187,7 +136,7 @@ def simulate(
     if batching not in BATCHING:
         raise SpecError(f"--batching {batching!r} is not one of {', '.join(BATCHING)}")
     specs = expand_trees(list(trees) if not isinstance(trees, str) else [trees], budgets)
-    fixed = {s: resolve_tree(s) for s in specs if not _is_optimal(s)}  # spec errors before any work
+    fixed = {s: resolve_tree(s) for s in specs if not needs_fit(s)}  # spec errors before any work
     pols = [parse_policy(p, multi_draft=multi_draft, samples=samples)
             for p in ([policies] if isinstance(policies, str) else policies)]
     if not pols:
@@ -202,7 +151,7 @@ def simulate(
         for d in drafts:
             if d not in reader.spec.drafts and not is_model_free(d):
                 raise CacheError(f"{reader.path}: no draft named {d!r}; recorded drafts: "
-                                 f"{', '.join(reader.spec.drafts)}; model-free: ngram:N, prompt-lookup:N")
+                                 f"{', '.join(reader.spec.drafts)}; model-free: {model_free_help()}")
         if not drafts:
             raise CacheError(f"{reader.path}: records no draft; name a model-free one (--draft ngram:3)")
         pricing = {d: Pricing.for_draft(cost_model, reader, d) for d in drafts}  # refuses a mismatched profile

@@ -62,7 +62,8 @@ def fit_on_cache(cache, budgets: Sequence[int], *, draft: str | None = None, pol
     from specsim.errors import CacheError
     from specsim.sim.features import load_features
     from specsim.sim.optimize import optimal_trees
-    from specsim.sim.policies import check_temperature, parse_policy
+    from specsim.sim.policies import check_temperature
+    from specsim.specs import parse_policy
 
     with CacheReader(cache) as reader:
         if draft is None:

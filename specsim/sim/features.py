@@ -31,8 +31,8 @@ import numpy as np
 from specsim.cache.stats import STATS_TOP_K, log_prob as _log_prob, token_rank, top_k_ids
 from specsim.cache.store import TARGET, CacheReader
 from specsim.errors import CacheError, SpecError
+from specsim.specs import is_model_free
 
-MODEL_FREE = ("ngram", "prompt-lookup")  # draft families that need no draft column
 FEATURES_FORMAT = "specsim-features"
 FEATURES_VERSION = 3  # bump when the stored arrays change meaning (3: float32 ranks from recorded statistics)
 BLOCK = 256  # positions read at once per column while deriving features
@@ -146,10 +146,6 @@ class Features:
                 if x is not None:
                     x.flags.writeable = False
             self._memo.update(p_target=p_all, q_draft=q_all)
-
-
-def is_model_free(draft: str) -> bool:
-    return draft.partition(":")[0].strip().lower() in MODEL_FREE
 
 
 def load_features(cache, draft: str, temperature: float, *, top_k: int = 16, progress: bool = True) -> Features:

@@ -30,7 +30,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from specsim.sim.engine import AcceptanceTable
     from specsim.sim.features import Features
 
-KINDS = ("ngram", "prompt-lookup")
 MAX_MATCHES = 64  # continuations considered per call: bounds the cost on highly repetitive text
 
 
@@ -47,10 +46,12 @@ class ModelFreeDraft:
 
 def parse_modelfree(text: str) -> ModelFreeDraft:
     """'ngram:3' | 'prompt-lookup:2'."""
+    from specsim.specs import draft_kind, model_free_help
+
     kind, sep, arg = str(text).strip().partition(":")
     kind = kind.strip().lower()
-    if kind not in KINDS:
-        raise SpecError(f"{text!r} is not a model-free draft; use ngram:N or prompt-lookup:N")
+    if not draft_kind(kind).model_free:
+        raise SpecError(f"{text!r} is not a model-free draft; use {model_free_help()}")
     try:
         n = int(arg) if sep else 0
     except ValueError:

@@ -217,7 +217,7 @@ def best_first_paths(
 
 def simple_trees(budget: int, max_depth: int) -> dict[str, Tree]:
     """chain:N and kary:W@N of this budget (those within max_depth), distinct shapes only."""
-    from specsim.sim.api import kary_prefix
+    from specsim.trees import kary_prefix
 
     out: dict[str, Tree] = {}
     seen = set()

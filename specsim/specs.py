@@ -1,0 +1,299 @@
+"""The spec vocabulary: every tree family, draft kind and verification policy, one table each.
+
+A spec string names a thing on the command line and in result rows: ``kary:2@8``,
+``ngram:3``, ``p>=lq:0.5``. Each kind is one entry of a registry (a plain dict from its name)
+that declares its grammar, an example, what it needs from a cache, whether it is lossless,
+whether its numbers are exact or estimated, and the function that builds it. Every
+command, the simulator, live decoding and the report parse specs here, so a new kind is
+one new entry. numpy only: builders that need more are named "module:function" and
+imported when used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from specsim.errors import SpecError
+from specsim.trees import Tree, chain, file, kary, kary_prefix, medusa, widths
+
+
+def _call(target: str, *args, **kwargs):
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+
+
+# -- trees ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeKind:
+    """A family of draft trees."""
+
+    name: str  # the spec's head, before the colon
+    grammar: str  # the accepted forms
+    example: str  # a spec that parses
+    summary: str  # one line for --help and `specsim trees`
+    needs: str  # what it needs besides the spec: "nothing", or which cache data
+    build: Callable[[str], Tree] | None  # the argument after the colon -> a Tree; None: needs a cache
+    over_budget: Callable[[str, int], str] | None = None  # bare form + --budget N -> a concrete spec
+    bare: re.Pattern | None = None  # the bare form expanded over --budget (e.g. "kary:2")
+
+
+def _kary(arg: str) -> Tree:
+    w, at, n = arg.partition("@")
+    if at:
+        return kary_prefix(_one_int(w, "kary:W@N width"), _one_int(n, "kary:W@N budget"))
+    return kary(arg)
+
+
+def _one_int(text: str, what: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise SpecError(f"{what} {text.strip()!r} is not an integer") from None
+
+
+def _needs_cache(family: str) -> Callable[[str], Tree]:
+    def build(arg: str) -> Tree:
+        raise SpecError(f"needs a cache to fit on: use it where one is given, e.g. `specsim simulate CACHE --tree "
+                        f"{family}:{arg.strip()}`")
+    return build
+
+
+TREE_KINDS: dict[str, TreeKind] = {
+    "chain": TreeKind("chain", "chain:G | chain (over --budget)", "chain:4",
+                      "G drafts in a line, the draft's top choice each time", "nothing", chain,
+                      over_budget=lambda bare, n: f"chain:{n}", bare=re.compile(r"chain$", re.I)),
+    "kary": TreeKind("kary", "kary:W,D | kary:W@N | kary:W (over --budget)", "kary:2,3",
+                     "the full W-ary tree of depth D, or its first N nodes breadth-first", "nothing", _kary,
+                     over_budget=lambda bare, n: f"{bare.lower()}@{n}", bare=re.compile(r"kary:\s*\d+\s*$", re.I)),
+    "widths": TreeKind("widths", "widths:w1,w2,...", "widths:4,2,2,1",
+                       "the top path branches: w_d children of the rank-0 node at depth d-1", "nothing", widths),
+    "medusa": TreeKind("medusa", "medusa:[[r1],[r1,r2],...]", "medusa:[[0],[0,0],[1],[0,0,0]]",
+                       "Medusa's rank-path lists, pasted as they are", "nothing", medusa),
+    "file": TreeKind("file", "file:PATH", "file:tree.json",
+                     "a tree saved by `specsim optimize --out` (or a JSON list of rank paths)", "nothing", file),
+    "optimal": TreeKind("optimal", "optimal:N | optimal (over --budget)", "optimal:16",
+                        "the best static tree of N drafts on the cache's own trajectories",
+                        "a cache: fitted on its trajectories for the draft and policy simulated", None,
+                        over_budget=lambda bare, n: f"optimal:{n}", bare=re.compile(r"optimal$", re.I)),
+}
+
+
+def parse_tree(spec: str, *, fit: Callable[[str, str], Tree] | None = None) -> Tree:
+    """The tree a spec names; its name is the spec.
+
+    fit(family, argument): the callback for kinds that need a cache (optimal:N), given where one is.
+    Errors are `SpecError`s that quote the spec and point at the offending element.
+    """
+    if not isinstance(spec, str):
+        raise SpecError(f"a tree spec must be a string, got {type(spec).__name__}")
+    spec = spec.strip()
+    family, sep, arg = spec.partition(":")
+    kind = TREE_KINDS.get(family.strip().lower())
+    if not sep or kind is None:
+        raise SpecError(f"{spec!r} is not a tree spec; use one of " + ", ".join(k.example for k in TREE_KINDS.values()))
+    try:
+        if kind.build is None:
+            if fit is None:
+                _needs_cache(kind.name)(arg)
+            tree = fit(kind.name, arg)
+            if not isinstance(tree, Tree):
+                raise TypeError(f"the {kind.name} fit returned {type(tree).__name__}, not Tree")
+        else:
+            tree = kind.build(arg)
+    except SpecError as exc:
+        raise SpecError(f"{spec}: {exc}") from None
+    return replace(tree, name=spec)
+
+
+def expand_trees(specs: Sequence[str], budgets: Sequence[int] | None) -> list[str]:
+    """Concrete tree specs: bare families (chain, optimal, kary:W) once per budget, full specs as given."""
+    if isinstance(specs, str):
+        specs = [specs]
+    if not specs:
+        raise SpecError("give at least one tree, e.g. --tree chain:4 (or --tree chain --budget 4)")
+    for b in budgets or ():
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
+            raise SpecError(f"budget {b!r} must be an integer >= 1")
+    out: list[str] = []
+    for raw in specs:
+        spec = str(raw).strip()
+        kind = next((k for k in TREE_KINDS.values() if k.bare is not None and k.bare.match(spec)), None)
+        if spec.lower() == "kary":
+            raise SpecError("kary needs a width: kary:W expands over --budget, kary:W,D is the full tree")
+        if kind is None:
+            out.append(spec)
+            continue
+        if not budgets:
+            full = f"{spec},3" if ":" in spec else f"{spec}:8"
+            raise SpecError(f"tree family {spec!r} needs --budget N (or a full spec such as {full})")
+        out += [kind.over_budget(spec.replace(" ", ""), int(b)) for b in budgets]
+    return list(dict.fromkeys(out))
+
+
+def tree_family(spec: str) -> str:
+    """The family a tree spec belongs to, as reports group them: kary:2@8 -> kary:2, chain:4 -> chain."""
+    head, _, arg = spec.partition(":")
+    if head == "kary":
+        return f"kary:{re.split(r'[,@]', arg)[0].strip()}" if "@" in arg else "kary"
+    return head
+
+
+def needs_fit(spec: str) -> bool:
+    """Whether a tree spec is fitted on a cache (resolved per draft and policy) rather than fixed."""
+    kind = TREE_KINDS.get(spec.strip().partition(":")[0].lower())
+    return kind is not None and kind.build is None
+
+
+# -- drafts --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftKind:
+    """A kind of draft the simulator and live decoding know."""
+
+    name: str  # the spec's head
+    grammar: str
+    example: str
+    summary: str
+    needs: str  # what the cache must hold for it
+    model_free: bool  # proposes from tokens alone: no draft column, no draft forwards, point masses
+    parse: str | None = None  # "module:function" building its object from the spec
+
+
+DRAFT_KINDS: dict[str, DraftKind] = {
+    "model": DraftKind("model", "NAME (a recorded draft column)", "int8",
+                       "a draft model recorded in the cache: a separate model, layers:K or int8",
+                       "its column in the cache", model_free=False),
+    "ngram": DraftKind("ngram", "ngram:N", "ngram:3",
+                       "suffix matching on the last N tokens of prompt + output (SGLang's NGRAM speculator)",
+                       "nothing: tokens only", model_free=True, parse="specsim.sim.modelfree:parse_modelfree"),
+    "prompt-lookup": DraftKind("prompt-lookup", "prompt-lookup:N", "prompt-lookup:2",
+                               "Hugging Face prompt lookup decoding: the last N..1 tokens matched in the context",
+                               "nothing: tokens only", model_free=True, parse="specsim.sim.modelfree:parse_modelfree"),
+}
+
+
+def draft_kind(spec: str) -> DraftKind:
+    """The kind of a draft spec; a name that is no registered head is a model column."""
+    return DRAFT_KINDS.get(str(spec).partition(":")[0].strip().lower(), DRAFT_KINDS["model"])
+
+
+def is_model_free(spec: str) -> bool:
+    return draft_kind(spec).model_free
+
+
+def parse_draft(spec: str):
+    """The object of a model-free draft spec (`specsim.sim.modelfree.ModelFreeDraft`); SpecError if malformed."""
+    kind = draft_kind(spec)
+    if kind.parse is None:
+        raise SpecError(f"{spec!r} is a model draft: it is a column of the cache, not built from its spec")
+    return _call(kind.parse, spec)
+
+
+def model_free_help() -> str:
+    return ", ".join(k.grammar for k in DRAFT_KINDS.values() if k.model_free)
+
+
+# -- policies ------------------------------------------------------------------------------------
+
+MULTI_DRAFT = ("iid", "swor")  # how a node's k candidates are drawn from q: i.i.d. (SpecInfer) or without replacement
+
+
+@dataclass(frozen=True)
+class PolicyKind:
+    """A verification policy."""
+
+    name: str
+    example: str
+    summary: str
+    params: tuple[int, ...]  # numbers of parameters allowed after the colon
+    lossless: bool  # the output is distributed as p (else: approximate, with its TV distortion)
+    estimate: str  # how exact the replay is
+    temperature: str  # "0" (greedy trajectories), ">0" (sampled ones) or "any"
+    function: str  # "module:function" computing its acceptance table
+
+
+POLICY_KINDS: dict[str, PolicyKind] = {
+    "greedy": PolicyKind("greedy", "greedy", "accept the draft token equal to the target's argmax", (0,), True,
+                         "exact", "0", "specsim.sim.policies:greedy_table"),
+    "sample": PolicyKind("sample", "sample", "speculative sampling (chains) and multi-draft sampling (trees)", (0,),
+                         True, "exact for chains and iid trees; Monte-Carlo with a standard error for swor trees",
+                         ">0", "specsim.sim.policies:sample_table"),
+    "p>=q": PolicyKind("p>=q", "p>=q", "accept x when p(x) >= q(x) (lossy)", (0,), False,
+                       "along target trajectories (approximate), with the TV distortion", ">0",
+                       "specsim.sim.lossy:lossy_table"),
+    "p>=lq": PolicyKind("p>=lq", "p>=lq:0.5", "accept x when p(x) >= lambda q(x) (lossy)", (1,), False,
+                        "along target trajectories (approximate), with the TV distortion", ">0",
+                        "specsim.sim.lossy:lossy_table"),
+    "typical": PolicyKind("typical", "typical:0.09,0.3", "Medusa's typical acceptance [eps, delta] (lossy)", (0, 2),
+                          False, "along target trajectories (approximate), with the TV distortion", ">0",
+                          "specsim.sim.lossy:lossy_table"),
+    "adaptive-hf": PolicyKind("adaptive-hf", "adaptive-hf", "Hugging Face's heuristic chain length schedule", (0,),
+                              True, "exact", "any", "specsim.sim.adaptive:adaptive_stats"),
+    "adaptive-history": PolicyKind("adaptive-history", "adaptive-history:0.8,0.4",
+                                   "chain length grows/shrinks with the last call's acceptance rate", (0, 2), True,
+                                   "exact", "any", "specsim.sim.adaptive:adaptive_stats"),
+}
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A verification policy as named on the command line."""
+
+    name: str  # a POLICY_KINDS key
+    multi_draft: str = "iid"  # candidate drawing for sampling trees: "iid" or "swor"
+    params: tuple = ()  # numeric parameters after the colon, e.g. (0.5,) for "p>=lq:0.5"
+    lossless: bool = True  # False for rules whose output is not distributed as p (numbers approximate)
+    samples: int = 64  # Monte-Carlo samples per position for estimators that need them (sampling trees)
+
+    @property
+    def label(self) -> str:
+        """The policy as written in tables ("p>=lq:0.5")."""
+        return self.name + (":" + ",".join(f"{x:g}" for x in self.params) if self.params else "")
+
+    @property
+    def kind(self) -> PolicyKind:
+        return POLICY_KINDS[self.name]
+
+
+def parse_policy(text: str, *, multi_draft: str = "iid", samples: int = 64) -> PolicySpec:
+    """'greedy' | 'sample' | 'p>=q' | 'p>=lq:0.5' | 'typical[:eps,delta]' | 'adaptive-hf' | 'adaptive-history[:hi,lo]'."""
+    if multi_draft not in MULTI_DRAFT:
+        raise SpecError(f"multi-draft scheme {multi_draft!r} is not one of {', '.join(MULTI_DRAFT)}")
+    name, sep, arg = str(text).strip().partition(":")
+    name = name.strip().lower()
+    kind = POLICY_KINDS.get(name)
+    if kind is None:
+        raise SpecError(f"{text!r} is not a policy; use one of " + ", ".join(k.example for k in POLICY_KINDS.values()))
+    params: list[float] = []
+    if sep:
+        for i, part in enumerate(arg.split(","), start=1):
+            try:
+                value = float(part)
+            except ValueError:
+                raise SpecError(f"{text}: parameter #{i} is {part.strip()!r}, not a number (e.g. {kind.example})") from None
+            if value != value or abs(value) == float("inf"):
+                raise SpecError(f"{text}: parameter #{i} must be a finite number (e.g. {kind.example})")
+            params.append(value)
+    if len(params) not in kind.params:
+        want = " or ".join(str(c) for c in kind.params)
+        raise SpecError(f"{text}: {name} takes {want} parameter(s), got {len(params)} (e.g. {kind.example})")
+    if isinstance(samples, bool) or int(samples) < 2:
+        raise SpecError(f"--samples must be at least 2 (a standard error needs two), got {samples}")
+    return PolicySpec(name=name, multi_draft=multi_draft, params=tuple(params), lossless=kind.lossless,
+                      samples=int(samples))
+
+
+def policy_help() -> str:
+    return " | ".join(k.example for k in POLICY_KINDS.values())
+
+
+def tree_help() -> str:
+    return ", ".join(k.example for k in TREE_KINDS.values())
