@@ -11,14 +11,51 @@ is imported only by the recording, live and attention commands.
 __version__ = "0.1.0"
 
 
-def simulate(cache, **kwargs):
-    """Replay configurations against a cache; returns a polars DataFrame.
+def simulate(
+    cache,
+    trees=(),
+    drafts=None,
+    policies=("greedy",),
+    budgets=None,
+    temperatures=None,
+    multi_draft="iid",
+    cost_profile=None,
+    cost=None,
+    batches=None,
+    batching="lockstep",
+    by_category=True,
+    n_boot=1000,
+    samples=64,
+    seed=0,
+    progress=False,
+):
+    """Replay speculative decoding configurations on a cache; a polars DataFrame, one row per
+    configuration (x batch size) and prompt category ("all" first).
 
-    See :func:`specsim.sim.api.simulate` for the arguments.
+    cache: a file written by `specsim cache`. trees: specs ("chain:4", "kary:2,3", "kary:2@8",
+    "optimal:16", "file:tree.json") or families expanded over `budgets` ("chain", "kary:2",
+    "optimal"); `specsim trees` lists them. drafts: recorded draft columns (default: all) or
+    model-free drafts ("ngram:3", "prompt-lookup:2"). policies: "greedy" (T=0 trajectories),
+    "sample" (T>0; trees draw candidates by `multi_draft` "iid" or "swor"), lossy ("p>=q",
+    "p>=lq:0.5", "typical") and adaptive ("adaptive-hf", "adaptive-history") rules.
+    temperatures: recorded temperatures to use (default: each policy's usable ones).
+    cost_profile: a `specsim profile` JSON measured for the cache's models -> `speedup` and
+    `tokens_per_s` columns; cost: an assumed "c=RATIO" -> `speedup_assumed`; neither -> no
+    speedup. batches (with a profile): extra rows at these batch sizes, `batching` "lockstep"
+    or "continuous". n_boot, seed: the 95% bootstrap over prompts; samples: Monte-Carlo
+    samples per position where an estimator needs them.
+
+    Example:
+        >>> import specsim
+        >>> rows = specsim.simulate("cache/demo.h5", trees=["chain:4", "optimal:8"], drafts=["int8"],
+        ...                         cost_profile="cache/demo-profile.json", batches=[1, 4])
     """
     from specsim.sim.api import simulate as _simulate
 
-    return _simulate(cache, **kwargs)
+    return _simulate(cache, trees, drafts=drafts, policies=policies, budgets=budgets, temperatures=temperatures,
+                     multi_draft=multi_draft, cost_profile=cost_profile, cost=cost, batches=batches,
+                     batching=batching, by_category=by_category, n_boot=n_boot, samples=samples, seed=seed,
+                     progress=progress)
 
 
 __all__ = ["simulate", "__version__"]

@@ -15,14 +15,16 @@ from click.testing import CliRunner
 from specsim.cache.store import CacheReader
 from specsim.cli import main
 from tests.conftest import build_tiny_model, write_prompts
+from tests.cli_helpers import one_line_error
 
 RESUME_PROMPTS = [{"question_id": i, "category": ["a", "b"][i % 2], "prompt": f"Question number {i}: what is {i} + {i}?"}
                   for i in range(8)]
 
 
-def _cache_args(model, prompts, out, *extra):
+def _cache_args(model, prompts, out, *extra, max_new_tokens=8):
     return ["cache", "--target", str(model), "--draft", "layers:2", "--draft", "int8", "--prompts", str(prompts),
-            "--max-new-tokens", "8", "--temperature", "0", "--temperature", "1", "--out", str(out), "--quiet", *extra]
+            "--max-new-tokens", str(max_new_tokens), "--temperature", "0", "--temperature", "1", "--out", str(out),
+            "--quiet", *extra]
 
 
 def _run(*args):
@@ -30,8 +32,9 @@ def _run(*args):
 
 
 def _one_line_error(result, pattern):
-    assert result.exit_code != 0
-    assert "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert result.exit_code != 0 and [i for i, ln in enumerate(lines) if ln.startswith("Error: ")] == [len(lines) - 1], \
+        result.output
     lines = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(lines) == 1, result.output
     assert re.search(pattern, lines[0]), lines[0]
@@ -168,7 +171,7 @@ def test_output_errors_leave_existing_files_untouched(tiny_model_dir, tiny_promp
     before = existing.read_bytes()
     _one_line_error(_run(*_cache_args(tiny_model_dir, tiny_prompts_file, existing)),
                     r"existing\.h5 exists; pass --resume to continue it or --overwrite to replace it")
-    _one_line_error(_run(*_cache_args(tiny_model_dir, tiny_prompts_file, existing, "--resume", "--max-new-tokens", "9")),
+    _one_line_error(_run(*_cache_args(tiny_model_dir, tiny_prompts_file, existing, "--resume", max_new_tokens=9)),
                     r"cannot --resume, setting 'max_new_tokens' differs: file has 12, now 9")
     assert existing.read_bytes() == before
     _one_line_error(_run(*_cache_args(tiny_model_dir, tiny_prompts_file, tmp_path / "new.h5", "--resume")),
@@ -231,6 +234,9 @@ def resume_setup(tiny_model_dir, tmp_path_factory):
                 "--seed", "5", "--out", str(out), "--quiet"]
 
     reference = base / "reference.h5"
+    import torch
+
+    torch.set_num_threads(1)  # as the spawned recordings (OMP_NUM_THREADS=1): same reduction order, same bits
     assert _run(*args(reference)).exit_code == 0
     return base, args, _contents(reference)
 
@@ -254,14 +260,42 @@ def test_inspect_while_recording_then_kill_9_then_resume_loses_nothing(resume_se
     _assert_same_contents(_contents(out), reference)
 
 
-def test_ctrl_c_keeps_committed_trajectories_and_says_how_to_resume(resume_setup):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_keeps_committed_trajectories_and_says_how_to_resume(resume_setup, signum):
     base, args, reference = resume_setup
-    out = base / "interrupted.h5"
+    out = base / f"interrupted-{int(signum)}.h5"
     proc = _spawn(args(out))
     _wait_for_commits(out, proc)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     assert "rerun the same command with --resume to continue" in stderr and "Traceback" not in stderr
     assert _run(*args(out), "--resume").exit_code == 0
     _assert_same_contents(_contents(out), reference)
+
+
+def test_a_second_writer_refuses_at_once_naming_the_first(resume_setup):
+    """--resume or --overwrite while another process records would swap the file away from it."""
+    from specsim.cache.lock import CacheLock
+
+    base, args, _ = resume_setup
+    out = base / "busy.h5"
+    assert _run(*args(out)).exit_code == 0
+    with CacheLock(out):  # another process recording it (flock conflicts across open file descriptions)
+        started = time.monotonic()
+        for extra in ("--resume", "--overwrite"):
+            result = CliRunner().invoke(main, [*args(out), extra])
+            line = result.output.strip().splitlines()[-1]
+            assert result.exit_code == 1 and "is being recorded by process" in line and "one writer per cache" in line
+        assert time.monotonic() - started < 5  # refused before loading any model
+    assert _run(*args(out), "--overwrite").exit_code == 0  # free again
+
+
+def test_a_prompt_longer_than_the_context_is_refused(tiny_model_dir, tmp_path):
+    prompts = write_prompts(tmp_path / "long.jsonl", [{"question_id": 7, "category": "x",
+                                                       "turns": ["speculative decoding " * 300]}])
+    result = CliRunner().invoke(main, ["cache", "--target", str(tiny_model_dir), "--prompts", str(prompts),
+                                       "--max-new-tokens", "8", "--out", str(tmp_path / "c.h5"), "--quiet"])
+    _one_line_error(result, r"prompt 0 \(question 7, x\) has \d+ tokens; with --max-new-tokens 8 it exceeds the "
+                            r"target's context of 1024 positions")
+    assert not (tmp_path / "c.h5").exists()

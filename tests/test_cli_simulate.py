@@ -19,18 +19,18 @@ def run(*args):
 
 
 def test_table_rows_with_cis_and_a_footer(tiny_cache):
-    res = run(tiny_cache, "--tree", "chain:2", "--tree", "kary:2,2", "--draft", "int8", "-q")
+    res = run(tiny_cache, "--tree", "chain:2", "--tree", "kary:2,2", "--draft", "int8", "--by-category", "-q")
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
-    assert lines[0].split()[:6] == ["tree", "budget", "draft", "policy", "T", "category"]
+    assert lines[0].split()[:5] == ["tree", "draft", "policy", "T", "category"]
     rows = [ln for ln in lines if ln.startswith(("chain:2 ", "kary:2,2 "))]
     assert len(rows) == 2 * 3  # two trees x (all, math, writing)
-    assert [r.split()[5] for r in rows] == ["all", "math", "writing"] * 2
+    assert [r.split()[4] for r in rows] == ["all", "math", "writing"] * 2
     df = specsim.simulate(tiny_cache, trees=["chain:2"], drafts=["int8"], n_boot=1000)
     all_row = df.row(0, named=True)
-    expected = (f"{all_row['accept_rate']:.3f} [{all_row['accept_rate_lo']:.3f}, "
-                f"{all_row['accept_rate_hi']:.3f}]")
-    assert expected in rows[0] and rows[0].split()[-2:] == ["exact", "4/48"]
+    expected = (f"{all_row['tokens_per_call']:.3f} [{all_row['tokens_per_call_lo']:.3f}, "
+                f"{all_row['tokens_per_call_hi']:.3f}]")
+    assert expected in rows[0] and rows[0].split()[-3:] == ["exact", "4/48", "2"]
     assert all_row["n_prompts"] == 4 and all_row["n_positions"] == 48  # 4 prompts x 12 tokens at T=0
     assert f"computed from {tiny_cache}" in res.output
     assert "T=0: 4 prompts, 48 positions; storage full" in res.output
@@ -38,19 +38,73 @@ def test_table_rows_with_cis_and_a_footer(tiny_cache):
     assert "95% bootstrap over prompts (1000 resamples, seed 0)" in res.output
 
 
+def test_the_all_row_by_default_and_a_table_that_fits_the_terminal(tiny_cache):
+    res = CliRunner().invoke(main, ["simulate", str(tiny_cache), "--tree", "chain:2", "--draft", "int8", "-q"],
+                             env={"COLUMNS": "70"})
+    assert res.exit_code == 0, res.output
+    table = [ln for ln in res.output.splitlines() if ln.startswith(("tree", "chain:2", "-"))]
+    assert len([ln for ln in table if ln.startswith("chain:2")]) == 1  # categories only with --by-category
+    assert all(len(ln) <= 70 for ln in table)
+    assert "column(s) not shown to fit 70 characters" in res.output
+
+
 def test_an_assumed_cost_is_labelled_as_one_in_the_table_and_footer(tiny_cache):
-    res = run(tiny_cache, "--tree", "chain:2", "--draft", "int8", "--cost", "c=0.2", "--no-by-category", "-q")
+    res = run(tiny_cache, "--tree", "chain:2", "--draft", "int8", "--cost", "c=0.2", "-q")
     assert res.exit_code == 0, res.output
     assert "speedup ASSUMED [95% CI]" in res.output.splitlines()[0]
     assert "ASSUMED c=0.2" in res.output and "is an ASSUMPTION, not measured" in res.output
 
 
+def test_repeatable_options_take_commas_and_a_single_option_twice_is_refused(tiny_cache):
+    a = specsim.simulate(tiny_cache, trees=["chain"], budgets=[1, 3], drafts=["int8", "layers:2"], n_boot=0)
+    res = run(tiny_cache, "--tree", "chain", "--budget", "1,3", "--draft", "int8,layers:2", "--n-boot", "0",
+              "--out", "-", "--format", "json", "-q")
+    assert res.exit_code == 0, res.output
+    assert pl.read_json(res.stdout.encode())["tree"].to_list() == a["tree"].to_list()
+    twice = run(tiny_cache, "--tree", "chain:2", "--seed", "1", "--seed", "2")
+    assert twice.exit_code == 2 and "--seed was given 2 times" in twice.output
+    policies = run(tiny_cache, "--tree", "chain:2", "--policy", "greedy,adaptive-history:0.8,0.4", "-q",
+                   "--temperature", "0")
+    assert policies.exit_code == 0 and "adaptive-history:0.8,0.4" in policies.output
+
+
+def test_out_to_stdout_is_data_only_and_one_schema_in_every_format(tiny_cache, tmp_path):
+    res = run(tiny_cache, "--tree", "chain:2", "--draft", "int8", "--out", "-", "--format", "ndjson", "-q")
+    assert res.exit_code == 0, res.output
+    rows = pl.read_ndjson(res.stdout.encode())
+    assert rows.height == 3 and "depth_1" in rows.columns and "depth_accept" not in rows.columns
+    assert {"mean_acceptance_length", "num_speculative_tokens"} <= set(rows.columns)
+    assert res.stderr.startswith("tree")  # the human table goes to stderr
+    frames = {}
+    for suffix in ("parquet", "csv", "json", "ndjson"):
+        out = tmp_path / f"r.{suffix}"
+        assert run(tiny_cache, "--tree", "chain:2", "--draft", "int8", "--out", out, "-q").exit_code == 0
+        frames[suffix] = {"parquet": pl.read_parquet, "csv": pl.read_csv, "json": pl.read_json,
+                          "ndjson": pl.read_ndjson}[suffix](out)
+    assert len({tuple(sorted(f.columns)) for f in frames.values()}) == 1  # the same columns everywhere
+    assert frames["csv"]["mc_se_accept_rate"].null_count() == 3  # null, not NaN
+    again = run(tiny_cache, "--tree", "chain:2", "--out", tmp_path / "r.csv", "-q")
+    assert again.exit_code == 2 and "exists; pass --overwrite" in again.output
+    assert run(tiny_cache, "--tree", "chain:2", "--out", "-").exit_code == 2
+
+
+def test_per_request_rows_carry_the_histogram_of_accepted_lengths(tiny_cache, tmp_path):
+    out = tmp_path / "requests.parquet"
+    res = run(tiny_cache, "--tree", "chain:3", "--draft", "int8", "--per-request", out, "-q")
+    assert res.exit_code == 0, res.output
+    req = pl.read_parquet(out)
+    assert req.height == 4 and {"prompt_index", "accepted_length_histogram_1", "accepted_length_histogram_4"} <= set(
+        req.columns)
+    hist = req.select(pl.col("^accepted_length_histogram_.*$")).to_numpy()
+    assert hist.sum(axis=1) == pytest.approx(req["target_calls"].to_numpy())  # every call counted once
+    assert (hist * [0, 1, 2, 3]).sum(axis=1) == pytest.approx(req["accepted"].to_numpy())
+
+
 def test_sampling_at_a_recorded_temperature(tiny_cache):
-    res = run(tiny_cache, "--tree", "chain", "--budget", "1", "--budget", "3", "--policy", "sample",
-              "--no-by-category", "-q")
+    res = run(tiny_cache, "--tree", "chain", "--budget", "1", "--budget", "3", "--policy", "sample", "-q")
     assert res.exit_code == 0, res.output
     rows = [ln.split() for ln in res.output.splitlines() if ln.startswith("chain:")]
-    assert [(r[0], r[2], r[3], r[4]) for r in rows] == [
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
         ("chain:1", "layers:2", "sample", "1"), ("chain:3", "layers:2", "sample", "1"),
         ("chain:1", "int8", "sample", "1"), ("chain:3", "int8", "sample", "1")]
 
@@ -63,33 +117,8 @@ def test_unrecorded_temperature_is_refused_with_the_recorded_ones(tiny_cache):
 
 def test_greedy_needs_greedy_trajectories(tiny_cache):
     res = run(tiny_cache, "--tree", "chain:2", "--temperature", "1")
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "policy greedy needs the greedy (T=0) trajectories, not T=1" in res.output
-
-
-@pytest.mark.parametrize("suffix", [".parquet", ".csv", ".json"])
-def test_out_round_trips(tmp_path, suffix):
-    cache = random_cache(tmp_path / "c.h5", n_prompts=6, length=16, vocab=12)
-    out = tmp_path / f"results{suffix}"
-    res = run(cache, "--tree", "chain:3", "--tree", "kary:2@3", "--out", out, "-q", "--n-boot", "200",
-              "--cost", "c=0.1")
-    assert res.exit_code == 0, res.output
-    assert f"wrote 6 rows x" in res.output
-    expected = specsim.simulate(cache, trees=["chain:3", "kary:2@3"], n_boot=200, cost="c=0.1")
-    back = {".parquet": pl.read_parquet, ".csv": pl.read_csv, ".json": pl.read_json}[suffix](out)
-    if suffix == ".csv":  # lists become depth_d columns
-        depth = expected["depth"].max()
-        assert [c for c in back.columns if c.startswith("depth_")] == [f"depth_{d}" for d in range(1, depth + 1)]
-        assert back["depth_1"].to_list() == pytest.approx([x[0] for x in expected["depth_accept"]])
-        back = back.drop([c for c in back.columns if c.startswith("depth_")])
-        expected = expected.drop("depth_accept")
-    if suffix == ".json":  # rows of objects: polars reads the keys back in its own order
-        back = back.select(expected.columns)
-    assert back.columns == expected.columns
-    for col in ("tree", "category", "accept_rate", "accept_rate_lo", "tokens_per_call_hi", "speedup_assumed",
-                "n_positions"):
-        a, b = back[col].to_list(), expected[col].to_list()
-        assert a == (pytest.approx(b) if isinstance(b[0], float) else b)
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path):
@@ -97,17 +126,22 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     cases = [
         (["--tree", "chain"], "tree family 'chain' needs --budget N"),
         (["--tree", "chain:2", "--out", tmp_path / "x.txt"], "unknown format .txt"),
+        (["--tree", "chain:2", "--out", tmp_path], "is a directory"),
+        (["--tree", "chain:2", "--cost", ""], "expected c=RATIO"),
         (["--tree", "chain:2", "--cost", "c=0.1", "--cost-profile", cache], "or an assumed --cost, not both"),
         (["--tree", "chain:2", "--batch", "4"], "--batch needs measured costs"),
         (["--tree", "chain:2", "--policy", "sometimes"], "'sometimes' is not a policy"),
-        (["--tree", "chain:2", "--draft", "huge"], "no draft named 'huge'; recorded drafts: small"),
+
         (["--tree", "bush:3"], "'bush:3' is not a tree spec"),
         (["--tree", "chain:2", "--cost", "c=fast"], "'fast' is not a number"),
     ]
     for args, message in cases:
         res = run(cache, *args)
-        assert res.exit_code != 0 and message in res.output, (args, res.output)
-        assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+        assert res.exit_code == 2 and message in res.output, (args, res.output)  # usage errors
+        assert len(res.output.strip().splitlines()) == 1 and res.exception is None or isinstance(
+            res.exception, SystemExit), (args, res.output)
+    res = run(cache, "--tree", "chain:2", "--draft", "huge")  # a fact about the cache: a runtime error, exit 1
+    assert res.exit_code == 1 and "no draft named 'huge'; recorded drafts: small" in res.output
     res = run(tmp_path / "missing.h5", "--tree", "chain:2")
     assert res.exit_code == 1 and res.output.strip().endswith("missing.h5: no such file")
 
@@ -126,7 +160,7 @@ def test_simulate_imports_no_torch():
 def test_invalid_combinations_are_skipped_with_one_line_each(tiny_cache):
     res = CliRunner().invoke(main, ["simulate", str(tiny_cache), "--tree", "chain:2", "--tree", "kary:2,2",
                                     "--draft", "int8", "--draft", "ngram:2", "--policy", "greedy",
-                                    "--policy", "adaptive-hf", "--temperature", "0", "--no-by-category", "-q"])
+                                    "--policy", "adaptive-hf", "--temperature", "0", "-q"])
     assert res.exit_code == 0, res.output
     skipped = res.stderr.splitlines()
     assert sorted(skipped) == sorted([
@@ -136,15 +170,15 @@ def test_invalid_combinations_are_skipped_with_one_line_each(tiny_cache):
         "skipped kary:2,2 x ngram:2 x adaptive-hf at T=0: adaptive speculation lengths apply to chains, "
         "not to the tree kary:2,2",
     ])
-    rows = [ln.split()[:4] for ln in res.stdout.splitlines() if ln.startswith(("chain:", "kary:"))]
-    assert rows == [["chain:2", "2", "int8", "greedy"], ["kary:2,2", "6", "int8", "greedy"],
-                    ["chain:2", "2", "int8", "adaptive-hf"], ["chain:2", "2", "ngram:2", "greedy"],
-                    ["kary:2,2", "6", "ngram:2", "greedy"]]
+    rows = [ln.split()[:3] for ln in res.stdout.splitlines() if ln.startswith(("chain:", "kary:"))]
+    assert rows == [["chain:2", "int8", "greedy"], ["kary:2,2", "int8", "greedy"],
+                    ["chain:2", "int8", "adaptive-hf"], ["chain:2", "ngram:2", "greedy"],
+                    ["kary:2,2", "ngram:2", "greedy"]]
 
 
 def test_nothing_left_to_run_is_one_clear_error(tiny_cache):
     res = run(tiny_cache, "--tree", "kary:2,2", "--draft", "int8", "--policy", "adaptive-hf", "--temperature", "0")
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert res.output.splitlines()[-1] == (
         "Error: no configuration of the sweep can run: kary:2,2 x int8 x adaptive-hf at T=0: adaptive speculation "
         "lengths apply to chains, not to the tree kary:2,2")
@@ -160,7 +194,7 @@ def test_model_free_drafts_that_propose_nothing_print_no_warnings(tiny_cache):
     assert df["drafted_per_call"].to_list() == [0.0] * df.height
     assert all(x != x for x in df["accept_rate"].to_list())  # NaN
     assert df["tokens_per_call"].to_list() == [1.0] * df.height
-    res = run(tiny_cache, "--tree", "chain:3", "--draft", "ngram:8", "--no-by-category", "-q")
+    res = run(tiny_cache, "--tree", "chain:3", "--draft", "ngram:8", "-q")
     assert res.exit_code == 0 and res.stderr == ""
     row = next(ln for ln in res.stdout.splitlines() if ln.startswith("chain:3"))
-    assert row.split()[5:7] == ["-", "1.000"]
+    assert row.split()[4:8] == ["1.000", "[1.000,", "1.000]", "-"]  # tokens/call exactly 1; accept rate undefined

@@ -14,6 +14,7 @@ from specsim.live.engine import LiveConfig, Target, decode, plain_decode, specul
 from specsim.live.kv import SlotKV
 from specsim.record.models import eos_token_ids, load_draft, load_model
 from specsim.specs import parse_tree
+from tests.cli_helpers import one_line_error
 
 
 @pytest.fixture(scope="module")
@@ -160,8 +161,9 @@ def test_live_cli_writes_simulate_columns_and_steps(tiny_model_dir, tiny_prompts
 
     sim = simulate(tiny_cache, trees=["widths:2,1"], drafts=["layers:2"], policies=["greedy"], n_boot=10)
     shared = {"tree", "budget", "depth", "draft", "policy", "temperature", "multi_draft", "category",
-              "accept_rate", "tokens_per_call", "calls_per_100_tokens", "depth_accept", "n_prompts", "n_positions"}
+              "accept_rate", "tokens_per_call", "calls_per_100_tokens", "n_prompts", "n_positions"}
     assert shared <= set(rows.columns) & set(sim.columns)
+    assert {"depth_1", "depth_2"} <= set(rows.columns)  # per-depth acceptance, flattened as every writer does
     every = pl.read_parquet(steps)
     assert every["accepted"].sum() + len(every) == rows.filter(pl.col("category") == "all")["n_positions"][0]
     assert rows["tokens_per_call"][0] == pytest.approx(rows["n_positions"][0] / len(every))
@@ -186,12 +188,13 @@ def test_live_cli_errors_are_one_line(tiny_model_dir, tmp_path):
     runner = CliRunner()
     bad_out = runner.invoke(main, ["live", "--target", str(tiny_model_dir), "--draft", "int8", "--out",
                                    str(tmp_path / "x.txt")])
-    assert bad_out.exit_code == 1 and "unknown format .txt" in bad_out.output and "Traceback" not in bad_out.output
+    assert bad_out.exit_code == 2 and "unknown format .txt" in bad_out.output and bad_out.exception is not None
+    assert len(bad_out.output.strip().splitlines()) == 1
     bad_tree = runner.invoke(main, ["live", "--target", str(tiny_model_dir), "--draft", "int8", "--tree", "chain:x"])
-    assert bad_tree.exit_code == 1 and "Error:" in bad_tree.output and "Traceback" not in bad_tree.output
+    one_line_error(bad_tree, "chain:x", code=2)
     greedy_hot = runner.invoke(main, ["live", "--target", str(tiny_model_dir), "--draft", "int8",
                                       "--temperature", "0.5"])
-    assert greedy_hot.exit_code == 1 and "use --policy sample" in greedy_hot.output
+    one_line_error(greedy_hot, "use --policy sample", code=2)
 
 
 def test_ctrl_c_keeps_the_decodes_that_finished(tiny):

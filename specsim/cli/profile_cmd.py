@@ -6,41 +6,40 @@ from pathlib import Path
 
 import click
 
-from specsim.cli._common import comma_ints, friendly_errors
+from specsim.cli import _common as c
 
 
-def _ints(value: str, flag: str) -> tuple[int, ...]:
-    return comma_ints(value, flag, example="128,512")
-
-
-@click.command("profile")
+@c.command("profile")
 @click.option("--target", required=True, help="Target model: packaged short name, GGUF file, HF directory or hub id.")
-@click.option("--draft", "drafts", multiple=True, metavar="SPEC",
+@click.option("--draft", "drafts", multiple=True, metavar="SPEC", callback=c.names,
               help="Draft model (repeatable): a model spec like --target, or layers:K, or int8. Model-free drafts "
                    "(ngram, prompt-lookup) need none: they cost no draft forwards.")
-@click.option("--batch", "batches", default="1", show_default=True, metavar="B,B,...",
-              help="Batch sizes to measure (requests per step), e.g. 1,4,16; must include 1.")
-@click.option("--contexts", default="128,512", show_default=True, metavar="L,L,...",
-              help="Context lengths L (tokens already cached per request); cover the contexts you simulate.")
+@click.option("--batch", "batches", multiple=True, metavar="B", callback=c.numbers(int, minimum=1),
+              help="Batch sizes to measure (requests per step), repeatable or comma-separated, e.g. 1,4,16; every "
+                   "size up to 8 is measured too.  [default: 1]")
+@click.option("--contexts", multiple=True, metavar="L", callback=c.numbers(int, minimum=1),
+              help="Context lengths L (tokens already cached per request), repeatable or comma-separated; cover the "
+                   "contexts you simulate.  [default: 128,512]")
 @click.option("--max-tokens", type=click.IntRange(min=2),
               help="Largest number of tokens verified per request in one target forward (every N up to 17, then "
                    "steps of 8). Cover the largest budget you simulate + 1 for the root.  [default: 33 on CPU, "
                    "256 on CUDA]")
-@click.option("--draft-widths", default="1,2,3,4,5,6,7,8", show_default=True, metavar="W,W,...",
-              help="Draft forward widths w (tokens per request per draft step: tree level widths).")
+@click.option("--draft-widths", multiple=True, metavar="W", callback=c.numbers(int, minimum=1),
+              help="Draft forward widths w (tokens per request per draft step: tree level widths), repeatable or "
+                   "comma-separated.  [default: 1,2,...,8]")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto",
               show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA.")
 @click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
               help="Timed runs per entry (the median is used, quartiles kept).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs per entry.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random token ids.")
+@c.seed_option
 @click.option("--threads", type=click.IntRange(min=1),
               help="CPU threads for torch (use what live decoding will use; the profile records it).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Profile JSON to write.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out file.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-@friendly_errors
+@c.quiet_option
+@c.friendly_errors
 def profile(target, drafts, batches, contexts, max_tokens, draft_widths, device, dtype, repeats, warmup, seed, threads,
             out, overwrite, quiet):
     """Measure target verification and draft step times on this machine, for the speedup model.
@@ -78,8 +77,8 @@ def profile(target, drafts, batches, contexts, max_tokens, draft_widths, device,
     on_cuda = device.startswith("cuda")
     dtype = ("bfloat16" if on_cuda else "float32") if dtype == "auto" else dtype
     config = ProfileConfig(
-        batches=_ints(batches, "--batch"), contexts=_ints(contexts, "--contexts"),
-        max_tokens=max_tokens or (256 if on_cuda else 33), draft_widths=_ints(draft_widths, "--draft-widths"),
+        batches=tuple(batches) or (1,), contexts=tuple(contexts) or (128, 512),
+        max_tokens=max_tokens or (256 if on_cuda else 33), draft_widths=tuple(draft_widths) or tuple(range(1, 9)),
         repeats=repeats, warmup=warmup, seed=seed,
     )
     from specsim.specs import is_model_free

@@ -9,24 +9,10 @@ from pathlib import Path
 
 import click
 
-from specsim.cli._common import friendly_errors
+from specsim.cli import _common as c
 
 
-def _ints(text: str, what: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: expected comma-separated integers, e.g. 1,2,4,8", param_hint=what)
-    if not values or min(values) < 1:
-        raise click.BadParameter(f"{text!r}: give at least one integer >= 1", param_hint=what)
-    return values
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-@click.command("report")
+@c.command("report")
 @click.argument("caches", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False),
               help="Output directory: index.html, charts/*.png|svg, tables/*.parquet|csv.")
@@ -38,24 +24,28 @@ def _names(text: str) -> tuple[str, ...]:
 @click.option("--cost", default=None, metavar="c=RATIO",
               help="An ASSUMED draft/target step cost ratio for caches without a profile; every speedup it "
                    "gives is labelled as an assumption. No default: without costs there are no speedups.")
-@click.option("--batches", default="1,4,16", show_default=True,
-              help="Batch sizes of the batch analysis (those within each profile's measured range).")
-@click.option("--budgets", default="1,2,4,8,16,32", show_default=True, help="Draft-token budgets to sweep.")
-@click.option("--families", default="chain,kary:2,widths,optimal", show_default=True,
+@click.option("--batch", "--batches", "batches", multiple=True, metavar="B", callback=c.numbers(int, minimum=1),
+              help="Batch sizes of the batch analysis, repeatable or comma-separated (those within each profile's "
+                   "measured range).  [default: 1,4,16]")
+@click.option("--budget", "--budgets", "budgets", multiple=True, metavar="N", callback=c.numbers(int, minimum=1),
+              help="Draft-token budgets to sweep, repeatable or comma-separated.  [default: 1,2,4,8,16,32]")
+@click.option("--families", default="chain,kary:2,widths,optimal", show_default=True, callback=c.specs,
               help="Tree families simulated greedily at T=0.")
-@click.option("--sample-families", default="chain,optimal", show_default=True,
+@click.option("--sample-families", default="chain,optimal", show_default=True, callback=c.specs,
               help="Tree families simulated with speculative sampling at T>0 (each branching tree streams "
                    "the cache's full distributions once: add kary:2,widths when you can wait).")
-@click.option("--model-free", default="ngram:3,prompt-lookup:2", show_default=True,
+@click.option("--model-free", default="ngram:3,prompt-lookup:2", show_default=True, callback=c.names,
               help="Model-free drafts simulated as chains at T=0 ('' for none).")
 @click.option("--multi-draft", type=click.Choice(["iid", "swor"]), default="iid", show_default=True,
               help="How sampling trees draw sibling candidates.")
-@click.option("--samples", default=64, show_default=True, help="Monte-Carlo samples per position where needed.")
+@click.option("--samples", type=click.IntRange(min=2), default=64, show_default=True,
+              help="Monte-Carlo samples per position where needed.")
 @click.option("--title", default="Draft-strategy study", show_default=True, help="Report title.")
-@click.option("--quiet", is_flag=True, help="No progress bars.")
-@friendly_errors
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out directory.")
+@c.quiet_option
+@c.friendly_errors
 def report(caches, out_dir, attention, cost_profiles, cost, batches, budgets, families, sample_families, model_free,
-           multi_draft, samples, title, quiet) -> None:
+           multi_draft, samples, title, overwrite, quiet) -> None:
     """Simulate the draft-strategy study on CACHE(s) and write an offline HTML report.
 
     Sweeps tree families (chain, the first N nodes of the binary tree, halving
@@ -64,27 +54,30 @@ def report(caches, out_dir, attention, cost_profiles, cost, batches, budgets, fa
     chains with Leviathan et al.'s closed form at the measured acceptance; charts
     everything as PNG + SVG; writes the tables as Parquet + CSV; and states the
     findings in words computed from the data. index.html embeds every chart and
-    needs no network.
+    needs no network. The report is written to a temporary directory and moved into
+    place at the end, so an interrupted run never leaves half a report.
 
     \b
     Examples:
       specsim report cache/demo.h5 --out reports/demo
       specsim report cache/study-qwen.h5 cache/study-smollm2.h5 --out reports/study \\
           --attention attention.parquet --cost-profile qwen-profile.json --cost-profile smollm2-profile.json
-      specsim report cache/demo.h5 --out reports/quick --budgets 1,4,16 --model-free ''
+      specsim report cache/demo.h5 --out reports/quick --budget 1,4,16 --model-free ''
     """
-    from specsim.report.html import write_report
+    from specsim.report.html import check_report_out, write_report
     from specsim.report.study import StudyConfig, run_study
 
-    config = replace(StudyConfig(), budgets=_ints(budgets, "--budgets"), families=_names(families),
-                     sample_families=_names(sample_families), model_free=_names(model_free),
-                     multi_draft=multi_draft, samples=samples, cost=cost, batches=_ints(batches, "--batches"))
+    check_report_out(out_dir, overwrite=overwrite)  # before the study runs, not after
+    defaults = StudyConfig()
+    config = replace(defaults, budgets=tuple(budgets) or defaults.budgets, families=tuple(families),
+                     sample_families=tuple(sample_families), model_free=tuple(model_free),
+                     multi_draft=multi_draft, samples=samples, cost=cost, batches=tuple(batches) or defaults.batches)
     table = None
     if attention is not None:
         table = _read_attention(attention)
     study = run_study(caches, config, cost_profiles=cost_profiles, attention=table, progress=not quiet)
     command = "specsim report " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
-    index = write_report(study, out_dir, title=title, command=command, progress=not quiet)
+    index = write_report(study, out_dir, title=title, command=command, progress=not quiet, overwrite=overwrite)
     n_configs = study.results.filter(study.results["category"] == "all").height if not study.results.is_empty() else 0
     click.echo(f"wrote {index} ({n_configs} configurations over {len(caches)} cache(s); "
                f"charts in {out_dir / 'charts'}, tables in {out_dir / 'tables'})")

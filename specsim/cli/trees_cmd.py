@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from specsim.cli._common import friendly_errors
+from specsim.cli import _common as c
 from specsim.specs import DRAFT_KINDS, POLICY_KINDS, TREE_KINDS, parse_tree
 from specsim.trees import draw_tree
 
 
-@click.command()
+@c.command()
 @click.argument("specs", nargs=-1, metavar="[SPEC]...")
 @click.option("--json", "as_json", is_flag=True, help="Print each tree as one line of JSON (the file: format).")
 @click.option(
@@ -19,8 +19,9 @@ from specsim.trees import draw_tree
     show_default=True,
     help="Cut each drawing after this many lines.",
 )
-@friendly_errors
-def trees(specs: tuple[str, ...], as_json: bool, max_lines: int) -> None:
+@c.quiet_option
+@c.friendly_errors
+def trees(specs: tuple[str, ...], as_json: bool, max_lines: int, quiet: bool) -> None:
     """List the spec vocabulary (tree families, drafts, policies), or draw the tree each SPEC names.
 
     A node is labelled by its rank among its parent's draft candidates

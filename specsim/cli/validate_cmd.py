@@ -6,19 +6,20 @@ from pathlib import Path
 
 import click
 
-from specsim.cli._common import friendly_errors
+from specsim.cli import _common as c
 
 
-@click.command("validate")
+@c.command("validate")
 @click.argument("cache", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--tree", "trees", multiple=True, default=("chain:4",), show_default=True, metavar="SPEC",
               help="Draft tree to check (repeatable): chain:4, kary:2,3, widths:4,2,1, ...")
-@click.option("--policy", "policies", multiple=True, type=click.Choice(["greedy", "sample"]),
-              default=("greedy",), show_default=True,
-              help="greedy: per-call agreement on the T=0 trajectories; sample: CI overlap at each recorded T>0.")
-@click.option("--draft", "drafts", multiple=True, metavar="NAME",
-              help="Recorded draft column (or ngram:N / prompt-lookup:N). Default: every recorded draft.")
-@click.option("--temperature", "temperatures", multiple=True, type=float, metavar="T",
+@click.option("--policy", "policies", multiple=True, callback=c.names, metavar="greedy|sample",
+              help="greedy: per-call agreement on the T=0 trajectories; sample: CI overlap at each recorded T>0. "
+                   "Repeatable or comma-separated.  [default: greedy]")
+@click.option("--draft", "drafts", multiple=True, metavar="NAME", callback=c.names,
+              help="Recorded draft column (or ngram:N / prompt-lookup:N), repeatable or comma-separated. "
+                   "Default: every recorded draft.")
+@click.option("--temperature", "temperatures", multiple=True, metavar="T", callback=c.numbers(float, minimum=0),
               help="Recorded T>0 to check under --policy sample. Default: every recorded T>0.")
 @click.option("--multi-draft", type=click.Choice(["iid", "swor"]), default="iid", show_default=True,
               help="Candidate drawing of sampling trees.")
@@ -35,18 +36,17 @@ from specsim.cli._common import friendly_errors
               help="How live batches (and the prediction) run.")
 @click.option("--speed-tolerance", type=click.FloatRange(0, 10), default=0.10, show_default=True,
               help="A speedup check passes when predicted / live is within 1 ± this.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of live sampling and the bootstrap.")
+@c.seed_option
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="CPU threads for torch (the profile's, for a speed comparison).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write every check (with speedup_predicted, speedup_live, ratio columns) to .csv/.parquet/.json.")
-@click.option("--steps-out", type=click.Path(path_type=Path), default=None,
-              help="Greedy: write every compared call (live vs simulated accepted length, verdict) to .csv/.parquet.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
-@friendly_errors
+@c.out_options
+@click.option("--steps-out", type=str, default=None, metavar="PATH",
+              help="Greedy: write every compared call (live vs simulated accepted length, verdict).")
+@c.quiet_option
+@c.friendly_errors
 def validate(cache, trees, policies, drafts, temperatures, multi_draft, repeats, min_agreement, cost_profile, batch,
-             batching, speed_tolerance, seed, device, threads, out, steps_out, quiet):
+             batching, speed_tolerance, seed, device, threads, out, out_format, overwrite, steps_out, quiet):
     """Run `specsim live` on CACHE's prompts, models and settings and compare it with `specsim simulate`.
 
     \b
@@ -74,48 +74,48 @@ def validate(cache, trees, policies, drafts, temperatures, multi_draft, repeats,
     """
     import polars as pl
 
-    from specsim.cli.live_cmd import check_out
+    from specsim.errors import SpecError
+    from specsim.interrupts import sigterm_as_interrupt
     from specsim.live.validate import ValidateConfig, run_validation
 
-    check_out(steps_out, "--steps-out")
-    check_out(out, "--out")
-    config = ValidateConfig(trees=tuple(trees), policies=tuple(policies), drafts=tuple(drafts),
+    target, fmt = c.out_target(out, out_format, overwrite)
+    steps_target = c.out_target(steps_out, None, overwrite, "--steps-out") if steps_out else (None, None)
+    bad = [p for p in policies if p not in ("greedy", "sample")]
+    if bad:
+        raise SpecError(f"--policy {bad[0]!r}: validate checks greedy and sample")
+    config = ValidateConfig(trees=tuple(trees), policies=tuple(policies) or ("greedy",), drafts=tuple(drafts),
                             temperatures=tuple(temperatures), multi_draft=multi_draft, repeats=repeats,
                             min_agreement=min_agreement, seed=seed,
                             cost_profile=None if cost_profile is None else str(cost_profile), batch=batch,
                             batching=batching, speed_tolerance=speed_tolerance)
     try:
-        report = run_validation(cache, config, device=device, threads=threads, progress=not quiet,
-                                echo=lambda line: click.echo(line, err=True))
+        with sigterm_as_interrupt():
+            report = run_validation(cache, config, device=device, threads=threads, progress=not quiet,
+                                    echo=lambda line: click.echo(line, err=True))
     except KeyboardInterrupt:
         raise click.ClickException("interrupted; no verdict") from None
-    header = ["draft", "tree", "policy", "T", "batch", "check", "comparison", "detail", "verdict"]
-    lines = [[c.draft, c.tree, c.policy, f"{c.temperature:g}", str(c.batch), c.kind, c.comparison, c.detail,
-              c.verdict] for c in report.checks]
-    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(header)]
-    fmt = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
-    click.echo("\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in lines]))
+    echo = (lambda text="": click.echo(text, err=True)) if target == "-" else click.echo
+    header = ["draft", "tree", "policy", "T", "batch", "check", "comparison", "verdict", "detail"]
+    lines = [[ch.draft, ch.tree, ch.policy, f"{ch.temperature:g}", str(ch.batch), ch.kind, ch.comparison, ch.verdict,
+              ch.detail] for ch in report.checks]
+    echo(c.table(header, lines, keep=8))
     setup = report.setup
-    click.echo(f"\nlive on {report.device} vs simulate on {cache} (target {setup.target}, {len(setup.prompts)} "
-               f"prompts, max {setup.max_new_tokens} new tokens, batch {batch} {batching})")
+    echo(f"\nlive on {report.device} vs simulate on {cache} (target {setup.target}, {len(setup.prompts)} "
+         f"prompts, max {setup.max_new_tokens} new tokens, batch {batch} {batching})")
     if cost_profile is not None:
-        click.echo(f"speedup: predicted from {cost_profile} (measured costs) vs live over plain decoding of the "
-                   "same requests in the same run (decode steps only); ratio = predicted / live")
-    from specsim.cli.simulate_cmd import write_table
-
-    if out is not None:
-        frame = pl.DataFrame([{"draft": c.draft, "tree": c.tree, "policy": c.policy, "temperature": c.temperature,
-                               "batch": c.batch, "batching": batching, "check": c.kind, "verdict": c.verdict,
-                               "comparison": c.comparison, "detail": c.detail, "device": report.device, **c.values}
-                              for c in report.checks], infer_schema_length=None)
-        write_table(frame, out)
-        click.echo(f"wrote {len(frame)} checks to {out}")
-    if steps_out is not None and report.steps:
+        echo(f"speedup: predicted from {cost_profile} (measured costs) vs live over plain decoding of the "
+             "same requests in the same run (decode steps only); ratio = predicted / live")
+    if target is not None:
+        frame = pl.DataFrame([{"draft": ch.draft, "tree": ch.tree, "policy": ch.policy, "temperature": ch.temperature,
+                               "batch": ch.batch, "batching": batching, "check": ch.kind, "verdict": ch.verdict,
+                               "comparison": ch.comparison, "detail": ch.detail, "device": report.device, **ch.values}
+                              for ch in report.checks], infer_schema_length=None)
+        echo(f"wrote {len(frame)} checks to {c.write_frame(frame, target, fmt)}")
+    if steps_target[0] is not None and report.steps:
         frame = pl.DataFrame(report.steps, infer_schema_length=None)
-        (frame.write_csv if steps_out.suffix.lower() == ".csv" else frame.write_parquet)(steps_out)
-        click.echo(f"wrote {len(frame)} compared calls to {steps_out}")
+        echo(f"wrote {len(frame)} compared calls to {c.write_frame(frame, *steps_target)}")
     if report.failed:
         click.echo(f"{report.failed} of {len(report.checks)} checks FAILED", err=True)
         raise SystemExit(1)
-    click.echo(f"all {len(report.checks)} checks passed" if all(c.passed for c in report.checks) else
-               f"no check failed ({sum(c.passed is None for c in report.checks)} inconclusive)")
+    echo(f"all {len(report.checks)} checks passed" if all(ch.passed for ch in report.checks) else
+         f"no check failed ({sum(ch.passed is None for ch in report.checks)} inconclusive)")

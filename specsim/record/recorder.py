@@ -20,8 +20,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import platform
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -262,20 +260,11 @@ def build_meta(target: LoadedModel, drafts: Sequence[LoadedModel], prompt_spec: 
 
 
 def _commit_uninterrupted(commit: Callable[[], None]) -> None:
-    """Run a commit with Ctrl-C deferred until it is done, so no trajectory is half-written."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
-        signal.SIG_IGN, None
-    ):
-        commit()  # SIGINT ignored (e.g. a background job) or not ours to handle: nothing to defer
-        return
-    pending: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
+    """Run a commit with Ctrl-C and SIGTERM deferred until it is done, so no trajectory is half-written."""
+    from specsim.interrupts import deferred
+
+    with deferred():
         commit()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pending:
-        raise KeyboardInterrupt
 
 
 def prompt_records(prompts, tokenizer) -> list[PromptRecord]:

@@ -20,6 +20,7 @@ from typing import Callable
 
 import polars as pl
 
+from specsim.errors import SpecError
 from specsim.report import charts
 from specsim.report.findings import findings
 from specsim.report.study import Study, per_depth, write_tables
@@ -126,12 +127,58 @@ def _plan(study: Study) -> list[tuple[int, str, Callable[[], object], str]]:
     return plan
 
 
-def write_report(study: Study, out_dir: str | Path, *, title: str = "Draft-strategy study",
-                 command: str = "", progress: bool = True) -> Path:
-    """Write charts/, tables/ and index.html under out_dir; returns the index path."""
-    from tqdm.auto import tqdm
+def check_report_out(out_dir: str | Path, *, overwrite: bool = False) -> Path:
+    """SpecError unless out_dir can be written: not a file, not there already (without overwrite), writable."""
+    import os
 
     out_dir = Path(out_dir)
+    if not str(out_dir).strip():
+        raise SpecError("--out: an empty path; give a directory such as reports/demo")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise SpecError(f"--out {out_dir} is a file; give a directory")
+    if out_dir.exists() and not overwrite:
+        raise SpecError(f"--out {out_dir} exists; pass --overwrite to replace it")
+    parent = out_dir.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"--out {out_dir}: cannot create {parent} ({exc.strerror or exc})") from None
+    if not os.access(parent, os.W_OK):
+        raise SpecError(f"--out {out_dir}: {parent} is not writable")
+    return out_dir
+
+
+def write_report(study: Study, out_dir: str | Path, *, title: str = "Draft-strategy study",
+                 command: str = "", progress: bool = True, overwrite: bool = False) -> Path:
+    """Write charts/, tables/ and index.html under out_dir; returns the index path.
+
+    Everything is written into a temporary directory beside out_dir and renamed into place at
+    the end: an interrupted report leaves nothing half-written (and an old report intact).
+    """
+    import os
+    import shutil
+    import tempfile
+
+    final = check_report_out(out_dir, overwrite=overwrite)
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.writing-", dir=final.parent))
+    try:
+        _write(study, work, title=title, command=command, progress=progress)
+        if final.exists():
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.replace(final, old)
+            os.replace(work, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(work, final)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return final / "index.html"
+
+
+def _write(study: Study, out_dir: Path, *, title: str, command: str, progress: bool) -> None:
+    from tqdm.auto import tqdm
+
     chart_dir = out_dir / "charts"
     tables = write_tables(study, out_dir)
     figures: dict[int, list[Figure]] = {}
@@ -141,9 +188,7 @@ def write_report(study: Study, out_dir: str | Path, *, title: str = "Draft-strat
         png, _svg = charts.save(build(), chart_dir, name)
         figures.setdefault(section, []).append(Figure(name, caption, png))
     page = _page(study, figures, tables, title=title, command=command)
-    index = out_dir / "index.html"
-    index.write_text(page, encoding="utf-8")
-    return index
+    (out_dir / "index.html").write_text(page, encoding="utf-8")
 
 
 def _page(study: Study, figures: dict[int, list[Figure]], tables: list[Path], *, title: str, command: str) -> str:

@@ -78,7 +78,20 @@ def _temperature_plan(reader: CacheReader, policies: list[PolicySpec], temperatu
     return sorted(plan, key=lambda tp: tp[0])
 
 
-def simulate(
+@dataclass(frozen=True)
+class Sweep:
+    """What one simulation sweep produced."""
+
+    rows: pl.DataFrame  # one row per configuration (x batch size) x category ("all" first)
+    requests: pl.DataFrame  # one row per configuration x trajectory: totals and the histogram of accepted lengths
+
+
+def simulate(cache, trees: Sequence[str] = (), **kwargs) -> pl.DataFrame:
+    """The rows of `sweep` (see there): one per configuration (x batch size) and category."""
+    return sweep(cache, trees, **kwargs).rows
+
+
+def sweep(
     cache,
     trees: Sequence[str] = (),
     drafts: Sequence[str] | None = None,
@@ -97,7 +110,7 @@ def simulate(
     top_k: int = 16,
     progress: bool = False,
     on_skip: Callable[[str], None] | None = None,
-) -> pl.DataFrame:
+) -> Sweep:
     """Simulate every configuration of the sweep; one row per configuration and category ("all" first).
 
     trees: specs ("chain:4", "kary:2,3", "optimal:16", "file:t.json") or families expanded
@@ -124,6 +137,10 @@ def simulate(
 
     if cost is not None and cost_profile is not None:
         raise SpecError("give a measured --cost-profile or an assumed --cost, not both")
+    if isinstance(n_boot, bool) or not 0 <= int(n_boot) <= MAX_BOOT:
+        raise SpecError(f"--n-boot {n_boot}: use 0 (no CIs) to {MAX_BOOT} bootstrap resamples")
+    if isinstance(seed, bool) or int(seed) < 0:
+        raise SpecError(f"--seed {seed}: seeds are non-negative integers")
     cost_model = load_cost_profile(cost_profile) if cost_profile is not None else (
         parse_cost(cost) if cost is not None else None)
     batches = sorted({int(b) for b in (batches or ())})
@@ -158,6 +175,7 @@ def simulate(
         plan = _temperature_plan(reader, pols, temperatures)
         n_configs = len(plan) * len(drafts) * len(specs)
         rows: list[dict] = []
+        requests: list[dict] = []
         bar = tqdm(total=n_configs, unit="config", desc="simulating", disable=not progress, dynamic_ncols=True)
         try:
             for T in sorted({t for t, _ in plan}):
@@ -181,6 +199,7 @@ def simulate(
                             bar.update()
                         found = _rows(runs, features, by_category=by_category, n_boot=n_boot, seed=seed)
                         rows += found
+                        requests += _request_rows(runs, features)
                         for b in batches:
                             if b > 1:
                                 rows += _batch_rows(found, tables, features, pricing[draft], b, batching,
@@ -192,7 +211,8 @@ def simulate(
     if not rows:
         raise SpecError("no configuration of the sweep can run: " + "; ".join(
             line.removeprefix("skipped ") for line in skipped[:3]) + ("; ..." if len(skipped) > 3 else ""))
-    return _finish_columns(pl.DataFrame(rows, infer_schema_length=None), cost_model)
+    return Sweep(rows=_finish_columns(pl.DataFrame(rows, infer_schema_length=None), cost_model),
+                 requests=pl.DataFrame(requests, infer_schema_length=None))
 
 
 @dataclass(frozen=True)
@@ -333,6 +353,30 @@ def _rows(runs: list[tuple[dict, TrajectoryStats]], features: Features, *, by_ca
     return [{**head["config"], **row, **head["tail"]} for (head, _), rows in zip(runs, summaries) for row in rows]
 
 
+def _request_rows(runs: list[tuple[dict, TrajectoryStats]], features: Features) -> list[dict]:
+    """One row per configuration and trajectory: its totals and the expected histogram of accepted lengths
+    (calls accepting 0, 1, ..., D drafts), as serving engines export per request."""
+    out = []
+    for head, stats in runs:
+        cfg = head["config"]
+        reach = stats.reach  # (n_traj, D): expected calls with A >= d
+        hist = np.concatenate([(stats.calls - (reach[:, 0] if reach.shape[1] else 0))[:, None],
+                               reach[:, :-1] - reach[:, 1:], reach[:, -1:]], axis=1) if reach.shape[1] else \
+            stats.calls[:, None]
+        for i in range(features.n_traj):
+            out.append({
+                "tree": cfg["tree"], "draft": cfg["draft"], "policy": cfg["policy"], "temperature": cfg["temperature"],
+                "multi_draft": cfg["multi_draft"], "prompt_index": int(features.traj_prompt[i]),
+                "category": str(features.traj_category[i]), "tokens": float(stats.tokens[i]),
+                "target_calls": float(stats.calls[i]), "accepted": float(stats.accepted[i]),
+                "drafted": float(stats.drafted[i]), "mean_acceptance_length": float(stats.tokens[i] / stats.calls[i]),
+                "accepted_length_histogram": [float(x) for x in hist[i]],
+                "estimate": cfg["estimate"],
+            })
+    return out
+
+
+MAX_BOOT = 100_000  # bootstrap resamples allowed: each is a row of a (resamples x prompts) matrix
 BATCH_BOOT = 200  # bootstrap replicates of a batch timeline (each replays the whole schedule)
 
 

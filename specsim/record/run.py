@@ -1,0 +1,162 @@
+"""A recording run, end to end: what `specsim cache` does, as a library function with typed arguments.
+
+Order matters for the user: every check that needs no model comes first (output path, the
+exclusive writer lock, --resume settings), then the models load, then prompts too long for
+the target's context are refused, and only then does recording start. Ctrl-C and SIGTERM
+stop after the trajectory being committed; everything committed stays, and `resume=True`
+continues it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from specsim.errors import CacheError, PromptError, ResumeMismatchError
+
+
+@dataclass(frozen=True)
+class RecordRequest:
+    """What to record."""
+
+    target: str  # model spec: packaged short name, GGUF file, HF directory or hub id
+    drafts: tuple[str, ...] = ()  # draft specs (model specs, layers:K, int8)
+    prompts: str = "spec-bench"  # prompt source: 'spec-bench', a JSONL or a text file
+    categories: tuple[str, ...] | None = None  # only these categories
+    per_category: int | None = None  # the first N prompts of each category
+    max_new_tokens: int = 128  # generation limit per trajectory
+    temperatures: tuple[float, ...] = (0.0,)  # one trajectory per prompt per temperature; 0 = greedy
+    seed: int = 0  # base seed; each (prompt, temperature) derives its own
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    dtype: str = "float32"  # model dtype
+    batch_size: int = 1  # prompts generated together
+    top_k: int = 0  # 0: full logits; K: top-K logits + tail log-sum-exp
+
+
+@dataclass(frozen=True)
+class RecordOutcome:
+    """What a run did."""
+
+    trajectories: int  # committed in this run
+    positions: int  # generated positions committed in this run
+    skipped: int  # (prompt, temperature) pairs already in the file
+    seconds: float  # recording loop wall time
+    total: int  # trajectories in the file now
+    bytes: int  # file size now
+    interrupted: bool  # stopped by Ctrl-C / SIGTERM (committed trajectories kept)
+
+
+def check_output(out: Path, *, resume: bool, overwrite: bool) -> None:
+    """Fail before loading any model if the output cannot be (re)written as asked."""
+    if resume and overwrite:
+        raise CacheError("--resume and --overwrite exclude each other")
+    if not str(out).strip():
+        raise CacheError("--out: an empty path; give a file name such as cache/run.h5")
+    if out.is_dir():
+        raise CacheError(f"--out {out} is a directory; give a file name such as {out / 'run.h5'}")
+    if out.exists() and not (resume or overwrite):
+        raise CacheError(f"{out} exists; pass --resume to continue it or --overwrite to replace it")
+    if resume and not out.exists():
+        raise CacheError(f"{out}: no such file to --resume; drop --resume to start a new cache")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CacheError(f"--out {out}: cannot create directory {out.parent} ({exc.strerror or exc})") from None
+    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise CacheError(f"--out {out}: not writable; choose another path")
+
+
+def check_prompt_lengths(records, model, max_new_tokens: int) -> None:
+    """PromptError naming the first prompt whose tokens + max_new_tokens exceed the target's context."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is None:
+        return
+    for i, r in enumerate(records):
+        if len(r.token_ids) + max_new_tokens > limit:
+            raise PromptError(f"prompt {i} (question {r.question_id}, {r.category or 'no category'}) has "
+                              f"{len(r.token_ids)} tokens; with --max-new-tokens {max_new_tokens} it exceeds the "
+                              f"target's context of {limit} positions: lower --max-new-tokens or drop the prompt")
+
+
+def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
+                 echo: Callable[[str], None] = lambda line: None) -> RecordOutcome:
+    """Record `request` into the cache `out` (see the module docstring for the order of checks)."""
+    from specsim.cache.lock import CacheLock
+    from specsim.cache.store import CacheReader, CacheSpec, CacheWriter
+    from specsim.prompts import load_prompts
+    from specsim.record.recorder import RecordConfig, check_resume, settings
+
+    out = Path(out)
+    if request.seed < 0:
+        raise CacheError(f"--seed {request.seed}: seeds are non-negative integers")
+    temperatures = tuple(dict.fromkeys(float(t) for t in request.temperatures)) or (0.0,)
+    cats = list(request.categories) if request.categories else None
+    check_output(out, resume=resume, overwrite=overwrite)
+    prompt_set = load_prompts(request.prompts, categories=cats, per_category=request.per_category)
+    prompt_spec = {
+        "spec": request.prompts, "source": prompt_set.source, "categories": cats,
+        "per_category": request.per_category, "sha256": prompt_set.fingerprint(), "n_prompts": len(prompt_set.prompts),
+    }
+    config = RecordConfig(max_new_tokens=request.max_new_tokens, temperatures=temperatures, seed=request.seed,
+                          batch_size=request.batch_size)
+    storage = "topk" if request.top_k else "full"
+    run_settings = settings(target=request.target, drafts=request.drafts, prompt_spec=prompt_spec, config=config,
+                            dtype=request.dtype, storage=storage, top_k=request.top_k)
+    with CacheLock(out):  # before any model loads: a second writer refuses at once
+        file_tokenizer = None
+        if resume:
+            with CacheReader(out) as reader:
+                check_resume(out, reader.meta, run_settings)
+                file_tokenizer = reader.meta.get("tokenizer_sha256")
+        loaded = _load(request, echo)
+        p_target, q_drafts = loaded
+        from specsim.record.recorder import build_meta, prompt_records, record
+
+        records = prompt_records(prompt_set.prompts, p_target.tokenizer)
+        check_prompt_lengths(records, p_target.model, request.max_new_tokens)
+        if resume:
+            if file_tokenizer != p_target.info["tokenizer_sha256"]:
+                raise ResumeMismatchError(f"{out}: cannot --resume, the target's tokenizer differs from the file's")
+            writer = CacheWriter.resume(out)
+        else:
+            meta = build_meta(p_target, q_drafts, prompt_spec, run_settings, device=p_target.info["device"],
+                              batch_size=request.batch_size)
+            spec = CacheSpec(vocab_size=p_target.vocab_size, drafts=tuple(request.drafts), temperatures=temperatures,
+                             storage=storage, top_k=request.top_k, meta=meta)
+            writer = CacheWriter.create(out, spec, records, overwrite=overwrite)
+        n_cat = len(prompt_set.categories)
+        echo(f"recording {len(records)} prompts ({n_cat} categor{'y' if n_cat == 1 else 'ies'}, {prompt_set.source}) "
+             f"x T={', '.join(f'{t:g}' for t in temperatures)}, up to {request.max_new_tokens} new tokens, "
+             f"drafts: {', '.join(request.drafts) or 'none'}")
+        from specsim.interrupts import sigterm_as_interrupt
+
+        interrupted, stats = False, None
+        try:
+            with writer, sigterm_as_interrupt():
+                stats = record(writer, p_target, q_drafts, config, progress=progress)
+        except KeyboardInterrupt:
+            interrupted = True
+        with CacheReader(out) as reader:
+            total = reader.trajectories.height
+        return RecordOutcome(trajectories=stats.trajectories if stats else 0, positions=stats.positions if stats else 0,
+                             skipped=stats.skipped if stats else 0, seconds=stats.seconds if stats else 0.0,
+                             total=total, bytes=out.stat().st_size, interrupted=interrupted)
+
+
+def _load(request: RecordRequest, echo):
+    import transformers
+
+    from specsim.record.models import load_draft, load_model, resolve_device
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    device = resolve_device(request.device)
+    echo(f"loading target {request.target} ({request.dtype}, {device}) ...")
+    p_target = load_model(request.target, device=device, dtype=request.dtype)
+    q_drafts = []
+    for spec in request.drafts:
+        echo(f"loading draft {spec} ...")
+        q_drafts.append(load_draft(spec, p_target, device=device, dtype=request.dtype))
+    return p_target, q_drafts
