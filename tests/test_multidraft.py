@@ -13,7 +13,6 @@ from specsim.sim.features import load_features
 from specsim.sim.multidraft import (
     acceptance_iid,
     acceptance_swor,
-    beta,
     candidate_acceptance,
     length_distribution,
     reach_by_depth,
@@ -25,6 +24,12 @@ from specsim.specs import parse_policy
 from specsim.specs import parse_tree
 from tests.strategies import distribution_pairs, trees
 from tests.synthetic import random_cache
+
+
+def beta(p_target: np.ndarray, q_draft: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Reference: min(1, q(y) / p(y)) from whole distributions, written apart from Features.acceptance."""
+    p_y, q_y = p_target[np.arange(len(y)), y], q_draft[np.arange(len(y)), y]
+    return np.where(p_y > 0, np.minimum(p_y, q_y) / np.where(p_y > 0, p_y, 1.0), 0.0)
 
 
 def _rows(p, q):

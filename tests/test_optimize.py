@@ -251,3 +251,25 @@ def test_cli_acceptance_vector(tmp_path):
 def test_cli_errors_are_one_line(caches, args, message):
     args = [str(caches["random"]) if a == "CACHE" else a for a in args]
     one_line_error(CliRunner().invoke(main, ["optimize", *args]), message)
+
+
+def test_optimal_rows_are_scored_on_prompts_the_tree_was_not_fitted_on(tmp_path):
+    """Two prompts with opposite rank patterns: each is decoded by the tree fitted on the other."""
+    import specsim
+    from specsim.sim.optimize import optimal_tree
+
+    path = rank_cache(tmp_path / "two.h5", [[0, 0, 0, 0] * 6, [1, 1, 1, 1] * 6], vocab=8, categories=["a", "b"])
+    row = specsim.simulate(path, trees=["optimal:2"], n_boot=0, by_category=False).row(0, named=True)
+    assert row["fit"].startswith("held-out: 2-fold cross-fitting over prompts")
+    features = load_features(path, "d", 0.0, progress=False)
+    calls = 0.0
+    for held in (0, 1):
+        tree = optimal_tree(features.subset([1 - held]), 2, policy="greedy").tree  # fitted on the other prompt
+        table = greedy_table(features.subset([held]), tree, parse_policy("greedy"), None)
+        calls += walk(table, features.subset([held])).calls.sum()
+    assert row["tokens_per_call"] == pytest.approx(48 / calls)
+    in_sample = optimal_tree(features, 2, policy="greedy").tree
+    assert row["tokens_per_call"] < 48 / walk(greedy_table(features, in_sample, parse_policy("greedy"), None),
+                                                features).calls.sum()  # held out: worse than the in-sample optimum
+    single = rank_cache(tmp_path / "one.h5", [[0, 1, 0, 0] * 6], vocab=8)
+    assert specsim.simulate(single, trees=["optimal:2"], n_boot=0).row(0, named=True)["fit"].startswith("in-sample")

@@ -288,15 +288,6 @@ def _measure(cls, tree, context_len, device, q, k, v, reference, cb, config, bas
     return row
 
 
-def with_speedups(table: pl.DataFrame) -> pl.DataFrame:
-    """Add `speedup_vs_per_branch`: per-branch median / this median at the same (B, L, N, shape)."""
-    keys = ["device", "dtype", "B", "L", "N", "shape"]
-    base = table.filter(pl.col("impl") == "per_branch").select(*keys, pl.col("median_ms").alias("_per_branch_ms"))
-    return table.join(base, on=keys, how="left").with_columns(
-        (pl.col("_per_branch_ms") / pl.col("median_ms")).alias("speedup_vs_per_branch")
-    ).drop("_per_branch_ms")
-
-
 def config_from(preset: str, **overrides) -> SweepConfig:
     """A preset with the given fields replaced (None values leave the preset's choice)."""
     if preset not in PRESETS:
@@ -307,5 +298,5 @@ def config_from(preset: str, **overrides) -> SweepConfig:
 
 __all__ = [
     "AttentionShape", "PRESETS", "SHAPES", "SweepConfig", "attention_shape", "config_from", "device_label",
-    "family_tree", "resolve_device", "run_sweep", "sweep_trees", "time_call", "with_speedups",
+    "family_tree", "resolve_device", "run_sweep", "sweep_trees", "time_call",
 ]

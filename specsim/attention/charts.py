@@ -14,7 +14,15 @@ from pathlib import Path
 import altair as alt
 import polars as pl
 
-from specsim.attention.bench import with_speedups
+
+def with_speedups(table: pl.DataFrame) -> pl.DataFrame:
+    """Add `speedup_vs_per_branch`: per-branch median / this median at the same (B, L, N, shape)."""
+    keys = ["device", "dtype", "B", "L", "N", "shape"]
+    base = table.filter(pl.col("impl") == "per_branch").select(*keys, pl.col("median_ms").alias("_per_branch_ms"))
+    return table.join(base, on=keys, how="left").with_columns(
+        (pl.col("_per_branch_ms") / pl.col("median_ms")).alias("speedup_vs_per_branch")
+    ).drop("_per_branch_ms")
+
 
 IMPL_ORDER = ["per_branch", "dense", "flex", "lse_merge", "causal"]
 

@@ -1,6 +1,6 @@
 """Per-position statistics of next-token logits: what exact replay reads at every position.
 
-DESIGN.md §2: along a target-sampled trajectory the simulator needs, per position t, the
+docs/design.md §2: along a target-sampled trajectory the simulator needs, per position t, the
 rank of y_t under the draft (greedy trees), log p_t(y_t) and log q_t(y_t) at the
 trajectory's temperature (speculative sampling), and the draft's top-K ids. The recorder
 computes them from float32 logits before storage rounds them (`position_stats`); the

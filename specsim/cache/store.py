@@ -1,6 +1,6 @@
 """The HDF5 cache: one file of target-sampled trajectories with full next-token logits.
 
-DESIGN.md §1. A file holds, for every prompt × temperature, the trajectory the
+docs/design.md §1. A file holds, for every prompt × temperature, the trajectory the
 target sampled and, at every generated position, the target's and each draft's
 next-token logits on the on-path prefix. Layout (see docs/cache-format.md):
 

@@ -1,6 +1,6 @@
 """Live decoding against the simulator on the same cache: the simulator's ground-truth check.
 
-DESIGN.md §5. Greedy: live output must equal the cached greedy trajectory, and
+docs/design.md §5. Greedy: live output must equal the cached greedy trajectory, and
 every live call must accept exactly what the simulator's replay of that trajectory
 accepts at the same start position (`specsim.sim.policies` greedy table). Each
 disagreement is classified from the cached logits:

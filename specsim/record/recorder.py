@@ -1,6 +1,6 @@
 """Recording target trajectories and what every model thinks along them.
 
-DESIGN.md §1-2: by the coupling argument, speculative decoding's acceptance
+docs/design.md §1-2: by the coupling argument, speculative decoding's acceptance
 along a trajectory sampled from the target is exactly replayable from the
 target's and the draft's next-token distributions on that trajectory. So the
 recorder (1) lets the target sample each trajectory with a KV cache, keeping the

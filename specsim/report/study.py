@@ -3,7 +3,7 @@
 One study answers, for each cache (a target with its recorded drafts), which
 draft-tree shape buys the most tokens per target call at each draft-token budget.
 It sweeps tree families (chain; the first N nodes of the binary tree; the top path
-branching with halving widths; the data-optimal static tree of Sequoia / DESIGN.md
+branching with halving widths; the data-optimal static tree of Sequoia / docs/design.md
 §2; model-free n-gram and prompt-lookup drafts) over budgets, at every recorded
 temperature (greedy at T=0, speculative sampling at T>0), through
 `specsim.simulate`. Beside the simulation it computes the closed form of
@@ -210,13 +210,6 @@ def _describe(info) -> str:
 # -- the study --------------------------------------------------------------------------------
 
 
-def measured_alpha(features) -> float:
-    """Per-token acceptance over every position: P(ρ_t = 0) greedy, mean min(1, q/p) sampling."""
-    if features.temperature == 0:
-        return float((features.rank == 0).mean())
-    return float(np.exp(np.minimum(0.0, features.logq - features.logp)).mean())
-
-
 def _label_rows(table: pl.DataFrame, cache_name: str) -> pl.DataFrame:
     if table.is_empty():
         return table
@@ -326,7 +319,7 @@ def run_study(
             spec = parse_policy(policy, multi_draft=config.multi_draft, samples=config.samples)
             for draft in drafts:
                 features = load_features(path, draft, T, progress=False)
-                alpha = measured_alpha(features)
+                alpha = float(features.acceptance().mean())  # the per-token α Leviathan's form assumes
                 theory.append(_theory_rows(table, draft, T, alpha, features.n_positions))
                 pair = f"{draft} → {short_name(features.models['target'])}"
                 fits = optimal_trees(features, list(config.budgets), policy=spec, samples=config.samples,

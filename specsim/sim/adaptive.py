@@ -12,7 +12,7 @@ Two rules change the number of drafts γ between target calls:
 γ is capped at Γ = max(16, 2G) so the state space stays finite (reported in the row).
 
 Given a cached trajectory, a chain of γ drafts from position t accepts A with
-P(A ≥ k) = Π_{j<k} β_{t+j}, k ≤ min(γ, n − 1 − t) (DESIGN.md §2; β_t = min(1, q_t(y_t)/p_t(y_t))
+P(A ≥ k) = Π_{j<k} β_{t+j}, k ≤ min(γ, n − 1 − t) (docs/design.md §2; β_t = min(1, q_t(y_t)/p_t(y_t))
 when sampling, 1[ρ_t = 0] when greedy). The walk is a Markov chain over (start position, γ):
 a forward pass pushes the probability of each state to its successors, so the expected totals
 (calls, drafts, accepted tokens, per-depth reach, cost) are exact sums of per-state rewards —
@@ -51,15 +51,6 @@ def next_gamma_table(rule: str, gamma_cap: int, params: tuple = ()) -> np.ndarra
     else:
         raise SpecError(f"{rule!r} is not an adaptive rule; use adaptive-hf or adaptive-history[:hi,lo]")
     return np.clip(nxt, 1, gamma_cap)
-
-
-def acceptance(features: "Features") -> np.ndarray:
-    """(N,) β_t: probability a one-token draft at t is accepted given the trajectory."""
-    if features.rank is None:
-        raise SpecError(f"adaptive rules need a model draft; {features.draft!r} is model-free")
-    if features.temperature <= 0:
-        return (features.rank == 0).astype(np.float64)
-    return np.exp(np.minimum(0.0, features.logq - features.logp))
 
 
 def adaptive_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: np.ndarray,
@@ -140,7 +131,9 @@ def adaptive_stats(features: "Features", tree: Tree, spec, rng: np.random.Genera
             call_cost[:, g] = pricing.priced(features, chain(str(g)))[0]
         plain_steps = pricing.priced(features, chain("1"))[1]
         plain = np.add.reduceat(plain_steps, features.traj_start) if features.n_positions else plain_steps
-    totals = adaptive_walk(acceptance(features), features, start, nxt, call_cost)
+    if features.model_free:
+        raise SpecError(f"adaptive rules need a model draft; {features.draft!r} is model-free")
+    totals = adaptive_walk(features.acceptance(), features, start, nxt, call_cost)
     extra = {"gamma_start": start, "gamma_cap": cap, "adaptive_rule": spec.label}
     return TrajectoryStats(calls=totals["calls"], drafted=totals["drafted"], accepted=totals["accepted"],
                            tokens=features.traj_len.astype(np.float64), reach=totals["reach"],

@@ -1,6 +1,6 @@
 """`specsim.simulate`: replay a sweep of configurations against a cache, one polars row each.
 
-The data path of DESIGN.md §2, end to end: cache → `Features` per (draft,
+The data path of docs/design.md §2, end to end: cache → `Features` per (draft,
 temperature) → a policy's acceptance table per (tree, policy) → the exact walk →
 ratio-of-sums metrics with bootstrap CIs over prompts → rows. A sweep is the cross
 product trees × budgets × drafts × policies × temperatures; features are derived
@@ -186,12 +186,17 @@ def sweep(
                         tables: list = []
                         trees_here = _trees_for(features, policy, specs, fixed, skipped)
                         _warm_candidates(features, policy, [t for t in trees_here.values() if t is not None], seed)
+                        held_out = _cross_fit(features, policy, pricing[draft],
+                                              [s for s in specs if s not in fixed and trees_here.get(s) is not None],
+                                              seed=seed)
                         for spec in specs:
                             tree = trees_here[spec]
                             if tree is not None:
                                 try:
                                     head, stats, table = _configuration(features, tree, policy, pricing[draft],
                                                                         reader, n_boot=n_boot, seed=seed)
+                                    if spec not in fixed:  # a tree fitted on the cache: score it held out
+                                        stats, head["tail"]["fit"] = held_out.get(spec, (stats, IN_SAMPLE))
                                     runs.append((head, stats))
                                     tables.append((tree, table))
                                 except SpecError as exc:
@@ -290,6 +295,65 @@ def _trees_for(features: Features, policy: PolicySpec, specs: list[str], fixed: 
     return out
 
 
+FOLDS = 5  # cross-fitting folds over prompts for trees fitted on the cache
+IN_SAMPLE = "in-sample: fitted and scored on the same prompts (fewer than 2 prompts)"
+
+
+def _cross_fit(features: Features, policy: PolicySpec, pricing: Pricing, specs: list[str], *,
+               seed: int) -> dict[str, tuple[TrajectoryStats, str]]:
+    """Held-out totals of fitted trees (optimal:N): K-fold cross-fitting over prompts.
+
+    Each fold's trajectories are decoded with the tree fitted on the other folds' prompts, so no
+    trajectory is scored by a tree that saw it; the rows report the fitting procedure's
+    out-of-sample tokens per call, not its in-sample optimum.
+    """
+    prompts = np.unique(features.traj_prompt)
+    k = min(FOLDS, len(prompts))
+    if not specs or k < 2:
+        return {}
+    from specsim.sim.optimize import optimal_trees
+
+    order = np.random.default_rng([seed, 17]).permutation(prompts)
+    fold_of = {int(p): i % k for i, p in enumerate(order)}
+    fold = np.array([fold_of[int(p)] for p in features.traj_prompt])
+    budgets = [int(s.split(":", 1)[1]) for s in specs]
+    parts: dict[str, list] = {s: [] for s in specs}
+    for f in range(k):
+        test, train = np.flatnonzero(fold == f), np.flatnonzero(fold != f)
+        held, fit_on = features.subset(test), features.subset(train)
+        fits = optimal_trees(fit_on, budgets, policy=policy, seed=seed)
+        for spec, fit in zip(specs, fits):
+            rng = np.random.default_rng([seed, f, zlib.crc32(spec.encode())])
+            table = run_policy(held, fit.tree, policy, rng, pricing if pricing.model is not None else None)
+            if pricing.model is not None:
+                call, plain, full = pricing.priced(held, fit.tree)
+                stats = walk(table, held, call, plain_cost=plain, full_accept_cost=full)
+            else:
+                stats = walk(table, held)
+            parts[spec].append((test, stats))
+    label = f"held-out: {k}-fold cross-fitting over prompts (each prompt scored by a tree fitted on the others)"
+    return {spec: (_merge_stats(pieces, features.n_traj), label) for spec, pieces in parts.items()}
+
+
+def _merge_stats(pieces: list[tuple[np.ndarray, TrajectoryStats]], n_traj: int) -> TrajectoryStats:
+    """One TrajectoryStats over all trajectories from per-fold pieces (rows in the original order)."""
+    depth = max(p.reach.shape[1] for _, p in pieces)
+    out = {name: np.zeros(n_traj) for name in ("calls", "drafted", "accepted", "tokens", "cost")}
+    plain = np.zeros(n_traj) if all(p.plain is not None for _, p in pieces) else None
+    se = np.zeros(n_traj) if any(p.se_accepted is not None for _, p in pieces) else None
+    reach = np.zeros((n_traj, depth))
+    for idx, p in pieces:
+        for name in out:
+            out[name][idx] = getattr(p, name)
+        reach[idx, : p.reach.shape[1]] = p.reach
+        if plain is not None:
+            plain[idx] = p.plain
+        if se is not None and p.se_accepted is not None:
+            se[idx] = p.se_accepted
+    return TrajectoryStats(**out, reach=reach, exact=all(p.exact for _, p in pieces), se_accepted=se, plain=plain,
+                           extra=pieces[0][1].extra)
+
+
 def _warm_candidates(features: Features, policy: PolicySpec, trees: list[Tree], seed: int) -> None:
     """Estimate sampling trees' candidate acceptance once, at the widest fan-out of the sweep.
 
@@ -336,7 +400,7 @@ def _configuration(features: Features, tree: Tree, policy: PolicySpec, pricing: 
     }
     tail = {
         "lossless": policy.lossless, "storage": storage + (f":{reader.spec.top_k}" if storage == "topk" else ""),
-        "approximate": bool(approximate), "cost_basis": pricing.basis,
+        "approximate": bool(approximate), "cost_basis": pricing.basis, "fit": None,
         "context": round(float(features.contexts().mean()), 1),
         "cache": str(reader.path), "n_boot": n_boot, "seed": seed,
         "samples": policy.samples if not stats.exact else None,
@@ -398,8 +462,10 @@ def _batch_rows(rows_b1: list[dict], tables: list, features: Features, pricing: 
         except SpecError as exc:
             skipped.append(_skip_line(features, policy, f"{tree.name} at batch {batch}", exc))
             continue
+        fit = row.get("fit")
         out.append({
             **row, "batch": batch, "batching": batching,
+            "fit": fit and "in-sample: the batch timeline decodes with the tree fitted on all prompts",
             "speedup": est.speedup[0], "speedup_lo": est.speedup[1], "speedup_hi": est.speedup[2],
             "tokens_per_s": est.tokens_per_s[0], "tokens_per_s_lo": est.tokens_per_s[1],
             "tokens_per_s_hi": est.tokens_per_s[2],

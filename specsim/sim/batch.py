@@ -1,6 +1,6 @@
 """Batched speculative decoding on a timeline: B requests per engine step, step times from a profile.
 
-DESIGN.md §3. At batch size B an engine step drafts and verifies every active request
+docs/design.md §3. At batch size B an engine step drafts and verifies every active request
 together: its time is the profile's at the step's batch, token and width counts, and it
 yields Σ (A_i + 1) tokens over the requests. Each request's accepted lengths come from
 the exact per-position law of the replay (`AcceptanceTable`): greedy and model-free

@@ -1,6 +1,6 @@
 """What a speculative decoding step costs, in seconds measured on real hardware (or an assumed ratio).
 
-DESIGN.md §3. One engine step of B requests runs the draft forwards (the root feed, then
+docs/design.md §3. One engine step of B requests runs the draft forwards (the root feed, then
 one forward per tree level that has children, each of width w per request) and ONE target
 forward over N tree tokens per request (root included), at context L. `specsim profile`
 times exactly those forwards with the live engine's own code, for a grid of batch sizes

@@ -1,6 +1,6 @@
 """The decoding walk: from per-position acceptance laws to expected totals per trajectory.
 
-DESIGN.md §2. Given the trajectory, the accepted length A of a call depends only on
+docs/design.md §2. Given the trajectory, the accepted length A of a call depends only on
 where the call starts (the coupling), so a policy reduces to a table
 P(A = a | a call starts at t). Decoding a trajectory of n tokens is then a Markov
 chain over start positions: a call at t accepts A drafts, emits A + 1 tokens and the

@@ -1,6 +1,6 @@
 """Per-(draft, temperature) features of a cache: what replaying a tree needs per position.
 
-DESIGN.md §1-2. Along a target-sampled trajectory y_1..y_n the simulator needs, at
+docs/design.md §1-2. Along a target-sampled trajectory y_1..y_n the simulator needs, at
 each position t, only a few numbers derived from the cached logits:
 
 * the rank ρ_t of y_t under the draft q_t (0 = the draft's top choice, ties broken
@@ -21,7 +21,7 @@ numpy only.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -62,6 +62,7 @@ class Features:
     exact_tail: bool  # False when the cache stores top-k only (tail-dependent numbers approximate)
     prompt_len: np.ndarray | None = None  # (n_traj,) int64 prompt tokens of each trajectory (context = prompt + t)
     max_new_tokens: int | None = None  # the recording's output limit (None: unknown, each trajectory's end is used)
+    parent: tuple | None = field(default=None, repr=False, compare=False)  # (Features, rows) of a subset
     _memo: dict = field(default_factory=dict, repr=False, compare=False)  # streamed distributions, when small
 
     @property
@@ -86,6 +87,33 @@ class Features:
         """(N,) int64: drafts a call starting at each position may accept (n - 1 - t; DESIGN end cap)."""
         ends = np.repeat(self.traj_start + self.traj_len, self.traj_len)  # (N,)
         return ends - np.arange(self.n_positions) - 1
+
+    def subset(self, trajectories: np.ndarray) -> "Features":
+        """The features of some trajectories (in the given order); `parent` keeps (self, position rows) so
+        estimates made on the whole set can be sliced instead of recomputed."""
+        traj = np.asarray(trajectories, dtype=np.int64)
+        rows = (np.concatenate([np.arange(s, s + n) for s, n in zip(self.traj_start[traj], self.traj_len[traj])])
+                if traj.size else np.zeros(0, dtype=np.int64))
+        lens = self.traj_len[traj]
+        take = lambda x: None if x is None else x[rows]  # noqa: E731
+        return replace(
+            self, traj_start=np.concatenate([[0], np.cumsum(lens[:-1], dtype=np.int64)]).astype(np.int64)
+            if traj.size else np.zeros(0, dtype=np.int64),
+            traj_len=lens, traj_prompt=self.traj_prompt[traj], traj_category=self.traj_category[traj],
+            cache_start=self.cache_start[traj], token=self.token[rows], rank=take(self.rank), logp=take(self.logp),
+            logq=take(self.logq), top_ids=take(self.top_ids),
+            prompt_len=None if self.prompt_len is None else self.prompt_len[traj], parent=(self, rows), _memo={})
+
+    def acceptance(self) -> np.ndarray:
+        """(N,) β_t: probability that a one-token draft at t is accepted given the trajectory (docs/design.md §2).
+
+        Sampling: min(1, q_t(y_t) / p_t(y_t)); greedy (T = 0): 1[y_t is the draft's top choice].
+        """
+        if self.model_free:
+            raise SpecError(f"{self.draft!r} is model-free: its proposals are point masses, not a draft law")
+        if self.temperature <= 0:
+            return (self.rank == 0).astype(np.float64)
+        return np.exp(np.minimum(0.0, self.logq - self.logp))
 
     def room(self) -> np.ndarray:
         """(N,) int64: drafts a call at each position can still accept before the output limit.

@@ -2,7 +2,7 @@
 
 A lossy rule (`specsim.verify.LossyRule`; Cai et al. 2024 for 'typical') accepts more drafts
 than speculative sampling but no longer emits tokens distributed as p, so the coupling of
-DESIGN.md §2 breaks: the cached trajectories are not samples of what the rule would emit.
+docs/design.md §2 breaks: the cached trajectories are not samples of what the rule would emit.
 The simulator still evaluates the rule ALONG the target trajectories, and says so:
 
 * at each cached prefix, one candidate x ~ q passes with α_t = Σ_x q_t(x) · 1[rule passes x];

@@ -11,7 +11,7 @@ A tree over such candidates puts alternative continuations side by side: the con
 in priority order, are inserted into a trie whose children keep insertion order, so the node
 with rank path (r_1, …, r_d) proposes the token of the trie path "r_1-th child, then r_2-th
 child, …" (no token where the trie has none). The proposal is a point mass, so a node is
-accepted iff the target's token equals it, for greedy and sampling alike (DESIGN.md §2;
+accepted iff the target's token equals it, for greedy and sampling alike (docs/design.md §2;
 `specsim.verify.verify_point_mass`). Replaying a cached trajectory is therefore exact and
 deterministic. `specsim live` drafts with the same `tree_tokens`.
 """

@@ -4,7 +4,7 @@ A node with k children draws k candidates from q (i.i.d. as in SpecInfer, Miao e
 2024, or without replacement as in SpecTr / Sequoia, Chen et al. 2024) and verifies them
 one after another against the running residual r_0 = p, r_i = norm(max(0, r_{i-1} - q_i))
 (`specsim.verify`). The emitted token is distributed as p, so a cached target trajectory
-is a valid sample of what the tree emits (DESIGN.md §2). Given the emitted y, which
+is a valid sample of what the tree emits (docs/design.md §2). Given the emitted y, which
 candidate was accepted decides which subtree is followed:
 
     π_i(y) = P(accepted as candidate i | y) = E_x[1[x_i = y] · Π_{j<i}(1 − a_j) · a_i] / p(y),
@@ -62,12 +62,6 @@ def _residual(r: np.ndarray, q_i: np.ndarray) -> np.ndarray:
 def _take(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """x[..., idx[...]] for an index with one entry per leading row."""
     return np.take_along_axis(x, idx[..., None], axis=-1)[..., 0]
-
-
-def beta(p_target: np.ndarray, q_draft: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """(n,) min(1, q(y)/p(y)): acceptance of a single sampled draft given the output y."""
-    p_y, q_y = _take(p_target, y), _take(q_draft, y)
-    return np.where(p_y > 0, np.minimum(p_y, q_y) / np.where(p_y > 0, p_y, 1.0), 0.0)
 
 
 def acceptance_iid(p_target: np.ndarray, q_draft: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
@@ -212,6 +206,12 @@ def candidate_acceptance(
     if hit is not None and hit[0]() is features and hit[1:3] == (scheme, samples) and hit[3].shape[1] >= k:
         pi, reps = hit[3], hit[4]
         return pi[:, :k], (reps[:, :, :k] if reps is not None and k > 1 else None)
+    if features.parent is not None:  # a subset (cross-fitting folds): slice the whole set's estimates
+        base, rows = features.parent
+        hit = _memo.get(id(base))
+        if hit is not None and hit[0]() is base and hit[1:3] == (scheme, samples) and hit[3].shape[1] >= k:
+            pi, reps = hit[3][rows], (None if hit[4] is None else hit[4][rows])
+            return pi[:, :k], (reps[:, :, :k] if reps is not None and k > 1 else None)
     width = max(k, _MIN_WIDTH)
     pi, reps = _estimate(features, width, scheme, samples, rng)
     if reps is None or reps.size <= _MEMO_ELEMENTS:

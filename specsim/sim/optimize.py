@@ -1,4 +1,4 @@
-"""The best static draft tree for a token budget (Sequoia, Chen et al. 2024; DESIGN.md §2).
+"""The best static draft tree for a token budget (Sequoia, Chen et al. 2024; docs/design.md §2).
 
 Objective on a cache: the tokens per target call of *decoding the cached trajectories*
 with the tree (Σ tokens / Σ expected target calls, what `specsim simulate` reports).

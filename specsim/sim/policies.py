@@ -1,6 +1,6 @@
 """Verification policies: (Features, Tree) → the law of the accepted length at every position.
 
-DESIGN.md §2. Two policies are exact closed forms over the cached features:
+docs/design.md §2. Two policies are exact closed forms over the cached features:
 
 * ``greedy`` (T = 0): a node is accepted iff its rank path equals the ranks
   (ρ_t, ρ_{t+1}, …) of the trajectory tokens under the draft, so the accepted
@@ -103,11 +103,6 @@ def greedy_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generato
     return AcceptanceTable(p_len=p_len, drafted=drafted_per_call(tree, features.room()), exact=True, length=length)
 
 
-def chain_acceptance(features) -> np.ndarray:
-    """(N,) β_t = min(1, q_t(y_t) / p_t(y_t)): P(a one-token draft at t is accepted | y_t)."""
-    return np.exp(np.minimum(0.0, features.logq - features.logp))
-
-
 def chain_table(beta: np.ndarray, remaining: np.ndarray, depth: int) -> np.ndarray:
     """(N, depth+1) law of A for a chain of `depth` drafts with independent acceptances β, end-capped."""
     N = beta.shape[0]
@@ -124,7 +119,7 @@ def sample_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generato
     """Speculative sampling: exact for chains; trees with branching go to the multi-draft estimator."""
     if tree.budget and int(tree.n_children.max()) > 1:
         return _function("specsim.sim.multidraft:sample_tree_table")(features, tree, spec, rng)
-    p_len = chain_table(chain_acceptance(features), features.remaining(), tree.max_depth)
+    p_len = chain_table(features.acceptance(), features.remaining(), tree.max_depth)
     return AcceptanceTable(p_len=p_len, drafted=drafted_per_call(tree, features.room()), exact=True)
 
 
