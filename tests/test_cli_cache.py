@@ -185,7 +185,7 @@ def test_inspect_refuses_truncated_and_corrupt_files(tiny_cache, tmp_path):
     _one_line_error(_run("inspect", str(truncated)), r"truncated\.h5: truncated cache")
     garbage = tmp_path / "garbage.h5"
     garbage.write_bytes(b"\x89HDF\r\n\x1a\n" + os.urandom(4096))
-    _one_line_error(_run("inspect", str(garbage)), r"garbage\.h5: cannot open as HDF5")
+    _one_line_error(_run("inspect", str(garbage)), r"garbage\.h5: cannot open as a cache")
     _one_line_error(_run("inspect", str(tmp_path / "missing.h5")), r"missing\.h5: no such file")
 
 

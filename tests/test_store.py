@@ -97,7 +97,7 @@ def test_reader_rejects_missing_foreign_and_truncated_files(tmp_path):
     with pytest.raises(CacheError, match="no such file"):
         CacheReader(tmp_path / "nope.h5")
     (tmp_path / "text.h5").write_text("not hdf5")
-    with pytest.raises(CacheError, match="cannot open as HDF5"):
+    with pytest.raises(CacheError, match="cannot open as a cache"):
         CacheReader(tmp_path / "text.h5")
     with h5py.File(tmp_path / "other.h5", "w") as f:
         f["x"] = 1

@@ -114,7 +114,21 @@ def _same_temperature(a: float, b: float) -> bool:
     return abs(float(a) - float(b)) < 1e-6
 
 
+def _why(exc: BaseException) -> str:
+    """One short reason from HDF5's multi-line error text."""
+    text = " ".join(str(exc).split())
+    for needle, reason in (("file signature not found", "not an HDF5 file"), ("truncated", "truncated"),
+                           ("Is a directory", "a directory"), ("Permission denied", "permission denied")):
+        if needle in text:
+            return reason
+    return text[:120] + ("..." if len(text) > 120 else "")
+
+
 def _open_h5(path: Path, mode: str) -> h5py.File:
+    if not str(path).strip() or str(path) == ".":
+        raise CacheError("no cache file given (an empty path)")
+    if path.is_dir():
+        raise CacheError(f"{path} is a directory, not a cache file")
     try:
         if mode == "r":
             try:  # a plain open checks the file's length; SWMR reads skip that check and
@@ -133,7 +147,8 @@ def _open_h5(path: Path, mode: str) -> h5py.File:
     except FileNotFoundError:
         raise CacheError(f"{path}: no such file") from None
     except (OSError, RuntimeError) as exc:  # RuntimeError: h5py on a garbled superblock
-        raise CacheError(f"{path}: cannot open as HDF5 ({exc}); is it a specsim cache, complete and not corrupted?") from None
+        raise CacheError(f"{path}: cannot open as a cache ({_why(exc)}); is it a specsim cache, complete and "
+                         "not corrupted?") from None
 
 
 def _read_spec(f: h5py.File, path: Path) -> CacheSpec:

@@ -143,8 +143,12 @@ def check_report_out(out_dir: str | Path, *, overwrite: bool = False) -> Path:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SpecError(f"--out {out_dir}: cannot create {parent} ({exc.strerror or exc})") from None
-    if not os.access(parent, os.W_OK):
-        raise SpecError(f"--out {out_dir}: {parent} is not writable")
+    import tempfile
+
+    try:  # os.access is not enough (root, /proc): make and remove the directory the report is written in
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out_dir.name}.check-", dir=parent))
+    except OSError as exc:
+        raise SpecError(f"--out {out_dir}: cannot write into {parent} ({exc.strerror or exc})") from None
     return out_dir
 
 
