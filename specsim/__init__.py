@@ -28,6 +28,7 @@ def simulate(
     samples=64,
     seed=0,
     progress=False,
+    unpriced="skip",
 ):
     """Replay speculative decoding configurations on a cache; a polars DataFrame, one row per
     configuration (x batch size) and prompt category ("all" first).
@@ -42,7 +43,8 @@ def simulate(
     cost_profile: a `specsim profile` JSON measured for the cache's models -> `speedup` and
     `tokens_per_s` columns; cost: an assumed "c=RATIO" -> `speedup_assumed`; neither -> no
     speedup. batches (with a profile): extra rows at these batch sizes, `batching` "lockstep"
-    or "continuous". n_boot, seed: the 95% bootstrap over prompts; samples: Monte-Carlo
+    or "continuous". unpriced: a tree beyond what the profile measured is dropped ("skip")
+    or kept with empty speed columns and the reason in `cost_basis` ("keep"). n_boot, seed: the 95% bootstrap over prompts; samples: Monte-Carlo
     samples per position where an estimator needs them.
 
     Example:
@@ -55,7 +57,7 @@ def simulate(
     return _simulate(cache, trees, drafts=drafts, policies=policies, budgets=budgets, temperatures=temperatures,
                      multi_draft=multi_draft, cost_profile=cost_profile, cost=cost, batches=batches,
                      batching=batching, by_category=by_category, n_boot=n_boot, samples=samples, seed=seed,
-                     progress=progress)
+                     progress=progress, unpriced=unpriced)
 
 
 __all__ = ["simulate", "__version__"]

@@ -152,6 +152,46 @@ def test_measured_speedup_is_plain_time_over_speculative_time(tmp_path):
         assert row["call_ms"] >= 1000 * 0.013  # at least a plain step
 
 
+def test_trees_beyond_the_profile_are_skipped_or_kept_without_speed(tmp_path):
+    """The profile measured N <= 8 (2x: 16); a chain of 20 verifies up to 21 tokens where trajectories have room."""
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0,), drafts=("d",), n_prompts=4, length=40)
+    profile = write(tmp_path / "q.json", profile_body())
+    skipped = []
+    df = specsim.simulate(path, trees=["chain:2", "chain:20"], cost_profile=profile, n_boot=0, by_category=False)
+    assert df["tree"].to_list() == ["chain:2"]
+    from specsim.sim.api import sweep
+
+    sweep(path, ["chain:2", "chain:20"], cost_profile=profile, n_boot=0, by_category=False, on_skip=skipped.append)
+    assert len(skipped) == 1 and "chain:20" in skipped[0] and "is beyond what it measured (1-8" in skipped[0]
+    kept = specsim.simulate(path, trees=["chain:2", "chain:20", "optimal:20"], cost_profile=profile, n_boot=0,
+                            by_category=False, unpriced="keep")
+    rows = {r["tree"]: r for r in kept.iter_rows(named=True)}
+    assert rows["chain:2"]["speedup"] > 0 and rows["chain:2"]["cost_basis"].startswith("MEASURED")
+    for name in ("chain:20", "optimal:20"):  # acceptance stays; speed is empty and says why
+        assert rows[name]["tokens_per_call"] > 1
+        assert rows[name]["speedup"] is None and rows[name]["tokens_per_s"] is None and rows[name]["call_ms"] is None
+        assert rows[name]["cost_basis"].startswith("none: cost profile") and "beyond what it measured" in \
+            rows[name]["cost_basis"]
+    assert rows["optimal:20"]["fit"].startswith("held-out")
+    with pytest.raises(SpecError, match="unpriced='maybe'"):
+        specsim.simulate(path, trees=["chain:2"], cost_profile=profile, unpriced="maybe")
+
+
+def test_best_per_batch_leaves_out_trees_it_cannot_price(tmp_path):
+    from specsim.sim.choose import best_per_batch, pricing_for
+    from specsim.sim.features import load_features
+    from specsim.specs import parse_policy
+
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0,), drafts=("d",), n_prompts=4, length=40)
+    model = load_cost_profile(write(tmp_path / "q.json", profile_body()))
+    features = load_features(path, "d", 0.0, progress=False)
+    trees = [parse_tree("chain:2"), parse_tree("chain:20")]
+    [choice] = best_per_batch(features, trees, parse_policy("greedy"), pricing_for(path, model, "d"), [1], n_boot=0)
+    assert choice.tree.name == "chain:2" and choice.candidates == 1
+    with pytest.raises(SpecError, match="no candidate tree can be priced at batch 1: chain:20: .*beyond what it measured"):
+        best_per_batch(features, trees[1:], parse_policy("greedy"), pricing_for(path, model, "d"), [1], n_boot=0)
+
+
 @pytest.mark.parametrize("override,message", [
     ({"format": "x"}, "not a specsim-cost-profile"),
     ({"version": 1}, r"version 1; this specsim reads version 2 .*re-run `specsim profile`"),

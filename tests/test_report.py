@@ -111,7 +111,7 @@ def test_setup_and_findings_appear_in_the_page(report_dir):
     assert "Best tree shape per budget for" in text
     assert "Leviathan&#x27;s closed form at the measured α" in text or "Leviathan's closed form" in text
     assert "optimal:4 for" in text  # a data-optimal tree drawn for a budget
-    assert "With measured costs (MEASURED profile tiny-profile.json" in text
+    assert "speedups from measured costs: MEASURED profile tiny-profile.json" in text
     assert "Best draft budget per batch size for" in text
 
 
@@ -162,9 +162,14 @@ def test_a_speedup_whose_ci_includes_one_is_not_called_a_speedup():
                 "category": "all", "tree": "chain:4", "tokens_per_call": 2.0, "speedup": value, "speedup_lo": lo,
                 "speedup_hi": hi}
 
-    assert "no demonstrated speedup (the 95% CI includes 1.0)" in _speedup(pl.DataFrame([row(1.1, 0.9, 1.3)]), {})[0]
-    assert "gets a speedup:" in _speedup(pl.DataFrame([row(1.2, 1.05, 1.3)]), {})[0]
-    assert "plain decoding is faster" in _speedup(pl.DataFrame([row(0.8, 0.7, 0.9)]), {})[0]
+    def verdict(value, lo, hi):
+        basis, line = _speedup(pl.DataFrame([row(value, lo, hi)]), {"c.h5": "MEASURED profile p.json"})
+        assert basis == "c.h5: speedups from measured costs: MEASURED profile p.json."
+        return line
+
+    assert "no demonstrated speedup (the 95% CI includes 1.0)" in verdict(1.1, 0.9, 1.3)
+    assert "(measured): a speedup;" in verdict(1.2, 1.05, 1.3)
+    assert "plain decoding is faster" in verdict(0.8, 0.7, 0.9)
 
 
 def test_bad_inputs_are_one_line_errors(tiny_cache, tmp_path):
@@ -179,3 +184,35 @@ def test_bad_inputs_are_one_line_errors(tiny_cache, tmp_path):
     table.write_text("a,b\n1,2\n")
     att = runner.invoke(main, ["report", str(tiny_cache), "--out", str(tmp_path / "r"), "--attention", str(table)])
     assert att.exit_code == 2 and "not a `specsim bench-attention` table" in att.output
+
+
+def _browser() -> str | None:
+    import shutil
+
+    return next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+@pytest.mark.skipif(_browser() is None, reason="no headless Chromium on this machine (apt install chromium)")
+def test_the_page_fits_a_laptop_window_and_every_chart_decodes(report_dir):
+    """Rendered by a real browser at 1400 px: nothing scrolls sideways, no image is broken, no heading is empty."""
+    import json
+    import subprocess
+
+    probe = report_dir / "probe.html"
+    script = ("<script>window.addEventListener('load', () => {"
+              "const broken = [...document.images].filter(i => !i.complete || i.naturalWidth === 0).length;"
+              "const wide = [...document.querySelectorAll('body > *')].filter("
+              "  e => e.getBoundingClientRect().right > window.innerWidth + 1).map(e => e.tagName);"
+              "document.body.setAttribute('data-probe', JSON.stringify({"
+              "  overflow: document.documentElement.scrollWidth - window.innerWidth, broken,"
+              "  images: document.images.length, wide}));});</script>")
+    probe.write_text((report_dir / "index.html").read_text(encoding="utf-8").replace("</body>", script + "</body>"),
+                     encoding="utf-8")
+    done = subprocess.run([_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                           "--window-size=1400,900", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    found = re.search(r"data-probe=\"([^\"]*)\"", done.stdout)
+    assert found, done.stderr[-2000:]
+    probe_result = json.loads(found.group(1).replace("&quot;", '"'))
+    assert probe_result["images"] >= 6 and probe_result["broken"] == 0
+    assert probe_result["overflow"] <= 0 and not probe_result["wide"], probe_result

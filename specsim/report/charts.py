@@ -25,6 +25,8 @@ ALL = "all"
 FAMILY_ORDER = ["chain", "kary:2", "widths", "optimal", "ngram:3", "prompt-lookup:2"]
 FAMILY_TITLE = "tree family"
 WIDTH, HEIGHT = 230, 160  # one facet panel, in pixels
+FACET_COLUMNS = 3  # panels per row
+SUBTITLE_CHARS = 110  # subtitle lines wrap here (vl-convert cuts lines wider than the chart)
 
 
 def _family_sort(table: pl.DataFrame) -> list[str]:
@@ -33,15 +35,29 @@ def _family_sort(table: pl.DataFrame) -> list[str]:
 
 
 def with_setting(table: pl.DataFrame) -> pl.DataFrame:
-    """Add `setting` = 'T=0 greedy' / 'T=0.7 sample', the facet label of a temperature."""
-    return table.with_columns(
+    """Add `setting` = 'T=0 greedy' / 'T=0.7 sample' (a temperature's label) and, with a pair,
+    `panel` = 'int8 → smollm2-135m · T=0 greedy' (one facet panel)."""
+    table = table.with_columns(
         pl.format("T={} {}", pl.col("temperature").round(3).cast(pl.String).str.replace(r"\.0$", ""),
                   pl.col("policy")).alias("setting")
     )
+    if "pair" in table.columns:
+        table = table.with_columns(pl.format("{} · {}", pl.col("pair"), pl.col("setting")).alias("panel"))
+    return table
 
 
-def estimate_note(table: pl.DataFrame, bands: bool = True) -> str:
-    """'exact' / 'Monte-Carlo (SE in the tables)' / both, and what the bands are."""
+def panel_order(table: pl.DataFrame) -> list[str]:
+    """Facet panels: model drafts in the order they first appear (the main pair first), model-free last."""
+    rows = table.select("pair", "setting", "panel").unique(maintain_order=True)
+    pairs = list(dict.fromkeys(rows["pair"].to_list()))
+    pairs.sort(key=lambda p: p.startswith("model-free"))  # stable: keeps first-appearance order otherwise
+    settings = sorted(set(rows["setting"].to_list()))
+    present = set(rows["panel"].to_list())
+    return [f"{p} · {s}" for p in pairs for s in settings if f"{p} · {s}" in present]
+
+
+def estimate_note(table: pl.DataFrame, bands: bool = True, metric: str = "tokens_per_call") -> str:
+    """'exact' / 'Monte-Carlo (SE in the tables)' / both, and what the bands are (or that there are none)."""
     kinds = set(table["estimate"].unique().to_list()) if "estimate" in table.columns else {"exact"}
     if kinds == {"exact"}:
         text = "exact expectations on the cached trajectories (no Monte-Carlo noise)"
@@ -49,7 +65,7 @@ def estimate_note(table: pl.DataFrame, bands: bool = True) -> str:
         text = "Monte-Carlo estimates (standard errors in the tables)"
     else:
         text = "exact, except sampling trees drawn without replacement (Monte-Carlo, SE in the tables)"
-    return text + ("; bands: 95% bootstrap over prompts" if bands else "")
+    return text + (f"; {ci_note(table, metric)}" if bands else "")
 
 
 def provenance(table: pl.DataFrame) -> str:
@@ -60,29 +76,47 @@ def provenance(table: pl.DataFrame) -> str:
 
 
 def _title(text: str, *subtitle: str) -> alt.Title:
-    return alt.Title(text, subtitle=[s for s in subtitle if s], anchor="start")
+    import textwrap
+
+    lines = [line for s in subtitle if s for line in textwrap.wrap(s, SUBTITLE_CHARS)]
+    return alt.Title(text, subtitle=lines, anchor="start")
 
 
-def _facet(chart: alt.LayerChart, table: pl.DataFrame) -> alt.FacetChart:
-    return chart.properties(width=WIDTH, height=HEIGHT).facet(
-        row=alt.Row("pair:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left", labelOrient="top",
-                                                            labelFontWeight="bold", labelFontSize=12)),
-        column=alt.Column("setting:N", title="temperature, verification"),
-    )
+def _facet(chart: alt.LayerChart, table: pl.DataFrame, *, width=WIDTH, height=HEIGHT) -> alt.FacetChart:
+    """One panel per (pair, setting) that has data, wrapped in rows: no empty panels, the main pair first."""
+    order = panel_order(table)
+    return chart.properties(width=width, height=height).facet(
+        facet=alt.Facet("panel:N", sort=order, title=None,
+                        header=alt.Header(labelFontWeight="bold", labelFontSize=11, labelLimit=0)),
+        columns=facet_columns(len(order)),
+    ).resolve_axis(x="independent")  # each panel its own x axis: no bare axes under the empty cells of the last row
+
+
+def facet_columns(n: int) -> int:
+    """Columns for n panels: FACET_COLUMNS, or a 2 x 2 grid for four (rather than 3 + 1)."""
+    return 2 if n == 4 else max(1, min(n, FACET_COLUMNS))
+
+
+def ci_note(table: pl.DataFrame, metric: str = "tokens_per_call") -> str:
+    """What the bands are, or that there are none (a single prompt has no bootstrap interval)."""
+    lo = f"{metric}_lo"
+    if lo in table.columns and table[lo].drop_nans().drop_nulls().len() == 0:
+        return "no CI (n = 1 prompt): no bands"
+    return "bands: 95% bootstrap over prompts"
 
 
 METRICS = {
     "tokens_per_call": "tokens per target call",
     "accept_rate": "acceptance rate (accepted / drafted)",
-    "speedup": "speedup over plain decoding (measured costs)",
-    "speedup_assumed": "speedup ASSUMED (cost not measured)",
+    "speedup": "speedup (measured costs)",
+    "speedup_assumed": "speedup (ASSUMED cost)",
 }
 
 
 def metric_vs_budget(results: pl.DataFrame, metric: str = "tokens_per_call", *, cost_basis: str = "") -> alt.FacetChart:
     """One line per tree family of `metric` against the draft budget, with its 95% band."""
     data = with_setting(results.filter((pl.col("category") == ALL) & pl.col(metric).is_not_null())).select(
-        "pair", "setting", "family", "tree", "budget", "n_prompts", "n_positions", "estimate",
+        "pair", "setting", "panel", "family", "tree", "budget", "n_prompts", "n_positions", "estimate",
         metric, f"{metric}_lo", f"{metric}_hi")
     sort = _family_sort(data)
     x = alt.X("budget:Q", scale=alt.Scale(type="log", base=2), title="draft tokens per call (budget, log scale)",
@@ -105,7 +139,7 @@ def metric_vs_budget(results: pl.DataFrame, metric: str = "tokens_per_call", *, 
              "speedup": "Speedup vs draft budget, from measured step times (batch 1)",
              "speedup_assumed": "Speedup vs draft budget, from an ASSUMED cost — not measured"}
     return _facet(alt.layer(*layers, data=data), data).properties(
-        title=_title(names[metric], provenance(results), estimate_note(data),
+        title=_title(names[metric], provenance(results), estimate_note(data, metric=metric),
                      (f"costs: {cost_basis}" if metric == "speedup" else f"ASSUMED, not measured: {cost_basis}")
                      if speed else ""))
 
@@ -164,7 +198,7 @@ def by_category(results: pl.DataFrame, family: str | None = None, budget: int | 
     rows = results.filter(pl.col("family") == family)
     budget = budget or pick_budget(rows["budget"].unique().to_list())
     data = with_setting(rows.filter(pl.col("budget") == budget)).select(
-        "pair", "setting", "category", "tree", "tokens_per_call", "tokens_per_call_lo", "tokens_per_call_hi",
+        "pair", "setting", "panel", "category", "tree", "tokens_per_call", "tokens_per_call_lo", "tokens_per_call_hi",
         "n_prompts", "n_positions")
     order = (data.filter(pl.col("category") != ALL).group_by("category").agg(pl.col("tokens_per_call").mean())
              .sort("tokens_per_call", descending=True)["category"].to_list()) + [ALL]
@@ -178,11 +212,8 @@ def by_category(results: pl.DataFrame, family: str | None = None, budget: int | 
                  "n_prompts", "n_positions"])
     labels = alt.Chart().mark_text(align="left", dx=8, dy=-7, fontSize=9, color="gray").encode(
         x="tokens_per_call:Q", y=y, text=alt.Text("n_prompts:Q", format="d"))
-    return alt.layer(bars, points, labels, data=data).properties(width=WIDTH + 40, height=alt.Step(14)).facet(
-        column=alt.Column("setting:N", title="temperature, verification"),
-        row=alt.Row("pair:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left", labelOrient="top",
-                                                            labelFontWeight="bold"))
-    ).properties(title=_title(
+    return _facet(alt.layer(bars, points, labels, data=data), data, width=WIDTH + 40, height=alt.Step(14)
+                  ).properties(title=_title(
         f"Which tasks speculate well: {family} tree, {budget} draft tokens, by prompt category",
         provenance(results), "dots: tokens per call; bars: 95% bootstrap over the category's prompts (none with one prompt); "
         "grey numbers: prompts in the category"))
@@ -191,10 +222,10 @@ def by_category(results: pl.DataFrame, family: str | None = None, budget: int | 
 def theory_vs_simulated(theory: pl.DataFrame) -> alt.FacetChart:
     """Simulated chain tokens per call against Leviathan's closed form at the measured α."""
     data = with_setting(theory)
-    sim = data.select("pair", "setting", "gamma", "alpha", pl.lit("simulated on the cache").alias("source"),
+    sim = data.select("pair", "setting", "panel", "gamma", "alpha", pl.lit("simulated on the cache").alias("source"),
                       pl.col("tokens_per_call").alias("value"), pl.col("tokens_per_call_lo").alias("lo"),
                       pl.col("tokens_per_call_hi").alias("hi"))
-    closed = data.select("pair", "setting", "gamma", "alpha", pl.lit("closed form at measured α").alias("source"),
+    closed = data.select("pair", "setting", "panel", "gamma", "alpha", pl.lit("closed form at measured α").alias("source"),
                          pl.col("closed_form_tokens_per_call").alias("value"), pl.lit(None, pl.Float64).alias("lo"),
                          pl.lit(None, pl.Float64).alias("hi"))
     both = pl.concat([sim, closed])
@@ -216,7 +247,8 @@ def theory_vs_simulated(theory: pl.DataFrame) -> alt.FacetChart:
         title=_title("Simulated chains vs Leviathan et al.'s closed form (1 − α^(γ+1)) / (1 − α)",
                      "α measured per position over every cached position (greedy: draft's top token = target's; "
                      "sampling: mean min(1, q/p))",
-                     f"{_counts(data)}; band: 95% bootstrap over prompts; simulated curves include the end of each trajectory"))
+                     f"{_counts(data)}; {ci_note(data).replace('bands:', 'band (simulated):')}; simulated curves "
+                     "include the end of each trajectory"))
 
 
 def _counts(table: pl.DataFrame) -> str:
@@ -249,6 +281,7 @@ def save(chart: alt.TopLevelMixin, out_dir: str | Path, name: str) -> list[Path]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{name}.png", out_dir / f"{name}.svg"]
+    chart = chart.configure_legend(labelLimit=0, titleLimit=0).configure_header(labelLimit=0, titleLimit=0)
     chart.save(str(paths[0]), scale_factor=2)
     chart.save(str(paths[1]))
     return paths

@@ -89,29 +89,36 @@ def speed_metric(results: pl.DataFrame) -> str | None:
 
 
 def _speedup(results: pl.DataFrame, basis: dict[str, str]) -> list[str]:
-    """The fastest configuration per pair and setting: a speedup only when its whole CI is above 1."""
+    """The fastest configuration per pair and setting: a speedup only when its whole CI is above 1.
+
+    Each cache's cost basis is stated once, in the first line about it; every line still says
+    whether its cost was measured or ASSUMED.
+    """
     out = []
     for metric in ("speedup", "speedup_assumed"):
         if metric not in results.columns:
             continue
         rows = with_setting(results.filter((pl.col("category") == ALL) & pl.col(metric).is_not_null()
                                            & (pl.col("batch") == 1)))
-        for (cache, pair, setting), group in rows.group_by("cache_name", "pair", "setting", maintain_order=True):
-            r = group.sort(metric, descending=True).row(0, named=True)
-            lo, hi = r.get(f"{metric}_lo"), r.get(f"{metric}_hi")
-            has_ci = lo is not None and lo == lo
-            if r[metric] < 1 and (not has_ci or hi < 1):
-                verdict = "no speedup: plain decoding is faster"
-            elif has_ci and lo <= 1:
-                verdict = "no demonstrated speedup (the 95% CI includes 1.0)"
-            elif not has_ci:
-                verdict = "a speedup, without a CI (n = 1 prompt)"
-            else:
-                verdict = "a speedup"
-            how = ("measured costs" if metric == "speedup" else "an ASSUMED cost (not measured)")
-            out.append(f"With {how} ({basis.get(cache, '?')}), {pair} at {setting}, batch 1, gets {verdict}: the "
-                       f"fastest configuration is {r['tree']} at {r[metric]:.3f}x{_ci(r, metric)} "
-                       f"({_f(r['tokens_per_call'])} tokens per call).")
+        how = "measured costs" if metric == "speedup" else "an ASSUMED cost, not measured"
+        for (cache,), by_cache in rows.group_by("cache_name", maintain_order=True):
+            out.append(f"{cache}: speedups from {how}: {basis.get(cache, '?')}.")
+            for (pair, setting), group in by_cache.group_by("pair", "setting", maintain_order=True):
+                r = group.sort(metric, descending=True).row(0, named=True)
+                lo, hi = r.get(f"{metric}_lo"), r.get(f"{metric}_hi")
+                has_ci = lo is not None and lo == lo
+                if r[metric] < 1 and (not has_ci or hi < 1):
+                    verdict = "no speedup: plain decoding is faster"
+                elif has_ci and lo <= 1:
+                    verdict = "no demonstrated speedup (the 95% CI includes 1.0)"
+                elif not has_ci:
+                    verdict = "a speedup, without a CI (n = 1 prompt)"
+                else:
+                    verdict = "a speedup"
+                word = "measured" if metric == "speedup" else "ASSUMED cost"
+                out.append(f"{pair} at {setting}, batch 1 ({word}): {verdict}; the fastest configuration is "
+                           f"{r['tree']} at {r[metric]:.3f}x{_ci(r, metric)} ({_f(r['tokens_per_call'])} tokens "
+                           "per call).")
     return out
 
 
@@ -208,11 +215,47 @@ def _theory(theory: pl.DataFrame) -> list[str]:
     return out
 
 
+def grouped_findings(results: pl.DataFrame, theory: pl.DataFrame, basis: dict[str, str],
+                     batch: pl.DataFrame | None = None) -> list[tuple[str, list[str]]]:
+    """The findings the data supports, grouped and in order of what a reader acts on first."""
+    if results.is_empty():
+        return [("Results", ["No configuration could be simulated on these caches."])]
+    groups = [
+        ("Speed (the number to act on)", _speedup(results, basis)),
+        ("Best draft budget per batch size", _batches(batch if batch is not None else pl.DataFrame())),
+        ("Drafts compared", _pairs(results)),
+        ("Tree shapes", _shape_findings(results)),
+        ("Diminishing returns", _diminishing(results)),
+        ("Prompt categories", _categories(results)),
+        ("Theory vs simulation", _theory(theory)),
+        ("Caveats", _trajectory_caveat(results)),
+    ]
+    return [(title, items) for title, items in groups if items]
+
+
 def findings(results: pl.DataFrame, theory: pl.DataFrame, basis: dict[str, str],
              batch: pl.DataFrame | None = None) -> list[str]:
-    """Every finding the data supports, as sentences quoting the numbers."""
-    if results.is_empty():
-        return ["No configuration could be simulated on these caches."]
-    return (_shape_findings(results) + _diminishing(results) + _pairs(results) + _speedup(results, basis)
-            + _batches(batch if batch is not None else pl.DataFrame()) + _categories(results) + _theory(theory)
-            + _trajectory_caveat(results))
+    """Every finding the data supports, as sentences quoting the numbers (the groups flattened)."""
+    return [item for _, items in grouped_findings(results, theory, basis, batch) for item in items]
+
+
+def summary(results: pl.DataFrame) -> pl.DataFrame:
+    """One row per pair and setting: the most tokens per call, and the fastest configuration with its basis."""
+    rows = with_setting(results.filter(pl.col("category") == ALL))
+    metric = speed_metric(rows)
+    out = []
+    for (pair, setting), group in rows.group_by("pair", "setting", maintain_order=True):
+        best = group.sort("tokens_per_call", descending=True).row(0, named=True)
+        row = {"draft → target": pair, "setting": setting, "most tokens/call": best["tree"],
+               "tokens/call [95% CI]": f"{_f(best['tokens_per_call'])}{_ci(best)}"}
+        if metric is not None and group[metric].drop_nulls().len():
+            fast = group.filter(pl.col(metric).is_not_null()).sort(metric, descending=True).row(0, named=True)
+            lo = fast.get(f"{metric}_lo")
+            row["fastest"] = fast["tree"]
+            row["speedup [95% CI]"] = f"{fast[metric]:.3f}{_ci(fast, metric)}" + (
+                "" if metric == "speedup" else " ASSUMED")
+            row["verdict"] = ("plain decoding is faster" if fast[metric] < 1 and not (fast.get(f"{metric}_hi") or 0) >= 1
+                              else "no demonstrated speedup" if lo is not None and lo == lo and lo <= 1
+                              else "speedup" if lo is not None and lo == lo else "no CI (n = 1 prompt)")
+        out.append(row)
+    return pl.DataFrame(out)

@@ -271,7 +271,7 @@ def run_study(
         raise CacheError(f"two caches share the file name {next(n for n in names if names.count(n) > 1)!r}; "
                          "rename one so the report can tell them apart")
     common = dict(budgets=list(config.budgets), multi_draft=config.multi_draft, samples=config.samples,
-                  by_category=True, n_boot=config.n_boot, seed=config.seed)
+                  by_category=True, n_boot=config.n_boot, seed=config.seed, unpriced="keep")
     setups, cats, results, theory, drawn, notes, batch_rows = [], [], [], [], [], [], []
     steps = []  # (cache, kind, T) in the order run, for one progress bar
     priced: dict[Path, dict] = {}
@@ -316,6 +316,13 @@ def run_study(
                                        policies=[policy], temperatures=[T], **common, **priced[path]))
             table = _label_rows(_concat(parts), path.name)
             results.append(table)
+            if "cost_profile" in priced[path] and "cost_basis" in table.columns:
+                beyond = table.filter(pl.col("cost_basis").str.starts_with("none"))
+                if not beyond.is_empty():
+                    budgets = sorted(set(beyond["budget"].to_list()))
+                    notes.append(f"{path.name} T={T:g}: no measured speedup for {beyond['tree'].n_unique()} trees "
+                                 f"(budgets {', '.join(map(str, budgets))}): beyond what the cost profile measured, "
+                                 f"e.g. {beyond['cost_basis'][0].removeprefix('none: ')}")
             spec = parse_policy(policy, multi_draft=config.multi_draft, samples=config.samples)
             for draft in drafts:
                 features = load_features(path, draft, T, progress=False)

@@ -110,6 +110,7 @@ def sweep(
     top_k: int = 16,
     progress: bool = False,
     on_skip: Callable[[str], None] | None = None,
+    unpriced: str = "skip",
 ) -> Sweep:
     """Simulate every configuration of the sweep; one row per configuration and category ("all" first).
 
@@ -126,7 +127,10 @@ def sweep(
     `speedup_assumed` instead, an assumption; with neither there are no speedup columns.
     batches (needs a profile): extra rows per batch size B > 1 from the batch timeline
     (`specsim.sim.batch`, `batching` "lockstep" or "continuous"): throughput, per-request
-    latency per token and speedup over plain batched decoding at the same B.
+    latency per token and speedup over plain batched decoding at the same B. A tree the
+    profile cannot price (more tokens or wider draft steps than it measured, past its 2x
+    extrapolation limit) is skipped (`unpriced="skip"`) or kept with empty speed columns and
+    its cost_basis saying why (`unpriced="keep"`, as the report does for large budgets).
 
     A combination of the cross product that cannot run (an adaptive rule on a branching
     tree, a p-vs-q rule with a model-free draft, ...) is skipped: `on_skip` receives one
@@ -152,6 +156,8 @@ def sweep(
         raise SpecError(f"batch sizes must be at least 1, got {batches}")
     if batching not in BATCHING:
         raise SpecError(f"--batching {batching!r} is not one of {', '.join(BATCHING)}")
+    if unpriced not in ("skip", "keep"):
+        raise SpecError(f"unpriced={unpriced!r}: use 'skip' or 'keep'")
     specs = expand_trees(list(trees) if not isinstance(trees, str) else [trees], budgets)
     fixed = {s: resolve_tree(s) for s in specs if not needs_fit(s)}  # spec errors before any work
     pols = [parse_policy(p, multi_draft=multi_draft, samples=samples)
@@ -188,15 +194,17 @@ def sweep(
                         _warm_candidates(features, policy, [t for t in trees_here.values() if t is not None], seed)
                         held_out = _cross_fit(features, policy, pricing[draft],
                                               [s for s in specs if s not in fixed and trees_here.get(s) is not None],
-                                              seed=seed)
+                                              seed=seed, unpriced=unpriced)
                         for spec in specs:
                             tree = trees_here[spec]
                             if tree is not None:
                                 try:
-                                    head, stats, table = _configuration(features, tree, policy, pricing[draft],
-                                                                        reader, n_boot=n_boot, seed=seed)
+                                    head, stats, table = _configuration(
+                                        features, tree, policy, pricing[draft].within_range(features, tree, unpriced),
+                                        reader, n_boot=n_boot, seed=seed)
                                     if spec not in fixed:  # a tree fitted on the cache: score it held out
-                                        stats, head["tail"]["fit"] = held_out.get(spec, (stats, IN_SAMPLE))
+                                        stats, head["tail"]["fit"], head["tail"]["cost_basis"] = held_out.get(
+                                            spec, (stats, IN_SAMPLE, head["tail"]["cost_basis"]))
                                     runs.append((head, stats))
                                     tables.append((tree, table))
                                 except SpecError as exc:
@@ -241,6 +249,19 @@ class Pricing:
         drafts_meta = reader.meta.get("drafts") if isinstance(reader.meta.get("drafts"), dict) else {}
         key = None if free else cost_model.draft_for(draft, drafts_meta.get(draft))
         return cls(cost_model, key, cost_model.describe())
+
+    def within_range(self, features: Features, tree: Tree, unpriced: str = "skip") -> "Pricing":
+        """This pricing, or (unpriced="keep") no pricing with the reason when the model cannot price `tree`.
+
+        With unpriced="skip" the refusal surfaces later, as a SpecError that skips the configuration.
+        """
+        if self.model is None or unpriced == "skip":
+            return self
+        try:
+            self.priced(features, tree)
+        except SpecError as exc:
+            return Pricing(None, None, f"none: {exc}")
+        return self
 
     def priced(self, features: Features, tree: Tree, batch: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(call cost, plain step cost, extra cost after a full acceptance) at every position."""
@@ -300,7 +321,7 @@ IN_SAMPLE = "in-sample: fitted and scored on the same prompts (fewer than 2 prom
 
 
 def _cross_fit(features: Features, policy: PolicySpec, pricing: Pricing, specs: list[str], *,
-               seed: int) -> dict[str, tuple[TrajectoryStats, str]]:
+               seed: int, unpriced: str = "skip") -> dict[str, tuple[TrajectoryStats, str, str]]:
     """Held-out totals of fitted trees (optimal:N): K-fold cross-fitting over prompts.
 
     Each fold's trajectories are decoded with the tree fitted on the other folds' prompts, so no
@@ -317,22 +338,31 @@ def _cross_fit(features: Features, policy: PolicySpec, pricing: Pricing, specs: 
     fold_of = {int(p): i % k for i, p in enumerate(order)}
     fold = np.array([fold_of[int(p)] for p in features.traj_prompt])
     budgets = [int(s.split(":", 1)[1]) for s in specs]
-    parts: dict[str, list] = {s: [] for s in specs}
+    folds = []
     for f in range(k):
         test, train = np.flatnonzero(fold == f), np.flatnonzero(fold != f)
-        held, fit_on = features.subset(test), features.subset(train)
-        fits = optimal_trees(fit_on, budgets, policy=policy, seed=seed)
-        for spec, fit in zip(specs, fits):
+        held = features.subset(test)
+        folds.append((f, test, held, optimal_trees(features.subset(train), budgets, policy=policy, seed=seed)))
+    parts: dict[str, list] = {s: [] for s in specs}
+    for i, spec in enumerate(specs):
+        # one pricing for every fold, so a spec's merged totals are all priced or all unpriced
+        here = pricing
+        for _, _, held, fits in folds:
+            if here.model is not None:
+                here = here.within_range(held, fits[i].tree, unpriced)
+        for f, test, held, fits in folds:
+            tree = fits[i].tree
             rng = np.random.default_rng([seed, f, zlib.crc32(spec.encode())])
-            table = run_policy(held, fit.tree, policy, rng, pricing if pricing.model is not None else None)
-            if pricing.model is not None:
-                call, plain, full = pricing.priced(held, fit.tree)
+            table = run_policy(held, tree, policy, rng, here if here.model is not None else None)
+            if here.model is not None:
+                call, plain, full = here.priced(held, tree)
                 stats = walk(table, held, call, plain_cost=plain, full_accept_cost=full)
             else:
                 stats = walk(table, held)
             parts[spec].append((test, stats))
+        parts[spec] = (parts[spec], here.basis)
     label = f"held-out: {k}-fold cross-fitting over prompts (each prompt scored by a tree fitted on the others)"
-    return {spec: (_merge_stats(pieces, features.n_traj), label) for spec, pieces in parts.items()}
+    return {spec: (_merge_stats(pieces, features.n_traj), label, basis) for spec, (pieces, basis) in parts.items()}
 
 
 def _merge_stats(pieces: list[tuple[np.ndarray, TrajectoryStats]], n_traj: int) -> TrajectoryStats:
@@ -485,6 +515,10 @@ def _finish_columns(df: pl.DataFrame, cost_model) -> pl.DataFrame:
                                                     "plain_latency", "mc_se_speedup", "mean_batch"))]
     if cost_model is None:
         return df.drop(speed + ["call_cost"])
+    if "cost_basis" in df.columns:  # configurations the model could not price (unpriced="keep"): no speed
+        unpriced = pl.col("cost_basis").str.starts_with("none")
+        df = df.with_columns([pl.when(unpriced).then(None).otherwise(pl.col(c)).alias(c)
+                              for c in speed + ["call_cost"] if c in df.columns])
     if not cost_model.measured:
         keep = {"speedup": "speedup_assumed", "speedup_lo": "speedup_assumed_lo", "speedup_hi": "speedup_assumed_hi"}
         return df.drop([c for c in speed if c not in keep]).rename({**keep, "call_cost": "call_cost_assumed"})

@@ -31,11 +31,24 @@ class Choice:
 
 def best_per_batch(features, trees: Sequence[Tree], policy, pricing: Pricing, batches: Sequence[int], *,
                    batching: str = "lockstep", n_boot: int = 1000, seed: int = 0) -> list[Choice]:
-    """For each batch size, the tree of `trees` with the highest speedup (its CI alongside)."""
+    """For each batch size, the tree of `trees` with the highest speedup (its CI alongside).
+
+    Trees the cost model refuses to price (beyond the profile's measured range) are left out;
+    `Choice.candidates` counts those that were compared.
+    """
+    from specsim.errors import SpecError
+
     out = []
     for batch in batches:
-        scored = [(speed_of(features, t, policy, pricing, batch=batch, batching=batching, n_boot=n_boot, seed=seed),
-                   t) for t in trees]
+        scored, refused = [], []
+        for t in trees:  # a tree the profile cannot price (beyond its measured range) is not a candidate
+            try:
+                scored.append((speed_of(features, t, policy, pricing, batch=batch, batching=batching,
+                                        n_boot=n_boot, seed=seed), t))
+            except SpecError as exc:
+                refused.append(f"{t.name}: {exc}")
+        if not scored:
+            raise SpecError(f"no candidate tree can be priced at batch {batch}: {refused[0]}")
         speed, tree = max(scored, key=lambda st: st[0].speedup[0])
         out.append(Choice(batch=batch, tree=tree, speed=speed, candidates=len(scored),
                           plain_wins=speed.speedup[0] < 1.0))
