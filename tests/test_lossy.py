@@ -11,7 +11,8 @@ from specsim import verify
 from specsim.errors import SpecError
 from specsim.sim.api import simulate
 from specsim.sim.features import load_features
-from specsim.sim.lossy import lossy_table, output_law, passes, rule_of
+from specsim.cache.stats import lossy_output_law as output_law, lossy_passes as passes
+from specsim.sim.lossy import lossy_table, rule_of
 from specsim.sim.policies import run_policy
 from specsim.specs import parse_policy
 from specsim.specs import parse_tree
@@ -55,11 +56,12 @@ def test_chain_acceptance_and_tv_are_the_per_position_laws(cache):
     alpha = np.array(alpha)
     remaining = features.remaining()
     at_least_1 = 1 - table.p_len[:, 0]
-    np.testing.assert_allclose(at_least_1, np.where(remaining >= 1, alpha, 0.0), atol=1e-12)
+    # p>=q is a recorded rule: α and TV come from the recording's float32 statistics
+    np.testing.assert_allclose(at_least_1, np.where(remaining >= 1, alpha, 0.0), atol=1e-6)
     nxt = np.append(alpha[1:], 0.0)
-    np.testing.assert_allclose(table.p_len[:, 2], np.where(remaining >= 2, alpha * nxt, 0.0), atol=1e-12)
-    assert table.extra["tv_distortion"] == pytest.approx(np.mean(tv), abs=1e-12)
-    assert table.extra["tv_distortion_max"] == pytest.approx(np.max(tv), abs=1e-12)
+    np.testing.assert_allclose(table.p_len[:, 2], np.where(remaining >= 2, alpha * nxt, 0.0), atol=1e-6)
+    assert table.extra["tv_distortion"] == pytest.approx(np.mean(tv), abs=1e-6)
+    assert table.extra["tv_distortion_max"] == pytest.approx(np.max(tv), abs=1e-6)
     assert table.extra["tv_distortion"] > 0.01  # the noisy draft really distorts p
 
 

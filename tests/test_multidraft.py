@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -10,9 +12,8 @@ from hypothesis import strategies as st
 from specsim import verify
 from specsim.errors import SpecError
 from specsim.sim.features import load_features
+from specsim.cache.stats import acceptance_iid, acceptance_swor
 from specsim.sim.multidraft import (
-    acceptance_iid,
-    acceptance_swor,
     candidate_acceptance,
     length_distribution,
     reach_by_depth,
@@ -141,10 +142,15 @@ def test_sample_tree_table_iid_is_exact_per_position(cache):
             np.testing.assert_allclose(1 - table.p_len[t, 0], law[y, :3].sum(), atol=1e-9)
 
 
-def test_swor_table_reports_monte_carlo_error_and_chains_stay_exact(cache):
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded-statistics", "from-logits"])
+def test_swor_table_reports_monte_carlo_error_and_chains_stay_exact(cache, recorded):
     features = load_features(cache, "small", 1.0, progress=False)
+    if not recorded:
+        features = replace(features, recorded_stats=None)
     spec = parse_policy("sample", multi_draft="swor", samples=16)
-    table = sample_tree_table(features, parse_tree("kary:2,2"), spec, np.random.default_rng(0))
+    two = sample_tree_table(features, parse_tree("kary:2,2"), spec, np.random.default_rng(0))
+    assert two.exact and two.se_len is None  # two candidates per node: both closed forms
+    table = sample_tree_table(features, parse_tree("kary:3,2"), spec, np.random.default_rng(0))
     assert not table.exact and table.se_len.shape == (features.n_positions,)
     assert np.all(table.se_len >= 0) and table.se_len.max() > 0
     chain = sample_tree_table(features, parse_tree("chain:3"), spec, np.random.default_rng(0))
@@ -162,9 +168,10 @@ def test_sampling_trees_refuse_greedy_trajectories(cache):
 
 
 def test_a_sweep_streams_the_distributions_once(cache, monkeypatch):
+    """Without recorded π (caches older than format 3), the distributions are streamed once per sweep."""
     from specsim.sim.features import Features
 
-    features = load_features(cache, "small", 1.0, progress=False)
+    features = replace(load_features(cache, "small", 1.0, progress=False), recorded_stats=None)
     calls = []
     original = Features.iter_distributions
 
@@ -177,7 +184,25 @@ def test_a_sweep_streams_the_distributions_once(cache, monkeypatch):
     first = sample_tree_table(features, parse_tree("kary:3,2"), spec, np.random.default_rng(0))
     again = sample_tree_table(features, parse_tree("widths:2,2,1"), spec, np.random.default_rng(0))
     assert len(calls) == 1 and first.exact and again.exact
-    fresh = load_features(cache, "small", 1.0, progress=False)  # another Features: computed afresh, same answer
+    fresh = replace(load_features(cache, "small", 1.0, progress=False), recorded_stats=None)  # computed afresh
     redo = sample_tree_table(fresh, parse_tree("widths:2,2,1"), spec, np.random.default_rng(0))
     assert len(calls) == 2
     np.testing.assert_allclose(redo.p_len, again.p_len, atol=1e-12)
+
+
+def test_recorded_pi_is_read_without_streaming_and_equals_the_estimate_from_logits(cache, monkeypatch):
+    from specsim.sim.features import Features
+
+    features = load_features(cache, "small", 1.0, progress=False)
+    streams = []
+    original = Features.iter_distributions
+    monkeypatch.setattr(Features, "iter_distributions", lambda self, *a, **k: (streams.append(1), original(self, *a, **k))[1])
+    pi, reps = candidate_acceptance(features, 5, scheme="iid", samples=16, rng=np.random.default_rng(0))
+    assert not streams and reps is None
+    monkeypatch.setattr(Features, "iter_distributions", original)
+    again, _ = candidate_acceptance(replace(features, recorded_stats=None), 5, scheme="iid", samples=16,
+                                    rng=np.random.default_rng(0))
+    np.testing.assert_allclose(pi, again, atol=1e-6)  # recorded in float32
+    pi_swor, groups = candidate_acceptance(features, 5, scheme="swor", samples=16, rng=np.random.default_rng(0))
+    assert groups.shape == (features.n_positions, 16, 5)  # the recording's 16 group means: replicates
+    np.testing.assert_allclose(pi_swor[:, 0], pi[:, 0], atol=1e-12)  # the first candidate is β for both schemes

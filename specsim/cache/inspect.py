@@ -7,10 +7,12 @@ Two per-position numbers summarise how well a draft q matches the target p:
 * α_t = 1 − TV(p_t, q_t) = Σ_x min(p_t(x), q_t(x)): the probability that
   speculative sampling accepts one drafted token (Leviathan et al., 2023, §3.5).
 
-Both are averaged over every recorded position, streamed trajectory by
-trajectory in blocks of positions so memory stays bounded for any file size.
-At T=0 there is no sampling distribution, so α is computed from the T=1
-softmax and flagged as such. numpy only.
+Both are averaged over every recorded position. Format-3 caches record them per
+position (the target's argmax, the draft's top id and Σ min(p, q), computed in float32
+where the models ran), so they are read, not recomputed; older files are streamed
+trajectory by trajectory in blocks of positions so memory stays bounded for any file
+size. At T=0 there is no sampling distribution, so α is computed from the T=1 softmax
+and flagged as such. numpy only.
 """
 
 from __future__ import annotations
@@ -61,20 +63,27 @@ def agreement_stats(
     alpha_sum = {(d, t): 0.0 for d in drafts for t in temps}
     count = {t: 0 for t in temps}
     prompts: dict[float, set[int]] = {t: set() for t in temps}
+    recorded = reader.has_stat(TARGET, "top_id") and all(reader.has_stat(d, "overlap") for d in drafts)
     try:
         for row in reader.iter_trajectories():
             t = next(x for x in temps if abs(x - row.temperature) < 1e-6)
             t_alpha = t if t > 0 else 1.0
             prompts[t].add(row.prompt_index)
-            for s in range(row.start, row.stop, BLOCK):
-                e = min(s + BLOCK, row.stop)
-                p_logits = reader.logits(TARGET, s, e)  # (n, V)
-                p_target = softmax(p_logits, t_alpha)
-                p_top = p_logits.argmax(axis=-1)
-                for d in drafts:
-                    q_logits = reader.logits(d, s, e)  # (n, V)
-                    agree[d, t] += int((q_logits.argmax(axis=-1) == p_top).sum())
-                    alpha_sum[d, t] += float(alpha(p_target, softmax(q_logits, t_alpha)).sum())
+            for s in range(row.start, row.stop, BLOCK if not recorded else row.length):
+                e = min(s + (BLOCK if not recorded else row.length), row.stop)
+                if recorded:
+                    p_top = reader.stats(TARGET, "top_id", s, e)
+                    for d in drafts:
+                        agree[d, t] += int((reader.stats(d, "top_ids", s, e)[:, 0] == p_top).sum())
+                        alpha_sum[d, t] += float(reader.stats(d, "overlap", s, e).sum())
+                else:
+                    p_logits = reader.logits(TARGET, s, e)  # (n, V)
+                    p_target = softmax(p_logits, t_alpha)
+                    p_top = p_logits.argmax(axis=-1)
+                    for d in drafts:
+                        q_logits = reader.logits(d, s, e)  # (n, V)
+                        agree[d, t] += int((q_logits.argmax(axis=-1) == p_top).sum())
+                        alpha_sum[d, t] += float(alpha(p_target, softmax(q_logits, t_alpha)).sum())
                 count[t] += e - s
                 on_positions(e - s)
     except OSError as exc:
@@ -86,7 +95,7 @@ def agreement_stats(
             prompts=len(prompts[t]),
             top1_agreement=agree[d, t] / count[t] if count[t] else float("nan"),
             mean_alpha=alpha_sum[d, t] / count[t] if count[t] else float("nan"),
-            tail_approximated=topk,
+            tail_approximated=topk and not recorded,
         )
         for d in drafts
         for t in temps

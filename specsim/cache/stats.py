@@ -1,18 +1,105 @@
-"""Per-position statistics of next-token logits: what exact replay reads at every position.
+"""Per-position statistics of the target and draft distributions: everything exact replay reads.
 
-docs/design.md §2: along a target-sampled trajectory the simulator needs, per position t, the
-rank of y_t under the draft (greedy trees), log p_t(y_t) and log q_t(y_t) at the
-trajectory's temperature (speculative sampling), and the draft's top-K ids. The recorder
-computes them from float32 logits before storage rounds them (`position_stats`); the
-features derive them from stored logits for caches recorded without them.
-numpy only.
+docs/design.md §2: along a target-sampled trajectory the simulator needs, per position t
+and draft, only a few numbers derived from p_t and q_t — never the distributions themselves:
+
+* the rank of y_t under q_t (greedy trees) and the draft's top-K ids;
+* log p_t(y_t) and log q_t(y_t) at the trajectory's temperature (chains: β_t);
+* π_i(y_t), the probability that the i-th of a node's candidates is the one accepted given
+  that the output is y_t, for i.i.d. candidates (exact) and candidates drawn without
+  replacement (`acceptance_swor`: exact for i ≤ 1, unbiased Monte-Carlo beyond);
+* for lossy rules, the probability α_t that one drafted candidate passes and the total
+  variation between the rule's output law and p_t.
+
+The recorder computes them where the models run (`specsim.record.statistics`, torch, from
+float32 logits before storage rounds them); this module is the numpy reference the
+recorder is tested against, and what the simulator falls back on for caches recorded
+without them. numpy only.
+
+Without replacement, exactly (the residual's shape). Verifying candidates x_0, x_1, …
+drawn from q without replacement keeps, after rejections with drawn mass Q_i, a residual
+r_i = max(0, p − c_i q) / Z_i with Z_i = Σ_v max(0, p(v) − c_i q(v)) and
+c_0 = 0, c_{i+1} = c_i + Z_i / (1 − Q_i). (Induction: the proposal is q_i = q / (1 − Q_i)
+on the undrawn tokens, and max(0, max(0, p − c q) − a q) = max(0, p − (c + a) q) for a ≥ 0;
+a rejected x_i had r_i(x_i) < q_i(x_i), i.e. p(x_i) < c_{i+1} q(x_i), so the formula puts
+no mass on drawn tokens by itself.) The whole history acts only through (c_i, Q_i), so after
+sorting the vocabulary by p/q once per position, Z(c) is one binary search over prefix sums
+and a candidate draw is one search over the cumulative q: O(V log V) per position and
+O(log V) per candidate and Monte-Carlo sample, instead of O(V) per candidate and sample.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict, dataclass, field
+
 import numpy as np
 
 STATS_TOP_K = 16  # a draft's top-K ids kept per position in its statistics
+PI_CANDIDATES = 8  # candidates per tree node whose acceptance π_i is recorded (fan-outs up to 8)
+SWOR_SAMPLES = 256  # Monte-Carlo samples per position for without-replacement candidates i >= 2
+SWOR_GROUPS = 16  # groups of those samples whose means are kept, for the standard error
+LOSSY_RULES = ("p>=q", "p>=lq:0.5", "typical:0.09,0.3")  # lossy rules recorded by default
+_NO_MASS = 1e-12  # as specsim.verify: a residual lighter than this is rounding noise of r == q
+
+
+@dataclass(frozen=True)
+class StatsSpec:
+    """Which statistics a recording computes per draft and position (kept in the cache's header)."""
+
+    candidates: int = PI_CANDIDATES  # π_i recorded for i < candidates (iid and swor)
+    swor_samples: int = SWOR_SAMPLES  # Monte-Carlo samples per position (candidates i >= 2)
+    swor_groups: int = SWOR_GROUPS  # group means kept per position: replicates for the standard error
+    lossy: tuple[str, ...] = field(default=LOSSY_RULES)  # lossy rules whose α and TV are recorded
+    top_ids: int = STATS_TOP_K  # the draft's top ids kept per position
+
+    def __post_init__(self) -> None:
+        from specsim.errors import SpecError
+
+        if not 1 <= self.candidates <= 64:
+            raise SpecError(f"candidates per node must be in 1..64, got {self.candidates}")
+        if self.swor_groups < 2 or self.swor_samples % self.swor_groups:
+            raise SpecError(f"swor samples ({self.swor_samples}) must be a multiple of at least 2 groups "
+                            f"({self.swor_groups})")
+        for rule in self.lossy:
+            lossy_rule(rule)  # refuses a malformed rule before any recording
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "StatsSpec":
+        data = json.loads(text)
+        return cls(**{**data, "lossy": tuple(data.get("lossy", ()))})
+
+
+def lossy_rule(label: str):
+    """The `specsim.verify.LossyRule` a policy label names ('p>=q', 'p>=lq:0.5', 'typical:0.09,0.3')."""
+    from specsim.errors import SpecError
+    from specsim.specs import parse_policy
+    from specsim.verify import LossyRule
+
+    spec = parse_policy(label)
+    if spec.lossless or spec.name.startswith("adaptive"):
+        raise SpecError(f"{label!r} is not a lossy rule; use p>=q, p>=lq:0.5 or typical[:eps,delta]")
+    if spec.name == "p>=q":
+        return LossyRule("p>=q")
+    if spec.name == "p>=lq":
+        return LossyRule("p>=lq", lam=float(spec.params[0]))
+    return LossyRule("typical", eps=float(spec.params[0]), delta=float(spec.params[1])) if spec.params else \
+        LossyRule("typical")
+
+
+def lossy_label(rule) -> str:
+    """The canonical label of a LossyRule, as the cache's header lists recorded rules."""
+    if rule.name == "p>=q":
+        return "p>=q"
+    if rule.name == "p>=lq":
+        return f"p>=lq:{rule.lam:g}"
+    return f"typical:{rule.eps:g},{rule.delta:g}"
+
+
+# -- on-path statistics -------------------------------------------------------------------------
 
 
 def token_rank(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -44,20 +131,263 @@ def log_prob(logits: np.ndarray, y: np.ndarray, T: float) -> np.ndarray:
     return z[np.arange(len(y)), y] - lse
 
 
-def position_stats(logits: np.ndarray, tokens: np.ndarray, temperature: float, *, draft: bool) -> dict:
-    """Per-position statistics replay needs, from the float32 logits before float16 storage rounds them.
+def probabilities(logits: np.ndarray, T: float) -> np.ndarray:
+    """(n, V) float64 softmax(logits / T); T = 0 (greedy trajectories) uses T = 1."""
+    z = np.asarray(logits, dtype=np.float64) / (T if T > 0 else 1.0)
+    z -= z.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=1, keepdims=True)
+    return z
 
-    logprob: log softmax(logits / T)[y_t] (T = 0 trajectories: T = 1, as the features use);
-    drafts also: rank of y_t (0 = top; ties broken by the lower token id, as live drafting
-    ranks) and the top-STATS_TOP_K ids in that order. float16 storage can tie two logits
-    that differ in float32, which would move a rank by one.
+
+# -- multi-draft acceptance given the output ------------------------------------------------------
+
+
+def _take(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """x[..., idx[...]] for an index with one entry per leading row."""
+    return np.take_along_axis(x, idx[..., None], axis=-1)[..., 0]
+
+
+def _residual(r: np.ndarray, q_i: np.ndarray) -> np.ndarray:
+    """Row-wise norm(max(0, r − q_i)); rows without mass keep r (as `verify.residual`)."""
+    out = np.maximum(r - q_i, 0.0)
+    total = out.sum(axis=-1, keepdims=True)
+    return np.where(total > _NO_MASS, out / np.where(total > 0, total, 1.0), r)
+
+
+def acceptance_iid(p_target: np.ndarray, q_draft: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
+    """(n, k) exact π_i(y) for i.i.d. candidates (SpecInfer), rows of p_target/q_draft (n, V).
+
+    π_i(y) = Π_{j<i}(1 − Σ_x min(q, r_j)) · min(q(y), r_i(y)) / p(y): the residuals do not
+    depend on the candidates, so the expectation factorises.
+    """
+    p = np.asarray(p_target, dtype=np.float64)
+    q = np.asarray(q_draft, dtype=np.float64)
+    y = np.asarray(y, dtype=np.int64)
+    p_y = _take(p, y)
+    inv_p_y = np.where(p_y > 0, 1.0 / np.where(p_y > 0, p_y, 1.0), 0.0)
+    out = np.zeros((p.shape[0], k))  # (n, k)
+    r, survive = p, np.ones(p.shape[0])
+    for i in range(k):
+        out[:, i] = survive * np.minimum(_take(q, y), _take(r, y)) * inv_p_y
+        if i + 1 < k:
+            survive = survive * np.clip(1.0 - np.minimum(q, r).sum(axis=1), 0.0, 1.0)
+            r = _residual(r, q)
+    return out
+
+
+def acceptance_swor(
+    p_target: np.ndarray,
+    q_draft: np.ndarray,
+    y: np.ndarray,
+    k: int,
+    samples: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """(n, samples, k) unbiased estimates of π_i(y) for candidates drawn without replacement.
+
+    Candidates 0 and 1 are exact closed forms (the same value in every sample):
+        π_0 = min(p(y), q(y)) / p(y),
+        π_1 = Σ_{x≠y} max(0, q(x) − p(x)) · min(q(y) / (1 − q(x)), max(0, p(y) − q(y)) / Z_1) / p(y).
+    For i ≥ 2 each sample draws x_0..x_{i−1} without replacement, integrates the coins
+    analytically (weight Π_{j<i}(1 − a_j)) and forces x_i = y (importance weight q_i(y)),
+    using the residual's closed shape (module docstring): unbiased, no clipping, and samples
+    are i.i.d. so their spread is an honest standard error. Candidates beyond the support of q
+    have π = 0.
+    """
+    p = np.asarray(p_target, dtype=np.float64)
+    q = np.asarray(q_draft, dtype=np.float64)
+    q = q / q.sum(axis=1, keepdims=True)
+    y = np.asarray(y, dtype=np.int64)
+    n, _ = p.shape
+    out = np.zeros((n, samples, k))  # (n, M, k)
+    p_y, q_y = _take(p, y), _take(q, y)
+    inv_p_y = np.where(p_y > 0, 1.0 / np.where(p_y > 0, p_y, 1.0), 0.0)
+    out[:, :, 0] = (np.minimum(p_y, q_y) * inv_p_y)[:, None]
+    if k == 1:
+        return out
+    out[:, :, 1] = (_second_candidate(p, q, y, p_y, q_y) * inv_p_y)[:, None]
+    for row in range(n) if k > 2 else ():
+        if p_y[row] > 0 and q_y[row] > 0:
+            out[row, :, 2:] = _later_candidates(p[row], q[row], int(y[row]), k, samples, rng) * inv_p_y[row]
+    return out
+
+
+def _second_candidate(p, q, y, p_y, q_y) -> np.ndarray:
+    """(n,) p(y) · π_1(y), exactly: the first candidate x ≠ y was rejected (weight max(0, q − p))."""
+    rejected = np.maximum(q - p, 0.0)  # q(x) (1 − a_0(x))
+    rejected[np.arange(len(y)), y] = 0.0  # x_0 = y would have been accepted or consumed y
+    z1 = np.maximum(p - q, 0.0).sum(axis=1)
+    r1_y = np.where(z1 > _NO_MASS, np.maximum(p_y - q_y, 0.0) / np.where(z1 > 0, z1, 1.0), 0.0)
+    rest = _mass_without_each(q)  # Σ_{v≠x} q(v), without the cancellation of 1 − q(x) when q(x) ≈ 1
+    q1_y = np.where(rest > 0, q_y[:, None] / np.where(rest > 0, rest, 1.0), 0.0)  # (n, V)
+    return (rejected * np.minimum(q1_y, r1_y[:, None])).sum(axis=1)
+
+
+def _mass_without_each(q: np.ndarray) -> np.ndarray:
+    """(n, V) Σ_{v≠x} q(v) per entry x. Only a row's largest entry can exceed 1/2, so only there
+    would 1 − q(x) cancel: that entry gets the sum of the others instead."""
+    rest = 1.0 - q
+    top = np.argmax(q, axis=1)
+    rows = np.arange(q.shape[0])
+    others = q.copy()
+    others[rows, top] = 0.0
+    rest[rows, top] = others.sum(axis=1)
+    return rest
+
+
+def _later_candidates(p: np.ndarray, q: np.ndarray, y: int, k: int, samples: int,
+                      rng: np.random.Generator) -> np.ndarray:
+    """(samples, k − 2) p(y) · π̂_i(y) for i = 2..k−1 at one position (see `acceptance_swor`)."""
+    with np.errstate(divide="ignore", over="ignore"):  # p/q overflows to inf for denormal q: sorted first, right
+        ratio = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
+    order = np.argsort(-ratio)  # descending p/q: the live set of max(0, p − c q) is a prefix (ties: any order)
+    ps, qs, rs = p[order], q[order], ratio[order]
+    P, Q = np.cumsum(ps), np.cumsum(qs)  # prefix sums in that order
+    starts = Q - qs  # each token's interval [start, start + q) in the cumulative q
+    y_pos = int(np.flatnonzero(order == y)[0])
+    # The undrawn mass 1 − Q_i cancels catastrophically once the drawn candidates hold nearly all of q, so it
+    # is kept as (Σ of the small tokens − the small ones drawn) + Σ of the big tokens not drawn: the K + 8
+    # largest q sum exactly, and only a token outside them, at most as heavy, is ever subtracted.
+    big = np.argsort(-qs)[: min(len(qs), k + 8)]  # positions (in `order`) of the largest q
+    slot = np.full(len(qs), -1)
+    slot[big] = np.arange(len(big))
+    small_mass = float(np.delete(qs, big).sum()) if len(big) < len(qs) else 0.0
+    big_left = np.ones((samples, len(big)), dtype=bool)
+    small_drawn = np.zeros(samples)
+    out = np.zeros((samples, k - 2))
+    c = np.zeros(samples)  # residual shape parameter c_i
+    z = np.ones(samples)  # Z_i = Σ max(0, p − c_i q)
+    weight = np.ones(samples)  # Π_{j<i} (1 − a_j)
+    drawn = np.zeros((samples, 0), dtype=np.int64)  # positions (in `order`) drawn so far, ascending
+    for i in range(k):
+        rest = np.maximum(small_mass - small_drawn, 0.0) + (big_left * qs[big]).sum(axis=1)  # 1 − Q_i
+        if i >= 2:
+            fresh = ~(drawn == y_pos).any(axis=1)
+            with np.errstate(over="ignore"):  # only where y was drawn (rest < q(y)); masked by `fresh`
+                q_i_y = np.where(rest > 0, q[y] / np.where(rest > 0, rest, 1.0), 0.0)
+            r_i_y = np.where(z > _NO_MASS, np.maximum(p[y] - c * q[y], 0.0) / np.where(z > 0, z, 1.0), 0.0)
+            out[:, i - 2] = weight * fresh * np.minimum(q_i_y, r_i_y)
+        if i + 1 == k:
+            break
+        # draw x_i ~ q restricted to the undrawn tokens: a uniform over the undrawn mass, mapped past drawn intervals
+        alive = rest > 1e-12 * small_drawn  # undrawn mass left, beyond the rounding of what was subtracted
+        u = rng.random(samples) * rest
+        for m in range(drawn.shape[1]):
+            u = u + np.where(u >= starts[drawn[:, m]], qs[drawn[:, m]], 0.0)
+        x = np.minimum(np.searchsorted(Q, u, side="right"), len(Q) - 1)
+        q_x, p_x = qs[x], ps[x]
+        a = np.where(alive & (z > _NO_MASS) & (q_x > 0),
+                     np.minimum(1.0, np.maximum(p_x - c * q_x, 0.0) * rest / np.where(z * q_x > 0, z * q_x, 1.0)),
+                     1.0)  # no mass left to reject into: later candidates are never reached
+        weight = weight * (1.0 - a)
+        c = c + np.where(alive, z / np.where(rest > 0, rest, 1.0), 0.0)
+        hit = slot[x]
+        big_left[np.flatnonzero(alive & (hit >= 0)), hit[alive & (hit >= 0)]] = False
+        small_drawn = small_drawn + np.where(alive & (hit < 0), q_x, 0.0)
+        drawn = np.sort(np.concatenate([drawn, x[:, None]], axis=1), axis=1)
+        live = np.searchsorted(-rs, -c, side="left")  # tokens with p/q > c
+        z = np.where(live > 0, P[np.maximum(live - 1, 0)] - c * Q[np.maximum(live - 1, 0)], 0.0)
+        z = np.maximum(z, 0.0)
+    return out
+
+
+# -- lossy rules ------------------------------------------------------------------------------------
+
+
+def lossy_passes(rule, p_target: np.ndarray, q_draft: np.ndarray) -> np.ndarray:
+    """(n, V) bool: tokens the rule accepts when drafted, row by row (`LossyRule.passes`)."""
+    if rule.name == "typical":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            entropy = -np.where(p_target > 0, p_target * np.log(p_target), 0.0).sum(axis=1)
+        threshold = np.minimum(rule.eps, rule.delta * np.exp(-entropy))  # (n,)
+        return p_target > threshold[:, None]
+    return p_target >= rule.lam * q_draft
+
+
+def lossy_output_law(rule, p_target: np.ndarray, q_draft: np.ndarray) -> np.ndarray:
+    """(n, V) law of the emitted token with one candidate x ~ q (`verify.output_distribution`, k = 1)."""
+    q_draft = q_draft / q_draft.sum(axis=1, keepdims=True)  # as verify: a rounding-level excess can flip p >= q
+    ok = lossy_passes(rule, p_target, q_draft)
+    if rule.name == "typical":
+        fallback = p_target
+    else:  # residual(p, q); p itself where it has no mass (p == q)
+        r = np.maximum(p_target - q_draft, 0.0)
+        total = r.sum(axis=1, keepdims=True)
+        fallback = np.where(total > _NO_MASS, r / np.where(total > 0, total, 1.0), p_target)
+    rejected = (q_draft * ~ok).sum(axis=1, keepdims=True)
+    return np.where(ok, q_draft, 0.0) + rejected * fallback
+
+
+def lossy_acceptance(rule, p_target: np.ndarray, q_draft: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(α, TV) per row: P(one drafted candidate passes) and TV(the rule's output law, p)."""
+    alpha = np.clip((q_draft * lossy_passes(rule, p_target, q_draft)).sum(axis=1), 0.0, 1.0)
+    tv = 0.5 * np.abs(lossy_output_law(rule, p_target, q_draft) - p_target).sum(axis=1)
+    return alpha, tv
+
+
+# -- everything for one trajectory --------------------------------------------------------------------
+
+
+def target_stats(logits: np.ndarray, tokens: np.ndarray, temperature: float) -> dict[str, np.ndarray]:
+    """The target column's statistics: log p_t(y_t) at the trajectory's temperature (T = 0: T = 1) and its
+    argmax (ties: the lower id)."""
+    y = np.asarray(tokens, dtype=np.int64)
+    logits = np.asarray(logits, dtype=np.float32)
+    return {"logprob": log_prob(logits, y, temperature if temperature > 0 else 1.0),
+            "top_id": top_k_ids(logits, 1)[:, 0]}
+
+
+def draft_stats(p_logits: np.ndarray, q_logits: np.ndarray, tokens: np.ndarray, temperature: float,
+                spec: StatsSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A draft column's statistics at every position (the numpy reference of the recorder's).
+
+    rank and top_ids are ties-by-lower-id on the float32 logits; logprob, and overlap
+    Σ_x min(p_t(x), q_t(x)) = 1 − TV (one drafted token's acceptance probability before the
+    output is known), at the trajectory's temperature (T = 0: T = 1). Sampling statistics (π, lossy α and TV) exist only at T > 0;
+    greedy trajectories store NaN there.
     """
     y = np.asarray(tokens, dtype=np.int64)
-    out = {"logprob": log_prob(logits, y, temperature if temperature > 0 else 1.0)}  # float64
-    if draft:
-        out["rank"] = token_rank(logits, y)
-        out["top_ids"] = top_k_ids(logits, min(STATS_TOP_K, logits.shape[1]))
-        if out["top_ids"].shape[1] < STATS_TOP_K:  # a vocabulary smaller than K: pad with -1
-            out["top_ids"] = np.pad(out["top_ids"], ((0, 0), (0, STATS_TOP_K - out["top_ids"].shape[1])),
-                                    constant_values=-1)
+    q_logits = np.asarray(q_logits, dtype=np.float32)
+    n, V = q_logits.shape
+    K = spec.candidates
+    top = top_k_ids(q_logits, min(spec.top_ids, V))
+    if top.shape[1] < spec.top_ids:  # a vocabulary smaller than K: pad with -1
+        top = np.pad(top, ((0, 0), (0, spec.top_ids - top.shape[1])), constant_values=-1)
+    T = temperature if temperature > 0 else 1.0
+    out = {"rank": token_rank(q_logits, y), "logprob": log_prob(q_logits, y, T), "top_ids": top,
+           "overlap": np.minimum(probabilities(p_logits, T), probabilities(q_logits, T)).sum(axis=1)}
+    nan = np.full((n, K), np.nan, dtype=np.float32)
+    out.update(pi_iid=nan.copy(), pi_swor=nan.copy(),
+               pi_swor_groups=np.full((n, spec.swor_groups, K), np.nan, dtype=np.float16),
+               lossy_alpha=np.full((n, len(spec.lossy)), np.nan, dtype=np.float32),
+               lossy_tv=np.full((n, len(spec.lossy)), np.nan, dtype=np.float32))
+    if temperature <= 0:
+        return out
+    p, q = probabilities(p_logits, temperature), probabilities(q_logits, temperature)
+    out["pi_iid"] = acceptance_iid(p, q, y, K).astype(np.float32)
+    reps = acceptance_swor(p, q, y, K, spec.swor_samples, rng)  # (n, M, K)
+    out["pi_swor"] = reps.mean(axis=1).astype(np.float32)
+    out["pi_swor_groups"] = reps.reshape(n, spec.swor_groups, -1, K).mean(axis=2).astype(np.float16)
+    for j, label in enumerate(spec.lossy):
+        alpha, tv = lossy_acceptance(lossy_rule(label), p, q)
+        out["lossy_alpha"][:, j], out["lossy_tv"][:, j] = alpha, tv
     return out
+
+
+# The datasets of a draft column's /stats group: name -> (dtype, trailing shape from the spec).
+def draft_stat_shapes(spec: StatsSpec) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    return {
+        "rank": (np.dtype(np.int32), ()),
+        "logprob": (np.dtype(np.float64), ()),
+        "top_ids": (np.dtype(np.int32), (spec.top_ids,)),
+        "overlap": (np.dtype(np.float64), ()),
+        "pi_iid": (np.dtype(np.float32), (spec.candidates,)),
+        "pi_swor": (np.dtype(np.float32), (spec.candidates,)),
+        "pi_swor_groups": (np.dtype(np.float16), (spec.swor_groups, spec.candidates)),
+        "lossy_alpha": (np.dtype(np.float32), (len(spec.lossy),)),
+        "lossy_tv": (np.dtype(np.float32), (len(spec.lossy),)),
+    }
+
+
+TARGET_STAT_SHAPES = {"logprob": (np.dtype(np.float64), ()), "top_id": (np.dtype(np.int32), ())}

@@ -5,13 +5,20 @@ target sampled and, at every generated position, the target's and each draft's
 next-token logits on the on-path prefix. Layout (see docs/cache-format.md):
 
     /                      attrs: format, format_version, vocab_size, storage, top_k,
-                                  drafts (JSON), temperatures (JSON), meta (JSON)
+                                  drafts (JSON), temperatures (JSON), meta (JSON),
+                                  statistics (JSON: which per-position statistics, v3)
     /prompts/{question_id, category, text, token_ids}     fixed at creation
     /trajectories          compound rows (prompt_index, temperature, seed, start,
-                           length, stop_reason); a row with length > 0 is committed
+                           length, stop_reason, digest); a row with length > 0 is committed
     /positions/token       (N,) int32 trajectory tokens, chunked by positions
+    /columns/<c>/stats/*   per-position statistics (`specsim.cache.stats`)     (always)
     /columns/<c>/logits    (N, V) float16 for c = "target" and every draft   (full)
     /columns/<c>/topk_ids, topk_logits, tail_lse                             (topk)
+                                                         (stats: no distributions at all)
+
+Each committed row carries a digest chaining the previous row's with the trajectory's
+content (tokens, statistics and any stored logits): the last committed digest
+fingerprints everything a reader may derive from the file (`CacheReader.fingerprint`).
 
 Crash safety: the writer runs in HDF5 SWMR mode and commits a trajectory by
 writing its positions first, flushing, then appending its row to
@@ -24,8 +31,10 @@ carries on.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
@@ -34,14 +43,24 @@ import h5py
 import numpy as np
 import polars as pl
 
-from specsim.cache.stats import STATS_TOP_K, position_stats
+from specsim.cache.stats import (
+    STATS_TOP_K,
+    TARGET_STAT_SHAPES,
+    StatsSpec,
+    draft_stat_shapes,
+    draft_stats,
+    target_stats,
+)
 from specsim.errors import CacheError
 
 FORMAT = "specsim-cache"
-FORMAT_VERSION = 2  # 2: per-position float32 statistics beside the logits (/columns/<c>/stats)
-READS = (1, 2)  # versions this specsim reads
+FORMAT_VERSION = 3  # 2: per-position float32 statistics (/columns/<c>/stats); 3: sampling statistics,
+#                     stats-only storage and content digests
+READS = (1, 2, 3)  # versions this specsim reads
+STORAGES = ("full", "topk", "stats")
 TARGET = "target"  # column name of the target's logits
 ROW_CHUNK = 16  # positions per HDF5 chunk: bounded-memory streaming, ~1.5 MB at V=49k
+STATS_CHUNK_BYTES = 8192  # bytes per chunk of a statistic: small files stay small, big ones read in few calls
 
 STOP_REASONS = ("max_new_tokens", "eos")
 _TRAJ_DTYPE = np.dtype(
@@ -52,6 +71,7 @@ _TRAJ_DTYPE = np.dtype(
         ("start", "<i8"),
         ("length", "<i4"),
         ("stop_reason", "<i1"),
+        ("digest", "S16"),  # blake2b-128 of the previous row's digest and this trajectory's content
     ]
 )
 
@@ -69,13 +89,17 @@ class CacheSpec:
     vocab_size: int  # logits width (may exceed the tokenizer's length)
     drafts: tuple[str, ...]  # draft column names, e.g. ("int8", "layers:20")
     temperatures: tuple[float, ...]  # sampling temperatures; 0.0 = greedy
-    storage: str = "full"  # "full" logits, or "topk" (top-K + log-sum-exp of the rest)
+    storage: str = "full"  # "full" logits, "topk" (top-K + log-sum-exp of the rest) or "stats" (statistics only)
     top_k: int = 0  # K when storage == "topk"
     meta: Mapping = field(default_factory=dict)  # JSON-able run metadata; meta["settings"] checked on resume
+    stats: StatsSpec | None = field(default_factory=StatsSpec)  # statistics recorded per position (None: a
+    #                                                             version-1/2 file, rank/logprob/top_ids at most)
 
     def __post_init__(self) -> None:
-        if self.storage not in ("full", "topk"):
-            raise CacheError(f"storage must be 'full' or 'topk', got {self.storage!r}")
+        if self.storage not in STORAGES:
+            raise CacheError(f"storage must be one of {', '.join(STORAGES)}, got {self.storage!r}")
+        if self.storage == "stats" and self.stats is None:
+            raise CacheError("stats storage needs a StatsSpec: it keeps nothing else")
         if self.storage == "topk" and not 0 < self.top_k < self.vocab_size:
             raise CacheError(f"top_k must be in 1..{self.vocab_size - 1} for topk storage, got {self.top_k}")
         if TARGET in self.drafts:
@@ -166,8 +190,9 @@ def _read_spec(f: h5py.File, path: Path) -> CacheSpec:
             storage=str(f.attrs["storage"]),
             top_k=int(f.attrs["top_k"]),
             meta=json.loads(f.attrs["meta"]),
+            stats=StatsSpec.from_json(f.attrs["statistics"]) if "statistics" in f.attrs else None,
         )
-    except (KeyError, ValueError) as exc:
+    except (KeyError, ValueError, TypeError) as exc:
         raise CacheError(f"{path}: corrupt cache header ({exc})") from None
 
 
@@ -200,6 +225,7 @@ class CacheWriter:
         self._n_rows = len(rows)
         self._n_positions = int((rows["start"] + rows["length"]).max()) if len(rows) else 0
         self._done = {(int(r["prompt_index"]), float(r["temperature"])) for r in rows}
+        self._last_digest = bytes(rows["digest"][-1]) if len(rows) and "digest" in rows.dtype.names else b""
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
@@ -231,6 +257,10 @@ class CacheWriter:
             raise CacheError(f"{path}: no such file to resume")
         with _open_h5(path, "r") as f:  # SWMR read works on a crashed file too
             spec = _read_spec(f, path)
+            version = int(f.attrs.get("format_version", -1))
+            if version != FORMAT_VERSION:
+                raise CacheError(f"{path}: written in cache format {version}; --resume continues format "
+                                 f"{FORMAT_VERSION} files only: record a new file")
             prompts = _read_prompts(f)
             rows = _committed_rows(f)
         # Rebuild into a fresh file: a crashed SWMR writer leaves flags that forbid r+,
@@ -258,6 +288,9 @@ class CacheWriter:
         f.attrs["drafts"] = json.dumps(list(spec.drafts))
         f.attrs["temperatures"] = json.dumps([float(t) for t in spec.temperatures])
         f.attrs["meta"] = json.dumps(dict(spec.meta), default=str)
+        if spec.stats is None:
+            raise CacheError("a new cache needs a StatsSpec (version-1/2 layouts are read, not written)")
+        f.attrs["statistics"] = spec.stats.to_json()
         g = f.create_group("prompts")
         g["question_id"] = np.array([p.question_id for p in prompts], dtype=np.int64)
         g["category"] = np.array([p.category for p in prompts], dtype=h5py.string_dtype())
@@ -275,15 +308,15 @@ class CacheWriter:
             g = cols.create_group(_group_name(c))
             g.attrs["name"] = c
             st = g.create_group("stats")
-            st.create_dataset("logprob", (0,), maxshape=(None,), dtype=np.float64, chunks=(1024,), fletcher32=True)
-            if c != TARGET:
-                st.create_dataset("rank", (0,), maxshape=(None,), dtype=np.int32, chunks=(1024,), fletcher32=True)
-                st.create_dataset("top_ids", (0, STATS_TOP_K), maxshape=(None, STATS_TOP_K), dtype=np.int32,
-                                  chunks=(256, STATS_TOP_K), fletcher32=True)
+            shapes = TARGET_STAT_SHAPES if c == TARGET else draft_stat_shapes(spec.stats)
+            for name, (dtype, tail) in shapes.items():
+                rows = max(64, STATS_CHUNK_BYTES // (dtype.itemsize * int(np.prod(tail, dtype=np.int64))))
+                st.create_dataset(name, (0, *tail), maxshape=(None, *tail), dtype=dtype, chunks=(rows, *tail),
+                                  fletcher32=True)
             if spec.storage == "full":
                 g.create_dataset("logits", (0, V), maxshape=(None, V), dtype=np.float16, chunks=(ROW_CHUNK, V),
                                  fletcher32=True)
-            else:
+            elif spec.storage == "topk":
                 g.create_dataset("topk_ids", (0, K), maxshape=(None, K), dtype=np.int32, chunks=(256, K),
                                  fletcher32=True)
                 g.create_dataset("topk_logits", (0, K), maxshape=(None, K), dtype=np.float16, chunks=(256, K),
@@ -293,15 +326,14 @@ class CacheWriter:
 
     @staticmethod
     def _copy_positions(src: h5py.File, out: h5py.File, spec: CacheSpec, n: int) -> None:
-        datasets = ["positions/token"] + [
-            f"columns/{_group_name(c)}/{name}"
-            for c in spec.columns
-            for name in (("logits",) if spec.storage == "full" else ("topk_ids", "topk_logits", "tail_lse"))
-        ] + [f"columns/{_group_name(c)}/stats/{name}" for c in spec.columns
-             for name in (("logprob",) if c == TARGET else ("logprob", "rank", "top_ids"))]
-        for name in datasets:
-            if name not in src:  # statistics a version-1 file does not have: resume fills new rows only
-                raise CacheError(f"cannot resume a version-1 cache ({name} missing); record a new file")
+        """Copy the first n positions of every per-position dataset (what the layout created)."""
+        names: list[str] = []
+        out.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset)
+                       and (name.startswith("positions/") or name.startswith("columns/")) else None)
+        for name in names:
+            if name not in src:  # a version-1/2 file lacks the newer statistics
+                raise CacheError(f"cannot resume a cache written by an older specsim ({name} missing); "
+                                 "record a new file")
             s, d = src[name], out[name]
             d.resize((n, *d.shape[1:]))
             step = 1024
@@ -327,11 +359,18 @@ class CacheWriter:
         temperature: float,
         seed: int,
         tokens: np.ndarray,
-        target_logits: np.ndarray,
-        draft_logits: Mapping[str, np.ndarray],
         stop_reason: str,
+        target_logits: np.ndarray | None = None,
+        draft_logits: Mapping[str, np.ndarray] | None = None,
+        stats: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     ) -> None:
-        """Write one trajectory's positions, then commit it by appending its row."""
+        """Write one trajectory's positions, then commit it by appending its row.
+
+        stats: column -> statistic -> (n, ...) array, as the recorder computes them on its device
+        (`specsim.record.statistics`); without it they are computed here from the logits with
+        the numpy reference (`specsim.cache.stats`). Logits are required unless the storage is
+        "stats" and every statistic is given.
+        """
         tokens = np.asarray(tokens, dtype=np.int32)
         n = len(tokens)
         if n == 0:
@@ -340,27 +379,54 @@ class CacheWriter:
             raise CacheError(f"prompt_index {prompt_index} out of range 0..{len(self.prompts) - 1}")
         if not any(_same_temperature(temperature, t) for t in self.spec.temperatures):
             raise CacheError(f"temperature {temperature} is not one of the cache's {list(self.spec.temperatures)}")
-        if set(draft_logits) != set(self.spec.drafts):
-            raise CacheError(f"draft logits given for {sorted(draft_logits)}, the cache records {list(self.spec.drafts)}")
         if stop_reason not in STOP_REASONS:
             raise CacheError(f"stop_reason must be one of {STOP_REASONS}, got {stop_reason!r}")
-        columns = {TARGET: target_logits, **draft_logits}
-        for c, x in columns.items():
-            if np.shape(x) != (n, self.spec.vocab_size):
-                raise CacheError(f"{c} logits have shape {np.shape(x)}, expected ({n}, {self.spec.vocab_size})")
+        columns = None
+        if target_logits is not None or draft_logits is not None:
+            draft_logits = dict(draft_logits or {})
+            if set(draft_logits) != set(self.spec.drafts):
+                raise CacheError(f"draft logits given for {sorted(draft_logits)}, the cache records "
+                                 f"{list(self.spec.drafts)}")
+            columns = {TARGET: target_logits, **draft_logits}
+            for c, x in columns.items():
+                if np.shape(x) != (n, self.spec.vocab_size):
+                    raise CacheError(f"{c} logits have shape {np.shape(x)}, expected ({n}, {self.spec.vocab_size})")
+            columns = {c: np.asarray(x, dtype=np.float32) for c, x in columns.items()}
+        elif self.spec.storage != "stats":
+            raise CacheError(f"{self.spec.storage} storage keeps the logits: pass target_logits and draft_logits")
+        stats = dict(stats or {})
+        for c in self.spec.columns:
+            if c not in stats:
+                if columns is None:
+                    raise CacheError(f"no statistics and no logits for column {c!r}")
+                stats[c] = (target_stats(columns[TARGET], tokens, temperature) if c == TARGET else
+                            draft_stats(columns[TARGET], columns[c], tokens, temperature, self.spec.stats,
+                                        np.random.default_rng([seed & (2**63 - 1), zlib.crc32(c.encode())])))
+            shapes = TARGET_STAT_SHAPES if c == TARGET else draft_stat_shapes(self.spec.stats)
+            for name, (dtype, tail) in shapes.items():
+                x = stats[c].get(name)
+                if x is None or np.shape(x) != (n, *tail):
+                    raise CacheError(f"statistic {c}/{name}: expected shape {(n, *tail)}, got "
+                                     f"{None if x is None else np.shape(x)}")
 
         f, start, stop = self._f, self._n_positions, self._n_positions + n
+        digest = hashlib.blake2b(self._last_digest, digest_size=16)
+        digest.update(np.array([prompt_index, n], dtype=np.int64).tobytes() + np.float32(temperature).tobytes())
         tok = f["positions/token"]
         tok.resize((stop,))
         tok[start:stop] = tokens
-        for c, x in columns.items():
-            x = np.asarray(x, dtype=np.float32)
+        digest.update(tokens.tobytes())
+        for c in self.spec.columns:
             g = f["columns"][_group_name(c)]
-            self._write_column(g, start, stop, x)
-            for name, values in position_stats(x, tokens, temperature, draft=c != TARGET).items():
+            if columns is not None and self.spec.storage != "stats":
+                digest.update(self._write_column(g, start, stop, columns[c]))
+            shapes = TARGET_STAT_SHAPES if c == TARGET else draft_stat_shapes(self.spec.stats)
+            for name, (dtype, _) in shapes.items():
+                values = np.ascontiguousarray(stats[c][name], dtype=dtype)
                 ds = g["stats"][name]
                 ds.resize((stop, *ds.shape[1:]))
                 ds[start:stop] = values
+                digest.update(values.tobytes())
         f.flush()  # positions reach the file before the row that makes them visible
 
         rows = f["trajectories"]
@@ -368,23 +434,29 @@ class CacheWriter:
         row = np.zeros((), dtype=_TRAJ_DTYPE)
         row["prompt_index"], row["temperature"], row["seed"] = prompt_index, temperature, seed
         row["start"], row["length"], row["stop_reason"] = start, n, STOP_REASONS.index(stop_reason)
+        row["digest"] = digest.digest()
         rows[self._n_rows] = row
         f.flush()
         self._n_rows += 1
         self._n_positions = stop
+        self._last_digest = digest.digest()
         self._done.add((prompt_index, float(np.float32(temperature))))
 
-    def _write_column(self, g: h5py.Group, start: int, stop: int, logits: np.ndarray) -> None:
+    def _write_column(self, g: h5py.Group, start: int, stop: int, logits: np.ndarray) -> bytes:
+        """Write a column's distributions (full or top-k); the bytes written, for the digest."""
         if self.spec.storage == "full":
             ds = g["logits"]
             ds.resize((stop, ds.shape[1]))
-            ds[start:stop] = logits.astype(np.float16)
-            return
+            half = logits.astype(np.float16)
+            ds[start:stop] = half
+            return half.tobytes()
         ids, top, tail = topk_compress(logits, self.spec.top_k)
-        for name, x in (("topk_ids", ids), ("topk_logits", top.astype(np.float16)), ("tail_lse", tail)):
+        parts = (("topk_ids", ids), ("topk_logits", top.astype(np.float16)), ("tail_lse", tail))
+        for name, x in parts:
             ds = g[name]
             ds.resize((stop, *ds.shape[1:]))
             ds[start:stop] = x
+        return b"".join(x.tobytes() for _, x in parts)
 
     def close(self) -> None:
         if self._f.id.valid:
@@ -545,8 +617,30 @@ class CacheReader:
                              f"; {exc}); the file was changed after it was written: copy or record it again") from None
 
     def has_stats(self) -> bool:
-        """Whether the file records float32 per-position statistics (format version 2)."""
+        """Whether the file records float32 per-position statistics (format version 2 or later)."""
         return "stats" in self._f["columns"][_group_name(TARGET)]
+
+    def has_stat(self, column: str, name: str) -> bool:
+        """Whether `column` records the statistic `name` (version 3 adds π, swor groups and lossy α/TV)."""
+        g = self._f["columns"][_group_name(self.check_column(column))]
+        return "stats" in g and name in g["stats"]
+
+    @property
+    def has_distributions(self) -> bool:
+        """Whether the file keeps the models' distributions (full or top-k logits), not only statistics."""
+        return self.spec.storage != "stats"
+
+    @property
+    def fingerprint(self) -> str | None:
+        """Content fingerprint of the committed part: the last row's chained digest and the row count.
+
+        None for files written before format 3 (they have no digests).
+        """
+        if not len(self._rows):
+            return "empty"
+        if "digest" not in self._rows.dtype.names:
+            return None
+        return f"{len(self._rows)}:{bytes(self._rows['digest'][-1]).hex()}"
 
     def stats(self, column: str, name: str, start: int, stop: int) -> np.ndarray:
         """A recorded statistic of `column` over positions [start, stop): logprob, rank or top_ids."""
@@ -557,6 +651,9 @@ class CacheReader:
     def logits(self, column: str, start: int, stop: int) -> np.ndarray:
         """(stop - start, V) float32 logits of `column` ("target" or a draft name)."""
         self._check_range(start, stop)
+        if self.spec.storage == "stats":
+            raise CacheError(f"{self.path}: a stats-only cache (--store stats) keeps no distributions; "
+                             "what needs them must be recorded with --store full")
         g = self._f["columns"][_group_name(self.check_column(column))]
         if self.spec.storage == "full":
             return self._read(g["logits"], start, stop, f"{column} logits").astype(np.float32)

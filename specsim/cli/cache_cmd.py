@@ -32,18 +32,33 @@ from specsim.cli import _common as c
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Cache file to write (.h5).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted cache (same settings), skipping finished trajectories.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing cache file.")
+@click.option("--store", type=click.Choice(["full", "stats"]), default="full", show_default=True,
+              help="full: the per-position statistics and every logit (float16); stats: the statistics only, "
+                   "computed on the recording device (a few hundred bytes a position instead of ~4 V bytes per "
+                   "model; enough for every exact policy).")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Store only the top-K logits per position plus the log-sum-exp of the rest (0 = all logits).")
+              help="With --store full: keep only the top-K logits per position plus the log-sum-exp of the rest "
+                   "(0 = all logits).")
+@click.option("--candidates", type=click.IntRange(1, 64), default=8, show_default=True,
+              help="Sampling trees: record the acceptance of up to this many candidates per node (i.i.d. exact; "
+                   "without replacement: exact for two, Monte-Carlo beyond).")
+@click.option("--swor-samples", type=click.IntRange(min=16), default=256, show_default=True,
+              help="Monte-Carlo samples per position for candidates drawn without replacement (a multiple of 16).")
+@click.option("--lossy", "lossy", multiple=True, callback=c.specs,
+              help="Lossy rules whose acceptance and distortion to record (repeatable) "
+                   "[default: p>=q, p>=lq:0.5, typical:0.09,0.3].")
 @c.quiet_option
 @c.friendly_errors
 def cache(target, drafts, prompts, categories, per_category, max_new_tokens, temperatures, seed, device, dtype,
-          batch_size, out, resume, overwrite, top_k, quiet):
+          batch_size, out, resume, overwrite, store, top_k, candidates, swor_samples, lossy, quiet):
     """Record what the target and each draft predict along target-sampled trajectories.
 
     For every prompt and temperature the target samples a trajectory (greedy at T=0),
-    and the cache keeps the target's and every draft's next-token logits at each
-    generated position. `specsim simulate` then replays any draft tree, budget and
-    policy on it exactly, on a CPU.
+    and the cache keeps, at each generated position, what exact replay needs of the
+    target's and every draft's next-token distributions (ranks, log-probabilities,
+    multi-draft acceptance, lossy rules' acceptance), computed on the recording device
+    in float32 — and with --store full the logits themselves. `specsim simulate` then
+    replays any draft tree, budget and policy on it exactly, on a CPU.
 
     \b
     Examples:
@@ -51,18 +66,20 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
           --per-category 1 --max-new-tokens 48 --temperature 0 --temperature 0.7 \\
           --out cache/demo.h5
       specsim cache --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct \\
-          --device cuda --dtype bfloat16 --batch-size 8 --out cache/qwen7b.h5
+          --device cuda --dtype bfloat16 --batch-size 8 --store stats --out cache/qwen7b.h5
       specsim cache ... --out cache/demo.h5 --resume     # after an interruption
 
     Ctrl-C (or SIGTERM) keeps every finished trajectory; rerun the same command with
     --resume. One process records a file at a time: a second one refuses at once.
     """
+    from specsim.cache.stats import LOSSY_RULES, StatsSpec
     from specsim.record.run import RecordRequest, record_cache
 
+    stats = StatsSpec(candidates=candidates, swor_samples=swor_samples, lossy=tuple(lossy) or LOSSY_RULES)
     request = RecordRequest(target=target, drafts=tuple(drafts), prompts=prompts, categories=tuple(categories) or None,
                             per_category=per_category, max_new_tokens=max_new_tokens,
                             temperatures=tuple(temperatures) or (0.0,), seed=seed, device=device, dtype=dtype,
-                            batch_size=batch_size, top_k=top_k)
+                            batch_size=batch_size, top_k=top_k, store=store, stats=stats)
     outcome = record_cache(out, request, resume=resume, overwrite=overwrite, progress=not quiet,
                            echo=lambda line: click.echo(line, err=True))
     if outcome.interrupted:

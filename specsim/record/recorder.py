@@ -9,6 +9,10 @@ in ONE teacher-forced forward pass over y_1 .. y_{n-1} on top of the draft's
 prompt KV cache. Each model runs a prompt once per batch; every temperature's
 trajectory continues from a copy of that prompt cache.
 
+The logits stay on the models' device: every statistic replay needs is computed there in
+float32 (`specsim.record.statistics`), and only those statistics — plus the logits
+themselves when the cache stores them — travel to the host.
+
 Trajectories are committed to the cache one at a time (a Ctrl-C waits for the
 commit in progress), so an interrupted run keeps everything it finished and
 ``--resume`` carries on. Each (prompt, temperature) pair has its own seeded
@@ -42,7 +46,7 @@ class RecordConfig:
 @dataclass(frozen=True)
 class Trajectory:
     tokens: np.ndarray  # (n,) int64 sampled tokens y_1..y_n
-    p_target_logits: np.ndarray  # (n, V) float32 logits the target sampled y_t from
+    p_target_logits: Any  # (n, V) float32 torch tensor on the model's device: the logits y_t was sampled from
     stop_reason: str  # "eos" | "max_new_tokens"
 
 
@@ -52,6 +56,7 @@ class RecordStats:
     positions: int  # generated positions committed in this run
     skipped: int  # (prompt, temperature) pairs already in the file
     seconds: float  # wall time of this run's recording loop
+    stats_seconds: float = 0.0  # of which computing the per-position statistics on the device
 
 
 def trajectory_seed(seed: int, prompt_index: int, temperature: float) -> int:
@@ -119,7 +124,7 @@ def generate(
     start = start if start is not None else prefill(target, prompts)
     generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
     B = len(prompts)
-    steps: list = []  # each (B, V) float32 on CPU
+    steps: list = []  # each (B, V) float32 on the model's device
     tokens = torch.zeros((B, max_new_tokens), dtype=torch.long)
     lengths = [0] * B
     finished = [False] * B
@@ -132,7 +137,7 @@ def generate(
             else:
                 probs = torch.softmax(logits / temperature, dim=-1)  # (B, V)
                 nxt = torch.cat([torch.multinomial(probs[i], 1, generator=generators[i]) for i in range(B)])
-            steps.append(logits.to("cpu", copy=True))
+            steps.append(logits)
             alive = 0
             for i, tok in enumerate(nxt.tolist()):
                 if finished[i]:
@@ -148,7 +153,7 @@ def generate(
             out = model(input_ids=nxt.view(B, 1), attention_mask=mask, position_ids=positions,
                         past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache, logits, positions = out.past_key_values, out.logits[:, -1, :].float(), positions + 1
-    stacked = torch.stack(steps, dim=1).numpy()  # (B, steps, V)
+    stacked = torch.stack(steps, dim=1)  # (B, steps, V) on the device
     return [
         Trajectory(
             tokens=tokens[i, : lengths[i]].numpy(),
@@ -165,8 +170,9 @@ def teacher_forced_logits(
     trajectories: Sequence[np.ndarray],
     *,
     start: Prefill | None = None,
-) -> list[np.ndarray]:
-    """The draft's next-token logits at every trajectory position, teacher-forced.
+) -> list:
+    """The draft's next-token logits at every trajectory position, teacher-forced: (n, V) float32 tensors
+    on the draft's device, one per trajectory.
 
     Position t is predicted from (prompt, y_<t): the prompt pass (``start``, shared by
     all temperatures) gives position 1, and ONE forward pass over y_1..y_{n-1} on top of
@@ -176,7 +182,7 @@ def teacher_forced_logits(
 
     device = draft.info["device"]
     start = start if start is not None else prefill(draft, prompts)
-    first = start.last_logits.cpu().numpy()  # (B, V)
+    first = start.last_logits  # (B, V)
     width = max(len(y) for y in trajectories) - 1
     if width == 0:
         return [first[i : i + 1] for i in range(len(trajectories))]
@@ -191,15 +197,15 @@ def teacher_forced_logits(
     with torch.inference_mode():
         out = draft.model(input_ids=ids.to(device), attention_mask=mask, position_ids=positions,
                           past_key_values=copy.deepcopy(start.cache), use_cache=True)
-        rest = out.logits.float().cpu().numpy()  # (B, width, V)
-    return [np.concatenate([first[i : i + 1], rest[i, : len(y) - 1]]) for i, y in enumerate(trajectories)]
+        rest = out.logits.float()  # (B, width, V)
+    return [torch.cat([first[i : i + 1], rest[i, : len(y) - 1]]) for i, y in enumerate(trajectories)]
 
 
 # -- metadata and resume ---------------------------------------------------------
 
 
 def settings(*, target: str, drafts: Sequence[str], prompt_spec: dict, config: RecordConfig, dtype: str,
-             storage: str, top_k: int) -> dict:
+             storage: str, top_k: int, statistics: dict | None = None) -> dict:
     """What must match between a file and a ``--resume`` (JSON-able, compared key by key)."""
     return {
         "target": target,
@@ -213,6 +219,7 @@ def settings(*, target: str, drafts: Sequence[str], prompt_spec: dict, config: R
         "dtype": dtype,
         "storage": storage,
         "top_k": top_k,
+        "statistics": statistics,
     }
 
 
@@ -278,6 +285,23 @@ def prompt_records(prompts, tokenizer) -> list[PromptRecord]:
     ]
 
 
+def trajectory_stats(y: Trajectory, drafts: dict, temperature: float, seed: int, spec) -> dict:
+    """Every column's statistics for one trajectory, computed on the models' device."""
+    import torch
+
+    from specsim.record.statistics import draft_stats, target_stats
+
+    p_logits = y.p_target_logits
+    tokens = torch.as_tensor(np.asarray(y.tokens, dtype=np.int64), device=p_logits.device)
+    out = {"target": target_stats(p_logits, tokens, temperature)}
+    for name, q_logits in drafts.items():
+        generator = torch.Generator(device=q_logits.device).manual_seed(
+            int(hashlib.sha256(f"{seed}/{name}".encode()).hexdigest()[:15], 16))
+        out[name] = draft_stats(p_logits.to(q_logits.device), q_logits, tokens.to(q_logits.device), temperature, spec,
+                                generator)
+    return out
+
+
 def record(
     writer: CacheWriter,
     target: LoadedModel,
@@ -295,6 +319,7 @@ def record(
     n_pending = sum(len(ts) for ts in todo.values())
     skipped = len(config.temperatures) * len(writer.prompts) - n_pending
     n_traj = n_pos = 0
+    stats_seconds = 0.0
     bar = tqdm(total=n_pending * config.max_new_tokens, unit="pos", desc="recording", disable=not progress,
                dynamic_ncols=True)
     try:
@@ -316,11 +341,16 @@ def record(
                     if t not in todo[i]:
                         bar.total += len(y.tokens)  # recomputed alongside a pending row (resume), not stored
                         continue
+                    columns = {name: logits[k] for name, logits in q_draft.items()}
+                    t_stats = time.perf_counter()
+                    stats = trajectory_stats(y, columns, t, seed, writer.spec.stats)  # synchronous: ends in .cpu()
+                    stats_seconds += time.perf_counter() - t_stats
+                    keep = writer.spec.storage != "stats"
                     _commit_uninterrupted(lambda: writer.append_trajectory(
-                        prompt_index=i, temperature=t, seed=seed, tokens=y.tokens,
-                        target_logits=y.p_target_logits,
-                        draft_logits={name: logits[k] for name, logits in q_draft.items()},
-                        stop_reason=y.stop_reason,
+                        prompt_index=i, temperature=t, seed=seed, tokens=y.tokens, stop_reason=y.stop_reason,
+                        target_logits=y.p_target_logits.cpu().numpy() if keep else None,
+                        draft_logits={name: x.cpu().numpy() for name, x in columns.items()} if keep else None,
+                        stats=stats,
                     ))
                     n_traj += 1
                     n_pos += len(y.tokens)
@@ -329,4 +359,4 @@ def record(
     finally:
         bar.close()
     return RecordStats(trajectories=n_traj, positions=n_pos, skipped=skipped,
-                       seconds=time.perf_counter() - started)
+                       seconds=time.perf_counter() - started, stats_seconds=stats_seconds)

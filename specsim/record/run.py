@@ -9,11 +9,13 @@ continues it.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from specsim.cache.stats import StatsSpec
 from specsim.errors import CacheError, PromptError, ResumeMismatchError
 
 
@@ -33,6 +35,8 @@ class RecordRequest:
     dtype: str = "float32"  # model dtype
     batch_size: int = 1  # prompts generated together
     top_k: int = 0  # 0: full logits; K: top-K logits + tail log-sum-exp
+    store: str = "full"  # "full": statistics and the logits; "stats": the per-position statistics only
+    stats: StatsSpec = StatsSpec()  # which statistics (π candidates, swor samples, lossy rules)
 
 
 @dataclass(frozen=True)
@@ -101,9 +105,14 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
     }
     config = RecordConfig(max_new_tokens=request.max_new_tokens, temperatures=temperatures, seed=request.seed,
                           batch_size=request.batch_size)
-    storage = "topk" if request.top_k else "full"
+    if request.store not in ("full", "stats"):
+        raise CacheError(f"--store {request.store!r}: use full (statistics and logits) or stats (statistics only)")
+    if request.store == "stats" and request.top_k:
+        raise CacheError("--top-k keeps truncated logits; --store stats keeps none: choose one")
+    storage = "stats" if request.store == "stats" else "topk" if request.top_k else "full"
     run_settings = settings(target=request.target, drafts=request.drafts, prompt_spec=prompt_spec, config=config,
-                            dtype=request.dtype, storage=storage, top_k=request.top_k)
+                            dtype=request.dtype, storage=storage, top_k=request.top_k,
+                            statistics=json.loads(request.stats.to_json()))
     with CacheLock(out):  # before any model loads: a second writer refuses at once
         file_tokenizer = None
         if resume:
@@ -124,7 +133,7 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
             meta = build_meta(p_target, q_drafts, prompt_spec, run_settings, device=p_target.info["device"],
                               batch_size=request.batch_size)
             spec = CacheSpec(vocab_size=p_target.vocab_size, drafts=tuple(request.drafts), temperatures=temperatures,
-                             storage=storage, top_k=request.top_k, meta=meta)
+                             storage=storage, top_k=request.top_k, meta=meta, stats=request.stats)
             writer = CacheWriter.create(out, spec, records, overwrite=overwrite)
         n_cat = len(prompt_set.categories)
         echo(f"recording {len(records)} prompts ({n_cat} categor{'y' if n_cat == 1 else 'ies'}, {prompt_set.source}) "

@@ -171,7 +171,7 @@ def simulate_batch(table: AcceptanceTable, features, tree: Tree, cost_model, dra
     """
     rng = np.random.default_rng([seed, batch, BATCHING.index(batching)])
     deterministic = table.length is not None
-    lengths = table.length if deterministic else table.p_len
+    lengths = table.length if deterministic else table.law()
     n = features.n_traj
     n_point = 1 if deterministic else max(2, int(coins))
     orders = np.concatenate([np.tile(np.arange(n), (n_point, 1)),

@@ -32,7 +32,8 @@ class AcceptanceTable:
     """Law of the accepted length of a call, for every start position."""
 
     p_len: np.ndarray  # (N, D+1) float64: P(A = a | a call starts at local position t), rows sum to 1,
-    #                    already capped at the end of each trajectory (a <= n-1-t)
+    #                    already capped at the end of each trajectory (a <= n-1-t); a Monte-Carlo table's
+    #                    is an unbiased estimate whose entries may dip slightly below 0 (see `law`)
     drafted: np.ndarray  # (N,) draft tokens proposed by a call starting at t (usually tree.budget)
     exact: bool  # False for Monte-Carlo estimates
     se_len: np.ndarray | None = None  # (N,) standard error of E[A | t] when Monte-Carlo
@@ -47,6 +48,16 @@ class AcceptanceTable:
     def mean_len(self) -> np.ndarray:
         """(N,) E[A | t]."""
         return self.p_len @ np.arange(self.p_len.shape[1], dtype=np.float64)
+
+    def law(self) -> np.ndarray:
+        """(N, D+1) a valid law to sample lengths from: p_len itself, or for a Monte-Carlo table whose
+        unbiased estimate has small negative entries, the same table clipped and made monotone."""
+        if self.exact:
+            return self.p_len
+        tail = np.cumsum(self.p_len[:, ::-1], axis=1)[:, ::-1][:, 1:]  # (N, D): estimated P(A >= d)
+        tail = np.minimum.accumulate(np.clip(tail, 0.0, 1.0), axis=1)
+        ge = np.concatenate([np.ones((tail.shape[0], 1)), tail, np.zeros((tail.shape[0], 1))], axis=1)
+        return ge[:, :-1] - ge[:, 1:]
 
     def reach(self) -> np.ndarray:
         """(N, D) P(A >= d | t) for d = 1..D."""

@@ -9,11 +9,14 @@ each position t, only a few numbers derived from the cached logits:
   accepts a one-token draft with β_t = min(1, q_t(y_t) / p_t(y_t)) (the coupling);
 * the draft's top-K ids (for estimators that need the draft's candidates).
 
-They are derived once per (draft, temperature), streaming the cache in bounded
-memory, and kept beside it in ``<cache>.features.h5``; that file is rebuilt when
-the cache's committed positions, size or modification time change. Estimators that
-need whole distributions (multi-draft trees) stream them with
-`Features.iter_distributions`. Model-free drafts (``ngram:3``, ``prompt-lookup:2``)
+They are read from the statistics the recording computed (or, for caches written
+before those existed, derived once per (draft, temperature) from the stored logits,
+streaming in bounded memory) and kept beside the cache in ``<cache>.features.h5``,
+keyed by the cache's content fingerprint (the chained digest of its committed rows;
+size and modification time only for files older than format 3). The sampling
+statistics (π of multi-draft candidates, lossy rules' α and TV) are read on demand
+with `Features.recorded`; where a cache lacks them and keeps its distributions,
+estimators stream those with `Features.iter_distributions`. Model-free drafts (``ngram:3``, ``prompt-lookup:2``)
 have no draft column; their Features carry tokens and trajectory bounds only.
 numpy only.
 """
@@ -34,11 +37,13 @@ from specsim.errors import CacheError, SpecError
 from specsim.specs import is_model_free
 
 FEATURES_FORMAT = "specsim-features"
-FEATURES_VERSION = 3  # bump when the stored arrays change meaning (3: float32 ranks from recorded statistics)
+FEATURES_VERSION = 4  # bump when the stored arrays change meaning (3: float32 ranks from recorded statistics;
+#                      4: keyed by content fingerprint)
 BLOCK = 256  # positions read at once per column while deriving features
 BLOCK_ELEMENTS = 1 << 20  # logits read at once per column when streaming distributions (>= BLOCK rows):
 #                           a small vocabulary reads many rows per HDF5 call instead of paying per call
 MEMO_BYTES = 512 << 20  # keep streamed distributions in memory when both columns fit in this many bytes
+RECORDED_BLOCK = 1 << 16  # positions per read of a recorded statistic
 
 
 @dataclass(frozen=True)
@@ -59,9 +64,11 @@ class Features:
     logp: np.ndarray | None  # (N,) float64 log p_t(y_t) at `temperature` (T=0: at T=1)
     logq: np.ndarray | None  # (N,) float64 log q_t(y_t) at `temperature` (T=0: at T=1)
     top_ids: np.ndarray | None  # (N, K) int32 draft's top-K ids, most likely first
-    exact_tail: bool  # False when the cache stores top-k only (tail-dependent numbers approximate)
+    exact_tail: bool  # False for top-k storage: what falls back to its logits spreads the tail evenly
     prompt_len: np.ndarray | None = None  # (n_traj,) int64 prompt tokens of each trajectory (context = prompt + t)
     max_new_tokens: int | None = None  # the recording's output limit (None: unknown, each trajectory's end is used)
+    recorded_stats: object | None = None  # the cache's StatsSpec: sampling statistics recorded per position
+    has_distributions: bool = True  # False for stats-only caches: nothing can be derived from logits
     parent: tuple | None = field(default=None, repr=False, compare=False)  # (Features, rows) of a subset
     _memo: dict = field(default_factory=dict, repr=False, compare=False)  # streamed distributions, when small
 
@@ -114,6 +121,35 @@ class Features:
         if self.temperature <= 0:
             return (self.rank == 0).astype(np.float64)
         return np.exp(np.minimum(0.0, self.logq - self.logp))
+
+    def recorded(self, name: str) -> np.ndarray | None:
+        """(N, ...) a sampling statistic the recording computed for this draft, or None if it has none.
+
+        name: "pi_iid", "pi_swor", "pi_swor_groups", "lossy_alpha" or "lossy_tv"
+        (`specsim.cache.stats.draft_stat_shapes`). Read once, in position order, and kept.
+        """
+        if self.model_free or self.recorded_stats is None:
+            return None
+        key = f"recorded:{name}"
+        if key not in self._memo:
+            if self.parent is not None:
+                base, rows = self.parent
+                whole = base.recorded(name)
+                self._memo[key] = None if whole is None else whole[rows]
+            else:
+                self._memo[key] = self._read_recorded(name)
+        return self._memo[key]
+
+    def _read_recorded(self, name: str) -> np.ndarray | None:
+        with CacheReader(self.cache_path) as reader:
+            if not reader.has_stat(self.draft, name):
+                return None
+            first = reader.stats(self.draft, name, 0, 0)
+            out = np.empty((self.n_positions, *first.shape[1:]), dtype=first.dtype)
+            for local, lo, hi, rows in _spans(self, RECORDED_BLOCK):
+                out[local : local + rows.shape[0]] = reader.stats(self.draft, name, lo, hi)[rows]
+        out.flags.writeable = False
+        return out
 
     def room(self) -> np.ndarray:
         """(N,) int64: drafts a call at each position can still accept before the output limit.
@@ -210,9 +246,11 @@ def _load(reader: CacheReader, draft: str, temperature: float, top_k: int, progr
         traj_prompt=np.array([r.prompt_index for r in rows], dtype=np.int32),
         traj_category=np.array([categories[r.prompt_index] for r in rows], dtype=object),
         cache_start=np.array([r.start for r in rows], dtype=np.int64),
-        exact_tail=reader.spec.storage == "full",
+        exact_tail=reader.spec.storage != "topk",  # top-k: flagged approximate wherever logits could be read
         prompt_len=np.array([len(reader.prompt_token_ids(r.prompt_index)) for r in rows], dtype=np.int64),
         max_new_tokens=_max_new_tokens(reader.meta),
+        recorded_stats=reader.spec.stats,
+        has_distributions=reader.has_distributions,
     )
     if model_free:
         token = np.concatenate([reader.tokens(r.start, r.stop) for r in rows])
@@ -346,13 +384,17 @@ def features_path(cache_path: Path) -> Path:
 
 
 def _fingerprint(reader: CacheReader) -> dict:
+    """What ties the features file to the cache: its content digest (format 3), else size and mtime."""
+    content = reader.fingerprint
+    if content is not None:
+        return {"cache_content": content, "format": FEATURES_FORMAT, "version": FEATURES_VERSION}
     st = reader.path.stat()
     return {"cache_n_positions": int(reader.n_positions), "cache_size": int(st.st_size),
             "cache_mtime_ns": int(st.st_mtime_ns), "format": FEATURES_FORMAT, "version": FEATURES_VERSION}
 
 
 def _valid(f: h5py.File, fp: dict) -> bool:
-    return all(f.attrs.get(k) == v for k, v in fp.items())
+    return set(f.attrs) == set(fp) and all(f.attrs.get(k) == v for k, v in fp.items())
 
 
 def _read_stored(reader: CacheReader, key: str) -> dict | None:
@@ -380,6 +422,8 @@ def _write_stored(reader: CacheReader, key: str, arrays: dict) -> None:
             if not _valid(f, fp):
                 for name in list(f):
                     del f[name]
+                for name in list(f.attrs):
+                    del f.attrs[name]
                 f.attrs.update(fp)
             if key in f:
                 del f[key]

@@ -15,10 +15,12 @@ depend on the fan-out k > i: one vector π(s) per position serves every node.
 
 * i.i.d.: the residuals do not depend on the candidates, so the expectation factorises
   into a closed form, π_i(y) = Π_{j<i}(1 − Σ_x min(q, r_j)) · min(q(y), r_i(y)) / p(y). Exact.
-* without replacement: the residuals depend on the earlier candidates. Monte-Carlo with
-  the coins integrated analytically and x_i forced to y (importance weight q_i(y)):
+* without replacement: the residuals depend on the earlier candidates. π_0 and π_1 are
+  closed forms; beyond, Monte-Carlo with the coins integrated analytically and x_i forced
+  to y (importance weight q_i(y)):
       π̂_i = Π_{j<i}(1 − a_j(x_j)) · min(q_i(y), r_i(y)) / p(y),  x_{<i} ~ q without replacement,
-  unbiased, with a standard error from M samples per position.
+  unbiased, with a standard error from independent replicates. The residual keeps the shape
+  max(0, p − c q) (`specsim.cache.stats`), so each sample costs O(log V) per candidate.
 * k = 1 everywhere (chains) reduces to β = min(1, q(y)/p(y)), computed without MC.
 
 P(reach node) = P(reach parent) · π_{index}(t + depth − 1) along the tree gives
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from specsim.cache.stats import acceptance_iid, acceptance_swor
 from specsim.errors import SpecError
 from specsim.trees import Tree
 
@@ -40,8 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from specsim.sim.engine import AcceptanceTable
     from specsim.sim.features import Features
 
-_NO_MASS = 1e-12  # as specsim.verify: a residual lighter than this is rounding noise of r == q
-_BLOCK_ELEMENTS = 1 << 19  # (positions × samples × vocab) floats per block: CPU-cache sized rows are
+_BLOCK_ELEMENTS = 1 << 19  # (positions × vocab) floats per block: CPU-cache sized rows are
 #                            5x faster at V = 49k than 256-position blocks (measured)
 _MIN_WIDTH = 4  # candidates estimated per position at least, so a sweep's trees share one pass
 _MEMO_ELEMENTS = 1 << 25  # Monte-Carlo replicates kept for reuse up to this many floats (256 MB)
@@ -50,82 +52,7 @@ _memo: dict[int, tuple] = {}  # id(features) -> (weakref, scheme, samples, pi, r
 
 
 # ---------------------------------------------------------------------------- per-position π
-
-
-def _residual(r: np.ndarray, q_i: np.ndarray) -> np.ndarray:
-    """Row-wise norm(max(0, r − q_i)); rows without mass keep r (as `verify.residual`)."""
-    out = np.maximum(r - q_i, 0.0)
-    total = out.sum(axis=-1, keepdims=True)
-    return np.where(total > _NO_MASS, out / np.where(total > 0, total, 1.0), r)
-
-
-def _take(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """x[..., idx[...]] for an index with one entry per leading row."""
-    return np.take_along_axis(x, idx[..., None], axis=-1)[..., 0]
-
-
-def acceptance_iid(p_target: np.ndarray, q_draft: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
-    """(n, k) exact π_i(y) for i.i.d. candidates (SpecInfer), rows of p_target/q_draft (n, V)."""
-    p = np.asarray(p_target, dtype=np.float64)
-    q = np.asarray(q_draft, dtype=np.float64)
-    y = np.asarray(y, dtype=np.int64)
-    p_y = _take(p, y)
-    inv_p_y = np.where(p_y > 0, 1.0 / np.where(p_y > 0, p_y, 1.0), 0.0)
-    out = np.zeros((p.shape[0], k))  # (n, k)
-    r, survive = p, np.ones(p.shape[0])
-    for i in range(k):
-        out[:, i] = survive * np.minimum(_take(q, y), _take(r, y)) * inv_p_y
-        if i + 1 < k:
-            survive = survive * np.clip(1.0 - np.minimum(q, r).sum(axis=1), 0.0, 1.0)
-            r = _residual(r, q)
-    return out
-
-
-def acceptance_swor(
-    p_target: np.ndarray,
-    q_draft: np.ndarray,
-    y: np.ndarray,
-    k: int,
-    samples: int,
-    rng: np.random.Generator,
-) -> np.ndarray:
-    """(n, samples, k) unbiased single-sample estimates of π_i(y), candidates without replacement.
-
-    Each sample draws one ordered candidate sequence x_0..x_{k-2} by Gumbel-top-k (the law
-    of successive renormalised draws); the estimate for candidate i uses its prefix x_{<i}
-    with the coins integrated out and x_i forced to y.
-    """
-    p = np.asarray(p_target, dtype=np.float64)
-    q = np.asarray(q_draft, dtype=np.float64)
-    q = q / q.sum(axis=1, keepdims=True)
-    y = np.asarray(y, dtype=np.int64)
-    n, vocab = p.shape
-    out = np.zeros((n, samples, k))  # (n, M, k)
-    p_y = _take(p, y)
-    inv_p_y = np.where(p_y > 0, 1.0 / np.where(p_y > 0, p_y, 1.0), 0.0)[:, None]  # (n, 1)
-    y_m = np.broadcast_to(y[:, None], (n, samples))  # (n, M)
-    if k > 1:
-        with np.errstate(divide="ignore"):
-            keys = np.log(q)[:, None, :] + rng.gumbel(size=(n, samples, vocab))  # (n, M, V)
-        top = np.argpartition(-keys, k - 2, axis=-1)[..., : k - 1]  # (n, M, k-1) unordered
-        order = np.argsort(-np.take_along_axis(keys, top, axis=-1), axis=-1, kind="stable")
-        prefix = np.take_along_axis(top, order, axis=-1)  # (n, M, k-1) in draw order
-    r = np.broadcast_to(p[:, None, :], (n, samples, vocab))  # (n, M, V) running residual
-    remaining = np.broadcast_to(q[:, None, :], (n, samples, vocab)).copy()  # q without drawn ids
-    weight = np.ones((n, samples))  # Π_{j<i} (1 − a_j)
-    for i in range(k):
-        total = remaining.sum(axis=-1, keepdims=True)
-        q_i = np.where(total > 0, remaining / np.where(total > 0, total, 1.0), 0.0)  # (n, M, V)
-        out[:, :, i] = weight * np.minimum(_take(q_i, y_m), _take(r, y_m)) * inv_p_y
-        if i + 1 == k:
-            break
-        x = prefix[..., i]  # (n, M)
-        r_x, q_x = _take(r, x), _take(q_i, x)
-        accept = np.where(r_x >= q_x, (r_x > 0).astype(np.float64), r_x / np.where(q_x > 0, q_x, 1.0))
-        weight = weight * (1.0 - accept)
-        r = _residual(r, q_i)
-        np.put_along_axis(remaining, x[..., None], 0.0, axis=-1)
-    return out
+# acceptance_iid and acceptance_swor live in specsim.cache.stats: the recorder computes them too.
 
 
 # ---------------------------------------------------------------------------- tree DP
@@ -169,12 +96,15 @@ def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray) -> np.ndar
     return out
 
 
-def length_distribution(at_least: np.ndarray) -> np.ndarray:
-    """(N, D+1) P(A = a) from (N, D) P(A ≥ d), made a valid law (clipped, non-increasing).
+def length_distribution(at_least: np.ndarray, *, valid: bool = True) -> np.ndarray:
+    """(N, D+1) P(A = a) from (N, D) P(A ≥ d).
 
-    Exact inputs already are; Monte-Carlo estimates may overshoot 1 or wiggle by noise.
+    valid=True makes it a law (clipped to [0, 1], non-increasing): exact inputs already are.
+    Monte-Carlo estimates pass valid=False: clipping and monotone repair of noisy estimates
+    bias every expectation downward, while the unrepaired differences keep each expectation
+    (E[A | t] and the walk's totals, linear in them) unbiased; rows still sum to 1.
     """
-    tail = np.minimum.accumulate(np.clip(at_least, 0.0, 1.0), axis=1)
+    tail = np.minimum.accumulate(np.clip(at_least, 0.0, 1.0), axis=1) if valid else at_least
     ge = np.concatenate([np.ones((tail.shape[0], 1)), tail, np.zeros((tail.shape[0], 1))], axis=1)
     return ge[:, :-1] - ge[:, 1:]
 
@@ -190,34 +120,51 @@ def candidate_acceptance(
     samples: int,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Per-position π (N, k) and, for 'swor' with k > 1, Monte-Carlo replicates (N, M, k).
+    """Per-position π (N, k) and, for 'swor' with k > 2, Monte-Carlo replicates (N, R, k).
 
-    k = 1 uses the cached log-probabilities (β). Otherwise the full distributions are
-    streamed from the cache once per Features object and scheme: π_i does not depend on the
-    fan-out, so the columns estimated for one tree serve every tree of a sweep with no more
-    candidates per node (the Monte-Carlo draws are then shared, common random numbers).
+    k = 1 uses the cached log-probabilities (β). Otherwise the statistics the recording
+    computed (`Features.recorded`: π_iid exactly; π_swor with its group means as R
+    replicates) when they cover k candidates; else the full distributions are streamed
+    from the cache once per Features object and scheme (π_i does not depend on the
+    fan-out, so one estimate serves every tree of a sweep with no more candidates per node).
     """
     if scheme not in SCHEMES:
         raise SpecError(f"multi-draft scheme {scheme!r} is not one of {', '.join(SCHEMES)}")
     if k == 1 and features.logp is not None and features.logq is not None:
         logp = features.logp.astype(np.float64)
         return np.exp(np.minimum(0.0, features.logq.astype(np.float64) - logp))[:, None], None
+    recorded = features.recorded_stats
+    if recorded is not None and k <= recorded.candidates:
+        pi = features.recorded("pi_iid" if scheme == "iid" else "pi_swor")
+        if pi is not None:
+            pi = pi[:, :k].astype(np.float64)
+            if features.logp is not None and features.logq is not None:  # candidate 0 is β: the chains' value
+                pi[:, 0] = np.exp(np.minimum(0.0, features.logq.astype(np.float64) - features.logp))
+            if scheme == "iid" or k <= 2:  # candidates 0 and 1 are exact without replacement too
+                return pi, None
+            groups = features.recorded("pi_swor_groups")[:, :, :k].astype(np.float64)
+            groups[:, :, :2] = pi[:, None, :2]  # exact columns: no spread between replicates
+            return pi, groups
+    if not features.has_distributions:
+        have = f"for up to {recorded.candidates} candidates per node" if recorded is not None else "none"
+        raise SpecError(f"a {scheme} tree with {k} candidates per node needs π for {k} candidates; this stats-only "
+                        f"cache recorded them {have}: re-record with --candidates {k} (or --store full)")
     hit = _memo.get(id(features))
     if hit is not None and hit[0]() is features and hit[1:3] == (scheme, samples) and hit[3].shape[1] >= k:
         pi, reps = hit[3], hit[4]
-        return pi[:, :k], (reps[:, :, :k] if reps is not None and k > 1 else None)
+        return pi[:, :k], (reps[:, :, :k] if reps is not None and k > 2 else None)
     if features.parent is not None:  # a subset (cross-fitting folds): slice the whole set's estimates
         base, rows = features.parent
         hit = _memo.get(id(base))
         if hit is not None and hit[0]() is base and hit[1:3] == (scheme, samples) and hit[3].shape[1] >= k:
             pi, reps = hit[3][rows], (None if hit[4] is None else hit[4][rows])
-            return pi[:, :k], (reps[:, :, :k] if reps is not None and k > 1 else None)
+            return pi[:, :k], (reps[:, :, :k] if reps is not None and k > 2 else None)
     width = max(k, _MIN_WIDTH)
     pi, reps = _estimate(features, width, scheme, samples, rng)
     if reps is None or reps.size <= _MEMO_ELEMENTS:
         _memo.clear()  # one Features at a time: a sweep walks (draft, temperature) in turn
         _memo[id(features)] = (weakref.ref(features), scheme, samples, pi, reps)
-    return pi[:, :k], (reps[:, :, :k] if reps is not None and k > 1 else None)
+    return pi[:, :k], (reps[:, :, :k] if reps is not None and k > 2 else None)
 
 
 _BAR_ELEMENTS = 1 << 28  # (positions × vocab × candidates [× samples]) above which a progress bar shows
@@ -231,25 +178,21 @@ def _estimate(features: "Features", k: int, scheme: str, samples: int, rng: np.r
     reps = np.zeros((n_total, samples, k)) if scheme == "swor" else None
     bar = None
     for start, stop, p_target, q_draft in features.iter_distributions():
-        if bar is None:  # a terminal-only bar once the work is known to be long (swor at a large V: minutes)
-            work = n_total * p_target.shape[1] * k * (samples if scheme == "swor" else 1)
+        if bar is None:  # a terminal-only bar once the work is known to be long (swor at a large V)
+            work = n_total * p_target.shape[1] * k
             bar = tqdm(total=n_total, unit="pos", desc=f"{scheme} candidate acceptance ({features.draft}, "
                        f"T={features.temperature:g})", leave=False,
                        disable=None if work >= _BAR_ELEMENTS else True)
         y = features.token[start:stop].astype(np.int64)
-        if reps is None:
-            step = max(1, _BLOCK_ELEMENTS // p_target.shape[1])
-            for a in range(0, stop - start, step):
-                b = min(a + step, stop - start)
-                pi[start + a : start + b] = acceptance_iid(p_target[a:b], q_draft[a:b], y[a:b], k)
-                bar.update(b - a)
-            continue
-        step = max(1, _BLOCK_ELEMENTS // (samples * p_target.shape[1]))
+        step = max(1, _BLOCK_ELEMENTS // p_target.shape[1])
         for a in range(0, stop - start, step):
             b = min(a + step, stop - start)
-            est = acceptance_swor(p_target[a:b], q_draft[a:b], y[a:b], k, samples, rng)
-            reps[start + a : start + b] = est
-            pi[start + a : start + b] = est.mean(axis=1)
+            if reps is None:
+                pi[start + a : start + b] = acceptance_iid(p_target[a:b], q_draft[a:b], y[a:b], k)
+            else:
+                est = acceptance_swor(p_target[a:b], q_draft[a:b], y[a:b], k, samples, rng)
+                reps[start + a : start + b] = est
+                pi[start + a : start + b] = est.mean(axis=1)
             bar.update(b - a)
     if bar is not None:
         bar.close()
@@ -281,9 +224,11 @@ def sample_tree_table(features: "Features", tree: Tree, spec, rng: np.random.Gen
     drafted = drafted_per_call(tree, features.room())
     if reps is None:
         return AcceptanceTable(p_len=length_distribution(at_least), drafted=drafted, exact=True)
-    # Each replicate uses one sample per position; positions are independent, so each
-    # replicate's E[A | t] is unbiased and their spread bounds the point estimate's error
-    # (the product of per-position means varies less than the mean of products).
-    per_rep = reach_by_depth(reps.transpose(0, 2, 1), tree, remaining).sum(axis=1)  # (N, M)
+    # Each replicate (one sample, or one group's mean, per position) gives an unbiased E[A | t]
+    # since positions are independent; their spread bounds the point estimate's error (the
+    # product of per-position means varies less than the mean of products). The law is left
+    # unrepaired (valid=False): every expectation stays unbiased.
+    per_rep = reach_by_depth(reps.transpose(0, 2, 1), tree, remaining).sum(axis=1)  # (N, R)
     se = per_rep.std(axis=1, ddof=1) / np.sqrt(per_rep.shape[1])
-    return AcceptanceTable(p_len=length_distribution(at_least), drafted=drafted, exact=False, se_len=se)
+    return AcceptanceTable(p_len=length_distribution(at_least, valid=False), drafted=drafted, exact=False,
+                           se_len=se)
