@@ -1,4 +1,4 @@
-"""Run every benchmark: `python -m benchmarks [NAME ...]` (names: cache, simulate, attention, live, speedup).
+"""Run every benchmark: `python -m benchmarks [NAME ...]` (names: cache, simulate, attention, live, speedup, scale).
 
 Each benchmark prints its figures as ratios against a baseline measured in the
 same run, so numbers from a loaded or different machine stay comparable.
@@ -13,6 +13,7 @@ BENCHMARKS = {
     "attention": "benchmarks.bench_attention",
     "live": "benchmarks.bench_live",
     "speedup": "benchmarks.bench_speedup",
+    "scale": "benchmarks.bench_scale",
 }
 
 

@@ -128,7 +128,7 @@ def main(argv: list[str]) -> None:
             if sub.height:
                 r = sub.row(0, named=True)
                 print(f"  e.g. optimal:16 {policy} T={T:g}: tokens/call {r['tokens_per_call']:.3f} "
-                      f"[{r['tokens_per_call_lo']:.3f}, {r['tokens_per_call_hi']:.3f}], speedup {r['speedup']:.2f}")
+                      f"[{r['tokens_per_call_lo']:.3f}, {r['tokens_per_call_hi']:.3f}]")
 
 
 if __name__ == "__main__":

@@ -409,24 +409,50 @@ class CacheWriter:
                     raise CacheError(f"statistic {c}/{name}: expected shape {(n, *tail)}, got "
                                      f"{None if x is None else np.shape(x)}")
 
+        arrays = {"positions/token": tokens}
+        for c in self.spec.columns:
+            g = f"columns/{_group_name(c)}"
+            if columns is not None and self.spec.storage == "full":
+                arrays[f"{g}/logits"] = columns[c].astype(np.float16)
+            elif columns is not None and self.spec.storage == "topk":
+                ids, top, tail = topk_compress(columns[c], self.spec.top_k)
+                arrays.update({f"{g}/topk_ids": ids, f"{g}/topk_logits": top.astype(np.float16), f"{g}/tail_lse": tail})
+            shapes = TARGET_STAT_SHAPES if c == TARGET else draft_stat_shapes(self.spec.stats)
+            for name, (dtype, _) in shapes.items():
+                arrays[f"{g}/stats/{name}"] = np.ascontiguousarray(stats[c][name], dtype=dtype)
+        self._commit(prompt_index, temperature, seed, stop_reason, n, arrays)
+
+    def dataset_names(self) -> list[str]:
+        """Every per-position dataset, in the order a row's digest covers them."""
+        names = ["positions/token"]
+        for c in self.spec.columns:
+            g = f"columns/{_group_name(c)}"
+            names += {"full": [f"{g}/logits"], "topk": [f"{g}/topk_ids", f"{g}/topk_logits", f"{g}/tail_lse"],
+                      "stats": []}[self.spec.storage]
+            names += [f"{g}/stats/{name}" for name in (TARGET_STAT_SHAPES if c == TARGET else
+                                                       draft_stat_shapes(self.spec.stats))]
+        return names
+
+    def append_copy(self, reader: "CacheReader", row: "TrajectoryRow") -> None:
+        """Append a committed trajectory of another cache with the same layout, byte for byte (`specsim merge`)."""
+        arrays = {name: reader._read(reader._f[name], row.start, row.stop, name) for name in self.dataset_names()}
+        self._commit(row.prompt_index, row.temperature, row.seed, row.stop_reason, row.length, arrays)
+
+    def _commit(self, prompt_index: int, temperature: float, seed: int, stop_reason: str, n: int,
+                arrays: Mapping[str, np.ndarray]) -> None:
+        """Write every per-position dataset, flush, then append the row that makes them visible."""
+        names = self.dataset_names()
+        if list(arrays) != names:
+            raise CacheError(f"datasets {sorted(set(names) ^ set(arrays))} missing or unexpected for this layout")
         f, start, stop = self._f, self._n_positions, self._n_positions + n
         digest = hashlib.blake2b(self._last_digest, digest_size=16)
         digest.update(np.array([prompt_index, n], dtype=np.int64).tobytes() + np.float32(temperature).tobytes())
-        tok = f["positions/token"]
-        tok.resize((stop,))
-        tok[start:stop] = tokens
-        digest.update(tokens.tobytes())
-        for c in self.spec.columns:
-            g = f["columns"][_group_name(c)]
-            if columns is not None and self.spec.storage != "stats":
-                digest.update(self._write_column(g, start, stop, columns[c]))
-            shapes = TARGET_STAT_SHAPES if c == TARGET else draft_stat_shapes(self.spec.stats)
-            for name, (dtype, _) in shapes.items():
-                values = np.ascontiguousarray(stats[c][name], dtype=dtype)
-                ds = g["stats"][name]
-                ds.resize((stop, *ds.shape[1:]))
-                ds[start:stop] = values
-                digest.update(values.tobytes())
+        for name in names:
+            values = np.ascontiguousarray(arrays[name], dtype=f[name].dtype)
+            ds = f[name]
+            ds.resize((stop, *ds.shape[1:]))
+            ds[start:stop] = values
+            digest.update(values.tobytes())
         f.flush()  # positions reach the file before the row that makes them visible
 
         rows = f["trajectories"]
@@ -441,22 +467,6 @@ class CacheWriter:
         self._n_positions = stop
         self._last_digest = digest.digest()
         self._done.add((prompt_index, float(np.float32(temperature))))
-
-    def _write_column(self, g: h5py.Group, start: int, stop: int, logits: np.ndarray) -> bytes:
-        """Write a column's distributions (full or top-k); the bytes written, for the digest."""
-        if self.spec.storage == "full":
-            ds = g["logits"]
-            ds.resize((stop, ds.shape[1]))
-            half = logits.astype(np.float16)
-            ds[start:stop] = half
-            return half.tobytes()
-        ids, top, tail = topk_compress(logits, self.spec.top_k)
-        parts = (("topk_ids", ids), ("topk_logits", top.astype(np.float16)), ("tail_lse", tail))
-        for name, x in parts:
-            ds = g[name]
-            ds.resize((stop, *ds.shape[1:]))
-            ds[start:stop] = x
-        return b"".join(x.tobytes() for _, x in parts)
 
     def close(self) -> None:
         if self._f.id.valid:

@@ -47,10 +47,14 @@ from specsim.cli import _common as c
 @click.option("--lossy", "lossy", multiple=True, callback=c.specs,
               help="Lossy rules whose acceptance and distortion to record (repeatable) "
                    "[default: p>=q, p>=lq:0.5, typical:0.09,0.3].")
+@click.option("--shard", default=None, metavar="I/N|auto",
+              help="Record every N-th prompt from the I-th (0-based) into its own file; `auto` reads torchrun's "
+                   "RANK/WORLD_SIZE or a SLURM array's task id. --out may contain {i} and {n}. Join the shards "
+                   "with `specsim merge`.")
 @c.quiet_option
 @c.friendly_errors
 def cache(target, drafts, prompts, categories, per_category, max_new_tokens, temperatures, seed, device, dtype,
-          batch_size, out, resume, overwrite, store, top_k, candidates, swor_samples, lossy, quiet):
+          batch_size, out, resume, overwrite, store, top_k, candidates, swor_samples, lossy, shard, quiet):
     """Record what the target and each draft predict along target-sampled trajectories.
 
     For every prompt and temperature the target samples a trajectory (greedy at T=0),
@@ -68,18 +72,24 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
       specsim cache --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct \\
           --device cuda --dtype bfloat16 --batch-size 8 --store stats --out cache/qwen7b.h5
       specsim cache ... --out cache/demo.h5 --resume     # after an interruption
+      torchrun --nproc-per-node 8 -m specsim cache ... --store stats --shard auto \\
+          --out cache/big-{i}-of-{n}.h5                    # one shard per GPU
+      specsim merge cache/big.h5 cache/big-*-of-8.h5
 
     Ctrl-C (or SIGTERM) keeps every finished trajectory; rerun the same command with
     --resume. One process records a file at a time: a second one refuses at once.
     """
     from specsim.cache.stats import LOSSY_RULES, StatsSpec
-    from specsim.record.run import RecordRequest, record_cache
+    from specsim.record.run import RecordRequest, parse_shard, record_cache, shard_device, shard_path
 
     stats = StatsSpec(candidates=candidates, swor_samples=swor_samples, lossy=tuple(lossy) or LOSSY_RULES)
+    shard = parse_shard(shard)
+    out = shard_path(out, shard)
+    device = shard_device(device) if shard else device
     request = RecordRequest(target=target, drafts=tuple(drafts), prompts=prompts, categories=tuple(categories) or None,
                             per_category=per_category, max_new_tokens=max_new_tokens,
                             temperatures=tuple(temperatures) or (0.0,), seed=seed, device=device, dtype=dtype,
-                            batch_size=batch_size, top_k=top_k, store=store, stats=stats)
+                            batch_size=batch_size, top_k=top_k, store=store, stats=stats, shard=shard)
     outcome = record_cache(out, request, resume=resume, overwrite=overwrite, progress=not quiet,
                            echo=lambda line: click.echo(line, err=True))
     if outcome.interrupted:

@@ -41,6 +41,7 @@ class RecordConfig:
     temperatures: tuple[float, ...] = (0.0,)  # 0.0 = greedy; one trajectory per prompt per temperature
     seed: int = 0  # base seed; each (prompt, temperature) derives its own
     batch_size: int = 1  # prompts generated together (left-padded); >1 pays off on GPU
+    shard: tuple[int, int] | None = None  # (i, n): record only the prompts with index % n == i
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,15 @@ class RecordStats:
     skipped: int  # (prompt, temperature) pairs already in the file
     seconds: float  # wall time of this run's recording loop
     stats_seconds: float = 0.0  # of which computing the per-position statistics on the device
+
+
+def shard_prompts(n_prompts: int, shard: tuple[int, int] | None) -> list[int]:
+    """The prompt indices a shard (i, n) records: every n-th from i, so shards are balanced across categories
+    and the union of all n is the unsharded run (seeds depend on the prompt index, not on the shard)."""
+    if shard is None:
+        return list(range(n_prompts))
+    i, n = shard
+    return list(range(i, n_prompts, n))
 
 
 def trajectory_seed(seed: int, prompt_index: int, temperature: float) -> int:
@@ -220,6 +230,7 @@ def settings(*, target: str, drafts: Sequence[str], prompt_spec: dict, config: R
         "storage": storage,
         "top_k": top_k,
         "statistics": statistics,
+        "shard": f"{config.shard[0]}/{config.shard[1]}" if config.shard else None,
     }
 
 
@@ -314,10 +325,11 @@ def record(
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
-    todo = {i: [t for t in config.temperatures if not writer.is_done(i, t)] for i in range(len(writer.prompts))}
-    prompt_order = [i for i in range(len(writer.prompts)) if todo[i]]
+    mine = shard_prompts(len(writer.prompts), config.shard)
+    todo = {i: [t for t in config.temperatures if not writer.is_done(i, t)] for i in mine}
+    prompt_order = [i for i in mine if todo[i]]
     n_pending = sum(len(ts) for ts in todo.values())
-    skipped = len(config.temperatures) * len(writer.prompts) - n_pending
+    skipped = len(config.temperatures) * len(mine) - n_pending
     n_traj = n_pos = 0
     stats_seconds = 0.0
     bar = tqdm(total=n_pending * config.max_new_tokens, unit="pos", desc="recording", disable=not progress,

@@ -37,6 +37,7 @@ class RecordRequest:
     top_k: int = 0  # 0: full logits; K: top-K logits + tail log-sum-exp
     store: str = "full"  # "full": statistics and the logits; "stats": the per-position statistics only
     stats: StatsSpec = StatsSpec()  # which statistics (π candidates, swor samples, lossy rules)
+    shard: tuple[int, int] | None = None  # (i, n): this process records the prompts with index % n == i
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
         "per_category": request.per_category, "sha256": prompt_set.fingerprint(), "n_prompts": len(prompt_set.prompts),
     }
     config = RecordConfig(max_new_tokens=request.max_new_tokens, temperatures=temperatures, seed=request.seed,
-                          batch_size=request.batch_size)
+                          batch_size=request.batch_size, shard=request.shard)
     if request.store not in ("full", "stats"):
         raise CacheError(f"--store {request.store!r}: use full (statistics and logits) or stats (statistics only)")
     if request.store == "stats" and request.top_k:
@@ -136,6 +137,10 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
                              storage=storage, top_k=request.top_k, meta=meta, stats=request.stats)
             writer = CacheWriter.create(out, spec, records, overwrite=overwrite)
         n_cat = len(prompt_set.categories)
+        if request.shard:
+            echo(f"shard {request.shard[0]}/{request.shard[1]}: every {request.shard[1]}-th prompt from "
+                 f"#{request.shard[0]} ({len(range(request.shard[0], len(records), request.shard[1]))} of "
+                 f"{len(records)}); join the shards with `specsim merge`")
         echo(f"recording {len(records)} prompts ({n_cat} categor{'y' if n_cat == 1 else 'ies'}, {prompt_set.source}) "
              f"x T={', '.join(f'{t:g}' for t in temperatures)}, up to {request.max_new_tokens} new tokens, "
              f"drafts: {', '.join(request.drafts) or 'none'}")
@@ -169,3 +174,53 @@ def _load(request: RecordRequest, echo):
         echo(f"loading draft {spec} ...")
         q_drafts.append(load_draft(spec, p_target, device=device, dtype=request.dtype))
     return p_target, q_drafts
+
+
+SHARD_ENV = (("RANK", "WORLD_SIZE"), ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"))  # torchrun, SLURM arrays
+
+
+def parse_shard(text: str | None, env=os.environ) -> tuple[int, int] | None:
+    """'i/n' -> (i, n); 'auto' -> from torchrun's RANK/WORLD_SIZE or a SLURM array's task id and count."""
+    if text is None or text == "":
+        return None
+    if text == "auto":
+        for rank, size in SHARD_ENV:
+            if rank in env and size in env:
+                i, n = int(env[rank]), int(env[size])
+                if rank.startswith("SLURM") and "SLURM_ARRAY_TASK_MIN" in env:
+                    i -= int(env["SLURM_ARRAY_TASK_MIN"])  # arrays may start at 1
+                break
+        else:
+            raise CacheError("--shard auto: no RANK/WORLD_SIZE (torchrun) or SLURM_ARRAY_TASK_ID/"
+                             "SLURM_ARRAY_TASK_COUNT (sbatch --array) in the environment; give --shard I/N")
+    else:
+        try:
+            i, n = (int(x) for x in text.split("/"))
+        except ValueError:
+            raise CacheError(f"--shard {text!r}: write I/N (e.g. 0/4: the first of four shards) or auto") from None
+    if not 0 <= i < n:
+        raise CacheError(f"--shard {i}/{n}: I must be in 0..N-1")
+    return i, n
+
+
+def shard_path(out: Path, shard: tuple[int, int] | None) -> Path:
+    """The output path with {i} and {n} filled in (cache/run-{i}-of-{n}.h5), for one command on every rank."""
+    text = str(out)
+    if shard is None:
+        if "{i}" in text or "{n}" in text:
+            raise CacheError(f"--out {out}: {{i}}/{{n}} name a shard's file; add --shard I/N or --shard auto")
+        return out
+    if shard[1] > 1 and "{i}" not in text:
+        raise CacheError(f"--out {out}: every shard needs its own file: put {{i}} in the name "
+                         "(e.g. cache/run-{i}-of-{n}.h5)")
+    return Path(text.replace("{i}", str(shard[0])).replace("{n}", str(shard[1])))
+
+
+def shard_device(device: str, env=os.environ) -> str:
+    """One GPU per process under torchrun: --device auto/cuda becomes cuda:LOCAL_RANK."""
+    if device in ("auto", "cuda") and "LOCAL_RANK" in env:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda:{int(env['LOCAL_RANK']) % torch.cuda.device_count()}"
+    return device

@@ -72,43 +72,51 @@ def adaptive_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt:
     totals = {name: np.zeros(n_traj) for name in ("calls", "drafted", "accepted", "cost")}
     reach = np.zeros((n_traj, cap))
     N = beta.shape[0]
+    room_all = features.room()
+    # P(A = a | γ) = surv_a − surv_{a+1} for a < γ and surv_γ for a = γ (surv_k = Π_{j<k} β). So the
+    # flow out of (offset, γ) splits into a γ-free difference times "γ > a, moving to γ'" plus a
+    # diagonal term: one (m, Γ+1) @ (Γ+1, (Γ+1)²) product per offset instead of (m, Γ+1, Γ+1) temporaries.
+    move = np.zeros((cap + 1, cap + 1, cap + 1))  # (γ, a, γ'): 1 where γ > a and the call moves to γ'
+    for a in range(cap + 1):
+        above = gammas[gammas > a]
+        move[above, a, nxt[above, a]] = 1.0
+    move = move.reshape(cap + 1, -1)
+    diag_to = nxt[gammas, gammas]  # γ' after a call of γ that accepted all γ
     for o in range(max_len, 0, -1):
         m = int(np.searchsorted(-lens, -o, side="right"))  # trajectories with length >= o
         here = occ[o % slots, :m].copy()  # (m, Γ+1)
         occ[o % slots, :m] = 0.0
         here[lens[:m] == o, start_gamma] += 1.0  # each trajectory's first call
         t = ends[:m] - o  # (m,) start positions
-        idx = np.minimum(t[:, None] + k[None, :-1], N - 1)  # (m, Γ)
-        surv = np.concatenate([np.ones((m, 1)), np.cumprod(beta[idx], axis=1)], axis=1)  # (m, Γ+1) Π_{j<k} β
-        limit = np.minimum(gammas, o - 1)  # (Γ+1,) most drafts acceptable with γ
-        ok = k[None, :] <= limit[:, None]  # (γ, k)
-        s = surv[:, None, :] * ok[None]  # (m, γ, k): P(A >= k | γ)
-        p_a = s - np.concatenate([s[:, :, 1:], np.zeros((m, cap + 1, 1))], axis=2)  # (m, γ, a)
-        totals["calls"][:m] += here.sum(axis=1)
-        room = features.room()[t]  # (m,)
+        top = min(cap, o - 1)  # most drafts acceptable from offset o
+        idx = np.minimum(t[:, None] + k[None, :top], N - 1)  # (m, top)
+        surv = np.zeros((m, cap + 2))
+        surv[:, 0] = 1.0
+        surv[:, 1 : top + 1] = np.cumprod(beta[idx], axis=1)  # Π_{j<k} β, zero past the output end
+        at_least = np.cumsum(here[:, ::-1], axis=1)[:, ::-1]  # (m, Γ+1): Σ_{γ >= k} here
+        tail = surv[:, 1 : cap + 1] * at_least[:, 1:]  # (m, Γ): Σ_γ here · P(A >= k | γ)
+        totals["calls"][:m] += at_least[:, 0]
+        room = room_all[t]  # (m,)
         totals["drafted"][:m] += (here * np.minimum(gammas[None, :], room[:, None])).sum(axis=1)
         totals["cost"][:m] += (here * call_cost[t]).sum(axis=1)
-        totals["accepted"][:m] += np.einsum("mg,mgk->m", here, s[:, :, 1:])
-        reach[:m] += np.einsum("mg,mgk->mk", here, s[:, :, 1:])
-        for a in range(0, min(cap, o - 1) + 1):
-            dest = o - a - 1
-            if dest == 0:
-                continue
-            flow = here * p_a[:, :, a]  # (m, γ)
-            _scatter(occ[dest % slots], m, nxt[:, a], flow)
+        totals["accepted"][:m] += tail.sum(axis=1)
+        reach[:m] += tail
+        a_max = min(top, o - 2)  # a call accepting a lands at offset o - a - 1 > 0
+        if a_max < 0:
+            continue
+        width = a_max + 1
+        flow = (here @ move[:, : width * (cap + 1)]).reshape(m, width, cap + 1)  # (m, a, γ')
+        flow *= (surv[:, :width] - surv[:, 1 : width + 1])[:, :, None]
+        a_idx = np.arange(width)
+        flow[:, a_idx, diag_to[:width]] += here[:, :width] * surv[:, :width]
+        dest = (o - a_idx - 1) % slots  # distinct slots, one per a
+        occ[dest, :m] += flow.transpose(1, 0, 2)
     out = {name: np.empty(n_traj) for name in totals}
     for name, v in totals.items():
         out[name][order] = v
     out["reach"] = np.empty_like(reach)
     out["reach"][order] = reach
     return out
-
-
-def _scatter(target: np.ndarray, m: int, to_gamma: np.ndarray, flow: np.ndarray) -> None:
-    """target[:m, to_gamma[g]] += flow[:, g] for every γ (several γ may map to one γ')."""
-    onehot = np.zeros((to_gamma.shape[0], target.shape[1]))
-    onehot[np.arange(to_gamma.shape[0]), to_gamma] = 1.0
-    target[:m] += flow @ onehot
 
 
 def adaptive_stats(features: "Features", tree: Tree, spec, rng: np.random.Generator, pricing) -> "TrajectoryStats":

@@ -92,8 +92,20 @@ class Features:
 
     def remaining(self) -> np.ndarray:
         """(N,) int64: drafts a call starting at each position may accept (n - 1 - t; DESIGN end cap)."""
-        ends = np.repeat(self.traj_start + self.traj_len, self.traj_len)  # (N,)
-        return ends - np.arange(self.n_positions) - 1
+        return self._cached("remaining", lambda: np.repeat(self.traj_start + self.traj_len, self.traj_len)
+                            - np.arange(self.n_positions) - 1)
+
+    def _cached(self, key: str, compute) -> np.ndarray:
+        """A derived per-position array, computed once and kept read-only (replay asks thousands of times)."""
+        if key not in self._memo:
+            value = compute()
+            value.flags.writeable = False
+            self._memo[key] = value
+        return self._memo[key]
+
+    def _local(self) -> np.ndarray:
+        """(N,) int64 each position's index within its trajectory."""
+        return self._cached("local", lambda: np.arange(self.n_positions) - np.repeat(self.traj_start, self.traj_len))
 
     def subset(self, trajectories: np.ndarray) -> "Features":
         """The features of some trajectories (in the given order); `parent` keeps (self, position rows) so
@@ -160,14 +172,12 @@ class Features:
         """
         if self.max_new_tokens is None:
             return self.remaining()
-        local = np.arange(self.n_positions) - np.repeat(self.traj_start, self.traj_len)
-        return np.maximum(self.max_new_tokens - 1 - local, self.remaining())
+        return self._cached("room", lambda: np.maximum(self.max_new_tokens - 1 - self._local(), self.remaining()))
 
     def contexts(self) -> np.ndarray:
         """(N,) float64 context length of a call at each position: prompt tokens + output so far."""
-        local = np.arange(self.n_positions) - np.repeat(self.traj_start, self.traj_len)
         plen = self.prompt_len if self.prompt_len is not None else np.zeros(self.n_traj, dtype=np.int64)
-        return (np.repeat(plen, self.traj_len) + local).astype(np.float64)
+        return self._cached("contexts", lambda: (np.repeat(plen, self.traj_len) + self._local()).astype(np.float64))
 
     def prompt_ids(self, i_traj: int) -> np.ndarray:
         """Token ids of trajectory i_traj's prompt (what model-free drafts match against)."""
