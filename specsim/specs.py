@@ -58,6 +58,13 @@ def _one_int(text: str, what: str) -> int:
         raise SpecError(f"{what} {text.strip()!r} is not an integer") from None
 
 
+def _dynamic(arg: str) -> Tree:
+    from specsim.sim.dynamic import envelope, parse_dynamic
+
+    shape = parse_dynamic(arg)
+    return replace(envelope(shape), dynamic=shape)
+
+
 def _needs_cache(family: str) -> Callable[[str], Tree]:
     def build(arg: str) -> Tree:
         raise SpecError(f"needs a cache to fit on: use it where one is given, e.g. `specsim simulate CACHE --tree "
@@ -78,6 +85,9 @@ TREE_KINDS: dict[str, TreeKind] = {
                        "Medusa's rank-path lists, pasted as they are", "nothing", medusa),
     "file": TreeKind("file", "file:PATH", "file:tree.json",
                      "a tree saved by `specsim optimize --out` (or a JSON list of rank paths)", "nothing", file),
+    "dynamic": TreeKind("dynamic", "dynamic:topk=K,depth=D,tokens=N", "dynamic:topk=4,depth=4,tokens=16",
+                        "EAGLE-2's tree grown per call: beam of K by cumulative draft log-prob, D levels, N best kept",
+                        "a cache recorded with --expand topk=K,depth>=D", _dynamic),
     "optimal": TreeKind("optimal", "optimal:N | optimal (over --budget)", "optimal:16",
                         "the best static tree of N drafts on the cache's own trajectories",
                         "a cache: fitted on its trajectories for the draft and policy simulated", None,

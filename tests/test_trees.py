@@ -213,6 +213,6 @@ def test_invalid_arrays_name_the_node(parents, ranks, message):
 
 
 def test_every_family_is_registered_with_a_docstring():
-    assert set(TREE_KINDS) == {"chain", "kary", "widths", "medusa", "file", "optimal"}
+    assert set(TREE_KINDS) == {"chain", "kary", "widths", "medusa", "file", "optimal", "dynamic"}
     assert all(k.summary and parse_tree(k.example, fit=lambda f, a: parse_tree("chain:1")).name == k.example
                for k in TREE_KINDS.values() if k.name != "file")

@@ -248,3 +248,96 @@ def exact_totals(target: MarkovLM, draft: MarkovLM, prompt: Sequence[int], n: in
 
     calls, accepted = call(0, int(prompt[-1]))
     return float(calls), float(accepted)
+
+
+# ---------------------------------------------------------------------------- dynamic trees
+
+
+def expansion_along(draft: MarkovLM, prompt: Sequence[int], tokens: Sequence[int], topk: int, depth: int,
+                    *, on_path_only: bool = False) -> dict[str, np.ndarray]:
+    """The draft's EAGLE-2 expansion at every position of a trajectory (what `--expand` records).
+
+    on_path_only=True is a deliberately WRONG recording: every node's children are read from the
+    draft's distribution on the target's path (q at t + depth), ignoring the path the node is on.
+    """
+    from specsim.sim.dynamic import expand_reference
+
+    seq = list(prompt) + list(tokens)
+    rows = {"expand_token": [], "expand_parent": [], "expand_score": []}
+    for t in range(len(tokens)):
+        context = seq[: len(prompt) + t]
+
+        def logq(path, context=context):
+            if on_path_only:
+                where = seq[: len(context) + len(path)]
+                return np.log(draft.dist(where))
+            return np.log(draft.dist(context + list(path)))
+
+        tok, par, score = expand_reference(logq, topk, depth)
+        rows["expand_token"].append(tok)
+        rows["expand_parent"].append(par)
+        rows["expand_score"].append(score)
+    return {k: np.stack(v) for k, v in rows.items()}
+
+
+def dynamic_decode(target: MarkovLM, draft: MarkovLM, prompt: Sequence[int], n: int, shape, rng: np.random.Generator,
+                   *, greedy: bool) -> DecodeResult:
+    """n tokens by dynamic-tree speculative decoding, written directly against the chains.
+
+    Each call expands the draft's beam from the current context (EAGLE-2), keeps the N best
+    candidates, and walks down them: greedy accepts the child equal to the target's argmax;
+    sampling verifies the children as point masses (`verify.verify_point_mass`, EAGLE's rule).
+    """
+    from specsim.sim.dynamic import expand_reference, select_reference
+
+    seq = list(prompt)
+    out: list[int] = []
+    calls, accepted_total, per_call = 0, 0, []
+    while len(out) < n:
+        cap = n - 1 - len(out)
+        context = seq + out
+        tok, par, score = expand_reference(lambda path: np.log(draft.dist(context + list(path))), shape.topk,
+                                           shape.depth)
+        chosen = select_reference(score, shape)
+        calls += 1
+        node, path, accepted = -1, [], 0
+        while True:
+            p = target.dist(context + path)
+            kids = [i for i in chosen if par[i] == node] if accepted < cap else []
+            if greedy:
+                step = verify.verify_greedy(p, np.array([tok[i] for i in kids], dtype=np.int64))
+            else:
+                step = verify.verify_point_mass(p, np.array([tok[i] for i in kids], dtype=np.int64), rng)
+            path.append(step.token)
+            if step.accepted < 0:
+                break
+            node = kids[step.accepted]
+            accepted += 1
+        out.extend(path)
+        accepted_total += accepted
+        per_call.append(accepted)
+    return DecodeResult(np.array(out[:n], dtype=np.int32), calls, accepted_total, tuple(per_call))
+
+
+def record_dynamic_cache(path, target: MarkovLM, draft: MarkovLM, prompts: Sequence[np.ndarray], n: int, *,
+                         topk: int, depth: int, temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0,
+                         draft_name: str = "toy-draft", on_path_only: bool = False) -> Path:
+    """`record_cache` with the draft's expansion at every position (a `--expand topk=K,depth=D` recording)."""
+    from specsim.cache.stats import StatsSpec
+
+    rng = np.random.default_rng(seed)
+    records = [PromptRecord(question_id=i, category=("a", "b")[i % 2], text=f"toy prompt {i}",
+                            token_ids=np.asarray(pr, dtype=np.int32)) for i, pr in enumerate(prompts)]
+    meta = {"settings": {"target": "toy-markov-target", "drafts": [draft_name]}, "target": {"spec": "toy-markov-target"}}
+    spec = CacheSpec(vocab_size=target.vocab, drafts=(draft_name,), temperatures=tuple(temperatures), meta=meta,
+                     stats=StatsSpec(expand=(topk, depth)))
+    with CacheWriter.create(Path(path), spec, records, overwrite=True) as writer:
+        for T in temperatures:
+            for i, pr in enumerate(prompts):
+                tokens = sample_tokens(target, pr, n, rng, greedy=T == 0)
+                writer.append_trajectory(
+                    prompt_index=i, temperature=T, seed=i, tokens=tokens,
+                    target_logits=target.logits_along(pr, tokens),
+                    draft_logits={draft_name: draft.logits_along(pr, tokens)}, stop_reason="max_new_tokens",
+                    stats={draft_name: expansion_along(draft, pr, tokens, topk, depth, on_path_only=on_path_only)})
+    return Path(path)

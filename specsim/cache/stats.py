@@ -52,6 +52,7 @@ class StatsSpec:
     swor_groups: int = SWOR_GROUPS  # group means kept per position: replicates for the standard error
     lossy: tuple[str, ...] = field(default=LOSSY_RULES)  # lossy rules whose α and TV are recorded
     top_ids: int = STATS_TOP_K  # the draft's top ids kept per position
+    expand: tuple[int, int] | None = None  # (top_k, depth) of the draft's EAGLE-2 expansion recorded per position
 
     def __post_init__(self) -> None:
         from specsim.errors import SpecError
@@ -63,6 +64,11 @@ class StatsSpec:
                             f"({self.swor_groups})")
         for rule in self.lossy:
             lossy_rule(rule)  # refuses a malformed rule before any recording
+        if self.expand is not None:
+            from specsim.sim.dynamic import Expansion
+
+            object.__setattr__(self, "expand", tuple(int(x) for x in self.expand))
+            Expansion(*self.expand)  # refuses K < 1, D < 1, too many candidates
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -71,6 +77,15 @@ class StatsSpec:
     def from_json(cls, text: str) -> "StatsSpec":
         data = json.loads(text)
         return cls(**{**data, "lossy": tuple(data.get("lossy", ()))})
+
+    @property
+    def expansion(self):
+        """The recorded `specsim.sim.dynamic.Expansion`, or None."""
+        if self.expand is None:
+            return None
+        from specsim.sim.dynamic import Expansion
+
+        return Expansion(*self.expand)
 
 
 def lossy_rule(label: str):
@@ -387,7 +402,17 @@ def draft_stat_shapes(spec: StatsSpec) -> dict[str, tuple[np.dtype, tuple[int, .
         "pi_swor_groups": (np.dtype(np.float16), (spec.swor_groups, spec.candidates)),
         "lossy_alpha": (np.dtype(np.float32), (len(spec.lossy),)),
         "lossy_tv": (np.dtype(np.float32), (len(spec.lossy),)),
+        **expansion_shapes(spec),
     }
+
+
+def expansion_shapes(spec: StatsSpec) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """The draft's expansion datasets (`specsim.sim.dynamic`), when the recording has one."""
+    if spec.expand is None:
+        return {}
+    m = spec.expansion.candidates
+    return {"expand_token": (np.dtype(np.int32), (m,)), "expand_parent": (np.dtype(np.int16), (m,)),
+            "expand_score": (np.dtype(np.float32), (m,))}
 
 
 TARGET_STAT_SHAPES = {"logprob": (np.dtype(np.float64), ()), "top_id": (np.dtype(np.int32), ())}

@@ -47,6 +47,7 @@ from specsim.cache.stats import (
     STATS_TOP_K,
     TARGET_STAT_SHAPES,
     StatsSpec,
+    expansion_shapes,
     draft_stat_shapes,
     draft_stats,
     target_stats,
@@ -395,14 +396,22 @@ class CacheWriter:
         elif self.spec.storage != "stats":
             raise CacheError(f"{self.spec.storage} storage keeps the logits: pass target_logits and draft_logits")
         stats = dict(stats or {})
+        expand_names = set(expansion_shapes(self.spec.stats))
         for c in self.spec.columns:
-            if c not in stats:
+            shapes = TARGET_STAT_SHAPES if c == TARGET else draft_stat_shapes(self.spec.stats)
+            given = dict(stats.get(c, {}))
+            if any(name not in given for name in shapes if name not in expand_names):
                 if columns is None:
                     raise CacheError(f"no statistics and no logits for column {c!r}")
-                stats[c] = (target_stats(columns[TARGET], tokens, temperature) if c == TARGET else
+                computed = (target_stats(columns[TARGET], tokens, temperature) if c == TARGET else
                             draft_stats(columns[TARGET], columns[c], tokens, temperature, self.spec.stats,
                                         np.random.default_rng([seed & (2**63 - 1), zlib.crc32(c.encode())])))
-            shapes = TARGET_STAT_SHAPES if c == TARGET else draft_stat_shapes(self.spec.stats)
+                given = {**computed, **given}  # an expansion comes from the recorder: logits cannot give it
+            stats[c] = given
+            missing = sorted(expand_names - set(given)) if c != TARGET else []
+            if missing:
+                raise CacheError(f"column {c!r}: the cache records the draft's expansion ({self.spec.stats.expand}); "
+                                 f"pass {', '.join(missing)} (the recorder computes them with the draft model)")
             for name, (dtype, tail) in shapes.items():
                 x = stats[c].get(name)
                 if x is None or np.shape(x) != (n, *tail):

@@ -47,6 +47,10 @@ from specsim.cli import _common as c
 @click.option("--lossy", "lossy", multiple=True, callback=c.specs,
               help="Lossy rules whose acceptance and distortion to record (repeatable) "
                    "[default: p>=q, p>=lq:0.5, typical:0.09,0.3].")
+@click.option("--expand", "expand", default=None, metavar="topk=K,depth=D",
+              help="Also record each draft's EAGLE-2 tree expansion at every position (beam of K by cumulative "
+                   "log-prob, D levels): replays dynamic:topk=K,depth=D',tokens=N for any D' <= D and "
+                   "N <= K + (D-1)K². Costs D-1 extra draft forwards per chunk of positions.")
 @click.option("--shard", default=None, metavar="I/N|auto",
               help="Record every N-th prompt from the I-th (0-based) into its own file; `auto` reads torchrun's "
                    "RANK/WORLD_SIZE or a SLURM array's task id. --out may contain {i} and {n}. Join the shards "
@@ -54,7 +58,7 @@ from specsim.cli import _common as c
 @c.quiet_option
 @c.friendly_errors
 def cache(target, drafts, prompts, categories, per_category, max_new_tokens, temperatures, seed, device, dtype,
-          batch_size, out, resume, overwrite, store, top_k, candidates, swor_samples, lossy, shard, quiet):
+          batch_size, out, resume, overwrite, store, top_k, candidates, swor_samples, lossy, expand, shard, quiet):
     """Record what the target and each draft predict along target-sampled trajectories.
 
     For every prompt and temperature the target samples a trajectory (greedy at T=0),
@@ -71,6 +75,7 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
           --out cache/demo.h5
       specsim cache --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct \\
           --device cuda --dtype bfloat16 --batch-size 8 --store stats --out cache/qwen7b.h5
+      specsim cache ... --expand topk=4,depth=4 --out cache/eagle.h5   # dynamic trees
       specsim cache ... --out cache/demo.h5 --resume     # after an interruption
       torchrun --nproc-per-node 8 -m specsim cache ... --store stats --shard auto \\
           --out cache/big-{i}-of-{n}.h5                    # one shard per GPU
@@ -82,7 +87,11 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
     from specsim.cache.stats import LOSSY_RULES, StatsSpec
     from specsim.record.run import RecordRequest, parse_shard, record_cache, shard_device, shard_path
 
-    stats = StatsSpec(candidates=candidates, swor_samples=swor_samples, lossy=tuple(lossy) or LOSSY_RULES)
+    from specsim.sim.dynamic import parse_expansion
+
+    expansion = parse_expansion(expand) if expand is not None else None
+    stats = StatsSpec(candidates=candidates, swor_samples=swor_samples, lossy=tuple(lossy) or LOSSY_RULES,
+                      expand=None if expansion is None else (expansion.topk, expansion.depth))
     shard = parse_shard(shard)
     out = shard_path(out, shard)
     device = shard_device(device) if shard else device
@@ -104,5 +113,7 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
     click.echo(
         f"recorded {outcome.trajectories} trajectories ({outcome.positions} positions) in {outcome.seconds:.1f} s "
         f"({rate:.1f} positions/s, target + {len(drafts)} draft(s)); {outcome.skipped} already present"
+        + (f"; expanding the drafts' trees took {outcome.expand_seconds:.1f} s of it "
+           f"({outcome.expand_seconds / outcome.seconds:.0%})" if expansion is not None and outcome.seconds > 0 else "")
     )
     click.echo(f"wrote {out}: {outcome.total} trajectories, {c.human_bytes(outcome.bytes)}; next: specsim inspect {out}")

@@ -41,6 +41,15 @@ def trees(specs: tuple[str, ...], as_json: bool, max_lines: int, quiet: bool) ->
         return
     for i, spec in enumerate(specs):
         tree = parse_tree(spec)
+        if tree.dynamic is not None:
+            shape = tree.dynamic
+            if i:
+                click.echo()
+            click.echo(f"{tree.name}: grown per call from the draft (EAGLE-2): root's top {shape.topk}, then "
+                       f"{shape.depth - 1} levels expanding a beam of {shape.topk}; the {shape.tokens} best of "
+                       f"{shape.candidates} candidates by cumulative draft log-prob are verified. Its shape differs "
+                       f"per call: simulate it on a cache recorded with --expand topk={shape.topk},depth={shape.depth}.")
+            continue
         if as_json:
             click.echo(tree.to_json())
             continue

@@ -78,6 +78,9 @@ class LiveConfig:
             raise SpecError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if self.batch < 1:
             raise SpecError(f"--batch must be at least 1, got {self.batch}")
+        if self.tree.dynamic is not None and self.batch != 1:
+            raise SpecError(f"{self.tree.name or 'a dynamic tree'}: live decoding grows dynamic trees one request "
+                            "at a time; use --batch 1 (simulate prices batches from the profile)")
         if self.batching not in BATCHING:
             raise SpecError(f"--batching {self.batching!r} is not one of {', '.join(BATCHING)}")
 
@@ -307,6 +310,7 @@ def _step(target: Target, drafter: Drafter | None, active: list[_Active], config
                                    temperature=config.temperature, multi_draft=config.multi_draft, rngs=rngs,
                                    eos=target.eos)
         levels = tuple(getattr(drafter, "levels", ()))
+        tree = proposal.tree if proposal.tree is not None else tree  # a dynamic tree is grown per call
     drafted_at = time.perf_counter()
     cols = np.flatnonzero(proposal.valid.any(axis=0))  # nodes some request verifies (prefix-closed)
     col_of = np.full(tree.n_nodes, -1, dtype=np.int64)

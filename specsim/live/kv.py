@@ -107,14 +107,17 @@ class SlotKV:
 
     # -- forward passes ---------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, tokens: np.ndarray, depth: np.ndarray, attend: np.ndarray, *, logits: bool = True):
+    def forward(self, tokens: np.ndarray, depth: np.ndarray, attend: np.ndarray, *, logits: bool = True,
+                visible: np.ndarray | None = None):
         """Write n new entries per row and return their next-token logits (B, n, V) float32.
 
         tokens (B, n) int: the new tokens (rows that have none for a slot pass any id and
         let no valid token attend to it). depth (B, n) or (n,): position id minus the row's
         committed length. attend (B, n, pending + n) or (n, pending + n) bool: which of the
         row's uncommitted entries (written earlier this step, then these) each new token sees,
-        itself included; every committed entry is always seen.
+        itself included; every committed entry is always seen, unless `visible` (B, n) caps how
+        many of the row's committed entries each new token sees (the first visible[r, i]: the
+        prefix a token of a tree drafted at an earlier position of a recorded sequence sees).
         """
         tokens = np.asarray(tokens, dtype=np.int64)
         B, n = tokens.shape
@@ -127,7 +130,7 @@ class SlotKV:
         self._grow(self._used)
         dev = self.device
         self._write = torch.as_tensor(base[:, None] + np.arange(n)[None, :], device=dev)  # (B, n)
-        mask = self._mask(attend)  # (B, 1, n, used)
+        mask = self._mask(attend, visible)  # (B, 1, n, used)
         ids = torch.as_tensor(tokens, device=dev)
         positions = torch.as_tensor(self.lengths[:, None] + depth, device=dev)  # (B, n)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self._cache,
@@ -189,13 +192,19 @@ class SlotKV:
         self.pending = 0
 
     # -- internals --------------------------------------------------------------------------
-    def _mask(self, attend: np.ndarray) -> torch.Tensor:
-        """(B, 1, n, used) bool: committed slots, plus the uncommitted ones `attend` allows."""
+    def _mask(self, attend: np.ndarray, visible: np.ndarray | None = None) -> torch.Tensor:
+        """(B, 1, n, used) bool: committed slots (the first `visible` of them), plus the uncommitted ones
+        `attend` allows."""
         B, n, u = attend.shape
         dev = self.device
         lengths = torch.as_tensor(self.lengths, device=dev)
         slots = torch.arange(self._used, device=dev)
-        mask = (slots[None, :] < lengths[:, None])[:, None, :].expand(B, n, self._used).clone()  # (B, n, used)
+        if visible is None:
+            mask = (slots[None, :] < lengths[:, None])[:, None, :].expand(B, n, self._used).clone()  # (B, n, used)
+        else:
+            limit = torch.minimum(torch.as_tensor(np.broadcast_to(visible, (B, n)).copy(), device=dev),
+                                  lengths[:, None])  # (B, n)
+            mask = slots[None, None, :] < limit[:, :, None]
         index = (lengths[:, None, None] + torch.arange(u, device=dev)[None, None, :]).expand(B, n, u)
         mask.scatter_(2, index, torch.as_tensor(np.array(attend), device=dev))
         return mask[:, None]

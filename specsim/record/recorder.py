@@ -58,6 +58,7 @@ class RecordStats:
     skipped: int  # (prompt, temperature) pairs already in the file
     seconds: float  # wall time of this run's recording loop
     stats_seconds: float = 0.0  # of which computing the per-position statistics on the device
+    expand_seconds: float = 0.0  # of which expanding the drafts' EAGLE-2 trees (--expand)
 
 
 def shard_prompts(n_prompts: int, shard: tuple[int, int] | None) -> list[int]:
@@ -331,7 +332,7 @@ def record(
     n_pending = sum(len(ts) for ts in todo.values())
     skipped = len(config.temperatures) * len(mine) - n_pending
     n_traj = n_pos = 0
-    stats_seconds = 0.0
+    stats_seconds = expand_seconds = 0.0
     bar = tqdm(total=n_pending * config.max_new_tokens, unit="pos", desc="recording", disable=not progress,
                dynamic_ncols=True)
     try:
@@ -357,6 +358,15 @@ def record(
                     t_stats = time.perf_counter()
                     stats = trajectory_stats(y, columns, t, seed, writer.spec.stats)  # synchronous: ends in .cpu()
                     stats_seconds += time.perf_counter() - t_stats
+                    if writer.spec.stats.expand is not None:
+                        from specsim.record.expand import expand_trajectory
+
+                        t_expand = time.perf_counter()
+                        K, D = writer.spec.stats.expand
+                        for d in drafts:
+                            stats[d.name].update(expand_trajectory(d.model, prompt_ids[k], y.tokens, columns[d.name],
+                                                                   topk=K, depth=D))
+                        expand_seconds += time.perf_counter() - t_expand
                     keep = writer.spec.storage != "stats"
                     _commit_uninterrupted(lambda: writer.append_trajectory(
                         prompt_index=i, temperature=t, seed=seed, tokens=y.tokens, stop_reason=y.stop_reason,
@@ -371,4 +381,5 @@ def record(
     finally:
         bar.close()
     return RecordStats(trajectories=n_traj, positions=n_pos, skipped=skipped,
-                       seconds=time.perf_counter() - started, stats_seconds=stats_seconds)
+                       seconds=time.perf_counter() - started, stats_seconds=stats_seconds,
+                       expand_seconds=expand_seconds)

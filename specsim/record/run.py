@@ -51,6 +51,7 @@ class RecordOutcome:
     total: int  # trajectories in the file now
     bytes: int  # file size now
     interrupted: bool  # stopped by Ctrl-C / SIGTERM (committed trajectories kept)
+    expand_seconds: float = 0.0  # of `seconds`, expanding the drafts' trees (--expand)
 
 
 def check_output(out: Path, *, resume: bool, overwrite: bool) -> None:
@@ -156,7 +157,8 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
             total = reader.trajectories.height
         return RecordOutcome(trajectories=stats.trajectories if stats else 0, positions=stats.positions if stats else 0,
                              skipped=stats.skipped if stats else 0, seconds=stats.seconds if stats else 0.0,
-                             total=total, bytes=out.stat().st_size, interrupted=interrupted)
+                             total=total, bytes=out.stat().st_size, interrupted=interrupted,
+                             expand_seconds=stats.expand_seconds if stats else 0.0)
 
 
 def _load(request: RecordRequest, echo):

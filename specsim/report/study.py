@@ -148,6 +148,14 @@ def family_of(tree: str, draft: str = "") -> str:
     return draft if is_model_free(draft) else tree_family(tree)
 
 
+def _dynamic_args(expansion, budgets: Sequence[int]) -> list[str]:
+    """EAGLE-2 trees at the report's budgets (verified draft tokens), when the cache recorded an expansion."""
+    if expansion is None:
+        return []
+    return [f"dynamic:topk={expansion.topk},depth={expansion.depth},tokens={b}" for b in budgets
+            if b <= expansion.candidates]
+
+
 def _tree_args(families: Sequence[str], budgets: Sequence[int]) -> list[str]:
     """Tree arguments for `simulate`: bare families it expands, explicit widths specs."""
     out: list[str] = []
@@ -274,6 +282,7 @@ def run_study(
                   by_category=True, n_boot=config.n_boot, seed=config.seed, unpriced="keep")
     setups, cats, results, theory, drawn, notes, batch_rows = [], [], [], [], [], [], []
     steps = []  # (cache, kind, T) in the order run, for one progress bar
+    expansions: dict = {}  # cache -> its recorded draft expansion (dynamic trees), or None
     priced: dict[Path, dict] = {}
     basis: dict[str, str] = {}
     for path in paths:
@@ -292,6 +301,8 @@ def run_study(
                              f"{short_name(target_name(reader.meta))}; its speedups are "
                              + ("ASSUMED" if assumed is not None else "omitted"))
             recorded = set(reader.trajectories["temperature"].to_list())
+            stats = reader.spec.stats
+            expansions[path] = stats.expansion if stats is not None and stats.expand is not None else None
             for T in reader.spec.temperatures:
                 if any(abs(T - t) < 1e-6 for t in recorded):
                     steps.append((path, reader.spec.drafts, T))
@@ -308,7 +319,8 @@ def run_study(
             families = config.families if T == 0 else config.sample_families
             parts = []
             if drafts:
-                parts.append(_simulate(path, notes, trees=_tree_args(families, config.budgets),
+                parts.append(_simulate(path, notes, trees=_tree_args(families, config.budgets)
+                                       + _dynamic_args(expansions[path], config.budgets),
                                        drafts=list(drafts), policies=[policy], temperatures=[T], **common,
                                        **priced[path]))
             if config.model_free and T == 0:

@@ -128,7 +128,7 @@ def adaptive_stats(features: "Features", tree: Tree, spec, rng: np.random.Genera
     """
     from specsim.sim.engine import TrajectoryStats
 
-    if tree.budget and int(tree.n_children.max()) > 1:
+    if tree.dynamic is not None or (tree.budget and int(tree.n_children.max()) > 1):
         raise SpecError(f"adaptive speculation lengths apply to chains, not to the tree {tree.name or tree.to_spec()}")
     start = max(1, tree.max_depth)
     cap = max(MIN_GAMMA_CAP, 2 * start)

@@ -392,7 +392,7 @@ def _warm_candidates(features: Features, policy: PolicySpec, trees: list[Tree], 
     """
     if policy.name != "sample" or features.model_free or features.temperature <= 0:
         return
-    width = max([int(t.n_children.max()) for t in trees if t.budget] or [1])
+    width = max([int(t.n_children.max()) for t in trees if t.budget and t.dynamic is None] or [1])
     if width <= 1:
         return
     from specsim.sim.multidraft import candidate_acceptance
@@ -420,8 +420,9 @@ def _configuration(features: Features, tree: Tree, policy: PolicySpec, pricing: 
     storage = reader.spec.storage
     greedy_exact_tail = policy.name == "greedy" and (not tree.budget or int(tree.ranks.max()) < reader.spec.top_k)
     approximate = (not policy.lossless) or (
-        not features.exact_tail and not features.model_free and not greedy_exact_tail)
-    sampling_tree = policy.name != "greedy" and tree.budget and int(tree.n_children.max()) > 1
+        not features.exact_tail and not features.model_free and not greedy_exact_tail and tree.dynamic is None)
+    sampling_tree = (policy.name != "greedy" and tree.budget and int(tree.n_children.max()) > 1
+                     and tree.dynamic is None)
     config = {
         "tree": tree.name, "budget": tree.budget, "depth": tree.max_depth, "draft": features.draft,
         "target": features.models["target"], "policy": policy.label, "temperature": features.temperature,

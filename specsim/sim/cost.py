@@ -54,6 +54,10 @@ def step_shape(tree: Tree, *, room: int | None = None, model_draft: bool = True,
     accepted a leaf it never fed), then every node of depths 1 .. D'-1 that has children,
     one forward per depth (D' = the cut depth). A call that can accept nothing drafts nothing.
     """
+    if tree.dynamic is not None:
+        from specsim.sim.dynamic import dynamic_step_shape
+
+        return dynamic_step_shape(tree.dynamic, room, model_draft=model_draft)
     depth = tree.max_depth if room is None else min(tree.max_depth, max(int(room), 0))
     if depth == 0 or not tree.budget:
         return StepShape(verify_tokens=1, draft_levels=())

@@ -152,6 +152,12 @@ class Features:
                 self._memo[key] = self._read_recorded(name)
         return self._memo[key]
 
+    def expansion(self):
+        """The draft's recorded EAGLE-2 expansion (`specsim.sim.dynamic.Expansion`), or None."""
+        if self.model_free or self.recorded_stats is None or getattr(self.recorded_stats, "expand", None) is None:
+            return None
+        return self.recorded_stats.expansion
+
     def _read_recorded(self, name: str) -> np.ndarray | None:
         with CacheReader(self.cache_path) as reader:
             if not reader.has_stat(self.draft, name):

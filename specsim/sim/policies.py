@@ -135,6 +135,10 @@ def run_policy(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator,
     check_temperature(spec, features.temperature)
     if spec.name.startswith("adaptive"):
         return _function(spec.kind.function)(features, tree, spec, rng, pricing)
+    if tree.dynamic is not None:
+        if features.model_free:
+            raise SpecError(f"a dynamic tree grows from a draft model's expansion; {features.draft} is model-free")
+        return _function("specsim.sim.dynamic:dynamic_table")(features, tree, spec, rng)
     if features.model_free:
         if not spec.lossless:
             raise SpecError(f"policy {spec.label} compares p with q; model-free draft {features.draft} has no q")

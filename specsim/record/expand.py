@@ -1,0 +1,100 @@
+"""The draft's EAGLE-2 expansion, batched on the models' device (`specsim cache --expand`).
+
+`specsim.sim.dynamic` states the rule and holds its plain reference (`expand_reference`);
+this is the same rule for many start positions at once. At every position t of a
+trajectory (root context = prompt + y_<t) the depth-1 candidates are the top-K of the
+draft's teacher-forced logits there; each deeper level feeds the K beam nodes of every
+position in ONE draft forward over the whole sequence's KV cache, with a mask that shows
+each beam node the committed prefix of its own position (`SlotKV.forward(visible=...)`)
+and its ancestors in its own tree, at position id P + t + depth − 1. So a trajectory
+costs D − 1 draft forwards per chunk of positions, not D per position.
+
+Live decoding (`specsim.live.drafting.DynamicDrafter`) calls the same function for its one
+position per call, so the tree it verifies is the tree the recording replays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specsim.live.kv import SlotKV
+
+QUERIES_PER_FORWARD = 512  # beam tokens fed per draft forward while recording (bounds the mask and logits)
+
+
+@torch.inference_mode()
+def expand(kv: SlotKV, root_logits: torch.Tensor, first_position: np.ndarray, *, topk: int, depth: int,
+           visible: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+    """The expansion of c positions held in row 0 of `kv`: expand_token/parent/score, (c, K + (D−1)K²).
+
+    root_logits (c, V): the draft's logits at each root; first_position (c,): the position id of
+    each position's depth-1 nodes; visible (c,): committed entries each position's tree sees
+    (None: all). Leaves nothing pending in `kv`.
+    """
+    c = root_logits.shape[0]
+    K = topk
+    dev = root_logits.device
+    score, token = torch.topk(torch.log_softmax(root_logits.float(), dim=-1), K, dim=-1)  # (c, K)
+    tokens, parents, scores = [token], [torch.full((c, K), -1, dtype=torch.long, device=dev)], [score]
+    beam_tok, beam_score = token, score
+    beam_idx = torch.arange(K, device=dev).expand(c, K)
+    ancestors = np.zeros((c * K, 0), dtype=bool)  # each beam node's ancestors among the fed nodes
+    base = int(kv.pending)
+    fed = 0
+    first = np.asarray(first_position, dtype=np.int64)
+    for d in range(2, depth + 1):
+        w = c * K
+        attend = np.zeros((w, fed + w), dtype=bool)
+        attend[:, :fed] = ancestors
+        attend[:, fed:] = np.eye(w, dtype=bool)
+        if base:
+            attend = np.concatenate([np.zeros((w, base), dtype=bool), attend], axis=1)
+        position = np.repeat(first + d - 2, K)  # (w,) depth d−1 nodes
+        logits = kv.forward(beam_tok.reshape(1, w).cpu().numpy(), (position - kv.lengths[0])[None], attend[None],
+                            visible=None if visible is None else np.repeat(np.asarray(visible), K)[None])
+        value, child = torch.topk(torch.log_softmax(logits[0].float(), dim=-1), K, dim=-1)  # (w, K)
+        cu = (beam_score[:, :, None] + value.view(c, K, K)).reshape(c, K * K)
+        child = child.view(c, K * K)
+        tokens.append(child)
+        parents.append(beam_idx[:, :, None].expand(c, K, K).reshape(c, K * K))
+        scores.append(cu)
+        offset = K + (d - 2) * K * K
+        beam_score, pick = torch.topk(cu, K, dim=-1)  # (c, K) the next beam
+        beam_tok = child.gather(1, pick)
+        beam_idx = offset + pick
+        rows = (np.arange(c)[:, None] * K + (pick // K).cpu().numpy()).reshape(-1)  # each new node's parent row
+        ancestors = attend[rows, base:]
+        fed += w
+    if kv.pending:
+        kv.commit([np.zeros(0, dtype=np.int64)] * kv.rows)  # forget the tree entries
+    return {"expand_token": torch.cat(tokens, dim=1), "expand_parent": torch.cat(parents, dim=1),
+            "expand_score": torch.cat(scores, dim=1)}
+
+
+def expand_trajectory(model, prompt_ids, tokens, root_logits: torch.Tensor, *, topk: int,
+                      depth: int) -> dict[str, np.ndarray]:
+    """The expansion at every position of one trajectory (numpy arrays for the cache).
+
+    model: the draft (a Hugging Face causal LM); root_logits (n, V): its teacher-forced logits.
+    One prefill of prompt + y_<n−1, then chunks of positions of QUERIES_PER_FORWARD / K each.
+    """
+    prompt = np.asarray(prompt_ids, dtype=np.int64)
+    y = np.asarray(tokens, dtype=np.int64)
+    n, P = y.shape[0], prompt.shape[0]
+    kv = SlotKV(model)
+    kv.start([np.concatenate([prompt, y[:-1]])])
+    chunk = max(1, QUERIES_PER_FORWARD // topk)
+    parts = []
+    for lo in range(0, n, chunk):
+        t = np.arange(lo, min(n, lo + chunk))
+        if depth == 1:  # no forward: the root's top-K
+            out = expand(kv, root_logits[t[0] : t[-1] + 1], P + t, topk=topk, depth=1)
+        else:
+            out = expand(kv, root_logits[t[0] : t[-1] + 1], P + t, topk=topk, depth=depth, visible=P + t)
+        parts.append({k: v.cpu().numpy() for k, v in out.items()})
+    return {
+        "expand_token": np.concatenate([p["expand_token"] for p in parts]).astype(np.int32),
+        "expand_parent": np.concatenate([p["expand_parent"] for p in parts]).astype(np.int16),
+        "expand_score": np.concatenate([p["expand_score"] for p in parts]).astype(np.float32),
+    }

@@ -1,0 +1,289 @@
+"""Dynamic draft trees (EAGLE-2 / EAGLE-3, SGLang's EAGLE worker), replayed exactly.
+
+A dynamic tree is grown per target call from the draft's own confidence. EAGLE-2's rule
+(`topK_genrate` in SafeAILab/EAGLE eagle/model/cnets.py; `organize_draft_results` in
+SGLang's python/sglang/srt/speculative/eagle_utils.py), with K = top_k, D = depth in tree
+levels (SGLang's `num_steps`, EAGLE's `depth` + 1) and N = draft tokens verified (EAGLE's
+`total_tokens`, SGLang's `num_draft_tokens` − 1):
+
+1. the root's K most likely draft tokens are the depth-1 candidates and the first beam;
+   a node's score is its cumulative draft log-probability (log-softmax of the draft's
+   logits, no temperature: EAGLE ranks by the raw distribution at any sampling T);
+2. for depths 2..D: each of the K beam nodes is fed to the draft (one forward of K tokens
+   with a tree mask) and proposes its K most likely children, scored parent score + log q;
+   all K² are candidates, and the K best of them are the next beam;
+3. the N best of all K + (D−1)·K² candidates by score form the tree (ties: the earlier
+   candidate, so a parent, never scoring below its child, always precedes it: the tree is
+   prefix-closed).
+
+`specsim cache --expand topk=K,depth=D` records steps 1–2 at every on-path position
+(`expand_token`, `expand_parent`, `expand_score`, K + (D−1)K² candidates in the order
+above); step 3 is applied here, so one recording replays every N ≤ K + (D−1)K² and every
+depth D' ≤ D (the first D' levels of an expansion are the expansion to depth D'). A
+different K changes the beam and needs its own recording.
+
+Why replay is exact (docs/design.md §2, the point-mass case): candidates are a function of
+the prefix. Greedy verification accepts the child equal to the target's argmax = y_t. At
+T > 0 EAGLE verifies a node's children in order as point masses against the running
+target residual (utils.py `evaluate_posterior`: accept x with probability r(x), else zero
+r(x) and renormalise; `specsim.verify.verify_point_mass`); the emitted token is then
+distributed as p and a child is accepted exactly when it equals that token. So given the
+target's trajectory, the accepted path is the longest path of the tree that follows
+y_t, y_{t+1}, …, at every temperature: deterministic, no Monte-Carlo.
+numpy only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from specsim.errors import SpecError
+
+EXPAND_NAMES = ("expand_token", "expand_parent", "expand_score")  # per-position draft statistics
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """What an expansion records: the beam width K and the depth D."""
+
+    topk: int
+    depth: int
+
+    def __post_init__(self) -> None:
+        if self.topk < 1 or self.depth < 1:
+            raise SpecError(f"an expansion needs topk >= 1 and depth >= 1, got topk={self.topk}, depth={self.depth}")
+        if self.candidates > 32_767:
+            raise SpecError(f"topk={self.topk}, depth={self.depth} expands {self.candidates} candidates per position; "
+                            "the cache holds at most 32767")
+
+    @property
+    def candidates(self) -> int:
+        """K + (D−1)·K²: candidates recorded per position."""
+        return candidates(self.topk, self.depth)
+
+    @property
+    def label(self) -> str:
+        return f"topk={self.topk},depth={self.depth}"
+
+
+@dataclass(frozen=True)
+class DynamicShape:
+    """A dynamic tree spec: dynamic:topk=K,depth=D,tokens=N."""
+
+    topk: int
+    depth: int
+    tokens: int
+
+    @property
+    def candidates(self) -> int:
+        return candidates(self.topk, self.depth)
+
+    def check_recorded(self, recorded: Expansion | None, where: str) -> None:
+        """SpecError (the configuration is skipped) unless the recording can replay this tree (same K, depth and tokens within it)."""
+        spec = f"dynamic:topk={self.topk},depth={self.depth},tokens={self.tokens}"
+        if recorded is None:
+            raise SpecError(f"{where}: {spec} needs the draft's expansion; record the cache with "
+                             f"--expand topk={self.topk},depth={self.depth}")
+        if recorded.topk != self.topk:
+            raise SpecError(f"{where}: {spec}: the cache expanded topk={recorded.topk} (depth {recorded.depth}); "
+                             "another top_k changes the beam, so record it with --expand")
+        if self.depth > recorded.depth:
+            raise SpecError(f"{where}: {spec}: the cache expanded to depth {recorded.depth} only")
+
+
+def candidates(topk: int, depth: int) -> int:
+    return topk + (depth - 1) * topk * topk
+
+
+_KEYS = {"topk", "depth", "tokens"}
+
+
+def _key_values(text: str, allowed: set[str], example: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in allowed:
+            raise SpecError(f"{part!r} is not one of {', '.join(sorted(allowed))}=INTEGER (e.g. {example})")
+        if not re.fullmatch(r"\s*\d+\s*", value):
+            raise SpecError(f"{key}={value.strip()!r} is not a non-negative integer (e.g. {example})")
+        if key in out:
+            raise SpecError(f"{key} is given twice (e.g. {example})")
+        out[key] = int(value)
+    missing = sorted(allowed - set(out))
+    if missing:
+        raise SpecError(f"missing {', '.join(missing)} (e.g. {example})")
+    return out
+
+
+def parse_expansion(text: str) -> Expansion:
+    """'topk=4,depth=4' -> Expansion(4, 4) (the cache's --expand)."""
+    kv = _key_values(str(text), {"topk", "depth"}, "topk=4,depth=4")
+    return Expansion(kv["topk"], kv["depth"])
+
+
+def parse_dynamic(arg: str) -> DynamicShape:
+    """The argument of dynamic:topk=K,depth=D,tokens=N."""
+    kv = _key_values(arg, _KEYS, "dynamic:topk=4,depth=4,tokens=16")
+    shape = DynamicShape(kv["topk"], kv["depth"], kv["tokens"])
+    Expansion(shape.topk, shape.depth)  # the same bounds as a recording
+    if shape.tokens < 1:
+        raise SpecError("tokens must be at least 1: the draft tokens verified per call")
+    if shape.tokens > shape.candidates:
+        raise SpecError(f"tokens={shape.tokens} exceeds the {shape.candidates} candidates of topk={shape.topk}, "
+                        f"depth={shape.depth} (K + (D-1)K²)")
+    return shape
+
+
+def envelope(shape: DynamicShape):
+    """The static stand-in of a dynamic tree in tables: N nodes, depth min(D, N) (the deepest it can be).
+
+    Only its budget and depth are read (row columns, the width of per-depth tables); the
+    nodes of each call come from the recording, and its cost from `dynamic_step_shape`.
+    """
+    from specsim.trees import Tree
+
+    depth = min(shape.depth, shape.tokens)
+    paths = [(0,) * d for d in range(1, depth + 1)] + [(r,) for r in range(1, shape.tokens - depth + 1)]
+    return Tree.from_paths(paths)
+
+
+def node_depths(topk: int, depth: int) -> np.ndarray:
+    """(K + (D−1)K²,) the depth of each recorded candidate, in recording order."""
+    return np.concatenate([np.ones(topk, dtype=np.int64)]
+                          + [np.full(topk * topk, d, dtype=np.int64) for d in range(2, depth + 1)])
+
+
+# ---------------------------------------------------------------------------- expansion (reference)
+
+
+def expand_reference(logq, topk: int, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """EAGLE-2's expansion at one position, written plainly: (tokens, parents, scores), (M,) each.
+
+    logq(path) -> (V,) the draft's log-probabilities after the root context + path (a tuple of
+    token ids). Top-k ties go to the lower token id; beam ties to the earlier candidate.
+    The recorder's batched torch version (`specsim.record.expand`) must equal this.
+    """
+    def top(values: np.ndarray, k: int) -> np.ndarray:
+        return np.lexsort((np.arange(values.shape[0]), -values))[:k]
+
+    lp = np.asarray(logq(()), dtype=np.float64)
+    first = top(lp, topk)
+    tokens, parents, scores = list(first), [-1] * topk, list(lp[first])
+    paths = [(int(x),) for x in first]
+    beam = list(range(topk))  # indices into the candidate list
+    for _ in range(2, depth + 1):
+        offset = len(tokens)
+        block_scores = []
+        for b in beam:
+            lq = np.asarray(logq(paths[b]), dtype=np.float64)
+            kids = top(lq, topk)
+            for x in kids:
+                tokens.append(int(x))
+                parents.append(b)
+                scores.append(scores[b] + lq[x])
+                paths.append(paths[b] + (int(x),))
+                block_scores.append(scores[-1])
+        beam = [offset + int(i) for i in top(np.array(block_scores), topk)]
+    return np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64), np.array(scores)
+
+
+# ---------------------------------------------------------------------------- selection
+
+
+def select(scores: np.ndarray, shape: DynamicShape) -> np.ndarray:
+    """(n, N) the candidates each position's tree keeps, ascending: the N best of the first D levels.
+
+    scores (n, M ≥ K + (D−1)K²): recorded cumulative log-probabilities. A stable sort keeps
+    the earlier candidate on ties, so parents precede their children and the set is prefix-closed.
+    """
+    m = shape.candidates
+    order = np.argsort(-np.asarray(scores)[:, :m], axis=1, kind="stable")[:, : shape.tokens]
+    return np.sort(order, axis=1)
+
+
+def select_reference(scores: np.ndarray, shape: DynamicShape) -> list[int]:
+    """`select` for one position, as a plain loop (the property tests compare the two)."""
+    m = shape.candidates
+    ranked = sorted(range(m), key=lambda i: (-float(scores[i]), i))
+    return sorted(ranked[: shape.tokens])
+
+
+# ---------------------------------------------------------------------------- replay
+
+
+def accepted_lengths(token: np.ndarray, parent: np.ndarray, chosen: np.ndarray, future: np.ndarray,
+                     remaining: np.ndarray, depth: int) -> np.ndarray:
+    """(n,) accepted depth per position: the longest path of the chosen nodes that follows the future tokens.
+
+    token, parent (n, M): the recording; chosen (n, N) candidate indices; future (n, depth):
+    y_t, y_{t+1}, …; remaining (n,): drafts a call at t may accept (the end cap).
+    """
+    n = chosen.shape[0]
+    rows = np.arange(n)[:, None]
+    tok = token[rows, chosen]  # (n, N)
+    par = parent[rows, chosen]
+    cur = np.full(n, -1, dtype=np.int64)  # the node reached (−1: the root)
+    length = np.zeros(n, dtype=np.int64)
+    alive = np.ones(n, dtype=bool)
+    for d in range(1, depth + 1):
+        match = (par == cur[:, None]) & (tok == future[:, d - 1 : d]) & alive[:, None]
+        hit = match.any(axis=1) & (remaining >= d)  # siblings are distinct tokens: at most one match
+        cur = np.where(hit, chosen[np.arange(n), match.argmax(axis=1)], cur)
+        length += hit
+        alive = hit
+        if not alive.any():
+            break
+    return length
+
+
+def dynamic_table(features, tree, spec, rng: np.random.Generator):
+    """Exact, deterministic acceptance table of `tree` (a dynamic envelope) on the recorded expansion."""
+    from specsim.sim.engine import AcceptanceTable
+
+    shape: DynamicShape = tree.dynamic
+    if not spec.lossless:
+        raise SpecError(f"policy {spec.label} compares p with q; a dynamic tree verifies point masses (greedy or sample)")
+    recorded = features.expansion()
+    shape.check_recorded(recorded, f"{features.cache_path} draft {features.draft!r}")
+    N = features.n_positions
+    token = features.recorded("expand_token")
+    parent = features.recorded("expand_parent")
+    scores = features.recorded("expand_score")
+    remaining, room = features.remaining(), features.room()
+    depth = tree.max_depth
+    length = np.zeros(N, dtype=np.int64)
+    drafted = np.zeros(N)
+    depths = node_depths(shape.topk, shape.depth)
+    idx = np.arange(N)
+    future_idx = np.minimum(idx[:, None] + np.arange(depth)[None, :], max(N - 1, 0))
+    for lo in range(0, N, 65_536):  # bounded temporaries: (block, N nodes) per level
+        hi = min(N, lo + 65_536)
+        chosen = select(scores[lo:hi], shape)
+        length[lo:hi] = accepted_lengths(token[lo:hi], parent[lo:hi].astype(np.int64), chosen,
+                                         features.token[future_idx[lo:hi]], remaining[lo:hi], depth)
+        drafted[lo:hi] = (depths[chosen] <= room[lo:hi, None]).sum(axis=1)
+    p_len = np.zeros((N, depth + 1))
+    p_len[idx, length] = 1.0
+    return AcceptanceTable(p_len=p_len, drafted=drafted, exact=True, length=length)
+
+
+def dynamic_step_shape(shape: DynamicShape, room: int | None, *, model_draft: bool = True):
+    """The forwards of one dynamic call: the root feed, then D'−1 beam forwards of width K; N + 1 verified.
+
+    D' = min(D, room): a call near the output limit expands no deeper than it can accept (and
+    verifies what it kept of the N best; counted as N here, an upper bound the last calls of
+    a request may not reach).
+    """
+    from specsim.sim.cost import StepShape
+
+    depth = shape.depth if room is None else min(shape.depth, max(int(room), 0))
+    if depth == 0:
+        return StepShape(verify_tokens=1, draft_levels=())
+    verify = 1 + min(shape.tokens, candidates(shape.topk, depth))
+    if not model_draft:
+        return StepShape(verify_tokens=verify, draft_levels=())
+    return StepShape(verify_tokens=verify, draft_levels=(1, *[shape.topk] * (depth - 1)))

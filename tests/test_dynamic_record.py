@@ -1,0 +1,98 @@
+"""Recording the draft's EAGLE-2 expansion with the models (`--expand`): equals the plain reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specsim.cache.store import CacheReader
+from specsim.sim.dynamic import expand_reference
+
+
+@pytest.fixture(scope="module")
+def expanded_cache(tiny_model_dir, tiny_prompts_file, tmp_path_factory):
+    import torch
+
+    from specsim.cache.stats import StatsSpec
+    from specsim.cache.store import CacheSpec, CacheWriter
+    from specsim.prompts import load_prompts
+    from specsim.record.models import load_draft, load_model
+    from specsim.record.recorder import RecordConfig, build_meta, prompt_records, record, settings
+
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp("expand") / "tiny-expand.h5"
+    target = load_model(str(tiny_model_dir))
+    drafts = [load_draft("layers:2", target)]
+    prompts = load_prompts(str(tiny_prompts_file))
+    config = RecordConfig(max_new_tokens=10, temperatures=(0.0, 1.0), seed=0)
+    prompt_spec = {"spec": str(tiny_prompts_file), "source": prompts.source, "categories": None,
+                   "per_category": None, "sha256": prompts.fingerprint()}
+    stats = StatsSpec(expand=(3, 3))
+    run = settings(target=target.name, drafts=[d.name for d in drafts], prompt_spec=prompt_spec, config=config,
+                   dtype="float32", storage="full", top_k=0, statistics=None)
+    meta = build_meta(target, drafts, prompt_spec, run, device="cpu", batch_size=1)
+    spec = CacheSpec(vocab_size=target.vocab_size, drafts=tuple(d.name for d in drafts),
+                     temperatures=config.temperatures, meta=meta, stats=stats)
+    with CacheWriter.create(path, spec, prompt_records(prompts.prompts, target.tokenizer)) as writer:
+        outcome = record(writer, target, drafts, config, progress=False)
+    assert outcome.expand_seconds > 0
+    return path, drafts[0]
+
+
+def test_batched_expansion_equals_plain_forwards(expanded_cache):
+    """Every recorded candidate, parent and score equals EAGLE-2's rule run with one plain forward per node."""
+    import torch
+
+    path, draft = expanded_cache
+    model = draft.model
+    checked = 0
+    with CacheReader(path) as reader:
+        for row in list(reader.iter_trajectories())[::3]:
+            prompt = reader.prompt_token_ids(row.prompt_index).tolist()
+            lo, hi = row.start, row.stop
+            tokens = reader.tokens(lo, hi).tolist()
+            got = {name: reader.stats(draft.name, name, lo, hi) for name in ("expand_token", "expand_parent",
+                                                                               "expand_score")}
+            for t in range(len(tokens)):
+                context = prompt + tokens[:t]
+
+                def logq(path):
+                    with torch.inference_mode():
+                        ids = torch.tensor([context + list(path)])
+                        return torch.log_softmax(model(ids).logits[0, -1].float(), -1).double().numpy()
+
+                tok, par, score = expand_reference(logq, 3, 3)
+                np.testing.assert_array_equal(got["expand_token"][t], tok)
+                np.testing.assert_array_equal(got["expand_parent"][t], par)
+                np.testing.assert_allclose(got["expand_score"][t], score, atol=2e-4)
+                checked += 1
+    assert checked >= 20
+
+
+@pytest.mark.parametrize("tokens", [4, 9])
+def test_live_dynamic_decoding_matches_the_replay_call_for_call(expanded_cache, tokens):
+    """Greedy, float32: live EAGLE-2 decoding emits plain greedy's tokens, in the target calls replay predicts."""
+    from specsim.live.drafting import ModelDrafter
+    from specsim.live.engine import LiveConfig, Target, speculative_decode
+    from specsim.record.models import eos_token_ids, load_model
+    from specsim.sim.api import sweep
+    from specsim.specs import parse_tree
+
+    path, draft = expanded_cache
+    spec = f"dynamic:topk=3,depth=3,tokens={tokens}"
+    replay = sweep(path, [spec], policies=["greedy"], n_boot=0, by_category=False).requests.sort("prompt_index")
+    with CacheReader(path) as reader:
+        rows = [r for r in reader.iter_trajectories() if r.temperature == 0]
+        max_new = int(reader.meta["settings"]["max_new_tokens"])
+        target_dir = reader.meta["target"]["spec"]
+        cases = [(reader.prompt_token_ids(r.prompt_index), reader.tokens(r.start, r.stop)) for r in rows]
+    target = load_model(str(target_dir))
+    drafter = ModelDrafter(draft.model, draft.name)
+    tree = parse_tree(spec)
+    assert [r.prompt_index for r in rows] == replay["prompt_index"].to_list()
+    for (prompt, expected), row in zip(cases, replay.iter_rows(named=True)):
+        live = speculative_decode(Target(target.model, eos_token_ids(target)), drafter, np.asarray(prompt),
+                                  LiveConfig(tree=tree, max_new_tokens=max_new), np.random.default_rng(0))
+        assert live.tokens.tolist() == expected.tolist()
+        assert live.target_calls == row["target_calls"]
+        assert all(s.drafted <= tokens for s in live.steps)
