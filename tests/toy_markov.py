@@ -177,13 +177,21 @@ def speculative_decode(target: MarkovLM, draft: MarkovLM, prompt: Sequence[int],
 
 
 def record_cache(path, target: MarkovLM, draft: MarkovLM, prompts: Sequence[np.ndarray], n: int, *,
-                 temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0, draft_name: str = "toy-draft") -> Path:
-    """One target-sampled trajectory per prompt and temperature; logits = the chains' log-probs."""
+                 temperatures: Sequence[float] = (0.0, 1.0), seed: int = 0, draft_name: str = "toy-draft",
+                 stats_spec=None, draft_stats=None) -> Path:
+    """One target-sampled trajectory per prompt and temperature; logits = the chains' log-probs.
+
+    stats_spec: the cache's StatsSpec (default: the standard one); draft_stats(prompt, tokens): statistics
+    of the draft the logits cannot give (an expansion), passed to the writer beside them.
+    """
+    from specsim.cache.stats import StatsSpec
+
     rng = np.random.default_rng(seed)
     records = [PromptRecord(question_id=i, category=("a", "b")[i % 2], text=f"toy prompt {i}",
                             token_ids=np.asarray(pr, dtype=np.int32)) for i, pr in enumerate(prompts)]
     meta = {"settings": {"target": "toy-markov-target", "drafts": [draft_name]}, "target": {"spec": "toy-markov-target"}}
-    spec = CacheSpec(vocab_size=target.vocab, drafts=(draft_name,), temperatures=tuple(temperatures), meta=meta)
+    spec = CacheSpec(vocab_size=target.vocab, drafts=(draft_name,), temperatures=tuple(temperatures), meta=meta,
+                     stats=stats_spec or StatsSpec())
     with CacheWriter.create(Path(path), spec, records, overwrite=True) as writer:
         for T in temperatures:
             for i, pr in enumerate(prompts):
@@ -191,7 +199,8 @@ def record_cache(path, target: MarkovLM, draft: MarkovLM, prompts: Sequence[np.n
                 writer.append_trajectory(
                     prompt_index=i, temperature=T, seed=i, tokens=tokens,
                     target_logits=target.logits_along(pr, tokens),
-                    draft_logits={draft_name: draft.logits_along(pr, tokens)}, stop_reason="max_new_tokens")
+                    draft_logits={draft_name: draft.logits_along(pr, tokens)}, stop_reason="max_new_tokens",
+                    stats=None if draft_stats is None else {draft_name: draft_stats(pr, tokens)})
     return Path(path)
 
 
@@ -325,19 +334,7 @@ def record_dynamic_cache(path, target: MarkovLM, draft: MarkovLM, prompts: Seque
     """`record_cache` with the draft's expansion at every position (a `--expand topk=K,depth=D` recording)."""
     from specsim.cache.stats import StatsSpec
 
-    rng = np.random.default_rng(seed)
-    records = [PromptRecord(question_id=i, category=("a", "b")[i % 2], text=f"toy prompt {i}",
-                            token_ids=np.asarray(pr, dtype=np.int32)) for i, pr in enumerate(prompts)]
-    meta = {"settings": {"target": "toy-markov-target", "drafts": [draft_name]}, "target": {"spec": "toy-markov-target"}}
-    spec = CacheSpec(vocab_size=target.vocab, drafts=(draft_name,), temperatures=tuple(temperatures), meta=meta,
-                     stats=StatsSpec(expand=(topk, depth)))
-    with CacheWriter.create(Path(path), spec, records, overwrite=True) as writer:
-        for T in temperatures:
-            for i, pr in enumerate(prompts):
-                tokens = sample_tokens(target, pr, n, rng, greedy=T == 0)
-                writer.append_trajectory(
-                    prompt_index=i, temperature=T, seed=i, tokens=tokens,
-                    target_logits=target.logits_along(pr, tokens),
-                    draft_logits={draft_name: draft.logits_along(pr, tokens)}, stop_reason="max_new_tokens",
-                    stats={draft_name: expansion_along(draft, pr, tokens, topk, depth, on_path_only=on_path_only)})
-    return Path(path)
+    return record_cache(path, target, draft, prompts, n, temperatures=temperatures, seed=seed, draft_name=draft_name,
+                        stats_spec=StatsSpec(expand=(topk, depth)),
+                        draft_stats=lambda pr, tokens: expansion_along(draft, pr, tokens, topk, depth,
+                                                                       on_path_only=on_path_only))
