@@ -372,11 +372,7 @@ def draft_stats(p_logits: np.ndarray, q_logits: np.ndarray, tokens: np.ndarray, 
     T = temperature if temperature > 0 else 1.0
     out = {"rank": token_rank(q_logits, y), "logprob": log_prob(q_logits, y, T), "top_ids": top,
            "overlap": np.minimum(probabilities(p_logits, T), probabilities(q_logits, T)).sum(axis=1)}
-    nan = np.full((n, K), np.nan, dtype=np.float32)
-    out.update(pi_iid=nan.copy(), pi_swor=nan.copy(),
-               pi_swor_groups=np.full((n, spec.swor_groups, K), np.nan, dtype=np.float16),
-               lossy_alpha=np.full((n, len(spec.lossy)), np.nan, dtype=np.float32),
-               lossy_tv=np.full((n, len(spec.lossy)), np.nan, dtype=np.float32))
+    out.update(sampling_placeholders(n, K, spec))  # NaN at T = 0; filled below when sampling
     if temperature <= 0:
         return out
     p, q = probabilities(p_logits, temperature), probabilities(q_logits, temperature)
@@ -388,6 +384,15 @@ def draft_stats(p_logits: np.ndarray, q_logits: np.ndarray, tokens: np.ndarray, 
         alpha, tv = lossy_acceptance(lossy_rule(label), p, q)
         out["lossy_alpha"][:, j], out["lossy_tv"][:, j] = alpha, tv
     return out
+
+
+def sampling_placeholders(n: int, candidates: int, spec: StatsSpec) -> dict[str, np.ndarray]:
+    """The sampling statistics of n positions, all NaN: what greedy (T = 0) trajectories record."""
+    return {"pi_iid": np.full((n, candidates), np.nan, dtype=np.float32),
+            "pi_swor": np.full((n, candidates), np.nan, dtype=np.float32),
+            "pi_swor_groups": np.full((n, spec.swor_groups, candidates), np.nan, dtype=np.float16),
+            "lossy_alpha": np.full((n, len(spec.lossy)), np.nan, dtype=np.float32),
+            "lossy_tv": np.full((n, len(spec.lossy)), np.nan, dtype=np.float32)}
 
 
 # The datasets of a draft column's /stats group: name -> (dtype, trailing shape from the spec).

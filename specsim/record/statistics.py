@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specsim.cache.stats import StatsSpec, lossy_rule
+from specsim.cache.stats import StatsSpec, lossy_rule, sampling_placeholders
 
 _NO_MASS = 1e-12  # as specsim.cache.stats
 CHUNK_ELEMENTS = 1 << 24  # positions × vocabulary processed at once (float64: 128 MB)
@@ -49,11 +49,7 @@ def _draft_chunk(p_logits, q_logits, tokens, temperature, spec: StatsSpec, gener
            "logprob": torch.log_softmax(q32.double() / T, dim=-1).gather(1, y[:, None])[:, 0].cpu().numpy(),
            "top_ids": top_ids(q32, spec.top_ids).cpu().numpy().astype(np.int32),
            "overlap": torch.minimum(p, q).sum(dim=1).cpu().numpy()}
-    nan = np.full((n, K), np.nan, dtype=np.float32)
-    out.update(pi_iid=nan.copy(), pi_swor=nan.copy(),
-               pi_swor_groups=np.full((n, spec.swor_groups, K), np.nan, dtype=np.float16),
-               lossy_alpha=np.full((n, len(spec.lossy)), np.nan, dtype=np.float32),
-               lossy_tv=np.full((n, len(spec.lossy)), np.nan, dtype=np.float32))
+    out.update(sampling_placeholders(n, K, spec))  # NaN at T = 0; filled below when sampling
     if temperature <= 0:
         return out
     out["pi_iid"] = acceptance_iid(p, q, y, K).float().cpu().numpy()
