@@ -73,9 +73,12 @@ def agreement_stats(
                 e = min(s + (BLOCK if not recorded else row.length), row.stop)
                 if recorded:
                     p_top = reader.stats(TARGET, "top_id", s, e)
-                    for d in drafts:
-                        agree[d, t] += int((reader.stats(d, "top_ids", s, e)[:, 0] == p_top).sum())
-                        alpha_sum[d, t] += float(reader.stats(d, "overlap", s, e).sum())
+                    for d in drafts:  # a head draft's depth 1: the law its calls start with
+                        top, overlap = reader.stats(d, "top_ids", s, e), reader.stats(d, "overlap", s, e)
+                        if reader.depth(d) is not None:
+                            top, overlap = top[:, 0], overlap[:, 0]
+                        agree[d, t] += int((top[:, 0] == p_top).sum())
+                        alpha_sum[d, t] += float(overlap.sum())
                 else:
                     p_logits = reader.logits(TARGET, s, e)  # (n, V)
                     p_target = softmax(p_logits, t_alpha)

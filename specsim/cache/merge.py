@@ -14,7 +14,7 @@ into place at the end: an interrupted merge leaves nothing half-written under th
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -36,7 +36,7 @@ def merge_shards(out, shards: Sequence, *, overwrite: bool = False, allow_partia
     from tqdm.auto import tqdm
 
     from specsim.cache.lock import CacheLock
-    from specsim.cache.store import CacheReader, CacheSpec, CacheWriter, PromptRecord
+    from specsim.cache.store import CacheReader, CacheWriter, PromptRecord
 
     out = Path(out)
     paths = [Path(p) for p in shards]
@@ -67,8 +67,7 @@ def merge_shards(out, shards: Sequence, *, overwrite: bool = False, allow_partia
                 if settings0.get(key) != ours.get(key):
                     raise CacheError(f"{reader.path} was recorded with {key} = {ours.get(key)!r}, {first.path} with "
                                      f"{settings0.get(key)!r}: shards of one merge share every setting")
-            if reader.spec.storage != first.spec.storage or reader.spec.drafts != first.spec.drafts or \
-                    reader.spec.vocab_size != first.spec.vocab_size:
+            if replace(reader.spec, meta={}) != replace(first.spec, meta={}):
                 raise CacheError(f"{reader.path} has another layout than {first.path} (storage, drafts or vocabulary)")
             if not reader.prompts.equals(first.prompts) or \
                     reader.meta.get("tokenizer_sha256") != first.meta.get("tokenizer_sha256"):
@@ -95,9 +94,7 @@ def merge_shards(out, shards: Sequence, *, overwrite: bool = False, allow_partia
         meta["merged_from"] = [{"path": str(r.path), "shard": f"{_shard(r)[0]}/{n_shards}",
                                 "device": r.meta.get("device"), "created": r.meta.get("created"),
                                 "fingerprint": r.fingerprint} for r in readers]
-        spec = CacheSpec(vocab_size=first.spec.vocab_size, drafts=first.spec.drafts,
-                         temperatures=first.spec.temperatures, storage=first.spec.storage, top_k=first.spec.top_k,
-                         meta=meta, stats=first.spec.stats)
+        spec = replace(first.spec, meta=meta)  # the same layout: drafts, depths, hidden states, statistics
         tmp = out.with_name(out.name + ".merging")
         with CacheLock(out):
             positions = 0

@@ -12,6 +12,8 @@ next-token logits on the on-path prefix. Layout (see docs/cache-format.md):
                            length, stop_reason, digest); a row with length > 0 is committed
     /positions/token       (N,) int32 trajectory tokens, chunked by positions
     /columns/<c>/stats/*   per-position statistics (`specsim.cache.stats`)     (always)
+                           a head draft's (attrs: draft_depths) carry a depth axis: (N, D, ...)
+    /columns/target/hidden/<layer>  (N, H) float16 target hidden states   (--hidden-states)
     /columns/<c>/logits    (N, V) float16 for c = "target" and every draft   (full)
     /columns/<c>/topk_ids, topk_logits, tail_lse                             (topk)
                                                          (stats: no distributions at all)
@@ -95,6 +97,9 @@ class CacheSpec:
     meta: Mapping = field(default_factory=dict)  # JSON-able run metadata; meta["settings"] checked on resume
     stats: StatsSpec | None = field(default_factory=StatsSpec)  # statistics recorded per position (None: a
     #                                                             version-1/2 file, rank/logprob/top_ids at most)
+    depths: Mapping[str, int] = field(default_factory=dict)  # depth-keyed draft columns (head drafts) -> depths D
+    hidden: tuple[str, ...] = ()  # target hidden states stored per position ("last", or decoder layer numbers)
+    hidden_size: int = 0  # their width
 
     def __post_init__(self) -> None:
         if self.storage not in STORAGES:
@@ -109,6 +114,25 @@ class CacheSpec:
             raise CacheError(f"duplicate draft names in {list(self.drafts)}")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise CacheError(f"temperatures must be a non-empty list of values >= 0, got {list(self.temperatures)}")
+        for c, d in self.depths.items():
+            if c not in self.drafts or not isinstance(d, int) or d < 1:
+                raise CacheError(f"depth-keyed column {c!r}: must be a draft with a depth >= 1, got {d!r}")
+        if self.hidden and self.hidden_size < 1:
+            raise CacheError("hidden states need their width (hidden_size)")
+
+    def stat_shapes(self, column: str) -> dict:
+        """A column's statistics: name -> (dtype, trailing shape); a head draft's lead with its depth axis."""
+        if column == TARGET:
+            return TARGET_STAT_SHAPES
+        if column in self.depths:
+            D = self.depths[column]
+            return {name: (dtype, (D, *tail)) for name, (dtype, tail) in draft_stat_shapes(self.stats).items()
+                    if name not in expansion_shapes(self.stats)}
+        return draft_stat_shapes(self.stats)
+
+    def keeps_logits(self, column: str) -> bool:
+        """Whether the storage keeps this column's logits (never a head draft's: it has one law per depth)."""
+        return self.storage != "stats" and column not in self.depths
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -192,6 +216,9 @@ def _read_spec(f: h5py.File, path: Path) -> CacheSpec:
             top_k=int(f.attrs["top_k"]),
             meta=json.loads(f.attrs["meta"]),
             stats=StatsSpec.from_json(f.attrs["statistics"]) if "statistics" in f.attrs else None,
+            depths={str(c): int(d) for c, d in json.loads(f.attrs.get("draft_depths", "{}")).items()},
+            hidden=tuple(json.loads(f.attrs.get("hidden_states", "[]"))),
+            hidden_size=int(f.attrs.get("hidden_size", 0)),
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise CacheError(f"{path}: corrupt cache header ({exc})") from None
@@ -292,6 +319,11 @@ class CacheWriter:
         if spec.stats is None:
             raise CacheError("a new cache needs a StatsSpec (version-1/2 layouts are read, not written)")
         f.attrs["statistics"] = spec.stats.to_json()
+        if spec.depths:
+            f.attrs["draft_depths"] = json.dumps(dict(spec.depths))
+        if spec.hidden:
+            f.attrs["hidden_states"] = json.dumps(list(spec.hidden))
+            f.attrs["hidden_size"] = spec.hidden_size
         g = f.create_group("prompts")
         g["question_id"] = np.array([p.question_id for p in prompts], dtype=np.int64)
         g["category"] = np.array([p.category for p in prompts], dtype=h5py.string_dtype())
@@ -309,11 +341,17 @@ class CacheWriter:
             g = cols.create_group(_group_name(c))
             g.attrs["name"] = c
             st = g.create_group("stats")
-            shapes = TARGET_STAT_SHAPES if c == TARGET else draft_stat_shapes(spec.stats)
-            for name, (dtype, tail) in shapes.items():
-                rows = max(64, STATS_CHUNK_BYTES // (dtype.itemsize * int(np.prod(tail, dtype=np.int64))))
+            for name, (dtype, tail) in spec.stat_shapes(c).items():
+                rows = max(64, STATS_CHUNK_BYTES // (dtype.itemsize * max(1, int(np.prod(tail, dtype=np.int64)))))
                 st.create_dataset(name, (0, *tail), maxshape=(None, *tail), dtype=dtype, chunks=(rows, *tail),
                                   fletcher32=True)
+            if c == TARGET and spec.hidden:
+                hid = g.create_group("hidden")
+                for layer in spec.hidden:
+                    hid.create_dataset(layer, (0, spec.hidden_size), maxshape=(None, spec.hidden_size),
+                                       dtype=np.float16, chunks=(ROW_CHUNK, spec.hidden_size), fletcher32=True)
+            if not spec.keeps_logits(c):
+                continue
             if spec.storage == "full":
                 g.create_dataset("logits", (0, V), maxshape=(None, V), dtype=np.float16, chunks=(ROW_CHUNK, V),
                                  fletcher32=True)
@@ -364,13 +402,15 @@ class CacheWriter:
         target_logits: np.ndarray | None = None,
         draft_logits: Mapping[str, np.ndarray] | None = None,
         stats: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+        hidden: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         """Write one trajectory's positions, then commit it by appending its row.
 
         stats: column -> statistic -> (n, ...) array, as the recorder computes them on its device
         (`specsim.record.statistics`); without it they are computed here from the logits with
         the numpy reference (`specsim.cache.stats`). Logits are required unless the storage is
-        "stats" and every statistic is given.
+        "stats" and every statistic is given. A head draft (depth-keyed column) has no logits to
+        pass: its statistics are always given. hidden: layer -> (n, H), when the cache stores them.
         """
         tokens = np.asarray(tokens, dtype=np.int32)
         n = len(tokens)
@@ -385,9 +425,10 @@ class CacheWriter:
         columns = None
         if target_logits is not None or draft_logits is not None:
             draft_logits = dict(draft_logits or {})
-            if set(draft_logits) != set(self.spec.drafts):
-                raise CacheError(f"draft logits given for {sorted(draft_logits)}, the cache records "
-                                 f"{list(self.spec.drafts)}")
+            plain = [d for d in self.spec.drafts if d not in self.spec.depths]
+            if set(draft_logits) != set(plain):
+                raise CacheError(f"draft logits given for {sorted(draft_logits)}, the cache records them for "
+                                 f"{plain}")
             columns = {TARGET: target_logits, **draft_logits}
             for c, x in columns.items():
                 if np.shape(x) != (n, self.spec.vocab_size):
@@ -398,17 +439,17 @@ class CacheWriter:
         stats = dict(stats or {})
         expand_names = set(expansion_shapes(self.spec.stats))
         for c in self.spec.columns:
-            shapes = TARGET_STAT_SHAPES if c == TARGET else draft_stat_shapes(self.spec.stats)
+            shapes = self.spec.stat_shapes(c)
             given = dict(stats.get(c, {}))
             if any(name not in given for name in shapes if name not in expand_names):
-                if columns is None:
+                if columns is None or c in self.spec.depths:
                     raise CacheError(f"no statistics and no logits for column {c!r}")
                 computed = (target_stats(columns[TARGET], tokens, temperature) if c == TARGET else
                             draft_stats(columns[TARGET], columns[c], tokens, temperature, self.spec.stats,
                                         np.random.default_rng([seed & (2**63 - 1), zlib.crc32(c.encode())])))
                 given = {**computed, **given}  # an expansion comes from the recorder: logits cannot give it
             stats[c] = given
-            missing = sorted(expand_names - set(given)) if c != TARGET else []
+            missing = sorted(expand_names - set(given)) if c != TARGET and c not in self.spec.depths else []
             if missing:
                 raise CacheError(f"column {c!r}: the cache records the draft's expansion ({self.spec.stats.expand}); "
                                  f"pass {', '.join(missing)} (the recorder computes them with the draft model)")
@@ -418,16 +459,26 @@ class CacheWriter:
                     raise CacheError(f"statistic {c}/{name}: expected shape {(n, *tail)}, got "
                                      f"{None if x is None else np.shape(x)}")
 
+        hidden = dict(hidden or {})
+        if set(hidden) != set(self.spec.hidden):
+            raise CacheError(f"hidden states given for {sorted(hidden)}, the cache stores {list(self.spec.hidden)}")
         arrays = {"positions/token": tokens}
         for c in self.spec.columns:
             g = f"columns/{_group_name(c)}"
-            if columns is not None and self.spec.storage == "full":
+            if c == TARGET:
+                for layer in self.spec.hidden:
+                    if np.shape(hidden[layer]) != (n, self.spec.hidden_size):
+                        raise CacheError(f"hidden states {layer}: expected shape {(n, self.spec.hidden_size)}, got "
+                                         f"{np.shape(hidden[layer])}")
+                    arrays[f"{g}/hidden/{layer}"] = np.asarray(hidden[layer], dtype=np.float16)
+            if columns is None or not self.spec.keeps_logits(c):
+                pass
+            elif self.spec.storage == "full":
                 arrays[f"{g}/logits"] = columns[c].astype(np.float16)
-            elif columns is not None and self.spec.storage == "topk":
+            else:
                 ids, top, tail = topk_compress(columns[c], self.spec.top_k)
                 arrays.update({f"{g}/topk_ids": ids, f"{g}/topk_logits": top.astype(np.float16), f"{g}/tail_lse": tail})
-            shapes = TARGET_STAT_SHAPES if c == TARGET else draft_stat_shapes(self.spec.stats)
-            for name, (dtype, _) in shapes.items():
+            for name, (dtype, _) in self.spec.stat_shapes(c).items():
                 arrays[f"{g}/stats/{name}"] = np.ascontiguousarray(stats[c][name], dtype=dtype)
         self._commit(prompt_index, temperature, seed, stop_reason, n, arrays)
 
@@ -436,10 +487,12 @@ class CacheWriter:
         names = ["positions/token"]
         for c in self.spec.columns:
             g = f"columns/{_group_name(c)}"
-            names += {"full": [f"{g}/logits"], "topk": [f"{g}/topk_ids", f"{g}/topk_logits", f"{g}/tail_lse"],
-                      "stats": []}[self.spec.storage]
-            names += [f"{g}/stats/{name}" for name in (TARGET_STAT_SHAPES if c == TARGET else
-                                                       draft_stat_shapes(self.spec.stats))]
+            if c == TARGET:
+                names += [f"{g}/hidden/{layer}" for layer in self.spec.hidden]
+            if self.spec.keeps_logits(c):
+                names += {"full": [f"{g}/logits"], "topk": [f"{g}/topk_ids", f"{g}/topk_logits", f"{g}/tail_lse"],
+                          "stats": []}[self.spec.storage]
+            names += [f"{g}/stats/{name}" for name in self.spec.stat_shapes(c)]
         return names
 
     def append_copy(self, reader: "CacheReader", row: "TrajectoryRow") -> None:
@@ -673,11 +726,28 @@ class CacheReader:
         if self.spec.storage == "stats":
             raise CacheError(f"{self.path}: a stats-only cache (--store stats) keeps no distributions; "
                              "what needs them must be recorded with --store full")
+        if column in self.spec.depths:
+            raise CacheError(f"{self.path}: {column} is a head draft: the cache keeps its statistics per depth, "
+                             "not one distribution per position")
         g = self._f["columns"][_group_name(self.check_column(column))]
         if self.spec.storage == "full":
             return self._read(g["logits"], start, stop, f"{column} logits").astype(np.float32)
         return topk_expand(*(self._read(g[name], start, stop, f"{column} {name}")
                              for name in ("topk_ids", "topk_logits", "tail_lse")), self.spec.vocab_size)
+
+    def depth(self, column: str) -> int | None:
+        """The depths a head draft's statistics are keyed by, or None for a draft with one law per position."""
+        return self.spec.depths.get(self.check_column(column))
+
+    def hidden(self, layer: str, start: int, stop: int) -> np.ndarray:
+        """(stop - start, H) float16 target hidden states at positions [start, stop): row t is the state whose LM
+        head output is p_t (`specsim cache --hidden-states`)."""
+        self._check_range(start, stop)
+        if layer not in self.spec.hidden:
+            have = ", ".join(self.spec.hidden) or "none"
+            raise CacheError(f"{self.path}: no hidden states {layer!r} (recorded: {have}); record with "
+                             f"--hidden-states {layer}")
+        return self._read(self._f["columns"][_group_name(TARGET)]["hidden"][layer], start, stop, f"hidden {layer}")
 
     def close(self) -> None:
         if self._f.id.valid:

@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "models": "specsim.cli.models_cmd:models",
     "cache": "specsim.cli.cache_cmd:cache",
     "merge": "specsim.cli.merge_cmd:merge",
+    "train-draft": "specsim.cli.train_cmd:train_draft",
     "inspect": "specsim.cli.inspect_cmd:inspect",
     "trees": "specsim.cli.trees_cmd:trees",
     "simulate": "specsim.cli.simulate_cmd:simulate",

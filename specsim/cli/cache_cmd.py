@@ -14,8 +14,9 @@ from specsim.cli import _common as c
 @c.command("cache")
 @click.option("--target", required=True, help="Target model: packaged short name, GGUF file, HF directory or hub id.")
 @click.option("--draft", "drafts", multiple=True, callback=c.names,
-              help="Draft model (repeatable or comma-separated): a model spec like --target, or layers:K, or int8 "
-                   "(derived from the target).")
+              help="Draft (repeatable or comma-separated): a model spec like --target; layers:K or int8 (derived "
+                   "from the target); medusa:DIR or eagle:DIR (heads on the target's hidden states: ours from "
+                   "`specsim train-draft`, or a published checkpoint directory / hub id, safetensors only).")
 @click.option("--prompts", default="spec-bench", show_default=True,
               help="'spec-bench', or a JSONL file (turns/prompt/text field, optional category) or a text file (one prompt a line).")
 @click.option("--categories", multiple=True, callback=c.names, help="Only these categories (comma-separated or repeated).")
@@ -51,6 +52,12 @@ from specsim.cli import _common as c
               help="Also record each draft's EAGLE-2 tree expansion at every position (beam of K by cumulative "
                    "log-prob, D levels): replays dynamic:topk=K,depth=D',tokens=N for any D' <= D and "
                    "N <= K + (D-1)K². Costs D-1 extra draft forwards per chunk of positions.")
+@click.option("--head-depth", type=click.IntRange(1, 16), default=None,
+              help="Depths recorded for head drafts: their law is recorded per call start and depth, so trees up "
+                   "to this deep replay  [default: Medusa's head count; EAGLE 5].")
+@click.option("--hidden-states", "hidden", default=None, metavar="LAYERS",
+              help="Also store the target's hidden states per position (float16): 'last' (the LM head's input, "
+                   "what `specsim train-draft` trains on) and/or decoder layer numbers, comma-separated.")
 @click.option("--shard", default=None, metavar="I/N|auto",
               help="Record every N-th prompt from the I-th (0-based) into its own file; `auto` reads torchrun's "
                    "RANK/WORLD_SIZE or a SLURM array's task id. --out may contain {i} and {n}. Join the shards "
@@ -58,7 +65,8 @@ from specsim.cli import _common as c
 @c.quiet_option
 @c.friendly_errors
 def cache(target, drafts, prompts, categories, per_category, max_new_tokens, temperatures, seed, device, dtype,
-          batch_size, out, resume, overwrite, store, top_k, candidates, swor_samples, lossy, expand, shard, quiet):
+          batch_size, out, resume, overwrite, store, top_k, candidates, swor_samples, lossy, expand, head_depth,
+          hidden, shard, quiet):
     """Record what the target and each draft predict along target-sampled trajectories.
 
     For every prompt and temperature the target samples a trajectory (greedy at T=0),
@@ -76,6 +84,9 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
       specsim cache --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct \\
           --device cuda --dtype bfloat16 --batch-size 8 --store stats --out cache/qwen7b.h5
       specsim cache ... --expand topk=4,depth=4 --out cache/eagle.h5   # dynamic trees
+      specsim cache --target smollm2-135m --hidden-states last --out cache/train.h5
+      specsim cache --target smollm2-135m --draft medusa:heads/medusa --draft eagle:heads/eagle \
+          --out cache/heads.h5                            # heads from `specsim train-draft`
       specsim cache ... --out cache/demo.h5 --resume     # after an interruption
       torchrun --nproc-per-node 8 -m specsim cache ... --store stats --shard auto \\
           --out cache/big-{i}-of-{n}.h5                    # one shard per GPU
@@ -85,7 +96,7 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
     --resume. One process records a file at a time: a second one refuses at once.
     """
     from specsim.cache.stats import LOSSY_RULES, StatsSpec
-    from specsim.record.run import RecordRequest, parse_shard, record_cache, shard_device, shard_path
+    from specsim.record.run import RecordRequest, parse_hidden, parse_shard, record_cache, shard_device, shard_path
 
     from specsim.sim.dynamic import parse_expansion
 
@@ -98,7 +109,8 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
     request = RecordRequest(target=target, drafts=tuple(drafts), prompts=prompts, categories=tuple(categories) or None,
                             per_category=per_category, max_new_tokens=max_new_tokens,
                             temperatures=tuple(temperatures) or (0.0,), seed=seed, device=device, dtype=dtype,
-                            batch_size=batch_size, top_k=top_k, store=store, stats=stats, shard=shard)
+                            batch_size=batch_size, top_k=top_k, store=store, stats=stats, shard=shard,
+                            hidden=parse_hidden(hidden), head_depth=head_depth)
     outcome = record_cache(out, request, resume=resume, overwrite=overwrite, progress=not quiet,
                            echo=lambda line: click.echo(line, err=True))
     if outcome.interrupted:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
+import torch
 
 from specsim.errors import SpecError
 from specsim.live.drafting import Drafter, Proposal, probabilities
@@ -241,6 +242,10 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[np.ndarray
         raise SpecError("cannot decode an empty prompt")
     if drafter is None and config.tree.budget:
         raise SpecError("a draft tree needs a drafter; plain decoding uses ROOT_ONLY")
+    heads = bool(getattr(drafter, "needs_hidden", False))  # head drafts read the target's hidden states
+    if heads and any(p.size < 2 for p in prompts):
+        raise SpecError("head drafts need prompts of at least two tokens (the root's predecessor state)")
+    target.kv.keep_hidden = heads
     run = DecodeRun(decoded=[None] * len(prompts))
     queue = list(range(len(prompts)))
     active: list[_Active] = []
@@ -283,16 +288,18 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[np.ndarray
 def _admit(target: Target, drafter: Drafter | None, prompts: list[np.ndarray], *, first: bool) -> None:
     """Prefill new requests (everything but each prompt's last token, the first root)."""
     heads = [p[:-1] for p in prompts]
+    kv = target.kv if first else SlotKV(target.kv.model, keep_hidden=target.kv.keep_hidden)
+    kv.start(heads)
+    extra = {}
+    if target.kv.keep_hidden:  # head drafts: the target's states over each prompt but its last token
+        extra["hidden"] = [kv.hidden[r, : len(h)] for r, h in enumerate(heads)]
     if first:
-        target.kv.start(heads)
         if drafter is not None:
-            drafter.start(prompts)
+            drafter.start(prompts, **extra)
         return
-    fresh = SlotKV(target.kv.model)
-    fresh.start(heads)
-    target.kv.append(fresh)
+    target.kv.append(kv)
     if drafter is not None:
-        drafter.join(prompts)
+        drafter.join(prompts, **extra)
 
 
 def _step(target: Target, drafter: Drafter | None, active: list[_Active], config: LiveConfig) -> EngineStep:
@@ -341,7 +348,12 @@ def _step(target: Target, drafter: Drafter | None, active: list[_Active], config
                                   drafted=int(proposal.valid[r].sum()) - 1, draft_s=0.0, verify_s=0.0, batch=B))
     target.kv.commit(keeps)
     if drafter is not None and tree.budget:
-        drafter.accept(paths)
+        if target.kv.keep_hidden:  # the target's states at the root and the accepted nodes
+            hidden = target.kv.hidden
+            drafter.accept(paths, hidden=[hidden[r, torch.as_tensor(k, device=hidden.device)]
+                                          for r, k in enumerate(keeps)])
+        else:
+            drafter.accept(paths)
     done_at = time.perf_counter()
     draft_s, verify_s = drafted_at - started, done_at - drafted_at
     for a in active:

@@ -53,8 +53,10 @@ class _SlotCache(Cache):
 class SlotKV:
     """One causal LM and its slot cache for a batch of rows; see the module docstring."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, *, keep_hidden: bool = False) -> None:
         self.model = model
+        self.keep_hidden = keep_hidden  # keep the last forward's final hidden states (head drafts read them)
+        self.hidden: torch.Tensor | None = None  # (B, n, H) of the last forward, when keep_hidden
         params = next(model.parameters())
         self.device = params.device
         self.lengths = np.zeros(0, dtype=np.int64)  # (B,) committed entries per row
@@ -133,11 +135,19 @@ class SlotKV:
         mask = self._mask(attend, visible)  # (B, 1, n, used)
         ids = torch.as_tensor(tokens, device=dev)
         positions = torch.as_tensor(self.lengths[:, None] + depth, device=dev)  # (B, n)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self._cache,
-                         use_cache=True, logits_to_keep=0 if logits else 1)
+        if self.keep_hidden:  # the base model, then the LM head: the same logits, and the state they came from
+            base = getattr(self.model, self.model.base_model_prefix)
+            out = base(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self._cache,
+                       use_cache=True)
+            self.hidden = out.last_hidden_state
+            out_logits = self.model.get_output_embeddings()(self.hidden) if logits else None
+        else:
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self._cache,
+                             use_cache=True, logits_to_keep=0 if logits else 1)
+            out_logits = out.logits if logits else None
         self.pending += n
         self._write = None
-        return out.logits.float() if logits else None
+        return out_logits.float() if logits else None
 
     def feed_chains(self, chains: Sequence[np.ndarray], *, logits: bool = True):
         """Append a causal chain to every row (row lengths may differ) and commit it.

@@ -9,6 +9,11 @@ in ONE teacher-forced forward pass over y_1 .. y_{n-1} on top of the draft's
 prompt KV cache. Each model runs a prompt once per batch; every temperature's
 trajectory continues from a copy of that prompt cache.
 
+Head drafts (Medusa, EAGLE: `specsim.record.heads`) read the target's hidden states: one
+teacher-forced target pass per trajectory gives them, and the heads' law at every (call
+start, depth) is computed from it and stored keyed by depth. The same pass gives the hidden
+states `--hidden-states` stores (the training data of `specsim train-draft`).
+
 The logits stay on the models' device: every statistic replay needs is computed there in
 float32 (`specsim.record.statistics`), and only those statistics — plus the logits
 themselves when the cache stores them — travel to the host.
@@ -42,6 +47,7 @@ class RecordConfig:
     seed: int = 0  # base seed; each (prompt, temperature) derives its own
     batch_size: int = 1  # prompts generated together (left-padded); >1 pays off on GPU
     shard: tuple[int, int] | None = None  # (i, n): record only the prompts with index % n == i
+    hidden: tuple[str, ...] = ()  # target hidden states to store per position ("last", decoder layer numbers)
 
 
 @dataclass(frozen=True)
@@ -314,6 +320,32 @@ def trajectory_stats(y: Trajectory, drafts: dict, temperature: float, seed: int,
     return out
 
 
+def head_stats(head, p_logits, hidden_last, prompt_ids, tokens, depth: int, temperature: float, seed: int,
+               spec) -> dict:
+    """A head draft's statistics for one trajectory, keyed by depth: name -> (n, depth, ...).
+
+    Row t, column d - 1 describes y_t under q_{t-d+1, d}, the law a call starting at t - d + 1 uses at
+    depth d (rows t < d - 1 have no such call: they hold the statistics of a uniform law, never read).
+    """
+    import torch
+
+    from specsim.record.statistics import draft_stats
+
+    device = p_logits.device
+    y = torch.as_tensor(np.asarray(tokens, dtype=np.int64), device=device)
+    x = torch.cat([torch.as_tensor(np.asarray(prompt_ids, dtype=np.int64), device=device), y])
+    q_start = head.start_logits(hidden_last, x, len(prompt_ids), depth)  # (n, D, V)
+    n = len(tokens)
+    per_depth = []
+    for d in range(1, depth + 1):
+        q_at = torch.zeros_like(p_logits)  # (n, V): row t holds q_{t-d+1, d}
+        q_at[d - 1 :] = q_start[: n - d + 1, d - 1]
+        generator = torch.Generator(device=device).manual_seed(
+            int(hashlib.sha256(f"{seed}/{head.name}/{d}".encode()).hexdigest()[:15], 16))
+        per_depth.append(draft_stats(p_logits, q_at, y, temperature, spec, generator))
+    return {name: np.stack([s[name] for s in per_depth], axis=1) for name in per_depth[0]}
+
+
 def record(
     writer: CacheWriter,
     target: LoadedModel,
@@ -322,8 +354,18 @@ def record(
     *,
     progress: bool = True,
 ) -> RecordStats:
-    """Record every (prompt, temperature) pair the writer does not have yet."""
+    """Record every (prompt, temperature) pair the writer does not have yet.
+
+    drafts: LoadedModels (teacher-forced, one law per position) and `specsim.record.heads.HeadDraft`s
+    (one law per call start and depth, `writer.spec.depths`).
+    """
     from tqdm.auto import tqdm
+
+    from specsim.record.heads import HeadDraft, target_hidden
+
+    heads = [d for d in drafts if isinstance(d, HeadDraft)]
+    drafts = [d for d in drafts if not isinstance(d, HeadDraft)]
+    hidden_layers = tuple(dict.fromkeys(("last",) * bool(heads) + tuple(writer.spec.hidden)))
 
     started = time.perf_counter()
     mine = shard_prompts(len(writer.prompts), config.shard)
@@ -358,6 +400,19 @@ def record(
                     t_stats = time.perf_counter()
                     stats = trajectory_stats(y, columns, t, seed, writer.spec.stats)  # synchronous: ends in .cpu()
                     stats_seconds += time.perf_counter() - t_stats
+                    hidden = {}
+                    if hidden_layers:
+                        import torch
+
+                        x = torch.as_tensor(np.concatenate([prompt_ids[k], y.tokens]), dtype=torch.long,
+                                            device=target.info["device"])
+                        states = target_hidden(target, x, hidden_layers)  # (L - 1, H) each
+                        plen, n = len(prompt_ids[k]), len(y.tokens)
+                        hidden = {layer: states[layer][plen - 1 : plen - 1 + n].half().cpu().numpy()
+                                  for layer in writer.spec.hidden}  # row t: the state giving p_t
+                        for h in heads:
+                            stats[h.name] = head_stats(h, y.p_target_logits, states["last"], prompt_ids[k], y.tokens,
+                                                       writer.spec.depths[h.name], t, seed, writer.spec.stats)
                     if writer.spec.stats.expand is not None:
                         from specsim.record.expand import expand_trajectory
 
@@ -372,7 +427,7 @@ def record(
                         prompt_index=i, temperature=t, seed=seed, tokens=y.tokens, stop_reason=y.stop_reason,
                         target_logits=y.p_target_logits.cpu().numpy() if keep else None,
                         draft_logits={name: x.cpu().numpy() for name, x in columns.items()} if keep else None,
-                        stats=stats,
+                        stats=stats, hidden=hidden,
                     ))
                     n_traj += 1
                     n_pos += len(y.tokens)

@@ -24,7 +24,7 @@ class RecordRequest:
     """What to record."""
 
     target: str  # model spec: packaged short name, GGUF file, HF directory or hub id
-    drafts: tuple[str, ...] = ()  # draft specs (model specs, layers:K, int8)
+    drafts: tuple[str, ...] = ()  # draft specs (model specs, layers:K, int8, medusa:DIR, eagle:DIR)
     prompts: str = "spec-bench"  # prompt source: 'spec-bench', a JSONL or a text file
     categories: tuple[str, ...] | None = None  # only these categories
     per_category: int | None = None  # the first N prompts of each category
@@ -38,6 +38,8 @@ class RecordRequest:
     store: str = "full"  # "full": statistics and the logits; "stats": the per-position statistics only
     stats: StatsSpec = StatsSpec()  # which statistics (π candidates, swor samples, lossy rules)
     shard: tuple[int, int] | None = None  # (i, n): this process records the prompts with index % n == i
+    hidden: tuple[str, ...] = ()  # target hidden states stored per position: "last" and/or decoder layer numbers
+    head_depth: int | None = None  # depths recorded for head drafts (None: Medusa's head count, EAGLE 5)
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,15 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
         "spec": request.prompts, "source": prompt_set.source, "categories": cats,
         "per_category": request.per_category, "sha256": prompt_set.fingerprint(), "n_prompts": len(prompt_set.prompts),
     }
+    hidden = parse_hidden(request.hidden)
+    head_specs = [d for d in request.drafts if d.partition(":")[0] in ("medusa", "eagle")]
+    if head_specs and request.stats.expand is not None:
+        raise CacheError(f"--expand records a draft model's EAGLE-2 expansion; head draft {head_specs[0]} is not "
+                         "expanded: record it without --expand (or in a cache of its own)")
+    if request.head_depth is not None and not 1 <= request.head_depth <= 16:
+        raise CacheError(f"--head-depth {request.head_depth}: give 1..16")
     config = RecordConfig(max_new_tokens=request.max_new_tokens, temperatures=temperatures, seed=request.seed,
-                          batch_size=request.batch_size, shard=request.shard)
+                          batch_size=request.batch_size, shard=request.shard, hidden=hidden)
     if request.store not in ("full", "stats"):
         raise CacheError(f"--store {request.store!r}: use full (statistics and logits) or stats (statistics only)")
     if request.store == "stats" and request.top_k:
@@ -115,6 +124,8 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
     run_settings = settings(target=request.target, drafts=request.drafts, prompt_spec=prompt_spec, config=config,
                             dtype=request.dtype, storage=storage, top_k=request.top_k,
                             statistics=json.loads(request.stats.to_json()))
+    if hidden or head_specs:  # older files have neither key: a resume of one still compares equal
+        run_settings.update(hidden_states=list(hidden), head_depth=request.head_depth)
     with CacheLock(out):  # before any model loads: a second writer refuses at once
         file_tokenizer = None
         if resume:
@@ -134,8 +145,12 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
         else:
             meta = build_meta(p_target, q_drafts, prompt_spec, run_settings, device=p_target.info["device"],
                               batch_size=request.batch_size)
+            from specsim.record.heads import HeadDraft
+
+            depths = {d.name: head_depth(d, request.head_depth) for d in q_drafts if isinstance(d, HeadDraft)}
             spec = CacheSpec(vocab_size=p_target.vocab_size, drafts=tuple(request.drafts), temperatures=temperatures,
-                             storage=storage, top_k=request.top_k, meta=meta, stats=request.stats)
+                             storage=storage, top_k=request.top_k, meta=meta, stats=request.stats, depths=depths,
+                             hidden=hidden, hidden_size=int(p_target.model.config.hidden_size) if hidden else 0)
             writer = CacheWriter.create(out, spec, records, overwrite=overwrite)
         n_cat = len(prompt_set.categories)
         if request.shard:
@@ -174,8 +189,39 @@ def _load(request: RecordRequest, echo):
     q_drafts = []
     for spec in request.drafts:
         echo(f"loading draft {spec} ...")
-        q_drafts.append(load_draft(spec, p_target, device=device, dtype=request.dtype))
+        if spec.partition(":")[0] in ("medusa", "eagle"):
+            from specsim.record.heads import load_heads
+
+            q_drafts.append(load_heads(spec, p_target))
+        else:
+            q_drafts.append(load_draft(spec, p_target, device=device, dtype=request.dtype))
     return p_target, q_drafts
+
+
+EAGLE_DEPTH = 5  # EAGLE-2's default draft depth
+
+
+def head_depth(head, asked: int | None) -> int:
+    """Depths recorded for a head draft: Medusa's head count (no deeper), EAGLE's --head-depth or 5."""
+    if head.kind == "medusa":
+        if asked is not None and asked > head.config.heads:
+            raise CacheError(f"--head-depth {asked}: {head.name} has {head.config.heads} heads, so it drafts at most "
+                             f"{head.config.heads} deep")
+        return asked or head.config.heads
+    return asked or EAGLE_DEPTH
+
+
+def parse_hidden(layers) -> tuple[str, ...]:
+    """--hidden-states: "last" (the LM head's input) and/or decoder layer numbers, comma-separated."""
+    if not layers:
+        return ()
+    items = [str(x).strip() for part in ([layers] if isinstance(layers, str) else layers) for x in str(part).split(",")]
+    out = []
+    for item in items:
+        if item != "last" and not item.isdigit():
+            raise CacheError(f"--hidden-states {item!r}: give 'last' or decoder layer numbers, e.g. last,12")
+        out.append(item)
+    return tuple(dict.fromkeys(out))
 
 
 SHARD_ENV = (("RANK", "WORLD_SIZE"), ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"))  # torchrun, SLURM arrays

@@ -338,7 +338,8 @@ def run_study(
             spec = parse_policy(policy, multi_draft=config.multi_draft, samples=config.samples)
             for draft in drafts:
                 features = load_features(path, draft, T, progress=False)
-                alpha = float(features.acceptance().mean())  # the per-token α Leviathan's form assumes
+                beta = features.acceptance()  # (N,), or a head draft's (N, D): its depth-1 law
+                alpha = float((beta if beta.ndim == 1 else beta[:, 0]).mean())  # the per-token α Leviathan assumes
                 theory.append(_theory_rows(table, draft, T, alpha, features.n_positions))
                 pair = f"{draft} → {short_name(features.models['target'])}"
                 fits = optimal_trees(features, list(config.budgets), policy=spec, samples=config.samples,

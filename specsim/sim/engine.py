@@ -81,6 +81,12 @@ class TrajectoryStats:
     plain: np.ndarray | None = None  # (n_traj,) time of plain decoding of the trajectory (same unit as cost)
 
 
+def at_depth(x: np.ndarray, d: int, keyed: bool) -> np.ndarray:
+    """Depth d's entries of a per-position array: x itself for a draft with one law per position, column d - 1
+    of a head draft's (N, D, ...) array (`specsim.sim.features`)."""
+    return x[:, d - 1] if keyed else x
+
+
 def drafted_per_call(tree, room: np.ndarray) -> np.ndarray:
     """(N,) draft tokens a call drafts when it can accept at most room[t]: the tree's nodes of depth <= room.
 

@@ -18,6 +18,11 @@ statistics (π of multi-draft candidates, lossy rules' α and TV) are read on de
 with `Features.recorded`; where a cache lacks them and keeps its distributions,
 estimators stream those with `Features.iter_distributions`. Model-free drafts (``ngram:3``, ``prompt-lookup:2``)
 have no draft column; their Features carry tokens and trajectory bounds only.
+
+Head drafts (Medusa, EAGLE) have one law per (call start, depth): their rank, log q, top
+ids and recorded statistics carry a depth axis after the position, (N, D, ...), and row t,
+column d - 1 describes y_t under the draft a call starting at t - d + 1 used at depth d
+(docs/cache-format.md). Replay reads column d - 1 at depth d (`specsim.sim.engine.at_depth`).
 numpy only.
 """
 
@@ -60,15 +65,16 @@ class Features:
     traj_category: np.ndarray  # (n_traj,) str (object) category
     cache_start: np.ndarray  # (n_traj,) int64 trajectory start in the cache's positions (for raw reads)
     token: np.ndarray  # (N,) int32 trajectory tokens y
-    rank: np.ndarray | None  # (N,) int32 rank of y_t under q_t (None for model-free drafts)
+    rank: np.ndarray | None  # (N,) int32 rank of y_t under q_t (None for model-free drafts); (N, D) head drafts
     logp: np.ndarray | None  # (N,) float64 log p_t(y_t) at `temperature` (T=0: at T=1)
-    logq: np.ndarray | None  # (N,) float64 log q_t(y_t) at `temperature` (T=0: at T=1)
-    top_ids: np.ndarray | None  # (N, K) int32 draft's top-K ids, most likely first
+    logq: np.ndarray | None  # (N,) float64 log q_t(y_t) at `temperature` (T=0: at T=1); (N, D) head drafts
+    top_ids: np.ndarray | None  # (N, K) int32 draft's top-K ids, most likely first; (N, D, K) head drafts
     exact_tail: bool  # False for top-k storage: what falls back to its logits spreads the tail evenly
     prompt_len: np.ndarray | None = None  # (n_traj,) int64 prompt tokens of each trajectory (context = prompt + t)
     max_new_tokens: int | None = None  # the recording's output limit (None: unknown, each trajectory's end is used)
     recorded_stats: object | None = None  # the cache's StatsSpec: sampling statistics recorded per position
     has_distributions: bool = True  # False for stats-only caches: nothing can be derived from logits
+    depth: int | None = None  # head drafts: the depths their laws are keyed by (None: one law per position)
     parent: tuple | None = field(default=None, repr=False, compare=False)  # (Features, rows) of a subset
     _memo: dict = field(default_factory=dict, repr=False, compare=False)  # streamed distributions, when small
 
@@ -84,6 +90,12 @@ class Features:
     def model_free(self) -> bool:
         """True for drafts without a draft column (n-gram, prompt lookup): no ranks, no log q."""
         return self.rank is None and self.logq is None
+
+    def check_depth(self, depth: int, what: str) -> None:
+        """SpecError when `what` drafts deeper than a head draft's recorded depths."""
+        if self.depth is not None and depth > self.depth:
+            raise SpecError(f"{what} drafts {depth} deep; head draft {self.draft} was recorded to depth {self.depth} "
+                            f"(record deeper with --head-depth, or use a tree of depth <= {self.depth})")
 
     @property
     def softmax_temperature(self) -> float:
@@ -132,7 +144,8 @@ class Features:
             raise SpecError(f"{self.draft!r} is model-free: its proposals are point masses, not a draft law")
         if self.temperature <= 0:
             return (self.rank == 0).astype(np.float64)
-        return np.exp(np.minimum(0.0, self.logq - self.logp))
+        logp = self.logp if self.depth is None else self.logp[:, None]
+        return np.exp(np.minimum(0.0, self.logq - logp))
 
     def recorded(self, name: str) -> np.ndarray | None:
         """(N, ...) a sampling statistic the recording computed for this draft, or None if it has none.
@@ -266,7 +279,8 @@ def _load(reader: CacheReader, draft: str, temperature: float, top_k: int, progr
         prompt_len=np.array([len(reader.prompt_token_ids(r.prompt_index)) for r in rows], dtype=np.int64),
         max_new_tokens=_max_new_tokens(reader.meta),
         recorded_stats=reader.spec.stats,
-        has_distributions=reader.has_distributions,
+        has_distributions=reader.has_distributions and (model_free or reader.depth(draft) is None),
+        depth=None if model_free else reader.depth(draft),
     )
     if model_free:
         token = np.concatenate([reader.tokens(r.start, r.stop) for r in rows])
@@ -347,11 +361,12 @@ def _derive(reader: CacheReader, base: dict, draft: str, T: float, K: int, progr
     from tqdm.auto import tqdm
 
     N = int(base["traj_len"].sum())
+    axis = () if base["depth"] is None else (base["depth"],)  # head drafts: one entry per depth
     token = np.empty(N, dtype=np.int32)
-    rank = np.empty(N, dtype=np.int32)
+    rank = np.empty((N, *axis), dtype=np.int32)
     logp = np.empty(N, dtype=np.float64)
-    logq = np.empty(N, dtype=np.float64)
-    top_ids = np.empty((N, K), dtype=np.int32)
+    logq = np.empty((N, *axis), dtype=np.float64)
+    top_ids = np.empty((N, *axis, K), dtype=np.int32)
     Ts = T if T > 0 else 1.0
     recorded = reader.has_stats() and K <= STATS_TOP_K  # float32 statistics from the recording: no logits read
     bar = tqdm(total=N, unit="pos", desc=f"features {draft} T={T:g}", disable=not progress, dynamic_ncols=True)
@@ -366,9 +381,12 @@ def _derive(reader: CacheReader, base: dict, draft: str, T: float, K: int, progr
                     rank[a:b] = reader.stats(draft, "rank", cache + s, cache + e)
                     logp[a:b] = reader.stats(TARGET, "logprob", cache + s, cache + e)
                     logq[a:b] = reader.stats(draft, "logprob", cache + s, cache + e)
-                    top_ids[a:b] = reader.stats(draft, "top_ids", cache + s, cache + e)[:, :K]
+                    top_ids[a:b] = reader.stats(draft, "top_ids", cache + s, cache + e)[..., :K]
                     bar.update(e - s)
                     continue
+                if base["depth"] is not None:
+                    raise CacheError(f"{reader.path}: head draft {draft} needs its recorded statistics (K <= "
+                                     f"{STATS_TOP_K})")
                 p_logits = reader.logits(TARGET, cache + s, cache + e)  # (n, V)
                 q_logits = reader.logits(draft, cache + s, cache + e)  # (n, V)
                 token[a:b] = y
@@ -453,3 +471,4 @@ def _write_stored(reader: CacheReader, key: str, arrays: dict) -> None:
                 os.remove(path)
         except OSError:
             pass
+

@@ -66,12 +66,16 @@ def sibling_index(tree: Tree) -> np.ndarray:
     return index
 
 
-def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray) -> np.ndarray:
+def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray, *, keyed: bool = False) -> np.ndarray:
     """P(A ≥ d | t) for d = 1..D from per-position candidate acceptance.
 
     pi: (N, K, ...) π_i(s) (trailing axes, e.g. Monte-Carlo replicates, are carried along);
+    keyed: pi is a head draft's (N, D_rec, K, ...), depth d reading [:, d - 1];
     remaining: (N,) drafts a call at t may accept. Returns (N, D, ...).
     """
+    if keyed:
+        per_depth = [pi[:, d] for d in range(pi.shape[1])]
+        pi = pi[:, 0]
     n_total = pi.shape[0]
     index = sibling_index(tree)
     depths = tree.depths
@@ -90,7 +94,8 @@ def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray) -> np.ndar
         nodes = np.flatnonzero(depths == d)
         valid = valid_all[:n, d - 1].reshape((n,) + valid_shape[1:])
         parent_col = np.searchsorted(prev_nodes, tree.parents[nodes])
-        reach = prev_reach[:n, parent_col] * pi[d - 1 :, index[nodes]] * valid[:, None]  # π at t + d − 1
+        at_d = per_depth[d - 1] if keyed else pi
+        reach = prev_reach[:n, parent_col] * at_d[d - 1 :, index[nodes]] * valid[:, None]  # π at t + d − 1
         out[:n, d - 1] = reach.sum(axis=1)
         prev_nodes, prev_reach = nodes, reach
     return out
@@ -120,7 +125,8 @@ def candidate_acceptance(
     samples: int,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Per-position π (N, k) and, for 'swor' with k > 2, Monte-Carlo replicates (N, R, k).
+    """Per-position π (N, k) and, for 'swor' with k > 2, Monte-Carlo replicates (N, R, k); a head draft's
+    (features.depth set) carry a depth axis after the position: (N, D, k) and (N, D, R, k).
 
     k = 1 uses the cached log-probabilities (β). Otherwise the statistics the recording
     computed (`Features.recorded`: π_iid exactly; π_swor with its group means as R
@@ -131,20 +137,22 @@ def candidate_acceptance(
     if scheme not in SCHEMES:
         raise SpecError(f"multi-draft scheme {scheme!r} is not one of {', '.join(SCHEMES)}")
     if k == 1 and features.logp is not None and features.logq is not None:
-        logp = features.logp.astype(np.float64)
-        return np.exp(np.minimum(0.0, features.logq.astype(np.float64) - logp))[:, None], None
+        return features.acceptance()[..., None], None
     recorded = features.recorded_stats
     if recorded is not None and k <= recorded.candidates:
         pi = features.recorded("pi_iid" if scheme == "iid" else "pi_swor")
         if pi is not None:
-            pi = pi[:, :k].astype(np.float64)
+            pi = pi[..., :k].astype(np.float64)
             if features.logp is not None and features.logq is not None:  # candidate 0 is β: the chains' value
-                pi[:, 0] = np.exp(np.minimum(0.0, features.logq.astype(np.float64) - features.logp))
+                pi[..., 0] = features.acceptance()
             if scheme == "iid" or k <= 2:  # candidates 0 and 1 are exact without replacement too
                 return pi, None
-            groups = features.recorded("pi_swor_groups")[:, :, :k].astype(np.float64)
-            groups[:, :, :2] = pi[:, None, :2]  # exact columns: no spread between replicates
+            groups = features.recorded("pi_swor_groups")[..., :k].astype(np.float64)
+            groups[..., :2] = pi[..., None, :2]  # exact columns: no spread between replicates
             return pi, groups
+    if features.depth is not None:
+        raise SpecError(f"head draft {features.draft}: π for {k} candidates per node was not recorded (recorded: "
+                        f"{recorded.candidates if recorded else 0}); re-record with --candidates {k}")
     if not features.has_distributions:
         have = f"for up to {recorded.candidates} candidates per node" if recorded is not None else "none"
         raise SpecError(f"a {scheme} tree with {k} candidates per node needs π for {k} candidates; this stats-only "
@@ -220,7 +228,8 @@ def sample_tree_table(features: "Features", tree: Tree, spec, rng: np.random.Gen
     k = int(tree.n_children.max())
     pi, reps = candidate_acceptance(features, k, scheme=scheme, samples=samples, rng=rng)
     remaining = features.remaining()
-    at_least = reach_by_depth(pi, tree, remaining)  # (N, D)
+    keyed = features.depth is not None
+    at_least = reach_by_depth(pi, tree, remaining, keyed=keyed)  # (N, D)
     drafted = drafted_per_call(tree, features.room())
     if reps is None:
         return AcceptanceTable(p_len=length_distribution(at_least), drafted=drafted, exact=True)
@@ -228,7 +237,7 @@ def sample_tree_table(features: "Features", tree: Tree, spec, rng: np.random.Gen
     # since positions are independent; their spread bounds the point estimate's error (the
     # product of per-position means varies less than the mean of products). The law is left
     # unrepaired (valid=False): every expectation stays unbiased.
-    per_rep = reach_by_depth(reps.transpose(0, 2, 1), tree, remaining).sum(axis=1)  # (N, R)
+    per_rep = reach_by_depth(np.swapaxes(reps, -1, -2), tree, remaining, keyed=keyed).sum(axis=1)  # (N, R)
     se = per_rep.std(axis=1, ddof=1) / np.sqrt(per_rep.shape[1])
     return AcceptanceTable(p_len=length_distribution(at_least, valid=False), drafted=drafted, exact=False,
                            se_len=se)

@@ -181,7 +181,7 @@ def best_first_paths(
     """The `budget` most frequent prefixes of the sequences (symbols[t], symbols[t+1], …).
 
     remaining[t] caps the prefix length at t (end of trajectory); weights[t] (default 1)
-    weights start position t. Returns the paths in the order found — non-increasing
+    weights start position t; symbols (N, D) (a head draft's ranks) read column d - 1 at depth d. Returns the paths in the order found — non-increasing
     frequency, so the first n of them are the best n — and their (weighted) counts.
     """
     n_total = symbols.shape[0]
@@ -195,7 +195,7 @@ def best_first_paths(
         live = positions[remaining[positions] > d]
         if live.size == 0:
             return
-        nxt = symbols[live + d]
+        nxt = symbols[live + d, d] if symbols.ndim == 2 else symbols[live + d]
         order = np.argsort(nxt, kind="stable")
         live = live[order]
         values, starts, counts = np.unique(nxt[order], return_index=True, return_counts=True)
@@ -215,13 +215,13 @@ def best_first_paths(
     return paths, np.array(counts, dtype=np.int64 if w is None else np.float64)
 
 
-def simple_trees(budget: int, max_depth: int) -> dict[str, Tree]:
+def simple_trees(budget: int, max_depth: int, max_width: int = max(SIMPLE_WIDTHS)) -> dict[str, Tree]:
     """chain:N and kary:W@N of this budget (those within max_depth), distinct shapes only."""
     from specsim.trees import kary_prefix
 
     out: dict[str, Tree] = {}
     seen = set()
-    for width in SIMPLE_WIDTHS:
+    for width in (w for w in SIMPLE_WIDTHS if w <= max_width):
         tree = kary_prefix(width, budget)
         name = f"chain:{budget}" if width == 1 else f"kary:{width}@{budget}"
         key = tuple(tree.rank_paths())
@@ -251,14 +251,15 @@ class _WalkSearch:
         return True
 
 
-def _search(budget: int, max_depth: int, fit, score, n_pos: int, what: str) -> OptimalTree:
+def _search(budget: int, max_depth: int, fit, score, n_pos: int, what: str,
+            max_width: int = max(SIMPLE_WIDTHS)) -> OptimalTree:
     """The walk-value search shared by greedy and sampling fits.
 
     fit(weights | None) → the tree maximising the (weighted) mean over start positions.
     """
     search = _WalkSearch(score)
     search.offer(fit(None), f"the all-positions optimum ({what} over {n_pos} start positions)")
-    for name, tree in simple_trees(budget, max_depth).items():
+    for name, tree in simple_trees(budget, max_depth, max_width).items():
         search.offer(tree, name)
     for i in range(REFITS):  # stop once a refit no longer improves the walk
         before = search.best[0]
@@ -321,16 +322,19 @@ def _sample_trees(features: "Features", budgets: Sequence[int], max_depth: int, 
     if features.rank is None:
         raise SpecError(f"draft {features.draft!r} is model-free: its proposals are not sampled from a q")
     width = min(max(max(budgets), max(SIMPLE_WIDTHS)), 8)  # fan-outs above 8 candidates are not estimated
+    if not features.has_distributions and features.recorded_stats is not None:  # π only as recorded
+        width = min(width, features.recorded_stats.candidates)
     pi, _ = candidate_acceptance(features, width, scheme=scheme, samples=samples, rng=rng)
     remaining = features.remaining()
-    vector = np.concatenate([[0.0], np.clip(pi.mean(axis=0), 0.0, 1.0)])
+    keyed = features.depth is not None
+    vector = np.concatenate([[0.0], np.clip((pi[:, 0] if keyed else pi).mean(axis=0), 0.0, 1.0)])
     if vector[1:].sum() > 1:
         vector[1:] /= vector[1:].sum()
     n_pos = int(pi.shape[0])
     mc = "exact" if scheme == "iid" else f"Monte-Carlo, {samples} samples/position"
 
     def score(tree: Tree):
-        at_least = reach_by_depth(pi, tree, remaining)  # (N, D)
+        at_least = reach_by_depth(pi, tree, remaining, keyed=keyed)  # (N, D)
         table = AcceptanceTable(p_len=length_distribution(at_least), drafted=np.zeros(n_pos), exact=True)
         visits = occupancy(table, features)
         return n_pos / visits.sum(), 1.0 + at_least.sum(axis=1).mean(), visits
@@ -345,7 +349,7 @@ def _sample_trees(features: "Features", budgets: Sequence[int], max_depth: int, 
                                                                               weights)
             return Tree.from_paths(found)
 
-        found = _search(budget, max_depth, fit, score, n_pos, f"{scheme}, {mc}")
+        found = _search(budget, max_depth, fit, score, n_pos, f"{scheme}, {mc}", max_width=width)
         walk_value, mean_value, _ = score(sequoia)
         if walk_value > found.walk_tokens_per_call + 1e-12:  # Sequoia's DP on the positional vector
             found = OptimalTree(tree=Tree.from_paths(sequoia.rank_paths()[1:], name=f"optimal:{budget}"),
@@ -363,12 +367,14 @@ def _best_first_exact(pi: np.ndarray, remaining: np.ndarray, budget: int, max_de
 
     A node is open once its parent and its left sibling are in the tree (candidates are
     drawn in order). Value = (weighted) mean over t of Π π along the path at positions t, t+1, ….
+    pi (N, width), or a head draft's (N, D, width) read at column d - 1 for depth d.
     """
-    n_total, width = pi.shape
+    keyed = pi.ndim == 3
+    n_total, width = pi.shape[0], pi.shape[-1]
     w = np.ones(n_total) if weights is None else np.asarray(weights, dtype=np.float64)
     reach = {(): np.ones(n_total)}  # reach[path][t] for t < n_total - depth + 1 (later t cannot reach it)
     heap: list[tuple[float, int, tuple[int, ...]]] = []
-    pi_rows = np.ascontiguousarray(pi.T)  # (width, N): candidate i's π contiguous
+    pi_rows = np.ascontiguousarray(np.moveaxis(pi, 0, -1))  # (width, N) or (D, width, N): candidate i contiguous
     depths = range(1, min(max_depth, n_total) + 1)
     valid = {d: (remaining[: n_total - d + 1] >= d).astype(np.float64) for d in depths}  # the end cap
 
@@ -379,7 +385,8 @@ def _best_first_exact(pi: np.ndarray, remaining: np.ndarray, budget: int, max_de
         n = n_total - (d - 1)
         if n <= 0:
             return
-        value = np.multiply(reach[path[:-1]][:n], pi_rows[i, d - 1 :])  # π at t + d − 1
+        row = pi_rows[d - 1, i] if keyed else pi_rows[i]
+        value = np.multiply(reach[path[:-1]][:n], row[d - 1 :])  # π at t + d − 1
         value *= valid[d]
         reach[path] = value
         heapq.heappush(heap, (-float(value @ w[:n]), d, path))
@@ -409,6 +416,8 @@ def optimal_trees(
     for b in budgets:
         _check_budget(b, max_depth)
     depth_cap = max(budgets) if max_depth is None else int(max_depth)
+    if features.depth is not None:  # a head draft drafts no deeper than it was recorded
+        depth_cap = min(depth_cap, features.depth)
     if name == "greedy":
         return _greedy_trees(features, budgets, depth_cap)
     if name == "sample":

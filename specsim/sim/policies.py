@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from specsim.errors import SpecError
-from specsim.sim.engine import AcceptanceTable, drafted_per_call
+from specsim.sim.engine import AcceptanceTable, at_depth, drafted_per_call
 from specsim.specs import PolicySpec
 from specsim.trees import Tree
 
@@ -58,9 +58,13 @@ def child_table(tree: Tree) -> np.ndarray:
 
 
 def greedy_lengths(rank: np.ndarray, remaining: np.ndarray, tree: Tree) -> np.ndarray:
-    """(N,) accepted depth of a greedy call at every start position: walk child[node, ρ_{t+d-1}]."""
+    """(N,) accepted depth of a greedy call at every start position: walk child[node, ρ_{t+d-1}].
+
+    rank (N,), or (N, D) for a head draft: depth d reads column d - 1 (the law of the call's start).
+    """
     N = rank.shape[0]
-    if tree.budget and int(tree.n_children.max()) == 1 and not tree.ranks[1:].any():
+    keyed = rank.ndim == 2
+    if tree.budget and int(tree.n_children.max()) == 1 and not tree.ranks[1:].any() and not keyed:
         return _top1_chain_lengths(rank, remaining, tree.max_depth)
     child = child_table(tree)
     width = child.shape[1]
@@ -68,14 +72,15 @@ def greedy_lengths(rank: np.ndarray, remaining: np.ndarray, tree: Tree) -> np.nd
     if not tree.budget:
         return length
     # depth 1 over every position without gathers; deeper levels follow only calls still accepting
-    node = np.where(rank < width, child[0, np.minimum(rank, width - 1)], -1)
+    first = at_depth(rank, 1, keyed)
+    node = np.where(first < width, child[0, np.minimum(first, width - 1)], -1)
     t = np.flatnonzero((node >= 0) & (remaining >= 1))
     node = node[t]
     length[t] = 1
     for d in range(2, tree.max_depth + 1):
         keep = remaining[t] >= d  # the end cap: a call at t accepts at most n-1-t drafts
         t, node = t[keep], node[keep]
-        r = rank[t + d - 1]  # rank of the token this depth proposes
+        r = rank[t + d - 1, d - 1] if keyed else rank[t + d - 1]  # rank of the token this depth proposes
         nxt = np.where(r < width, child[node, np.minimum(r, width - 1)], -1)
         keep = nxt >= 0
         t, node = t[keep], nxt[keep]
@@ -97,6 +102,7 @@ def _top1_chain_lengths(rank: np.ndarray, remaining: np.ndarray, depth: int) -> 
 
 def greedy_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator) -> AcceptanceTable:
     """Exact and deterministic: the accepted depth from the rank walk, as a one-hot law."""
+    features.check_depth(tree.max_depth, f"tree {tree.name or 'of this call'}")
     length = greedy_lengths(features.rank, features.remaining(), tree)
     p_len = np.zeros((features.n_positions, tree.max_depth + 1))  # (N, D+1)
     p_len[np.arange(features.n_positions), length] = 1.0
@@ -104,19 +110,24 @@ def greedy_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generato
 
 
 def chain_table(beta: np.ndarray, remaining: np.ndarray, depth: int) -> np.ndarray:
-    """(N, depth+1) law of A for a chain of `depth` drafts with independent acceptances β, end-capped."""
+    """(N, depth+1) law of A for a chain of `depth` drafts with independent acceptances β, end-capped.
+
+    beta (N,), or (N, D) for a head draft (depth k reads column k - 1).
+    """
     N = beta.shape[0]
+    keyed = beta.ndim == 2
     t = np.arange(N)
     surv = np.zeros((N, depth + 2))  # surv[:, k] = P(A >= k)
     surv[:, 0] = 1.0
     for k in range(1, depth + 1):
         ok = remaining >= k
-        surv[:, k] = np.where(ok, surv[:, k - 1] * beta[np.minimum(t + k - 1, N - 1)], 0.0)
+        surv[:, k] = np.where(ok, surv[:, k - 1] * at_depth(beta, k, keyed)[np.minimum(t + k - 1, N - 1)], 0.0)
     return surv[:, :-1] - surv[:, 1:]
 
 
 def sample_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator) -> AcceptanceTable:
     """Speculative sampling: exact for chains; trees with branching go to the multi-draft estimator."""
+    features.check_depth(tree.max_depth, f"tree {tree.name or 'of this call'}")
     if tree.budget and int(tree.n_children.max()) > 1:
         return _function("specsim.sim.multidraft:sample_tree_table")(features, tree, spec, rng)
     p_len = chain_table(features.acceptance(), features.remaining(), tree.max_depth)
@@ -133,6 +144,12 @@ def run_policy(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator,
     candidate trie of `specsim.sim.modelfree` (point masses) under any lossless policy.
     """
     check_temperature(spec, features.temperature)
+    if features.depth is not None and (spec.name.startswith("adaptive") or not spec.lossless
+                                       or tree.dynamic is not None):
+        what = "an adaptive rule" if spec.name.startswith("adaptive") else (
+            "a dynamic tree" if tree.dynamic is not None else f"lossy rule {spec.label}")
+        raise SpecError(f"{what} is not replayed for head draft {features.draft} (its laws are keyed by depth); "
+                        "use greedy or sample with static trees")
     if spec.name.startswith("adaptive"):
         return _function(spec.kind.function)(features, tree, spec, rng, pricing)
     if tree.dynamic is not None:

@@ -1,0 +1,84 @@
+"""`specsim train-draft`: train Medusa or EAGLE-style heads from a cache's hidden states."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from specsim.cli import _common as c
+
+
+@c.command("train-draft")
+@click.option("--kind", type=click.Choice(["medusa", "eagle"]), required=True,
+              help="medusa: K residual-block heads on the target's last hidden state, sharing its LM head; "
+                   "eagle: one decoder layer fed the target's feature and the next token's embedding.")
+@click.option("--target", required=True, help="The cache's target model (its LM head gives the training targets).")
+@click.option("--from", "cache", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
+              help="A cache recorded with --hidden-states last.")
+@click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True,
+              help="Medusa: heads (the deepest depth drafted). EAGLE: the default depth recorded for it.")
+@click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True, help="Optimiser steps.")
+@click.option("--batch", type=click.IntRange(min=1), default=4, show_default=True, help="Trajectories per step.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True,
+              help="AdamW learning rate.")
+@click.option("--holdout-every", type=click.IntRange(min=2), default=5, show_default=True,
+              help="Hold out every k-th prompt: the reported loss and agreement are on prompts never trained on.")
+@click.option("--save-every", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Write a checkpoint every this many steps.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory to write the heads to.")
+@click.option("--overwrite", is_flag=True, help="Replace heads already in --out.")
+@c.seed_option
+@c.quiet_option
+@c.friendly_errors
+def train_draft(kind, target, cache, heads, steps, batch, lr, holdout_every, save_every, device, out, overwrite, seed,
+                quiet):
+    """Train head drafts for TARGET by self-distillation on a cache's trajectories.
+
+    The loss is against the target's whole next-token law (softmax of its LM head on the
+    recorded hidden states), not only its sampled token. The heads are saved as
+    config.json + safetensors in the published layouts (Medusa's medusa_lm_head.safetensors,
+    EAGLE's model.safetensors), ready for --draft medusa:DIR / eagle:DIR. Ctrl-C saves the
+    last checkpoint and stops.
+
+    \b
+    Examples:
+      specsim cache --target smollm2-135m --hidden-states last --temperature 0,0.7 \\
+          --max-new-tokens 128 --out cache/train.h5
+      specsim train-draft --kind medusa --target smollm2-135m --from cache/train.h5 --out heads/medusa
+      specsim train-draft --kind eagle --target smollm2-135m --from cache/train.h5 --out heads/eagle
+      specsim cache --target smollm2-135m --draft medusa:heads/medusa,eagle:heads/eagle --out cache/heads.h5
+    """
+    import transformers
+
+    from specsim.errors import CacheError
+    from specsim.record.models import load_model
+    from specsim.record.train import TrainConfig, train
+
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise CacheError(f"--out {out} is not empty; pass --overwrite to replace the heads in it")
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    click.echo(f"loading target {target} ...", err=True)
+    loaded = load_model(target, device=device)
+    config = TrainConfig(kind=kind, heads=heads, steps=steps, lr=lr, batch=batch, holdout_every=holdout_every,
+                         save_every=save_every, seed=seed)
+    outcome = train(cache, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True))
+
+    def agreement(result):
+        return ", ".join(f"depth {d} {v:.3f}" for d, v in result["top1"].items())
+
+    click.echo(f"held-out ({outcome.heldout_positions} positions) before training: loss {outcome.before['loss']:.3f}, "
+               f"top-1 agreement with the target {agreement(outcome.before)}")
+    if outcome.interrupted:
+        click.echo(f"interrupted after {outcome.steps} steps ({outcome.seconds:.1f} s); saved that checkpoint to {out}",
+                   err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    click.echo(f"held-out after {outcome.steps} steps ({outcome.seconds:.1f} s on {outcome.positions} training "
+               f"positions): loss {outcome.after['loss']:.3f}, top-1 agreement {agreement(outcome.after)}")
+    click.echo(f"wrote {out}; next: specsim cache --target {target} --draft {kind}:{out} --out CACHE")

@@ -1,0 +1,225 @@
+"""Training head drafts from a cache: self-distillation on the target's own trajectories.
+
+A cache recorded with `--hidden-states last` holds, along every target-sampled trajectory,
+the target's final hidden state h_t (the LM head's input that gave p_t). That is all a head
+needs: the target's distribution anywhere on the path is softmax(lm_head(h)), so the loss
+is against the target's whole next-token law (self-distillation, as Medusa-2 and EAGLE
+recommend for matching the deployed distribution), not only its sampled token.
+
+* Medusa (Cai et al. 2024): head k at h_t predicts y_{t+1+k}; loss Σ_k CE(p_{t+1+k}, q_k), with
+  the heads' ResBlocks trained and the LM head the target's (frozen, shared).
+* EAGLE (Li et al. 2024): the layer reads (h_t, embed(y_t)) and predicts h_{t+1}; loss =
+  SmoothL1(ĥ_{t+1}, h_{t+1}) + 0.1 · CE(p_{t+1}, softmax(lm_head(ĥ_{t+1}))) — EAGLE's
+  feature-regression and token losses with its weights (v_w = 1, p_w = 0.1). Teacher-forced
+  on each trajectory's generated part (its prompt's features are not stored), causal.
+
+Prompts are split into training and held-out sets by index (every k-th prompt held out), so
+the held-out numbers are on prompts the heads never saw. Checkpoints go to `--out` every
+`save_every` steps and at the end; a Ctrl-C saves the last one and stops.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from specsim.errors import CacheError, ModelError
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    kind: str  # "medusa" | "eagle"
+    heads: int = 4  # Medusa: heads (depths); EAGLE: the depth recorded by default for it
+    steps: int = 300  # optimiser steps (one trajectory batch each)
+    lr: float = 1e-3  # AdamW learning rate
+    batch: int = 4  # trajectories per step
+    holdout_every: int = 5  # every k-th prompt is held out (k >= 2)
+    save_every: int = 100  # checkpoint every this many steps
+    seed: int = 0  # initialisation and batch order
+    eagle_token_weight: float = 0.1  # EAGLE's p_w: the token loss's weight beside feature regression
+
+
+@dataclass
+class TrainOutcome:
+    steps: int  # steps taken
+    seconds: float  # wall time of the training loop
+    positions: int  # training positions
+    heldout_positions: int
+    before: dict = field(default_factory=dict)  # held-out loss and per-depth top-1 agreement, untrained
+    after: dict = field(default_factory=dict)  # the same, trained
+    interrupted: bool = False
+
+
+@dataclass(frozen=True)
+class Sequence_:
+    """One trajectory's training data."""
+
+    hidden: torch.Tensor  # (n, H) float32: row t gave p_t
+    tokens: torch.Tensor  # (n,) int64 y_t
+    start: int  # input position of row 0 (prompt length - 1)
+
+
+def load_sequences(cache, target) -> tuple[list[Sequence_], list[Sequence_]]:
+    """(training, held-out) trajectories of a cache with hidden states, checked against `target`."""
+    from specsim.cache.store import CacheReader
+
+    with CacheReader(cache) as reader:
+        if "last" not in reader.spec.hidden:
+            raise CacheError(f"{reader.path} has no hidden states to train on; record it with "
+                             "`specsim cache ... --hidden-states last`")
+        want = reader.meta.get("tokenizer_sha256")
+        if want and want != target.info.get("tokenizer_sha256"):
+            raise ModelError(f"{reader.path} was recorded with target {reader.meta.get('settings', {}).get('target')!r} "
+                             f"(another tokenizer); --target {target.name} is not that model")
+        H = int(target.model.config.hidden_size)
+        if reader.spec.hidden_size != H:
+            raise ModelError(f"{reader.path} stores hidden states of width {reader.spec.hidden_size}; --target "
+                             f"{target.name} has hidden size {H}")
+        rows = list(reader.iter_trajectories())
+        seqs = [(row.prompt_index, Sequence_(
+            hidden=torch.as_tensor(reader.hidden("last", row.start, row.stop).astype(np.float32)),
+            tokens=torch.as_tensor(reader.tokens(row.start, row.stop).astype(np.int64)),
+            start=len(reader.prompt_token_ids(row.prompt_index)) - 1)) for row in rows if row.length >= 2]
+    return seqs
+
+
+def split(seqs, every: int):
+    train = [s for i, s in seqs if i % every != every - 1]
+    held = [s for i, s in seqs if i % every == every - 1]
+    if not train or not held:
+        raise CacheError(f"{len(seqs)} trajectories cannot be split 1 in {every} into training and held-out prompts; "
+                         "record more prompts")
+    return train, held
+
+
+def _soft_ce(logits: torch.Tensor, p_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of -Σ p log q (p, q softmaxes of the given logits)."""
+    p = torch.softmax(p_logits.float(), dim=-1)
+    return -(p * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+
+
+def _medusa_terms(module, lm_head, seq: Sequence_):
+    """Per head: (logits of q_k at rows t, the target's logits at t + 1 + k, tokens y_{t+1+k})."""
+    h = seq.hidden.to(next(module.parameters()).device)
+    y = seq.tokens.to(h.device)
+    n = h.shape[0]
+    out = []
+    q_all = module(h, lm_head)  # (n, K, V)
+    for k in range(q_all.shape[1]):
+        m = n - 1 - k
+        if m <= 0:
+            break
+        with torch.no_grad():
+            p_logits = lm_head(h[1 + k :])  # (m, V)
+        out.append((q_all[:m, k], p_logits, y[1 + k :]))
+    return out
+
+
+def _eagle_terms(module, lm_head, embed, seq: Sequence_):
+    """(predicted features for rows 1..n-1, their targets h, the target's logits there, y, q logits)."""
+    h = seq.hidden.to(next(module.parameters()).device)
+    y = seq.tokens.to(h.device)
+    n = h.shape[0]
+    pos = torch.arange(n - 1, device=h.device) + seq.start
+    causal = torch.ones(n - 1, n - 1, dtype=torch.bool, device=h.device).tril()
+    feats, _ = module(h[None, :-1], y[None, :-1], pos[None], causal[None], None, embed)
+    pred = feats[0]  # (n - 1, H): ĥ_{t+1}
+    with torch.no_grad():
+        p_logits = lm_head(h[1:])
+    return pred, h[1:], p_logits, y[1:], lm_head(pred)
+
+
+def _loss(kind, module, target, seq, config: TrainConfig):
+    lm_head = target.model.get_output_embeddings()
+    if kind == "medusa":
+        terms = _medusa_terms(module, lm_head, seq)
+        return sum(_soft_ce(q, p) for q, p, _ in terms) / max(1, len(terms))
+    pred, h_next, p_logits, _, q = _eagle_terms(module, lm_head, target.model.get_input_embeddings(), seq)
+    return torch.nn.functional.smooth_l1_loss(pred, h_next) + config.eagle_token_weight * _soft_ce(q, p_logits)
+
+
+@torch.no_grad()
+def evaluate(kind, module, target, seqs, config: TrainConfig) -> dict:
+    """Held-out loss, top-1 agreement with the target's token and overlap Σ min(p, q) (a one-token draft's
+    acceptance at T = 1) per depth (Medusa: head k; EAGLE: depth 1, teacher-forced)."""
+    lm_head = target.model.get_output_embeddings()
+    losses, hits, counts, overlap = [], {}, {}, {}
+
+    def add(d, q, p_logits, y):
+        hits[d] = hits.get(d, 0) + int((q.argmax(-1) == y).sum())
+        counts[d] = counts.get(d, 0) + int(y.shape[0])
+        both = torch.minimum(torch.softmax(q.float(), -1), torch.softmax(p_logits.float(), -1))
+        overlap[d] = overlap.get(d, 0.0) + float(both.sum())
+
+    for seq in seqs:
+        losses.append(float(_loss(kind, module, target, seq, config)))
+        if kind == "medusa":
+            for k, (q, p_logits, y) in enumerate(_medusa_terms(module, lm_head, seq)):
+                add(k + 1, q, p_logits, y)
+        else:
+            _, _, p_logits, y, q = _eagle_terms(module, lm_head, target.model.get_input_embeddings(), seq)
+            add(1, q, p_logits, y)
+    return {"loss": float(np.mean(losses)), "top1": {d: hits[d] / counts[d] for d in sorted(counts)},
+            "overlap": {d: overlap[d] / counts[d] for d in sorted(counts)}}
+
+
+def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = True,
+          echo: Callable[[str], None] = lambda line: None) -> TrainOutcome:
+    """Train `config.kind` heads for `target` on `cache`'s hidden states and save them in `out`."""
+    from tqdm.auto import tqdm
+
+    from specsim.record.heads import build, head_config_for, save_heads
+
+    if config.kind not in ("medusa", "eagle"):
+        raise ModelError(f"--kind {config.kind!r}: medusa or eagle")
+    torch.manual_seed(config.seed)
+    train_seqs, held = split(load_sequences(cache, target), config.holdout_every)
+    head_config = head_config_for(config.kind, target, heads=config.heads)
+    module = build(head_config).to(target.info["device"])
+    if config.kind == "eagle":  # EAGLE's init: small weights, so the layer starts near its residual path
+        for name, param in module.named_parameters():
+            if param.dim() == 2:
+                torch.nn.init.normal_(param, std=0.02)
+    for p in target.model.parameters():
+        p.requires_grad_(False)
+    n_train = sum(int(s.tokens.shape[0]) for s in train_seqs)
+    n_held = sum(int(s.tokens.shape[0]) for s in held)
+    echo(f"training {config.kind} heads for {target.name} on {len(train_seqs)} trajectories ({n_train} positions); "
+         f"held out: {len(held)} ({n_held} positions, every {config.holdout_every}th prompt)")
+    outcome = TrainOutcome(steps=0, seconds=0.0, positions=n_train, heldout_positions=n_held)
+    module.eval()
+    outcome.before = evaluate(config.kind, module, target, held, config)
+    optimiser = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=config.lr)
+    rng = np.random.default_rng(config.seed)
+    extra = lambda: {"training": {"cache": str(cache), "steps": outcome.steps, "config": config.__dict__,  # noqa: E731
+                                  "positions": n_train, "heldout": outcome.after or outcome.before}}
+    started = time.perf_counter()
+    bar = tqdm(total=config.steps, unit="step", desc=f"train {config.kind}", disable=not progress, dynamic_ncols=True)
+    try:
+        module.train()
+        for step in range(config.steps):
+            batch = rng.choice(len(train_seqs), size=min(config.batch, len(train_seqs)), replace=False)
+            optimiser.zero_grad()
+            loss = sum(_loss(config.kind, module, target, train_seqs[i], config) for i in batch) / len(batch)
+            loss.backward()
+            optimiser.step()
+            outcome.steps = step + 1
+            bar.update()
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if (step + 1) % config.save_every == 0 and step + 1 < config.steps:
+                save_heads(out, head_config, module, extra())
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+    finally:
+        bar.close()
+        outcome.seconds = time.perf_counter() - started
+    module.eval()
+    if not outcome.interrupted:
+        outcome.after = evaluate(config.kind, module, target, held, config)
+    save_heads(out, head_config, module, extra())
+    return outcome

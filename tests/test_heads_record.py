@@ -1,0 +1,220 @@
+"""Head drafts with real models: published layouts load, record, replay and decode live; training learns.
+
+A tiny random Llama (`tests.conftest.build_tiny_model`) is the target. Medusa and EAGLE heads
+are written in their published layouts (Medusa: `medusa_lm_head.safetensors` with its
+`{k}.{j}.linear.*` / `{k}.{L}.weight` keys and `medusa_num_heads` in config.json; EAGLE-1/2:
+`model.safetensors` with `fc.weight` and `layers.0.*`, no first input norm, a Llama
+config.json), then loaded, recorded and decoded live, where greedy float32 decoding must emit
+plain greedy's tokens in exactly the target calls the replay predicts.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from specsim.errors import CacheError, ModelError
+
+
+def _medusa_published(folder, target, heads=3, seed=0):
+    """Medusa-1's layout: each head a ResBlock and its own LM head, initialised from the target's (as Medusa)."""
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    H = target.model.config.hidden_size
+    lm = target.model.get_output_embeddings().weight.detach()
+    state = {}
+    for k in range(heads):
+        state[f"{k}.0.linear.weight"] = torch.randn(H, H) * 0.01  # near Medusa's identity init: "repeat"
+        state[f"{k}.0.linear.bias"] = torch.zeros(H)
+        state[f"{k}.1.weight"] = lm.clone()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / "medusa_lm_head.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": heads, "medusa_num_layers": 1,
+                                                    "base_model_name_or_path": "tiny"}))
+    return folder
+
+
+def _eagle_published(folder, target, seed=0):
+    """EAGLE-1/2's layout: fc over [embedding, feature] and one Llama layer without its input norm."""
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    c = target.model.config
+    H, d = c.hidden_size, c.hidden_size // c.num_attention_heads
+    fc = torch.randn(H, 2 * H) * 0.01
+    fc[:, H:] += torch.eye(H)  # pass the feature through, as a barely trained layer does: it proposes repeats
+    state = {"fc.weight": fc,
+             "layers.0.self_attn.q_proj.weight": torch.randn(c.num_attention_heads * d, H) * 0.1,
+             "layers.0.self_attn.k_proj.weight": torch.randn(c.num_key_value_heads * d, H) * 0.1,
+             "layers.0.self_attn.v_proj.weight": torch.randn(c.num_key_value_heads * d, H) * 0.1,
+             "layers.0.self_attn.o_proj.weight": torch.randn(H, c.num_attention_heads * d) * 0.01,
+             "layers.0.mlp.gate_proj.weight": torch.randn(c.intermediate_size, H) * 0.1,
+             "layers.0.mlp.up_proj.weight": torch.randn(c.intermediate_size, H) * 0.1,
+             "layers.0.mlp.down_proj.weight": torch.randn(H, c.intermediate_size) * 0.01,
+             "layers.0.post_attention_layernorm.weight": torch.ones(H)}
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": H, "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+        "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps, "rope_theta": 10000.0,
+        "vocab_size": c.vocab_size}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def heads_cache(tiny_model_dir, tiny_prompts_file, tmp_path_factory):
+    import torch
+
+    from specsim.record.models import load_model
+    from specsim.record.run import RecordRequest, record_cache
+
+    torch.set_num_threads(1)
+    folder = tmp_path_factory.mktemp("heads")
+    target = load_model(str(tiny_model_dir))
+    medusa = _medusa_published(folder / "medusa", target)
+    eagle = _eagle_published(folder / "eagle", target)
+    drafts = (f"medusa:{medusa}", f"eagle:{eagle}")
+    request = RecordRequest(target=str(tiny_model_dir), drafts=drafts, prompts=str(tiny_prompts_file),
+                            max_new_tokens=12, temperatures=(0.0, 1.0), device="cpu", hidden=("last",),
+                            head_depth=3)
+    path = folder / "heads.h5"
+    record_cache(path, request, progress=False)
+    return path, drafts, str(tiny_model_dir)
+
+
+def test_head_columns_are_keyed_by_depth(heads_cache):
+    from specsim.cache.store import CacheReader
+
+    path, drafts, _ = heads_cache
+    with CacheReader(path) as reader:
+        assert reader.spec.depths == {d: 3 for d in drafts}
+        row = next(reader.iter_trajectories())
+        assert reader.stats(drafts[0], "rank", row.start, row.stop).shape == (row.length, 3)
+        assert reader.hidden("last", row.start, row.stop).shape == (row.length, 64)
+        with pytest.raises(CacheError, match="head draft"):
+            reader.logits(drafts[1], row.start, row.stop)
+
+
+@pytest.mark.parametrize("which, tree", [(0, "kary:2,3"), (1, "chain:3"), (1, "kary:2,2")])
+def test_live_head_decoding_matches_the_replay_call_for_call(heads_cache, which, tree):
+    """Greedy float32: live decoding with the heads emits plain greedy's tokens, in the calls replay predicts."""
+    from specsim.cache.store import CacheReader
+    from specsim.live.engine import LiveConfig, Target, speculative_decode
+    from specsim.live.heads import head_drafter
+    from specsim.record.models import eos_token_ids, load_model
+    from specsim.sim.api import sweep
+    from specsim.specs import parse_tree
+
+    path, drafts, target_dir = heads_cache
+    draft = drafts[which]
+    replay = sweep(path, [tree], drafts=[draft], policies=["greedy"], n_boot=0,
+                   by_category=False).requests.sort("prompt_index")
+    with CacheReader(path) as reader:
+        rows = [r for r in reader.iter_trajectories() if r.temperature == 0]
+        max_new = int(reader.meta["settings"]["max_new_tokens"])
+        cases = [(reader.prompt_token_ids(r.prompt_index), reader.tokens(r.start, r.stop)) for r in rows]
+    target = load_model(target_dir)
+    drafter = head_drafter(draft, target)
+    accepted = 0
+    for (prompt, expected), row in zip(cases, replay.iter_rows(named=True)):
+        live = speculative_decode(Target(target.model, eos_token_ids(target)), drafter, np.asarray(prompt),
+                                  LiveConfig(tree=parse_tree(tree), max_new_tokens=max_new), np.random.default_rng(0))
+        assert live.tokens.tolist() == expected.tolist()
+        assert live.target_calls == row["target_calls"], (draft, tree)
+        accepted += sum(s.accepted for s in live.steps)
+    assert accepted > 0  # the comparison means something: drafts were accepted
+
+
+def test_head_sampling_runs_live_and_in_replay(heads_cache):
+    from specsim.live.engine import LiveConfig, Target, speculative_decode
+    from specsim.live.heads import head_drafter
+    from specsim.record.models import eos_token_ids, load_model
+    from specsim.sim.api import simulate
+    from specsim.specs import parse_tree
+
+    path, drafts, target_dir = heads_cache
+    rows = simulate(path, trees=["kary:2,2"], drafts=list(drafts), policies=["sample"], temperatures=[1.0], n_boot=0,
+                    by_category=False)
+    assert rows.height == 2 and (rows["tokens_per_call"] >= 1).all()
+    target = load_model(target_dir)
+    for draft in drafts:
+        live = speculative_decode(Target(target.model, eos_token_ids(target)), head_drafter(draft, target),
+                                  np.array([5, 6, 7, 8]), LiveConfig(tree=parse_tree("kary:2,2"), policy="sample",
+                                                                     temperature=1.0, max_new_tokens=10),
+                                  np.random.default_rng(0))
+        assert len(live.tokens) == 10
+
+
+def test_pickle_checkpoints_and_heads_for_another_target_are_refused(heads_cache, tmp_path):
+    from specsim.record.heads import load_heads
+    from specsim.record.models import load_model
+
+    _, _, target_dir = heads_cache
+    target = load_model(target_dir)
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text(json.dumps({"medusa_num_heads": 2}))
+    (pickled / "medusa_lm_head.pt").write_bytes(b"not really")
+    with pytest.raises(ModelError, match="pickle checkpoint; specsim loads safetensors only"):
+        load_heads(f"medusa:{pickled}", target)
+    other = _eagle_published(tmp_path / "other", target)
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "hidden_size": 128}))
+    with pytest.raises(ModelError, match="hidden size 128; target .* has 64"):
+        load_heads(f"eagle:{other}", target)
+
+
+@pytest.fixture(scope="module")
+def training_cache(tiny_model_dir, tmp_path_factory):
+    """24 short prompts x 24 tokens at T = 0 and 1 with the target's hidden states: enough to learn from."""
+    import random
+
+    from specsim.record.run import RecordRequest, record_cache
+
+    words = "the cat sat on a mat while dogs ran far away from home and birds sang".split()
+    rng = random.Random(0)
+    folder = tmp_path_factory.mktemp("train")
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(rng.sample(words, 6)), "category": "x"}) + "\n"
+                               for _ in range(24)))
+    path = folder / "train.h5"
+    record_cache(path, RecordRequest(target=str(tiny_model_dir), prompts=str(prompts), max_new_tokens=24,
+                                     temperatures=(0.0, 1.0), device="cpu", hidden=("last",)), progress=False)
+    return path
+
+
+def test_training_lowers_heldout_loss_and_raises_acceptance(training_cache, tiny_model_dir, tmp_path):
+    import torch
+
+    from specsim.record.heads import load_heads
+    from specsim.record.models import load_model
+    from specsim.record.train import TrainConfig, train
+
+    target = load_model(str(tiny_model_dir))
+    torch.manual_seed(0)
+    out = tmp_path / "trained"
+    outcome = train(training_cache, target, out, TrainConfig(kind="medusa", heads=2, steps=80, lr=1e-2, batch=4,
+                                                             holdout_every=4), progress=False)
+    assert outcome.heldout_positions > 200
+    assert outcome.after["loss"] < outcome.before["loss"] - 0.1, (outcome.before, outcome.after)
+    for d in (1, 2):  # held-out acceptance of a one-token draft at T = 1 rises at every depth
+        assert outcome.after["overlap"][d] > outcome.before["overlap"][d] + 0.01, (outcome.before, outcome.after)
+    head = load_heads(f"medusa:{out}", target)  # what it saved loads back for this target
+    assert head.config.heads == 2 and not head.config.own_lm_head
+    train(training_cache, target, tmp_path / "eagle", TrainConfig(kind="eagle", steps=3, batch=2, holdout_every=4),
+          progress=False)
+    assert load_heads(f"eagle:{tmp_path / 'eagle'}", target).kind == "eagle"
+
+
+def test_training_needs_hidden_states(tiny_cache, tiny_model_dir, tmp_path):
+    from specsim.record.models import load_model
+    from specsim.record.train import TrainConfig, train
+
+    with pytest.raises(CacheError, match="--hidden-states last"):
+        train(tiny_cache, load_model(str(tiny_model_dir)), tmp_path / "x", TrainConfig(kind="eagle"), progress=False)
