@@ -113,6 +113,32 @@ def cut_below_eos(tree: Tree, tokens: np.ndarray, valid: np.ndarray, eos: set[in
     return valid
 
 
+def fill_children(tree: Tree, parents: np.ndarray, logits, tokens: np.ndarray, valid: np.ndarray,
+                  q_draft: dict | None, *, sampling: bool, temperature: float, multi_draft: str, rngs) -> np.ndarray:
+    """Draft the children of `parents` (P,) from the laws at them, logits (B, P, V), in place in `tokens`
+    (and `valid`, where swor runs out of tokens with mass; `q_draft` gets each parent's law when sampling).
+    Returns the children, in order: the next level."""
+    B = tokens.shape[0]
+    children = [tree.children(int(p)) for p in parents]
+    if sampling:
+        probs = probabilities(logits, temperature)  # (B, P, V)
+        for i, (parent, kids) in enumerate(zip(parents, children)):
+            q_draft[int(parent)] = probs[:, i]
+            scheme = multi_draft if len(kids) > 1 else "iid"
+            for r in range(B):
+                if not valid[r, kids].any():
+                    continue  # nothing this request can use: draw nothing
+                drawn = sample_candidates(probs[r, i], len(kids), rngs[r], scheme=scheme)
+                tokens[r, kids[: len(drawn)]] = drawn
+                valid[r, kids[len(drawn):]] = False  # swor ran out of tokens with mass
+    else:
+        ranked = top_ranked(logits.reshape(B * len(parents), -1), int(tree.ranks[1:].max()) + 1)
+        ranked = ranked.reshape(B, len(parents), -1)  # (B, P, max_rank + 1)
+        for i, kids in enumerate(children):
+            tokens[:, kids] = ranked[:, i, tree.ranks[kids]]
+    return np.concatenate(children)
+
+
 class ModelDrafter:
     """A draft language model (a separate model, `layers:K` or `int8`) with its own slot KV cache."""
 
@@ -161,24 +187,8 @@ class ModelDrafter:
             if parents.size == 0:
                 break
             logits = level_logits[:, np.searchsorted(level_nodes, parents)]  # (B, P, V)
-            children = [tree.children(int(p)) for p in parents]
-            if sampling:
-                probs = probabilities(logits, temperature)  # (B, P, V)
-                for i, (parent, kids) in enumerate(zip(parents, children)):
-                    q_draft[int(parent)] = probs[:, i]
-                    scheme = multi_draft if len(kids) > 1 else "iid"
-                    for r in range(B):
-                        if not valid[r, kids].any():
-                            continue  # nothing this request can use: draw nothing
-                        drawn = sample_candidates(probs[r, i], len(kids), rngs[r], scheme=scheme)
-                        tokens[r, kids[: len(drawn)]] = drawn
-                        valid[r, kids[len(drawn):]] = False  # swor ran out of tokens with mass
-            else:
-                ranked = top_ranked(logits.reshape(B * len(parents), -1), int(tree.ranks[1:].max()) + 1)
-                ranked = ranked.reshape(B, len(parents), -1)  # (B, P, max_rank + 1)
-                for i, kids in enumerate(children):
-                    tokens[:, kids] = ranked[:, i, tree.ranks[kids]]
-            level_nodes = np.concatenate(children)
+            level_nodes = fill_children(tree, parents, logits, tokens, valid, q_draft, sampling=sampling,
+                                        temperature=temperature, multi_draft=multi_draft, rngs=rngs)
             valid = cut_below_eos(tree, tokens, valid, eos)
             # Feed this level's nodes whose children some request can still use: one draft forward.
             needs = np.array([tree.n_children[v] > 0 and valid[:, tree.children(int(v))].any() for v in level_nodes],

@@ -20,31 +20,7 @@ import numpy as np
 import torch
 
 from specsim.errors import SpecError
-from specsim.live.drafting import Proposal, allowed, cut_below_eos, probabilities, top_ranked
-from specsim.verify import sample_candidates
-
-
-def _fill_level(tree, parents, logits, tokens, valid, q_draft, *, sampling, temperature, multi_draft, rngs):
-    """Fill the children of `parents` (P,) from their laws `logits` (B, P, V); returns the children, in order."""
-    B = tokens.shape[0]
-    children = [tree.children(int(p)) for p in parents]
-    if sampling:
-        probs = probabilities(logits, temperature)  # (B, P, V)
-        for i, (parent, kids) in enumerate(zip(parents, children)):
-            q_draft[int(parent)] = probs[:, i]
-            scheme = multi_draft if len(kids) > 1 else "iid"
-            for r in range(B):
-                if not valid[r, kids].any():
-                    continue
-                drawn = sample_candidates(probs[r, i], len(kids), rngs[r], scheme=scheme)
-                tokens[r, kids[: len(drawn)]] = drawn
-                valid[r, kids[len(drawn):]] = False
-    else:
-        ranked = top_ranked(logits.reshape(B * len(parents), -1), int(tree.ranks[1:].max()) + 1)
-        ranked = ranked.reshape(B, len(parents), -1)
-        for i, kids in enumerate(children):
-            tokens[:, kids] = ranked[:, i, tree.ranks[kids]]
-    return np.concatenate(children)
+from specsim.live.drafting import Proposal, allowed, cut_below_eos, fill_children
 
 
 class MedusaDrafter:
@@ -85,8 +61,8 @@ class MedusaDrafter:
             if parents.size == 0:
                 break
             logits = laws[:, tree.depths[parents]]  # (B, P, V): the head of the children's depth
-            level = _fill_level(tree, parents, logits, tokens, valid, q_draft, sampling=sampling,
-                                temperature=temperature, multi_draft=multi_draft, rngs=rngs)
+            level = fill_children(tree, parents, logits, tokens, valid, q_draft, sampling=sampling,
+                                  temperature=temperature, multi_draft=multi_draft, rngs=rngs)
             valid = cut_below_eos(tree, tokens, valid, eos)
         return Proposal(tokens=tokens, valid=valid, q_draft=q_draft)
 
@@ -156,8 +132,8 @@ class EagleDrafter:
             if parents.size == 0:
                 break
             logits = torch.stack([level_logits[int(p)] for p in parents])[None]  # (1, P, V)
-            level = _fill_level(tree, parents, logits, tokens, valid, q_draft, sampling=sampling,
-                                temperature=temperature, multi_draft=multi_draft, rngs=rngs)
+            level = fill_children(tree, parents, logits, tokens, valid, q_draft, sampling=sampling,
+                                  temperature=temperature, multi_draft=multi_draft, rngs=rngs)
             valid = cut_below_eos(tree, tokens, valid, eos)
             to_feed = np.array([v for v in level if tree.n_children[v] > 0 and valid[0, tree.children(int(v))].any()],
                                dtype=np.int64)
