@@ -69,10 +69,11 @@ def train_draft(kind, target, cache, heads, steps, batch, lr, holdout_every, sav
     outcome = train(cache, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True))
 
     def agreement(result):
-        return ", ".join(f"depth {d} {v:.3f}" for d, v in result["top1"].items())
+        return ", ".join(f"depth {d} {v:.3f} (overlap {result['overlap'][d]:.3f})" for d, v in result["top1"].items())
 
     click.echo(f"held-out ({outcome.heldout_positions} positions) before training: loss {outcome.before['loss']:.3f}, "
-               f"top-1 agreement with the target {agreement(outcome.before)}")
+               f"top-1 agreement with the target's token {agreement(outcome.before)}; overlap = Σ min(p, q), a one-token "
+               "draft's acceptance at T=1")
     if outcome.interrupted:
         click.echo(f"interrupted after {outcome.steps} steps ({outcome.seconds:.1f} s); saved that checkpoint to {out}",
                    err=True)
