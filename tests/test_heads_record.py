@@ -218,3 +218,15 @@ def test_training_needs_hidden_states(tiny_cache, tiny_model_dir, tmp_path):
 
     with pytest.raises(CacheError, match="--hidden-states last"):
         train(tiny_cache, load_model(str(tiny_model_dir)), tmp_path / "x", TrainConfig(kind="eagle"), progress=False)
+
+
+def test_inspect_names_head_drafts_and_hidden_states(heads_cache):
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+
+    path, drafts, _ = heads_cache
+    out = CliRunner().invoke(main, ["inspect", str(path)]).output
+    assert f"{drafts[0]} (heads" in out and "laws per call start and depth 1..3" in out
+    assert "hidden     target hidden states last (width 64, float16)" in out
+    assert "storage full float16 logits" in out

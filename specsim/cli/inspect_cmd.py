@@ -51,15 +51,19 @@ def inspect(file: Path, quiet: bool) -> None:
 
     with CacheReader(file) as reader:
         meta, spec = reader.meta, reader.spec
-        storage = "full float16 logits" if spec.storage == "full" else f"top-{spec.top_k} logits + tail log-sum-exp"
+        storage = {"full": "full float16 logits", "topk": f"top-{spec.top_k} logits + tail log-sum-exp",
+                   "stats": "statistics only (no logits)"}[spec.storage]
         click.echo(f"{file}: {_human_bytes(reader.size_bytes)} on disk, storage {storage}, vocab (logits) {spec.vocab_size:,}")
         target = meta.get("target", {})
         click.echo(f"target     {target.get('spec', '?')} ({_model_line(target)})")
         for name in spec.drafts:
-            click.echo(f"draft      {name} ({_model_line(meta.get('drafts', {}).get(name, {}))})")
+            keyed = f"; head draft: laws per call start and depth 1..{spec.depths[name]}" if name in spec.depths else ""
+            click.echo(f"draft      {name} ({_model_line(meta.get('drafts', {}).get(name, {}))}{keyed})")
         if not spec.drafts:
             click.echo("draft      none (model-free drafts only)")
         click.echo(f"tokenizer  sha256 {str(meta.get('tokenizer_sha256', '?'))[:16]}")
+        if spec.hidden:
+            click.echo(f"hidden     target hidden states {', '.join(spec.hidden)} (width {spec.hidden_size}, float16)")
         settings, versions = meta.get("settings", {}), meta.get("versions", {})
         click.echo(
             f"run        seed {settings.get('seed', '?')}, max_new_tokens {settings.get('max_new_tokens', '?')}, "
