@@ -174,6 +174,7 @@ class DraftKind:
     summary: str
     needs: str  # what the cache must hold for it
     model_free: bool  # proposes from tokens alone: no draft column, no draft forwards, point masses
+    heads: bool = False  # rides on the target's hidden states: recorded per call start and depth
     parse: str | None = None  # "module:function" building its object from the spec
 
 
@@ -183,10 +184,10 @@ DRAFT_KINDS: dict[str, DraftKind] = {
                        "its column in the cache", model_free=False),
     "medusa": DraftKind("medusa", "medusa:DIR_OR_HUB_ID", "medusa:heads/medusa",
                         "Medusa heads on the target's last hidden state (one head per depth, top-k trees)",
-                        "its column in the cache, recorded per call start and depth", model_free=False),
+                        "its column in the cache, recorded per call start and depth", model_free=False, heads=True),
     "eagle": DraftKind("eagle", "eagle:DIR_OR_HUB_ID", "eagle:heads/eagle",
                        "an EAGLE-1/2 draft layer on the target's features, autoregressive over its own",
-                       "its column in the cache, recorded per call start and depth", model_free=False),
+                       "its column in the cache, recorded per call start and depth", model_free=False, heads=True),
     "ngram": DraftKind("ngram", "ngram:N", "ngram:3",
                        "suffix matching on the last N tokens of prompt + output (SGLang's NGRAM speculator)",
                        "nothing: tokens only", model_free=True, parse="specsim.sim.modelfree:parse_modelfree"),
@@ -203,6 +204,11 @@ def draft_kind(spec: str) -> DraftKind:
 
 def is_model_free(spec: str) -> bool:
     return draft_kind(spec).model_free
+
+
+def is_head_draft(spec: str) -> bool:
+    """Medusa / EAGLE heads (`medusa:DIR`, `eagle:DIR`): loaded onto the target, one law per call start and depth."""
+    return draft_kind(spec).heads
 
 
 def parse_draft(spec: str):

@@ -10,8 +10,8 @@ EAGLE's heads read the state at the root's predecessor) and b the parent node's 
 falls with depth and depends on a, so replay that reads the depth-1 law of each position
 (q_{t+d-1,1}, what a teacher-forced draft has) instead of q_{t,d} is visibly wrong.
 
-`heads_decode` is real speculative decoding with such a draft and the one implementation
-of each verification rule (`specsim.verify`); `record_heads_cache` writes target-sampled
+`heads_decode` is real speculative decoding with such a draft (the toy Markov loop, with
+the heads' law at each node, verified by `specsim.verify`); `record_heads_cache` writes target-sampled
 trajectories with the heads' statistics keyed by depth, as `specsim cache --draft medusa:…`
 does (`specsim.record.recorder.head_stats`).
 """
@@ -24,11 +24,10 @@ from typing import Sequence
 
 import numpy as np
 
-from specsim import verify
 from specsim.cache.stats import StatsSpec, draft_stats
 from specsim.cache.store import CacheSpec, CacheWriter, PromptRecord
 from specsim.trees import Tree
-from tests.toy_markov import DecodeResult, MarkovLM, sample_tokens
+from tests.toy_markov import DecodeResult, MarkovLM, sample_tokens, speculative_decode
 
 
 @dataclass(frozen=True)
@@ -65,40 +64,12 @@ def toy_heads(target: MarkovLM, depth: int = 3, seed: int = 0) -> ToyHeads:
 
 def heads_decode(target: MarkovLM, heads: ToyHeads, prompt: Sequence[int], n: int, tree: Tree,
                  rng: np.random.Generator, *, greedy: bool, scheme: str = "iid") -> DecodeResult:
-    """Generate n tokens by speculative decoding with head drafts and a static tree (the end cap as
-    `tests.toy_markov.speculative_decode`)."""
-    seq = list(prompt)
-    out: list[int] = []
-    calls, accepted_total, per_call = 0, 0, []
-    while len(out) < n:
-        cap = n - 1 - len(out)
-        committed = seq + out
-        calls += 1
-        node, path, accepted = 0, [], 0
-        while True:
-            context = committed + path
-            kids = tree.children(node)
-            p = target.dist(context)
-            if accepted >= cap or kids.size == 0:
-                token = int(np.argmax(p)) if greedy else int(rng.choice(target.vocab, p=p))
-                path.append(token)
-                break
-            q = heads.law(committed, context[-1], len(path) + 1)
-            if greedy:
-                order = np.lexsort((np.arange(q.shape[0]), -q))
-                step = verify.verify_greedy(p, order[tree.ranks[kids]].astype(np.int64))
-            else:
-                cands = verify.sample_candidates(q, kids.size, rng, scheme=scheme)
-                step = (verify.verify_multi_iid if scheme == "iid" else verify.verify_multi_swor)(p, q, cands, rng)
-            path.append(step.token)
-            if step.accepted < 0:
-                break
-            node = int(kids[step.accepted])
-            accepted += 1
-        out.extend(path)
-        accepted_total += accepted
-        per_call.append(accepted)
-    return DecodeResult(np.array(out[:n], dtype=np.int32), calls, accepted_total, tuple(per_call))
+    """Generate n tokens by speculative decoding with head drafts and a static tree: the toy Markov loop
+    (`tests.toy_markov.speculative_decode`) with the heads' law at each node."""
+    def law(committed, path):
+        return heads.law(committed, (list(committed) + list(path))[-1], len(path) + 1)
+
+    return speculative_decode(target, None, prompt, n, tree, rng, greedy=greedy, scheme=scheme, law=law)
 
 
 def depth_keyed_logits(heads: ToyHeads, prompt: Sequence[int], tokens: Sequence[int], *,

@@ -118,26 +118,29 @@ class DecodeResult:
     accepted_per_call: tuple[int, ...]  # A of each call, in order
 
 
-def _draft_children(draft: MarkovLM, context: list[int], k: int, ranks: np.ndarray, rng, *, greedy: bool,
-                    scheme: str) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens proposed for a node's children (−1 where none) and the q they were drawn from."""
-    q = draft.dist(context)
+def _draft_children(q: np.ndarray, k: int, ranks: np.ndarray, rng, *, greedy: bool,
+                    scheme: str) -> np.ndarray:
+    """Tokens proposed for a node's children from the draft's law q there (−1 where none)."""
     if greedy:
         order = np.lexsort((np.arange(q.shape[0]), -q))  # most likely first, ties by lower id
-        return order[ranks].astype(np.int64), q
+        return order[ranks].astype(np.int64)
     cands = verify.sample_candidates(q, k, rng, scheme=scheme)
     out = np.full(k, -1, dtype=np.int64)
     out[: cands.shape[0]] = cands
-    return out, q
+    return out
 
 
-def speculative_decode(target: MarkovLM, draft: MarkovLM, prompt: Sequence[int], n: int, tree: Tree,
-                       rng: np.random.Generator, *, greedy: bool, scheme: str = "iid") -> DecodeResult:
+def speculative_decode(target: MarkovLM, draft: MarkovLM | None, prompt: Sequence[int], n: int, tree: Tree,
+                       rng: np.random.Generator, *, greedy: bool, scheme: str = "iid",
+                       law=None) -> DecodeResult:
     """Generate n tokens by speculative decoding with a static tree, verifying with specsim.verify.
 
-    A call at t accepts at most n − 1 − t drafts (the last token is always the target's),
-    the end cap the simulator applies.
+    The draft's law at a node is draft.dist(committed + path), or law(committed, path) when given
+    (a head draft's, which depends on where the call started: `tests.toy_heads`). A call at t
+    accepts at most n − 1 − t drafts (the last token is always the target's), the end cap the
+    simulator applies.
     """
+    law = law or (lambda committed, path: draft.dist(committed + path))
     seq = list(prompt)
     out: list[int] = []
     calls, accepted_total, per_call = 0, 0, []
@@ -153,8 +156,8 @@ def speculative_decode(target: MarkovLM, draft: MarkovLM, prompt: Sequence[int],
                 token = int(np.argmax(p)) if greedy else int(rng.choice(target.vocab, p=p))
                 path.append(token)
                 break
-            cands, q = _draft_children(draft, context, kids.size, tree.ranks[kids], rng, greedy=greedy,
-                                       scheme=scheme)
+            q = law(seq + out, path)
+            cands = _draft_children(q, kids.size, tree.ranks[kids], rng, greedy=greedy, scheme=scheme)
             live = np.flatnonzero(cands >= 0)
             if greedy:
                 step = verify.verify_greedy(p, cands[live])

@@ -342,7 +342,7 @@ class CacheWriter:
             g.attrs["name"] = c
             st = g.create_group("stats")
             for name, (dtype, tail) in spec.stat_shapes(c).items():
-                rows = max(64, STATS_CHUNK_BYTES // (dtype.itemsize * max(1, int(np.prod(tail, dtype=np.int64)))))
+                rows = max(64, STATS_CHUNK_BYTES // (dtype.itemsize * int(np.prod(tail, dtype=np.int64))))
                 st.create_dataset(name, (0, *tail), maxshape=(None, *tail), dtype=dtype, chunks=(rows, *tail),
                                   fletcher32=True)
             if c == TARGET and spec.hidden:
@@ -471,11 +471,9 @@ class CacheWriter:
                         raise CacheError(f"hidden states {layer}: expected shape {(n, self.spec.hidden_size)}, got "
                                          f"{np.shape(hidden[layer])}")
                     arrays[f"{g}/hidden/{layer}"] = np.asarray(hidden[layer], dtype=np.float16)
-            if columns is None or not self.spec.keeps_logits(c):
-                pass
-            elif self.spec.storage == "full":
+            if columns is not None and self.spec.keeps_logits(c) and self.spec.storage == "full":
                 arrays[f"{g}/logits"] = columns[c].astype(np.float16)
-            else:
+            elif columns is not None and self.spec.keeps_logits(c):  # topk
                 ids, top, tail = topk_compress(columns[c], self.spec.top_k)
                 arrays.update({f"{g}/topk_ids": ids, f"{g}/topk_logits": top.astype(np.float16), f"{g}/tail_lse": tail})
             for name, (dtype, _) in self.spec.stat_shapes(c).items():

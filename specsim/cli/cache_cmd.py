@@ -85,7 +85,7 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
           --device cuda --dtype bfloat16 --batch-size 8 --store stats --out cache/qwen7b.h5
       specsim cache ... --expand topk=4,depth=4 --out cache/eagle.h5   # dynamic trees
       specsim cache --target smollm2-135m --hidden-states last --out cache/train.h5
-      specsim cache --target smollm2-135m --draft medusa:heads/medusa --draft eagle:heads/eagle \
+      specsim cache --target smollm2-135m --draft medusa:heads/medusa --draft eagle:heads/eagle \\
           --out cache/heads.h5                            # heads from `specsim train-draft`
       specsim cache ... --out cache/demo.h5 --resume     # after an interruption
       torchrun --nproc-per-node 8 -m specsim cache ... --store stats --shard auto \\

@@ -19,7 +19,8 @@ from specsim.cli import _common as c
 @click.option("--from", "cache", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
               help="A cache recorded with --hidden-states last.")
 @click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True,
-              help="Medusa: heads (the deepest depth drafted). EAGLE: the default depth recorded for it.")
+              help="Medusa: heads (the deepest depth drafted). EAGLE drafts autoregressively: `specsim cache "
+                   "--head-depth` sets how deep it is recorded.")
 @click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True, help="Optimiser steps.")
 @click.option("--batch", type=click.IntRange(min=1), default=4, show_default=True, help="Trajectories per step.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True,

@@ -242,10 +242,10 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[np.ndarray
         raise SpecError("cannot decode an empty prompt")
     if drafter is None and config.tree.budget:
         raise SpecError("a draft tree needs a drafter; plain decoding uses ROOT_ONLY")
-    heads = bool(getattr(drafter, "needs_hidden", False))  # head drafts read the target's hidden states
-    if heads and any(p.size < 2 for p in prompts):
+    needs_hidden = bool(getattr(drafter, "needs_hidden", False))  # head drafts read the target's hidden states
+    if needs_hidden and any(p.size < 2 for p in prompts):
         raise SpecError("head drafts need prompts of at least two tokens (the root's predecessor state)")
-    target.kv.keep_hidden = heads
+    target.kv.keep_hidden = needs_hidden
     run = DecodeRun(decoded=[None] * len(prompts))
     queue = list(range(len(prompts)))
     active: list[_Active] = []

@@ -21,6 +21,9 @@ import torch
 
 from specsim.errors import SpecError
 from specsim.live.drafting import Proposal, allowed, cut_below_eos, fill_children
+from specsim.record.heads import concat_kv, load_heads
+
+ONE_AT_A_TIME = "EAGLE heads decode one request at a time (--batch 1)"
 
 
 class MedusaDrafter:
@@ -85,15 +88,15 @@ class EagleDrafter:
 
     def start(self, prompts, hidden) -> None:
         if len(prompts) != 1:
-            raise SpecError("EAGLE heads decode one request at a time (--batch 1)")
+            raise SpecError(ONE_AT_A_TIME)
         self._past, self._m, self._pending = None, 0, hidden[0]
 
     def join(self, prompts, hidden) -> None:
-        raise SpecError("EAGLE heads decode one request at a time (--batch 1)")
+        raise SpecError(ONE_AT_A_TIME)
 
     def drop(self, keep) -> None:
         if len(keep):
-            raise SpecError("EAGLE heads decode one request at a time (--batch 1)")
+            raise SpecError(ONE_AT_A_TIME)
         self._past, self._m, self._pending = None, 0, None
 
     def _forward(self, feats, ids, positions, mask, past):
@@ -102,7 +105,7 @@ class EagleDrafter:
     @torch.inference_mode()
     def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs, eos) -> Proposal:
         if len(committed) != 1:
-            raise SpecError("EAGLE heads decode one request at a time (--batch 1)")
+            raise SpecError(ONE_AT_A_TIME)
         dev = self._pending.device
         k = self._pending.shape[0]
         ids = torch.as_tensor(np.asarray(committed[0][-k:], dtype=np.int64), device=dev)
@@ -110,8 +113,7 @@ class EagleDrafter:
         mask = torch.ones((k, self._m + k), dtype=torch.bool, device=dev)
         mask[:, self._m :] = torch.ones(k, k, dtype=torch.bool, device=dev).tril()
         feats, new = self._forward(self._pending, ids, pos, mask, self._past)
-        self._past = new if self._past is None else [(torch.cat([a[0], b[0]], 2), torch.cat([a[1], b[1]], 2))
-                                                      for a, b in zip(self._past, new)]
+        self._past = concat_kv(self._past, new)
         self._m += k
         self.levels = [k]
         n = tree.n_nodes
@@ -146,14 +148,12 @@ class EagleDrafter:
             attend[:, fed:] = np.eye(w, dtype=bool)
             mask = torch.cat([torch.ones((w, self._m), dtype=torch.bool, device=dev),
                               torch.as_tensor(attend, device=dev)], dim=1)
-            past = self._past if tree_past is None else [(torch.cat([a[0], b[0]], 2), torch.cat([a[1], b[1]], 2))
-                                                         for a, b in zip(self._past, tree_past)]
+            past = concat_kv(self._past, tree_past)
             parent_feats = torch.stack([feature[int(tree.parents[v])] for v in to_feed])  # (w, H)
             ids = torch.as_tensor(tokens[0, to_feed], device=dev)
             positions = torch.as_tensor(self._m - 1 + tree.depths[to_feed], device=dev)
             out, new = self._forward(parent_feats, ids, positions, mask, past)
-            tree_past = new if tree_past is None else [(torch.cat([a[0], b[0]], 2), torch.cat([a[1], b[1]], 2))
-                                                       for a, b in zip(tree_past, new)]
+            tree_past = concat_kv(tree_past, new)
             for i, v in enumerate(to_feed):
                 feature[int(v)] = out[0, i]
                 level_logits[int(v)] = self.head.lm_head(out[0, i]).float()
@@ -168,8 +168,6 @@ class EagleDrafter:
 
 
 def head_drafter(spec: str, target) -> MedusaDrafter | EagleDrafter:
-    from specsim.record.heads import load_heads
-
     head = load_heads(spec, target)
     return MedusaDrafter(head) if head.kind == "medusa" else EagleDrafter(head)
 

@@ -214,12 +214,12 @@ def build_drafter(spec: str, target, *, device: str, dtype: str):
     """A drafter from a draft spec: ngram:N / prompt-lookup:N, medusa:DIR / eagle:DIR (heads on the target), or a
     model (`load_draft`: layers:K, int8, ...)."""
     from specsim.live.drafting import ModelDrafter, ModelFreeDrafter
-    from specsim.specs import is_model_free
+    from specsim.specs import is_head_draft, is_model_free
     from specsim.record.models import load_draft
 
     if is_model_free(spec):
         return ModelFreeDrafter(spec)
-    if spec.partition(":")[0] in ("medusa", "eagle"):
+    if is_head_draft(spec):
         from specsim.live.heads import head_drafter
 
         return head_drafter(spec, target)

@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from specsim.errors import ModelError
+from specsim.specs import is_head_draft
 
-HEAD_KINDS = ("medusa", "eagle")
 WEIGHTS = {"medusa": "medusa_lm_head.safetensors", "eagle": "model.safetensors"}
 PICKLES = ("medusa_lm_head.pt", "pytorch_model.bin", "model.pt", "model.bin")
 
@@ -49,7 +49,7 @@ class HeadConfig:
     kind: str  # "medusa" | "eagle"
     hidden_size: int  # the target's hidden size
     vocab_size: int  # the target's logits width
-    heads: int = 4  # Medusa: number of heads (= the deepest depth it drafts); EAGLE: default recording depth
+    heads: int = 4  # Medusa: number of heads (= the deepest depth it drafts); EAGLE: unused (autoregressive)
     layers: int = 1  # Medusa: ResBlocks per head; EAGLE: decoder layers
     own_lm_head: bool = False  # Medusa: each head has its own LM head (published layout) instead of the target's
     num_attention_heads: int = 0  # EAGLE's layer: the target's attention shape
@@ -227,6 +227,15 @@ class EagleHead(nn.Module):
         self.load_state_dict({k: v for k, v in state.items() if k in ours}, strict=False)
 
 
+def concat_kv(*parts):
+    """Per layer (k, v) of several runs of entries, joined along the entries' axis (None parts skipped)."""
+    parts = [p for p in parts if p is not None]
+    if len(parts) == 1:
+        return parts[0]
+    return [(torch.cat([p[i][0] for p in parts], dim=2), torch.cat([p[i][1] for p in parts], dim=2))
+            for i in range(len(parts[0]))]
+
+
 # -- a loaded head draft ----------------------------------------------------------------------------
 
 
@@ -248,11 +257,6 @@ class HeadDraft:
     @property
     def embed(self):
         return self.target.model.get_input_embeddings()
-
-    @property
-    def max_depth(self) -> int | None:
-        """The deepest depth it can draft: Medusa's head count; EAGLE is autoregressive (None)."""
-        return self.config.heads if self.kind == "medusa" else None
 
     @torch.inference_mode()
     def start_logits(self, hidden: torch.Tensor, x: torch.Tensor, plen: int, depth: int) -> torch.Tensor:
@@ -292,8 +296,7 @@ class HeadDraft:
             mask[:, :m] = pos[None, :] <= own[:, None]  # the target's features up to the start's root state
             for e in range(d - 1):  # its own entries at depths 2..d (the last block: this forward's)
                 mask[starts, m + e * n + starts] = True
-            past = [(torch.cat([kv[i][0]] + [c[i][0] for c in chain], dim=2),
-                     torch.cat([kv[i][1]] + [c[i][1] for c in chain], dim=2)) for i in range(len(kv))]
+            past = concat_kv(kv, *chain)
             feats, new = self.module(prev[None], ids[None], positions[None], mask[None], past, self.embed)
             prev = feats[0]
             chain.append(new)
@@ -359,7 +362,7 @@ def _config_from(path: Path, kind: str, state: dict, target) -> HeadConfig:
     heads = int(raw.get("num_attention_heads", t.num_attention_heads))
     return HeadConfig(
         kind="eagle", hidden_size=int(raw.get("hidden_size", H)), vocab_size=int(raw.get("vocab_size", V)),
-        heads=5, layers=int(raw.get("num_hidden_layers", 1)), num_attention_heads=heads,
+        layers=int(raw.get("num_hidden_layers", 1)), num_attention_heads=heads,
         num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
         head_dim=int(raw.get("head_dim") or int(raw.get("hidden_size", H)) // heads),
         intermediate_size=int(raw.get("intermediate_size", t.intermediate_size)),
@@ -390,7 +393,7 @@ def load_heads(spec: str, target) -> HeadDraft:
     from safetensors.torch import load_file
 
     kind, _, where = spec.partition(":")
-    if kind not in HEAD_KINDS or not where.strip():
+    if not is_head_draft(spec) or not where.strip():
         raise ModelError(f"{spec!r}: write medusa:DIR or eagle:DIR (a directory or hub id)")
     path = _resolve(where.strip())
     weights = _weights_file(path, kind)

@@ -47,7 +47,6 @@ class RecordConfig:
     seed: int = 0  # base seed; each (prompt, temperature) derives its own
     batch_size: int = 1  # prompts generated together (left-padded); >1 pays off on GPU
     shard: tuple[int, int] | None = None  # (i, n): record only the prompts with index % n == i
-    hidden: tuple[str, ...] = ()  # target hidden states to store per position ("last", decoder layer numbers)
 
 
 @dataclass(frozen=True)

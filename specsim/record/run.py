@@ -17,6 +17,7 @@ from typing import Callable
 
 from specsim.cache.stats import StatsSpec
 from specsim.errors import CacheError, PromptError, ResumeMismatchError
+from specsim.specs import is_head_draft
 
 
 @dataclass(frozen=True)
@@ -108,14 +109,14 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
         "per_category": request.per_category, "sha256": prompt_set.fingerprint(), "n_prompts": len(prompt_set.prompts),
     }
     hidden = parse_hidden(request.hidden)
-    head_specs = [d for d in request.drafts if d.partition(":")[0] in ("medusa", "eagle")]
+    head_specs = [d for d in request.drafts if is_head_draft(d)]
     if head_specs and request.stats.expand is not None:
         raise CacheError(f"--expand records a draft model's EAGLE-2 expansion; head draft {head_specs[0]} is not "
                          "expanded: record it without --expand (or in a cache of its own)")
     if request.head_depth is not None and not 1 <= request.head_depth <= 16:
         raise CacheError(f"--head-depth {request.head_depth}: give 1..16")
     config = RecordConfig(max_new_tokens=request.max_new_tokens, temperatures=temperatures, seed=request.seed,
-                          batch_size=request.batch_size, shard=request.shard, hidden=hidden)
+                          batch_size=request.batch_size, shard=request.shard)
     if request.store not in ("full", "stats"):
         raise CacheError(f"--store {request.store!r}: use full (statistics and logits) or stats (statistics only)")
     if request.store == "stats" and request.top_k:
@@ -189,7 +190,7 @@ def _load(request: RecordRequest, echo):
     q_drafts = []
     for spec in request.drafts:
         echo(f"loading draft {spec} ...")
-        if spec.partition(":")[0] in ("medusa", "eagle"):
+        if is_head_draft(spec):
             from specsim.record.heads import load_heads
 
             q_drafts.append(load_heads(spec, p_target))

@@ -34,7 +34,7 @@ from specsim.errors import CacheError, ModelError
 @dataclass(frozen=True)
 class TrainConfig:
     kind: str  # "medusa" | "eagle"
-    heads: int = 4  # Medusa: heads (depths); EAGLE: the depth recorded by default for it
+    heads: int = 4  # Medusa: heads (the deepest depth drafted); EAGLE drafts autoregressively: unused
     steps: int = 300  # optimiser steps (one trajectory batch each)
     lr: float = 1e-3  # AdamW learning rate
     batch: int = 4  # trajectories per step
@@ -56,7 +56,7 @@ class TrainOutcome:
 
 
 @dataclass(frozen=True)
-class Sequence_:
+class TrainSequence:
     """One trajectory's training data."""
 
     hidden: torch.Tensor  # (n, H) float32: row t gave p_t
@@ -64,8 +64,9 @@ class Sequence_:
     start: int  # input position of row 0 (prompt length - 1)
 
 
-def load_sequences(cache, target) -> tuple[list[Sequence_], list[Sequence_]]:
-    """(training, held-out) trajectories of a cache with hidden states, checked against `target`."""
+def load_sequences(cache, target) -> list[tuple[int, TrainSequence]]:
+    """(prompt index, trajectory) of every trajectory of 2+ tokens in a cache with hidden states, checked
+    against `target`."""
     from specsim.cache.store import CacheReader
 
     with CacheReader(cache) as reader:
@@ -81,14 +82,14 @@ def load_sequences(cache, target) -> tuple[list[Sequence_], list[Sequence_]]:
             raise ModelError(f"{reader.path} stores hidden states of width {reader.spec.hidden_size}; --target "
                              f"{target.name} has hidden size {H}")
         rows = list(reader.iter_trajectories())
-        seqs = [(row.prompt_index, Sequence_(
+        return [(row.prompt_index, TrainSequence(
             hidden=torch.as_tensor(reader.hidden("last", row.start, row.stop).astype(np.float32)),
             tokens=torch.as_tensor(reader.tokens(row.start, row.stop).astype(np.int64)),
             start=len(reader.prompt_token_ids(row.prompt_index)) - 1)) for row in rows if row.length >= 2]
-    return seqs
 
 
-def split(seqs, every: int):
+def split(seqs, every: int) -> tuple[list[TrainSequence], list[TrainSequence]]:
+    """(training, held-out): every `every`-th prompt is held out."""
     train = [s for i, s in seqs if i % every != every - 1]
     held = [s for i, s in seqs if i % every == every - 1]
     if not train or not held:
@@ -103,67 +104,59 @@ def _soft_ce(logits: torch.Tensor, p_logits: torch.Tensor) -> torch.Tensor:
     return -(p * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
 
 
-def _medusa_terms(module, lm_head, seq: Sequence_):
-    """Per head: (logits of q_k at rows t, the target's logits at t + 1 + k, tokens y_{t+1+k})."""
+@dataclass(frozen=True)
+class Terms:
+    """What one trajectory's loss and held-out numbers are computed from."""
+
+    depths: list  # per depth d = 1, 2, ...: (q logits (m, V), the target's logits there (m, V), tokens y (m,))
+    regression: tuple | None = None  # EAGLE: (predicted features ĥ_{t+1}, the target's h_{t+1})
+
+
+def terms(kind: str, module, target, seq: TrainSequence) -> Terms:
+    """Medusa: head k at h_t against p_{t+1+k}. EAGLE: the layer on (h_t, embed(y_t)), teacher-forced and causal,
+    its feature against h_{t+1} and its law against p_{t+1}."""
+    lm_head = target.model.get_output_embeddings()
     h = seq.hidden.to(next(module.parameters()).device)
     y = seq.tokens.to(h.device)
     n = h.shape[0]
-    out = []
-    q_all = module(h, lm_head)  # (n, K, V)
-    for k in range(q_all.shape[1]):
-        m = n - 1 - k
-        if m <= 0:
-            break
-        with torch.no_grad():
-            p_logits = lm_head(h[1 + k :])  # (m, V)
-        out.append((q_all[:m, k], p_logits, y[1 + k :]))
-    return out
-
-
-def _eagle_terms(module, lm_head, embed, seq: Sequence_):
-    """(predicted features for rows 1..n-1, their targets h, the target's logits there, y, q logits)."""
-    h = seq.hidden.to(next(module.parameters()).device)
-    y = seq.tokens.to(h.device)
-    n = h.shape[0]
+    if kind == "medusa":
+        q_all = module(h, lm_head)  # (n, K, V)
+        depths = []
+        for k in range(min(q_all.shape[1], n - 1)):
+            with torch.no_grad():
+                p_logits = lm_head(h[1 + k :])  # (n - 1 - k, V)
+            depths.append((q_all[: n - 1 - k, k], p_logits, y[1 + k :]))
+        return Terms(depths)
     pos = torch.arange(n - 1, device=h.device) + seq.start
     causal = torch.ones(n - 1, n - 1, dtype=torch.bool, device=h.device).tril()
-    feats, _ = module(h[None, :-1], y[None, :-1], pos[None], causal[None], None, embed)
+    feats, _ = module(h[None, :-1], y[None, :-1], pos[None], causal[None], None, target.model.get_input_embeddings())
     pred = feats[0]  # (n - 1, H): ĥ_{t+1}
     with torch.no_grad():
         p_logits = lm_head(h[1:])
-    return pred, h[1:], p_logits, y[1:], lm_head(pred)
+    return Terms([(lm_head(pred), p_logits, y[1:])], regression=(pred, h[1:]))
 
 
-def _loss(kind, module, target, seq, config: TrainConfig):
-    lm_head = target.model.get_output_embeddings()
-    if kind == "medusa":
-        terms = _medusa_terms(module, lm_head, seq)
-        return sum(_soft_ce(q, p) for q, p, _ in terms) / max(1, len(terms))
-    pred, h_next, p_logits, _, q = _eagle_terms(module, lm_head, target.model.get_input_embeddings(), seq)
-    return torch.nn.functional.smooth_l1_loss(pred, h_next) + config.eagle_token_weight * _soft_ce(q, p_logits)
+def loss(t: Terms, config: "TrainConfig") -> torch.Tensor:
+    """Medusa: the mean over heads of CE(p, q). EAGLE: SmoothL1 on the features + the token loss's weight × CE."""
+    if t.regression is None:
+        return sum(_soft_ce(q, p) for q, p, _ in t.depths) / max(1, len(t.depths))
+    q, p_logits, _ = t.depths[0]
+    return torch.nn.functional.smooth_l1_loss(*t.regression) + config.eagle_token_weight * _soft_ce(q, p_logits)
 
 
 @torch.no_grad()
 def evaluate(kind, module, target, seqs, config: TrainConfig) -> dict:
     """Held-out loss, top-1 agreement with the target's token and overlap Σ min(p, q) (a one-token draft's
     acceptance at T = 1) per depth (Medusa: head k; EAGLE: depth 1, teacher-forced)."""
-    lm_head = target.model.get_output_embeddings()
     losses, hits, counts, overlap = [], {}, {}, {}
-
-    def add(d, q, p_logits, y):
-        hits[d] = hits.get(d, 0) + int((q.argmax(-1) == y).sum())
-        counts[d] = counts.get(d, 0) + int(y.shape[0])
-        both = torch.minimum(torch.softmax(q.float(), -1), torch.softmax(p_logits.float(), -1))
-        overlap[d] = overlap.get(d, 0.0) + float(both.sum())
-
     for seq in seqs:
-        losses.append(float(_loss(kind, module, target, seq, config)))
-        if kind == "medusa":
-            for k, (q, p_logits, y) in enumerate(_medusa_terms(module, lm_head, seq)):
-                add(k + 1, q, p_logits, y)
-        else:
-            _, _, p_logits, y, q = _eagle_terms(module, lm_head, target.model.get_input_embeddings(), seq)
-            add(1, q, p_logits, y)
+        t = terms(kind, module, target, seq)
+        losses.append(float(loss(t, config)))
+        for d, (q, p_logits, y) in enumerate(t.depths, start=1):
+            hits[d] = hits.get(d, 0) + int((q.argmax(-1) == y).sum())
+            counts[d] = counts.get(d, 0) + int(y.shape[0])
+            both = torch.minimum(torch.softmax(q.float(), -1), torch.softmax(p_logits.float(), -1))
+            overlap[d] = overlap.get(d, 0.0) + float(both.sum())
     return {"loss": float(np.mean(losses)), "top1": {d: hits[d] / counts[d] for d in sorted(counts)},
             "overlap": {d: overlap[d] / counts[d] for d in sorted(counts)}}
 
@@ -205,12 +198,12 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
         for step in range(config.steps):
             batch = rng.choice(len(train_seqs), size=min(config.batch, len(train_seqs)), replace=False)
             optimiser.zero_grad()
-            loss = sum(_loss(config.kind, module, target, train_seqs[i], config) for i in batch) / len(batch)
-            loss.backward()
+            total = sum(loss(terms(config.kind, module, target, train_seqs[i]), config) for i in batch) / len(batch)
+            total.backward()
             optimiser.step()
             outcome.steps = step + 1
             bar.update()
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{total.item():.3f}")
             if (step + 1) % config.save_every == 0 and step + 1 < config.steps:
                 save_heads(out, head_config, module, extra())
     except KeyboardInterrupt:

@@ -471,4 +471,3 @@ def _write_stored(reader: CacheReader, key: str, arrays: dict) -> None:
                 os.remove(path)
         except OSError:
             pass
-

@@ -37,6 +37,7 @@ import numpy as np
 
 from specsim.cache.stats import acceptance_iid, acceptance_swor
 from specsim.errors import SpecError
+from specsim.sim.engine import at_depth
 from specsim.trees import Tree
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,9 +74,8 @@ def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray, *, keyed: 
     keyed: pi is a head draft's (N, D_rec, K, ...), depth d reading [:, d - 1];
     remaining: (N,) drafts a call at t may accept. Returns (N, D, ...).
     """
-    if keyed:
-        per_depth = [pi[:, d] for d in range(pi.shape[1])]
-        pi = pi[:, 0]
+    by_depth = pi
+    pi = at_depth(pi, 1, keyed)  # the shapes of one depth's π
     n_total = pi.shape[0]
     index = sibling_index(tree)
     depths = tree.depths
@@ -94,8 +94,8 @@ def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray, *, keyed: 
         nodes = np.flatnonzero(depths == d)
         valid = valid_all[:n, d - 1].reshape((n,) + valid_shape[1:])
         parent_col = np.searchsorted(prev_nodes, tree.parents[nodes])
-        at_d = per_depth[d - 1] if keyed else pi
-        reach = prev_reach[:n, parent_col] * at_d[d - 1 :, index[nodes]] * valid[:, None]  # π at t + d − 1
+        pi_d = at_depth(by_depth, d, keyed)[d - 1 :]  # π at t + d − 1
+        reach = prev_reach[:n, parent_col] * pi_d[:, index[nodes]] * valid[:, None]
         out[:n, d - 1] = reach.sum(axis=1)
         prev_nodes, prev_reach = nodes, reach
     return out

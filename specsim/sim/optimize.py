@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from specsim.errors import SpecError
+from specsim.sim.engine import at_depth
 from specsim.trees import Tree
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -181,8 +182,9 @@ def best_first_paths(
     """The `budget` most frequent prefixes of the sequences (symbols[t], symbols[t+1], …).
 
     remaining[t] caps the prefix length at t (end of trajectory); weights[t] (default 1)
-    weights start position t; symbols (N, D) (a head draft's ranks) read column d - 1 at depth d. Returns the paths in the order found — non-increasing
-    frequency, so the first n of them are the best n — and their (weighted) counts.
+    weights start position t; symbols (N, D) (a head draft's ranks) read column d - 1 at depth d.
+    Returns the paths in the order found — non-increasing frequency, so the first n of them are
+    the best n — and their (weighted) counts.
     """
     n_total = symbols.shape[0]
     heap: list[tuple[float, int, tuple[int, ...], np.ndarray]] = []
@@ -195,7 +197,7 @@ def best_first_paths(
         live = positions[remaining[positions] > d]
         if live.size == 0:
             return
-        nxt = symbols[live + d, d] if symbols.ndim == 2 else symbols[live + d]
+        nxt = at_depth(symbols, d + 1, symbols.ndim == 2)[live + d]
         order = np.argsort(nxt, kind="stable")
         live = live[order]
         values, starts, counts = np.unique(nxt[order], return_index=True, return_counts=True)

@@ -80,7 +80,7 @@ def greedy_lengths(rank: np.ndarray, remaining: np.ndarray, tree: Tree) -> np.nd
     for d in range(2, tree.max_depth + 1):
         keep = remaining[t] >= d  # the end cap: a call at t accepts at most n-1-t drafts
         t, node = t[keep], node[keep]
-        r = rank[t + d - 1, d - 1] if keyed else rank[t + d - 1]  # rank of the token this depth proposes
+        r = at_depth(rank, d, keyed)[t + d - 1]  # rank of the token this depth proposes
         nxt = np.where(r < width, child[node, np.minimum(r, width - 1)], -1)
         keep = nxt >= 0
         t, node = t[keep], nxt[keep]
