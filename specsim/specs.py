@@ -176,6 +176,7 @@ class DraftKind:
     model_free: bool  # proposes from tokens alone: no draft column, no draft forwards, point masses
     heads: bool = False  # rides on the target's hidden states: recorded per call start and depth
     parse: str | None = None  # "module:function" building its object from the spec
+    table: str | None = None  # model-free: "module:function" replaying it (features, tree, policy, rng) -> table
 
 
 DRAFT_KINDS: dict[str, DraftKind] = {
@@ -190,10 +191,17 @@ DRAFT_KINDS: dict[str, DraftKind] = {
                        "its column in the cache, recorded per call start and depth", model_free=False, heads=True),
     "ngram": DraftKind("ngram", "ngram:N", "ngram:3",
                        "suffix matching on the last N tokens of prompt + output (SGLang's NGRAM speculator)",
-                       "nothing: tokens only", model_free=True, parse="specsim.sim.modelfree:parse_modelfree"),
+                       "nothing: tokens only", model_free=True, parse="specsim.sim.modelfree:parse_modelfree",
+                       table="specsim.sim.modelfree:modelfree_table"),
     "prompt-lookup": DraftKind("prompt-lookup", "prompt-lookup:N", "prompt-lookup:2",
                                "Hugging Face prompt lookup decoding: the last N..1 tokens matched in the context",
-                               "nothing: tokens only", model_free=True, parse="specsim.sim.modelfree:parse_modelfree"),
+                               "nothing: tokens only", model_free=True, parse="specsim.sim.modelfree:parse_modelfree",
+                               table="specsim.sim.modelfree:modelfree_table"),
+    "suffix": DraftKind("suffix", "suffix[:depth=24,factor=1,offset=0,prob=0.1,requests=10000]", "suffix",
+                        "SuffixDecoding (vLLM, ArcticInference): suffix trees over the prompt and earlier outputs, "
+                        "frequency-ranked, sized by the match length",
+                        "nothing: tokens only (earlier outputs in cache order)", model_free=True,
+                        parse="specsim.sim.suffix:parse_suffix", table="specsim.sim.suffix:suffix_table"),
 }
 
 

@@ -84,7 +84,7 @@ def test_trie_properties(context, tree, spec):
 
 
 @pytest.mark.parametrize("text, message", [("ngram", "N must be at least 1"), ("ngram:x", "integer"),
-                                           ("suffix:3", "not a model-free draft"), ("prompt-lookup:0", "at least 1")])
+                                           ("suffix:3", "not an n-gram or prompt-lookup draft"), ("bigram:3", "not an n-gram"), ("prompt-lookup:0", "at least 1")])
 def test_parse_errors(text, message):
     with pytest.raises(SpecError, match=message):
         parse_modelfree(text)
@@ -140,3 +140,27 @@ def test_modelfree_table_direct_call_counts_drafted_candidates(periodic_cache):
     table = modelfree_table(features, parse_tree("kary:2,2"), parse_policy("greedy"), None)
     assert table.drafted.max() <= 6 and table.drafted.min() >= 0
     assert isinstance(parse_modelfree("ngram:3"), ModelFreeDraft)
+
+
+def test_model_free_calls_are_priced_by_the_nodes_they_proposed(periodic_cache):
+    """Live verification sends the target only the proposed nodes: a call that matched nothing costs a
+    plain step, not a full tree."""
+    from specsim.sim.api import Pricing
+
+    class PerToken:  # verifying N tokens costs N seconds
+        measured = True
+
+        def verify_s(self, batch, tokens, context):
+            return np.broadcast_to(np.asarray(tokens, dtype=float), np.shape(context)).copy()
+
+        def plain_s(self, batch, context):
+            return self.verify_s(batch, 1, context)
+
+    features = load_features(periodic_cache, "ngram:2", 0.0, progress=False)
+    tree = parse_tree("chain:3")
+    table = run_policy(features, tree, parse_policy("greedy"), np.random.default_rng(0))
+    pricing = Pricing(PerToken(), None, "per token")
+    call, plain, _ = pricing.priced(features, tree, drafted=table.drafted)
+    np.testing.assert_array_equal(call, 1 + table.drafted)
+    np.testing.assert_array_equal(plain, 1.0)
+    assert (table.drafted == 0).any() and (table.drafted == 3).any()  # both kinds of calls occur

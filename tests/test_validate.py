@@ -141,3 +141,17 @@ def test_validate_on_the_packaged_model(tmp_path):
                        "--policy", "sample", "--repeats", "2", "--device", "cpu")
     assert result.exit_code == 0, result.output
     assert result.output.count("PASS") == 8  # 2 drafts x (2 greedy trees + 2 sampling trees)
+
+
+def test_suffix_draft_validates_call_for_call(tiny_cache, tmp_path):
+    """The global tree carries earlier outputs: live decodes the prompts in cache order, one at a time."""
+    steps = tmp_path / "steps.csv"
+    result = _validate(str(tiny_cache), "--tree", "chain:3", "--tree", "widths:2,1", "--draft", "suffix:prob=0",
+                       "--steps-out", str(steps))
+    assert result.exit_code == 0, result.output
+    assert result.output.count("PASS") == 2 and "output = cached trajectory" in result.output
+    frame = pl.read_csv(steps)
+    assert (frame["live"] == frame["simulated"]).all()  # (the tiny model's outputs do not repeat; the
+    # live test with acceptances is tests/test_suffix.py::test_live_engine_equals_the_replay_call_for_call)
+    batched = _validate(str(tiny_cache), "--tree", "chain:3", "--draft", "suffix", "--batch", "2")
+    assert batched.exit_code != 0 and "one request at a time (--batch 1)" in batched.output

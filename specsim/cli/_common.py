@@ -86,14 +86,16 @@ def seed_option(fn: Callable) -> Callable:
 
 def _split(values: Sequence[str], *, specs: bool = False) -> list[str]:
     """Items of repeated, comma-separated values; with specs=True numeric fragments stay with their spec
-    (typical:0.09,0.3 is one policy)."""
+    (typical:0.09,0.3 is one policy). A key=value fragment always stays with its spec
+    (suffix:factor=2,prob=0.1 is one draft)."""
     out: list[str] = []
     for value in [values] if isinstance(values, str) else values:
         for part in str(value).split(","):
             part = part.strip()
             if not part:
                 continue
-            if specs and out and ":" in out[-1] and _numeric(part):
+            keyed = "=" in part and ":" not in part
+            if out and ":" in out[-1] and (keyed or (specs and _numeric(part))):
                 out[-1] += "," + part
             else:
                 out.append(part)

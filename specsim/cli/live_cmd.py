@@ -51,7 +51,7 @@ def footer(df, run) -> str:
 @click.option("--target", required=True, help="Target model: packaged short name, GGUF file, HF directory or hub id.")
 @click.option("--draft", required=True,
               help="Draft: a model spec like --target, layers:K, int8 (derived from the target), or ngram:N / "
-                   "prompt-lookup:N (model-free).")
+                   "prompt-lookup:N / suffix[:depth=24,factor=1,prob=0.1] (model-free; suffix decodes --batch 1).")
 @click.option("--prompts", default="spec-bench", show_default=True,
               help="'spec-bench', or a JSONL file (turns/prompt/text field, optional category) or a text file.")
 @click.option("--categories", multiple=True, callback=c.names, help="Only these categories (comma-separated or repeated).")

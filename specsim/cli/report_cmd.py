@@ -34,7 +34,7 @@ from specsim.cli import _common as c
 @click.option("--sample-families", default="chain,optimal", show_default=True, callback=c.specs,
               help="Tree families simulated with speculative sampling at T>0 (each branching tree streams "
                    "the cache's full distributions once: add kary:2,widths when you can wait).")
-@click.option("--model-free", default="ngram:3,prompt-lookup:2", show_default=True, callback=c.names,
+@click.option("--model-free", default="ngram:3,prompt-lookup:2,suffix", show_default=True, callback=c.names,
               help="Model-free drafts simulated as chains at T=0 ('' for none).")
 @click.option("--multi-draft", type=click.Choice(["iid", "swor"]), default="iid", show_default=True,
               help="How sampling trees draw sibling candidates.")

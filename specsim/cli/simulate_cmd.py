@@ -16,8 +16,8 @@ from specsim.cli import _common as c
                    "or a family expanded over --budget: chain, optimal, kary:W. Repeatable (specs contain commas). "
                    "`specsim trees` lists them.")
 @click.option("--draft", "drafts", multiple=True, metavar="NAME", callback=c.names,
-              help="Recorded draft column, or model-free ngram:N / prompt-lookup:N. Repeatable or comma-separated. "
-                   "Default: every recorded draft.")
+              help="Recorded draft column, or model-free ngram:N / prompt-lookup:N / suffix[:k=v,...]. "
+                   "Repeatable or comma-separated. Default: every recorded draft.")
 @click.option("--policy", "policies", multiple=True, metavar="POLICY", callback=c.specs,
               help="greedy (T=0) | sample (T>0) | p>=q | p>=lq:L | typical[:eps,delta] | adaptive-hf | "
                    "adaptive-history[:hi,lo]. Repeatable or comma-separated.  [default: greedy]")

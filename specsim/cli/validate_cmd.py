@@ -17,7 +17,8 @@ from specsim.cli import _common as c
               help="greedy: per-call agreement on the T=0 trajectories; sample: CI overlap at each recorded T>0. "
                    "Repeatable or comma-separated.  [default: greedy]")
 @click.option("--draft", "drafts", multiple=True, metavar="NAME", callback=c.names,
-              help="Recorded draft column (or ngram:N / prompt-lookup:N), repeatable or comma-separated. "
+              help="Recorded draft column (or model-free ngram:N / prompt-lookup:N / suffix[:k=v,...]), "
+                   "repeatable or comma-separated. "
                    "Default: every recorded draft.")
 @click.option("--temperature", "temperatures", multiple=True, metavar="T", callback=c.numbers(float, minimum=0),
               help="Recorded T>0 to check under --policy sample. Default: every recorded T>0.")

@@ -31,6 +31,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
+from specsim.errors import SpecError
 from specsim.live.kv import SlotKV
 from specsim.trees import Tree
 from specsim.verify import sample_candidates
@@ -62,6 +63,9 @@ class Drafter(Protocol):
                 eos: set[int]) -> Proposal: ...
 
     def accept(self, paths: Sequence[Sequence[int]]) -> None: ...
+
+    # Optional: `begin()` before a decoding run, `finish(committed)` when a request ends (prompt + output),
+    # for drafters that learn from earlier requests (suffix); `needs_hidden` for head drafts.
 
 
 def probabilities(logits: torch.Tensor, temperature: float) -> np.ndarray:
@@ -283,6 +287,11 @@ class ModelFreeDrafter:
         from specsim.sim.modelfree import tree_tokens
 
         tokens = np.stack([tree_tokens(np.asarray(c, dtype=np.int64), self.draft, tree) for c in committed])
+        return self._proposal(tokens, committed, tree, rooms, eos)
+
+    @staticmethod
+    def _proposal(tokens, committed, tree, rooms, eos) -> Proposal:
+        """Point masses on the nodes with a candidate (−1: none), within each request's room and above EOS."""
         valid = (tokens >= 0) & allowed(tree, rooms)  # -1: no candidate
         valid[:, 0] = True
         tokens[:, 0] = [c[-1] for c in committed]
@@ -291,3 +300,49 @@ class ModelFreeDrafter:
 
     def accept(self, paths) -> None:
         pass
+
+
+class SuffixDrafter(ModelFreeDrafter):
+    """suffix[:...]: SuffixDecoding's prompt and global suffix trees (`specsim.sim.suffix`), one request at a time.
+
+    The global tree holds the outputs decoded earlier in the same run, in request order,
+    as the replay holds the cache's earlier trajectories; a new run starts it empty.
+    """
+
+    def __init__(self, spec: str):
+        from specsim.sim.suffix import SuffixSpeculator, parse_suffix
+
+        self.draft = parse_suffix(spec)
+        self.name = self.draft.name
+        self._new = lambda: SuffixSpeculator(self.draft)
+        self.speculator = self._new()
+
+    def begin(self) -> None:
+        """A new decoding run: no earlier outputs."""
+        self.speculator = self._new()
+
+    def start(self, prompts) -> None:
+        if len(prompts) != 1:
+            raise SpecError(ONE_AT_A_TIME)
+        self.speculator.start(np.asarray(prompts[0], dtype=np.int64))
+
+    def join(self, prompts) -> None:
+        raise SpecError(ONE_AT_A_TIME)
+
+    def finish(self, committed) -> None:
+        """A request ended with prompt + output = `committed`."""
+        self.speculator.finish(np.asarray(committed, dtype=np.int64))
+
+    def drop(self, keep) -> None:
+        if len(keep):
+            raise SpecError(ONE_AT_A_TIME)
+
+    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs, eos) -> Proposal:
+        if len(committed) != 1:
+            raise SpecError(ONE_AT_A_TIME)
+        tokens = np.array(self.speculator.propose(np.asarray(committed[0], dtype=np.int64), tree))[None, :]
+        return self._proposal(tokens, committed, tree, rooms, eos)
+
+
+ONE_AT_A_TIME = ("suffix drafts decode one request at a time (--batch 1): each request's global tree holds "
+                 "the outputs of the requests before it")

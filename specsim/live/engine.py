@@ -246,6 +246,8 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[np.ndarray
     if needs_hidden and any(p.size < 2 for p in prompts):
         raise SpecError("head drafts need prompts of at least two tokens (the root's predecessor state)")
     target.kv.keep_hidden = needs_hidden
+    if hasattr(drafter, "begin"):  # drafters that learn from earlier requests start this run afresh
+        drafter.begin()
     run = DecodeRun(decoded=[None] * len(prompts))
     queue = list(range(len(prompts)))
     active: list[_Active] = []
@@ -266,6 +268,9 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[np.ndarray
                 started = time.perf_counter()
                 keep = np.array([k for k, a in enumerate(active) if not a.done], dtype=np.int64)
                 target.kv.drop(keep)
+                if hasattr(drafter, "finish"):
+                    for a in done:
+                        drafter.finish(a.committed)
                 if drafter is not None:
                     drafter.drop(keep)
                 leaving = time.perf_counter() - started

@@ -213,10 +213,12 @@ def steps_frame(run: LiveRun) -> pl.DataFrame:
 def build_drafter(spec: str, target, *, device: str, dtype: str):
     """A drafter from a draft spec: ngram:N / prompt-lookup:N, medusa:DIR / eagle:DIR (heads on the target), or a
     model (`load_draft`: layers:K, int8, ...)."""
-    from specsim.live.drafting import ModelDrafter, ModelFreeDrafter
-    from specsim.specs import is_head_draft, is_model_free
+    from specsim.live.drafting import ModelDrafter, ModelFreeDrafter, SuffixDrafter
+    from specsim.specs import draft_kind, is_head_draft, is_model_free
     from specsim.record.models import load_draft
 
+    if draft_kind(spec).name == "suffix":
+        return SuffixDrafter(spec)
     if is_model_free(spec):
         return ModelFreeDrafter(spec)
     if is_head_draft(spec):

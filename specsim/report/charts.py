@@ -22,7 +22,7 @@ import altair as alt
 import polars as pl
 
 ALL = "all"
-FAMILY_ORDER = ["chain", "kary:2", "widths", "optimal", "dynamic", "ngram:3", "prompt-lookup:2"]
+FAMILY_ORDER = ["chain", "kary:2", "widths", "optimal", "dynamic", "ngram:3", "prompt-lookup:2", "suffix"]
 FAMILY_TITLE = "tree family"
 WIDTH, HEIGHT = 230, 160  # one facet panel, in pixels
 FACET_COLUMNS = 3  # panels per row

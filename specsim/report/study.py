@@ -45,7 +45,7 @@ class StudyConfig:
     # families at T>0: a branching sampling tree streams every full distribution of the cache once per
     # configuration (minutes at a 49k vocabulary), so the default keeps to chains and the optimal tree
     sample_families: tuple[str, ...] = ("chain", "optimal")
-    model_free: tuple[str, ...] = ("ngram:3", "prompt-lookup:2")  # drafts that need no model (chains, T=0)
+    model_free: tuple[str, ...] = ("ngram:3", "prompt-lookup:2", "suffix")  # drafts that need no model (chains, T=0)
     draw_budgets: tuple[int, ...] = (4, 8, 16)  # budgets whose data-optimal trees are drawn (T=0)
     sample_draw_budgets: tuple[int, ...] = (4, 16)  # the same at T>0, where each fit streams the distributions
     multi_draft: str = "iid"  # candidate drawing of sampling trees: "iid" (SpecInfer) or "swor"

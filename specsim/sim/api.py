@@ -263,13 +263,26 @@ class Pricing:
             return Pricing(None, None, f"none: {exc}")
         return self
 
-    def priced(self, features: Features, tree: Tree, batch: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(call cost, plain step cost, extra cost after a full acceptance) at every position."""
+    def priced(self, features: Features, tree: Tree, batch: int = 1,
+               drafted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(call cost, plain step cost, extra cost after a full acceptance) at every position.
+
+        `drafted` (N,): the nodes each call proposed, for a model-free draft at batch 1, which
+        verifies only those (an n-gram or suffix match fills part of the tree, or none of it; the
+        live engine, like vLLM's variable-length drafts, sends the target only what was proposed).
+        """
         from specsim.sim.cost import tree_by_room
 
         model, N = self.model, features.n_positions
         contexts = features.contexts()
         model_draft = self.draft_key is not None
+        if drafted is not None and not model_draft and batch == 1:
+            tokens = 1 + np.asarray(drafted, dtype=np.int64)
+            call = np.zeros(N)
+            for k in np.unique(tokens):
+                idx = np.flatnonzero(tokens == k)
+                call[idx] = model.verify_s(batch, int(k), contexts[idx])
+            return call, model.plain_s(batch, contexts), None
         shapes = tree_by_room(tree, model_draft=model_draft)
         cut = np.minimum(features.room(), tree.max_depth)
         call = np.zeros(N)
@@ -290,6 +303,11 @@ class Pricing:
             ok[ok] &= cut[nxt[ok]] >= 1
             full = np.where(ok, extra[np.minimum(nxt, N - 1)], 0.0)
         return call, model.plain_s(batch, contexts), full
+
+
+def _proposed(features: Features, table) -> np.ndarray | None:
+    """The nodes each call proposed, where pricing verifies only those: model-free drafts."""
+    return table.drafted if features.model_free and isinstance(table, AcceptanceTable) else None
 
 
 def _skip_line(features: Features, policy: PolicySpec, spec: str, exc: Exception) -> str:
@@ -355,7 +373,7 @@ def _cross_fit(features: Features, policy: PolicySpec, pricing: Pricing, specs: 
             rng = np.random.default_rng([seed, f, zlib.crc32(spec.encode())])
             table = run_policy(held, tree, policy, rng, here if here.model is not None else None)
             if here.model is not None:
-                call, plain, full = here.priced(held, tree)
+                call, plain, full = here.priced(held, tree, drafted=_proposed(held, table))
                 stats = walk(table, held, call, plain_cost=plain, full_accept_cost=full)
             else:
                 stats = walk(table, held)
@@ -411,7 +429,7 @@ def _configuration(features: Features, tree: Tree, policy: PolicySpec, pricing: 
     table = result if isinstance(result, AcceptanceTable) else None
     if table is not None:
         if pricing.model is not None:
-            call, plain, full = pricing.priced(features, tree)
+            call, plain, full = pricing.priced(features, tree, drafted=_proposed(features, table))
             stats = walk(table, features, call, plain_cost=plain, full_accept_cost=full)
         else:
             stats = walk(table, features)
@@ -552,7 +570,7 @@ def speed_of(features: Features, tree: Tree, policy: PolicySpec, pricing: Pricin
     result = run_policy(features, tree, policy, rng, pricing)
     if not isinstance(result, AcceptanceTable):
         raise SpecError(f"{policy.label} is not a fixed tree; speed_of prices fixed trees")
-    call, plain, full = pricing.priced(features, tree)
+    call, plain, full = pricing.priced(features, tree, drafted=_proposed(features, result))
     stats = walk(result, features, call, plain_cost=plain, full_accept_cost=full)
     row = summarize_many([stats], features, by_category=False, n_boot=n_boot, seed=seed)[0][0]
     if batch == 1:

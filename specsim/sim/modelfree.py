@@ -50,8 +50,8 @@ def parse_modelfree(text: str) -> ModelFreeDraft:
 
     kind, sep, arg = str(text).strip().partition(":")
     kind = kind.strip().lower()
-    if not draft_kind(kind).model_free:
-        raise SpecError(f"{text!r} is not a model-free draft; use {model_free_help()}")
+    if draft_kind(kind).table != "specsim.sim.modelfree:modelfree_table":
+        raise SpecError(f"{text!r} is not an n-gram or prompt-lookup draft; model-free drafts: {model_free_help()}")
     try:
         n = int(arg) if sep else 0
     except ValueError:

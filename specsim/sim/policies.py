@@ -159,7 +159,9 @@ def run_policy(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator,
     if features.model_free:
         if not spec.lossless:
             raise SpecError(f"policy {spec.label} compares p with q; model-free draft {features.draft} has no q")
-        return _function("specsim.sim.modelfree:modelfree_table")(features, tree, spec, rng)
+        from specsim.specs import draft_kind
+
+        return _function(draft_kind(features.draft).table)(features, tree, spec, rng)
     return _function(spec.kind.function)(features, tree, spec, rng)
 
 
