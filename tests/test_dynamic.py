@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -203,3 +204,31 @@ def test_rows_of_dynamic_trees(tmp_path, pair):
         "tokens_per_call"] - 1e-12
     assert g["dynamic:topk=2,depth=3,tokens=6"]["budget"] == 6 and g["dynamic:topk=2,depth=3,tokens=6"]["depth"] == 3
     assert "speedup_assumed" in df.columns
+
+
+def test_report_compares_dynamic_optimal_and_chain_at_equal_budgets(tmp_path, pair):
+    """The report's section: the same numbers as the simulated rows, per budget, greedy and sampling."""
+    from specsim.report.findings import equal_budget, findings
+    from specsim.report.html import write_report
+    from specsim.report.study import StudyConfig, run_study, study_tables
+
+    target, draft = pair
+    prompts = random_prompts(VOCAB, 1, 8, seed=2)
+    cache = record_dynamic_cache(tmp_path / "d.h5", target, draft, prompts, 16, topk=2, depth=3)
+    config = StudyConfig(budgets=(1, 2, 4), families=("chain", "optimal"), model_free=(), draw_budgets=(),
+                         sample_draw_budgets=(), n_boot=50, cost="c=0.1")
+    study = run_study([cache], config, progress=False)
+    table = equal_budget(study.results)
+    assert set(table["setting"]) == {"T=0 greedy", "T=1 sample"} and set(table["budget"]) == {1, 2, 4}
+    rows = study.results.filter(pl.col("category") == "all")
+    for r in table.iter_rows(named=True):
+        for fam in ("chain", "optimal", "dynamic"):
+            same = rows.filter((pl.col("family") == fam) & (pl.col("budget") == r["budget"])
+                               & (pl.col("temperature") == (0.0 if r["setting"].startswith("T=0 ") else 1.0)))
+            assert same.height == 1 and r[f"{fam}_tokens_per_call"] == same["tokens_per_call"][0]
+            assert r[f"{fam}_speedup_assumed"] == same["speedup_assumed"][0]
+    said = [f for f in findings(study.results, study.theory, study.cost_basis) if f.startswith("Dynamic vs static")]
+    assert len(said) == 2 and "4 verified: chain" in said[0] and "dynamic" in said[0]
+    assert "trees_at_equal_budget" in study_tables(study)
+    page = write_report(study, tmp_path / "report", progress=False).read_text()
+    assert "Chain vs data-optimal static vs dynamic trees at equal budgets" in page

@@ -96,3 +96,14 @@ def test_live_dynamic_decoding_matches_the_replay_call_for_call(expanded_cache, 
         assert live.tokens.tolist() == expected.tolist()
         assert live.target_calls == row["target_calls"]
         assert all(s.drafted <= tokens for s in live.steps)
+
+
+def test_inspect_names_the_recorded_expansion(expanded_cache):
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+
+    path, _ = expanded_cache
+    result = CliRunner().invoke(main, ["inspect", str(path), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "expansion  EAGLE-2 draft expansion topk=" in result.output and "replays dynamic:topk=" in result.output

@@ -216,3 +216,11 @@ def test_the_page_fits_a_laptop_window_and_every_chart_decodes(report_dir):
     probe_result = json.loads(found.group(1).replace("&quot;", '"'))
     assert probe_result["images"] >= 6 and probe_result["broken"] == 0
     assert probe_result["overflow"] <= 0 and not probe_result["wide"], probe_result
+
+
+def test_the_report_compares_chain_and_optimal_at_equal_budgets_without_an_expansion(report_dir):
+    text = (report_dir / "index.html").read_text(encoding="utf-8")
+    assert "Chain vs data-optimal static vs dynamic trees at equal budgets" in text
+    assert "No cache recorded a draft expansion" in text
+    table = pl.read_csv(report_dir / "tables" / "trees_at_equal_budget.csv")
+    assert set(table["budget"]) == {1, 2, 4} and table["optimal_tokens_per_call"].is_not_null().all()

@@ -64,6 +64,11 @@ def inspect(file: Path, quiet: bool) -> None:
         click.echo(f"tokenizer  sha256 {str(meta.get('tokenizer_sha256', '?'))[:16]}")
         if spec.hidden:
             click.echo(f"hidden     target hidden states {', '.join(spec.hidden)} (width {spec.hidden_size}, float16)")
+        expansion = spec.stats.expansion if spec.stats is not None and spec.stats.expand is not None else None
+        if expansion is not None:
+            click.echo(f"expansion  EAGLE-2 draft expansion {expansion.label} ({expansion.candidates} candidates per "
+                       f"position): replays dynamic:topk={expansion.topk},depth<={expansion.depth},"
+                       f"tokens<={expansion.candidates}")
         settings, versions = meta.get("settings", {}), meta.get("versions", {})
         click.echo(
             f"run        seed {settings.get('seed', '?')}, max_new_tokens {settings.get('max_new_tokens', '?')}, "

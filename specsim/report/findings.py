@@ -61,6 +61,58 @@ def _shape_findings(results: pl.DataFrame) -> list[str]:
     return out
 
 
+EQUAL_BUDGET = ("chain", "optimal", "dynamic")  # the trees compared at equal verified-token budgets
+
+
+def equal_budget(results: pl.DataFrame) -> pl.DataFrame:
+    """Chain vs the data-optimal static tree vs the dynamic (EAGLE-2) tree at each budget (category all).
+
+    One row per cache × pair × setting × budget (draft tokens verified per call); per family its
+    tokens per call with the 95% interval and, where costs were given, its speedup. Pairs with
+    fewer than two of the families are left out.
+    """
+    rows = with_setting(results.filter((pl.col("category") == ALL) & pl.col("family").is_in(EQUAL_BUDGET)))
+    if rows.is_empty():
+        return pl.DataFrame()
+    metric = speed_metric(rows)
+    out = []
+    for (cache, pair, setting, budget), at in rows.group_by("cache_name", "pair", "setting", "budget",
+                                                            maintain_order=True):
+        if at["family"].n_unique() < 2:
+            continue
+        row = {"cache_name": cache, "pair": pair, "setting": setting, "budget": budget}
+        for fam in EQUAL_BUDGET:
+            hit = at.filter(pl.col("family") == fam)
+            r = hit.row(0, named=True) if hit.height else {}
+            row[f"{fam}_tokens_per_call"] = r.get("tokens_per_call")
+            row[f"{fam}_lo"], row[f"{fam}_hi"] = r.get("tokens_per_call_lo"), r.get("tokens_per_call_hi")
+            if metric is not None:
+                row[f"{fam}_{metric}"] = r.get(metric)
+        out.append(row)
+    if not out:
+        return pl.DataFrame()
+    table = pl.DataFrame(out, infer_schema_length=None)
+    numbers = [c for c in table.columns if c.startswith(EQUAL_BUDGET)]  # a family absent everywhere: all null
+    return table.with_columns(pl.col(numbers).cast(pl.Float64)).sort("cache_name", "pair", "setting", "budget")
+
+
+def _equal_budget_findings(results: pl.DataFrame) -> list[str]:
+    table = equal_budget(results)
+    if table.is_empty() or table["dynamic_tokens_per_call"].drop_nulls().is_empty():
+        return []
+    out = []
+    for (pair, setting), group in table.group_by("pair", "setting", maintain_order=True):
+        parts = []
+        for r in group.filter(pl.col("dynamic_tokens_per_call").is_not_null()).iter_rows(named=True):
+            shown = [f"{fam} {_f(r[f'{fam}_tokens_per_call'])}"
+                     + _ci({"tokens_per_call_lo": r[f"{fam}_lo"], "tokens_per_call_hi": r[f"{fam}_hi"]})
+                     for fam in EQUAL_BUDGET if r[f"{fam}_tokens_per_call"] is not None]
+            parts.append(f"{r['budget']} verified: " + ", ".join(shown))
+        out.append(f"Dynamic vs static trees for {pair} at {setting} (tokens per target call): " + "; ".join(parts)
+                   + ".")
+    return out
+
+
 def _diminishing(results: pl.DataFrame) -> list[str]:
     out = []
     best = best_per_budget(results)
@@ -225,6 +277,7 @@ def grouped_findings(results: pl.DataFrame, theory: pl.DataFrame, basis: dict[st
         ("Best draft budget per batch size", _batches(batch if batch is not None else pl.DataFrame())),
         ("Drafts compared", _pairs(results)),
         ("Tree shapes", _shape_findings(results)),
+        ("Dynamic vs static trees at equal budgets", _equal_budget_findings(results)),
         ("Diminishing returns", _diminishing(results)),
         ("Prompt categories", _categories(results)),
         ("Theory vs simulation", _theory(theory)),

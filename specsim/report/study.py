@@ -429,8 +429,13 @@ def study_tables(study: Study) -> dict[str, pl.DataFrame]:
     if not study.batch.is_empty():
         tables["batch"] = study.batch
     if not study.results.is_empty():
+        from specsim.report.findings import equal_budget
+
         tables["results"] = study.results.drop("depth_accept")
         tables["depth_acceptance"] = per_depth(study.results)
+        compared = equal_budget(study.results)
+        if not compared.is_empty():
+            tables["trees_at_equal_budget"] = compared
     if study.attention is not None:
         tables["attention"] = study.attention
     return tables
