@@ -177,6 +177,7 @@ class DraftKind:
     heads: bool = False  # rides on the target's hidden states: recorded per call start and depth
     parse: str | None = None  # "module:function" building its object from the spec
     table: str | None = None  # model-free: "module:function" replaying it (features, tree, policy, rng) -> table
+    one_pass: bool = False  # drafts a whole tree in one forward per call (Medusa: every head at the root's state)
 
 
 DRAFT_KINDS: dict[str, DraftKind] = {
@@ -185,7 +186,8 @@ DRAFT_KINDS: dict[str, DraftKind] = {
                        "its column in the cache", model_free=False),
     "medusa": DraftKind("medusa", "medusa:DIR_OR_HUB_ID", "medusa:heads/medusa",
                         "Medusa heads on the target's last hidden state (one head per depth, top-k trees)",
-                        "its column in the cache, recorded per call start and depth", model_free=False, heads=True),
+                        "its column in the cache, recorded per call start and depth", model_free=False, heads=True,
+                        one_pass=True),
     "eagle": DraftKind("eagle", "eagle:DIR_OR_HUB_ID", "eagle:heads/eagle",
                        "an EAGLE-1/2 draft layer on the target's features, autoregressive over its own",
                        "its column in the cache, recorded per call start and depth", model_free=False, heads=True),
@@ -217,6 +219,11 @@ def is_model_free(spec: str) -> bool:
 def is_head_draft(spec: str) -> bool:
     """Medusa / EAGLE heads (`medusa:DIR`, `eagle:DIR`): loaded onto the target, one law per call start and depth."""
     return draft_kind(spec).heads
+
+
+def drafts_in_one_pass(spec: str | None) -> bool:
+    """Whether a draft fills any tree with one forward per call (Medusa), not one per tree level."""
+    return spec is not None and draft_kind(spec).one_pass
 
 
 def parse_draft(spec: str):

@@ -230,3 +230,45 @@ def test_inspect_names_head_drafts_and_hidden_states(heads_cache):
     assert f"{drafts[0]} (heads" in out and "laws per call start and depth 1..3" in out
     assert "hidden     target hidden states last (width 64, float16)" in out
     assert "storage full float16 logits" in out
+
+
+def test_heads_are_profiled_and_priced_as_the_engine_drafts_with_them(heads_cache, tmp_path):
+    """`profile --draft medusa:DIR --draft eagle:DIR` times the head passes; simulate prices them:
+    Medusa one pass per call, EAGLE one forward per tree level; validate sets the prediction beside live."""
+    import torch
+
+    from specsim.attention.profile import ProfileConfig, measure_cost_profile, write_profile
+    from specsim.cache.store import CacheReader
+    from specsim.record.heads import load_heads
+    from specsim.record.models import load_model
+    from specsim.sim.api import Pricing, sweep
+    from specsim.sim.cost import load_cost_profile, step_shape
+    from specsim.sim.features import load_features
+    from specsim.specs import parse_tree
+
+    torch.set_num_threads(1)
+    path, drafts, target_dir = heads_cache
+    target = load_model(target_dir)
+    config = ProfileConfig(batches=(1,), contexts=(16, 64), max_tokens=8, draft_widths=(1, 2, 3, 4), repeats=2,
+                           warmup=1)
+    body = measure_cost_profile(target, [load_heads(d, target) for d in drafts], config=config, progress=False)
+    assert set(body["draft_step_s"]) == set(drafts)
+    assert all(body["drafts"][d]["heads"] and body["drafts"][d]["architecture_sha256"] for d in drafts)
+    profile = write_profile(body, tmp_path / "heads-profile.json")
+
+    tree = parse_tree("kary:2,3")
+    assert step_shape(tree, one_pass=True).draft_levels == (1,)  # Medusa: every head at the root state
+    assert step_shape(tree).draft_levels == (1, 2, 4)  # EAGLE, like a model draft: the root, then each level
+    model = load_cost_profile(profile)
+    for draft, levels in zip(drafts, [(1,), (1, 2, 4)]):
+        features = load_features(path, draft, 0.0, progress=False)
+        with CacheReader(path) as reader:
+            pricing = Pricing.for_draft(model, reader, draft)
+        call, plain, _ = pricing.priced(features, tree)
+        full = features.room() >= tree.max_depth
+        L = features.contexts()[full]
+        expect = model.verify_s(1, tree.n_nodes, L) + sum(model.draft_s(pricing.draft_key, 1, w, L) for w in levels)
+        np.testing.assert_allclose(call[full], expect)
+    rows = sweep(path, ["kary:2,3"], drafts=list(drafts), policies=["greedy"], n_boot=0, by_category=False,
+                 cost_profile=str(profile)).rows
+    assert rows["speedup"].is_not_null().all() and rows["cost_basis"].str.contains("MEASURED").all()

@@ -142,6 +142,44 @@ class _Bench:
         return once
 
 
+class _HeadBench:
+    """A head draft at B requests and context L: Medusa's head pass at the root state, or an EAGLE layer
+    forward of w entries over a cache of L entries (random features and tokens; never committed)."""
+
+    def __init__(self, head, batch: int, context: int, rng: np.random.Generator):
+        self.head, self.B, self.L = head, batch, context
+        dev = next(head.module.parameters()).device
+        dtype = next(head.module.parameters()).dtype
+        self.gen = torch.Generator(device="cpu").manual_seed(int(rng.integers(2**31)))
+        H, self.V = head.config.hidden_size, head.config.vocab_size
+        self.rand = lambda *shape: torch.randn(*shape, generator=self.gen).to(device=dev, dtype=dtype)  # noqa: E731
+        self.ids = lambda *shape: torch.randint(0, self.V, shape, generator=self.gen).to(dev)  # noqa: E731
+        self.past = None
+        if head.kind == "eagle":
+            mask = torch.ones(context, context, dtype=torch.bool, device=dev).tril().expand(batch, -1, -1)
+            positions = torch.arange(context, device=dev).expand(batch, -1)
+            _, self.past = head.module(self.rand(batch, context, H), self.ids(batch, context), positions, mask,
+                                       None, head.embed)
+
+    def run(self, w: int, pick: Callable) -> Callable[[], None]:
+        head, B, L = self.head, self.B, self.L
+        H = head.config.hidden_size
+        if head.kind == "medusa":  # one pass of every head at the root's state, whatever the tree
+            state = self.rand(B, H)
+            return lambda: pick(head.module(state, head.lm_head))
+        dev = self.past[0][0].device
+        feats, ids = self.rand(B, w, H), self.ids(B, w)
+        positions = torch.full((B, w), L, device=dev)
+        mask = torch.cat([torch.ones(w, L, dtype=torch.bool, device=dev), torch.eye(w, dtype=torch.bool, device=dev)],
+                         dim=1).expand(B, -1, -1)
+
+        def once() -> None:
+            out, _ = head.module(feats, ids, positions, mask, self.past, head.embed)
+            pick(head.lm_head(out))
+
+        return once
+
+
 def tree_mask_honoured(model, seed: int = 0) -> bool:
     """Whether the model applies a custom 4-D mask: a sibling must not see its sibling.
 
@@ -188,8 +226,11 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
 
     from specsim.live.drafting import top_ranked
 
+    from specsim.record.heads import HeadDraft
+
     _validate(config)
-    models = [("target", target)] + [(d.name, d) for d in drafts]
+    heads = {d.name for d in drafts if isinstance(d, HeadDraft)}
+    models = [("target", target)] + [(d.name, d) for d in drafts if d.name not in heads]
     for what, m in models:
         widest = config.max_tokens if what == "target" else max(config.draft_widths)
         check_fits(m.model, config.contexts, widest, f"{what} {m.name}")
@@ -219,12 +260,13 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                 verify.setdefault(str(B), {})[str(L)] = row
                 del bench
                 for d in drafts:
-                    bench = _Bench(d.model, B, L, rng)
+                    bench = _HeadBench(d, B, L, rng) if d.name in heads else _Bench(d.model, B, L, rng)
                     row = {}
                     for w in widths:  # siblings: each sees the context and itself; their children are picked
                         pick = lambda logits: top_ranked(logits.reshape(-1, logits.shape[-1]), 1)  # noqa: E731
-                        row[str(w)] = _timed(bench.run(np.ones(w, np.int64), np.eye(w, dtype=bool), pick),
-                                             device, warmup=config.warmup, repeats=config.repeats)
+                        run = (bench.run(w, pick) if d.name in heads
+                               else bench.run(np.ones(w, np.int64), np.eye(w, dtype=bool), pick))
+                        row[str(w)] = _timed(run, device, warmup=config.warmup, repeats=config.repeats)
                         bar.update()
                     draft[d.name].setdefault(str(B), {})[str(L)] = row
                     del bench
@@ -261,6 +303,12 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
 
 
 def _model_entry(loaded) -> dict:
+    from specsim.record.heads import HeadDraft
+
+    if isinstance(loaded, HeadDraft):  # timed as the engine drafts with it (docs/design.md §3)
+        return {"name": loaded.name, "kind": loaded.kind, "heads": True,
+                **{k: loaded.info[k] for k in ("spec", "path", "params", "architecture", "architecture_sha256")
+                   if k in loaded.info}}
     keys = ("spec", "source", "sha256", "id", "revision", "n_layers", "params", "tokenizer_sha256", "architecture",
             "architecture_sha256", "layers", "quantization")
     return {"name": loaded.name, **{k: loaded.info[k] for k in keys if k in loaded.info}}

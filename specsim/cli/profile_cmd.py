@@ -12,8 +12,9 @@ from specsim.cli import _common as c
 @c.command("profile")
 @click.option("--target", required=True, help="Target model: packaged short name, GGUF file, HF directory or hub id.")
 @click.option("--draft", "drafts", multiple=True, metavar="SPEC", callback=c.names,
-              help="Draft model (repeatable): a model spec like --target, or layers:K, or int8. Model-free drafts "
-                   "(ngram, prompt-lookup) need none: they cost no draft forwards.")
+              help="Draft model (repeatable): a model spec like --target, layers:K, int8, or heads medusa:DIR / "
+                   "eagle:DIR (Medusa: one pass of every head per call; EAGLE: its layer per tree level). "
+                   "Model-free drafts (ngram, prompt-lookup, suffix) need none: they cost no draft forwards.")
 @click.option("--batch", "batches", multiple=True, metavar="B", callback=c.numbers(int, minimum=1),
               help="Batch sizes to measure (requests per step), repeatable or comma-separated, e.g. 1,4,16; every "
                    "size up to 8 is measured too.  [default: 1]")
@@ -91,7 +92,16 @@ def profile(target, drafts, batches, contexts, max_tokens, draft_widths, device,
     click.echo(f"loading target {target}" + (f" and drafts {', '.join(drafts)}" if drafts else "")
                + f" ({dtype}, {device}) ...", err=True)
     p_target = load_model(target, device=device, dtype=dtype)
-    q_drafts = [load_draft(d, p_target, device=device, dtype=dtype) for d in drafts]
+    from specsim.specs import is_head_draft
+
+    def loaded(spec: str):
+        if is_head_draft(spec):  # Medusa / EAGLE heads ride on the target: timed as the engine drafts with them
+            from specsim.record.heads import load_heads
+
+            return load_heads(spec, p_target)
+        return load_draft(spec, p_target, device=device, dtype=dtype)
+
+    q_drafts = [loaded(d) for d in drafts]
     body = measure_cost_profile(p_target, q_drafts, config=config, progress=not quiet)
     write_profile(body, out, overwrite=overwrite)
     click.echo(summary(body))

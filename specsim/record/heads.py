@@ -27,6 +27,7 @@ layouts (Medusa: `medusa_lm_head.safetensors`, keys `{k}.{j}.linear.weight|bias`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -412,8 +413,11 @@ def load_heads(spec: str, target) -> HeadDraft:
     device = target.info["device"]
     dtype = next(target.model.parameters()).dtype
     module.to(device=device, dtype=dtype).eval()
+    shape = {k: v for k, v in asdict(config).items() if k != "target"}  # what a forward's cost depends on
     info = {"source": "heads", "kind": kind, "path": str(path.resolve()), "config": asdict(config),
-            "params": sum(p.numel() for p in module.parameters()), "spec": spec, "device": device}
+            "params": sum(p.numel() for p in module.parameters()), "spec": spec, "device": device,
+            "architecture": shape,
+            "architecture_sha256": hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()}
     return HeadDraft(name=spec, kind=kind, config=config, module=module, target=target, info=info)
 
 

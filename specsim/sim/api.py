@@ -31,7 +31,7 @@ from specsim.sim.engine import AcceptanceTable, TrajectoryStats, walk
 from specsim.sim.features import Features, load_features, target_name
 from specsim.sim.metrics import ALL, summarize_many
 from specsim.sim.policies import check_temperature, run_policy
-from specsim.specs import PolicySpec, expand_trees, is_model_free, model_free_help, needs_fit, parse_policy, parse_tree
+from specsim.specs import PolicySpec, drafts_in_one_pass, expand_trees, is_model_free, model_free_help, needs_fit, parse_policy, parse_tree
 from specsim.trees import Tree
 
 def resolve_tree(spec: str, features: Features | None = None, policy: PolicySpec | None = None) -> Tree:
@@ -283,7 +283,8 @@ class Pricing:
                 idx = np.flatnonzero(tokens == k)
                 call[idx] = model.verify_s(batch, int(k), contexts[idx])
             return call, model.plain_s(batch, contexts), None
-        shapes = tree_by_room(tree, model_draft=model_draft)
+        one_pass = drafts_in_one_pass(features.draft)
+        shapes = tree_by_room(tree, model_draft=model_draft, one_pass=one_pass)
         cut = np.minimum(features.room(), tree.max_depth)
         call = np.zeros(N)
         for m, shape in enumerate(shapes):
@@ -295,7 +296,7 @@ class Pricing:
                     seconds = seconds + model.draft_s(self.draft_key, batch, w, L)
                 call[idx] = seconds
         full = None
-        if model_draft and tree.budget:  # charged where the next call starts, if it drafts at all
+        if model_draft and tree.budget and not one_pass:  # charged where the next call starts, if it drafts
             extra = model.draft_s(self.draft_key, batch, 2, contexts) - model.draft_s(self.draft_key, batch, 1, contexts)
             nxt = np.arange(N) + tree.max_depth + 1
             ends = np.repeat(features.traj_start + features.traj_len, features.traj_len)

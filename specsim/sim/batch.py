@@ -69,8 +69,9 @@ class BatchEstimate:
 class _Shapes:
     """Per-room step shapes of a tree as arrays: verify tokens and draft level widths."""
 
-    def __init__(self, tree: Tree, model_draft: bool):
-        shapes: list[StepShape] = tree_by_room(tree, model_draft=model_draft)
+    def __init__(self, tree: Tree, model_draft: bool, one_pass: bool = False):
+        shapes: list[StepShape] = tree_by_room(tree, model_draft=model_draft, one_pass=one_pass)
+        self.one_pass = one_pass
         self.depth = tree.max_depth
         self.verify = np.array([s.verify_tokens for s in shapes], dtype=np.float64)  # (D+1,)
         width = max((len(s.draft_levels) for s in shapes), default=0)
@@ -89,7 +90,9 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
     if batching not in BATCHING:
         raise ValueError(f"batching {batching!r} is not one of {BATCHING}")
     R, n_req = orders.shape
-    shapes = _Shapes(tree, model_draft=draft_key is not None and not plain)
+    from specsim.specs import drafts_in_one_pass
+
+    shapes = _Shapes(tree, model_draft=draft_key is not None and not plain, one_pass=drafts_in_one_pass(draft_key))
     room = np.minimum(features.room(), tree.max_depth)  # (N,)
     context = features.contexts()  # (N,)
     starts, lens = features.traj_start.astype(np.int64), features.traj_len.astype(np.int64)
@@ -130,7 +133,7 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
             step_s = cost_model.verify_s(np.maximum(b_act, 1), shapes.verify[m], ctx)
             for k in range(shapes.levels.shape[1]):
                 w = shapes.levels[m, k]
-                if k == 0:  # root feed: 2 tokens when some request's last call accepted a leaf
+                if k == 0 and not shapes.one_pass:  # root feed: 2 tokens when a request's last call accepted a leaf
                     w = np.where(w > 0, np.where((fed2 & active).any(axis=1), 2.0, w), 0.0)
                 run = w > 0
                 if run.any():

@@ -47,12 +47,14 @@ class StepShape:
     draft_levels: tuple[int, ...]  # width of each draft forward, root feed first; () for model-free drafts
 
 
-def step_shape(tree: Tree, *, room: int | None = None, model_draft: bool = True, root_feed: int = 1) -> StepShape:
+def step_shape(tree: Tree, *, room: int | None = None, model_draft: bool = True, root_feed: int = 1,
+               one_pass: bool = False) -> StepShape:
     """The forwards of one call drafting `tree` cut to depth <= room (what the live engine runs).
 
     The draft feeds the tokens it has not seen (`root_feed`: 1, or 2 after a call that
     accepted a leaf it never fed), then every node of depths 1 .. D'-1 that has children,
     one forward per depth (D' = the cut depth). A call that can accept nothing drafts nothing.
+    A one-pass draft (Medusa heads) drafts any tree with one forward (its entry at w = 1).
     """
     if tree.dynamic is not None:
         from specsim.sim.dynamic import dynamic_step_shape
@@ -64,14 +66,16 @@ def step_shape(tree: Tree, *, room: int | None = None, model_draft: bool = True,
     n = int((tree.depths <= depth).sum())
     if not model_draft:
         return StepShape(verify_tokens=n, draft_levels=())
+    if one_pass:
+        return StepShape(verify_tokens=n, draft_levels=(1,))
     inner = (tree.n_children > 0) & (tree.depths >= 1) & (tree.depths < depth)
     widths = np.bincount(tree.depths[inner], minlength=depth)[1:depth]
     return StepShape(verify_tokens=n, draft_levels=(int(root_feed), *[int(w) for w in widths]))
 
 
-def tree_by_room(tree: Tree, *, model_draft: bool = True) -> list[StepShape]:
+def tree_by_room(tree: Tree, *, model_draft: bool = True, one_pass: bool = False) -> list[StepShape]:
     """step_shape for room 0, 1, ..., max_depth (a deeper room is the full tree)."""
-    return [step_shape(tree, room=m, model_draft=model_draft) for m in range(tree.max_depth + 1)]
+    return [step_shape(tree, room=m, model_draft=model_draft, one_pass=one_pass) for m in range(tree.max_depth + 1)]
 
 
 @dataclass(frozen=True)
