@@ -96,3 +96,22 @@ def test_adaptive_rules_need_a_chain_and_a_model_draft(cache):
     free = load_features(cache, "ngram:2", 1.0, progress=False)
     with pytest.raises(SpecError, match="model-free"):
         adaptive_stats(free, parse_tree("chain:2"), parse_policy("adaptive-hf"), None, None)
+
+
+@pytest.mark.parametrize("rule", ["adaptive-hf", "adaptive-history", "adaptive-history:0.6,0.3"])
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_greedy_walk_equals_the_markov_walk(cache, rule, gamma):
+    """Point-mass acceptance takes the deterministic lockstep walk; it must give the forward pass's totals."""
+    from specsim.sim.adaptive import deterministic_walk, markov_walk
+
+    features = load_features(cache, "small", 0.0, progress=False)
+    beta = (features.rank == 0).astype(float)
+    assert 0 < beta.mean() < 1
+    spec = parse_policy(rule)
+    cap = max(16, 2 * gamma)
+    nxt = next_gamma_table(spec.name, cap, spec.params)
+    cost = np.random.default_rng(1).random((features.n_positions, cap + 1))
+    fast = deterministic_walk(beta, features, gamma, nxt, cost)
+    slow = markov_walk(beta, features, gamma, nxt, cost)
+    for name in ("calls", "drafted", "accepted", "cost", "reach"):
+        np.testing.assert_allclose(fast[name], slow[name], atol=1e-12, err_msg=name)
