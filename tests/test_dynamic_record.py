@@ -107,3 +107,42 @@ def test_inspect_names_the_recorded_expansion(expanded_cache):
     result = CliRunner().invoke(main, ["inspect", str(path), "--quiet"])
     assert result.exit_code == 0, result.output
     assert "expansion  EAGLE-2 draft expansion topk=" in result.output and "replays dynamic:topk=" in result.output
+
+
+@pytest.mark.parametrize("batch, batching, tokens", [(2, "lockstep", 4), (3, "continuous", 5), (4, "lockstep", 9)])
+def test_batched_live_dynamic_trees_match_the_replay_call_for_call(expanded_cache, batch, batching, tokens):
+    """Each request grows its own tree in the shared draft forwards and is verified in its own columns of
+    one target forward: every request's calls equal the replay's, as at batch 1."""
+    from specsim.live.drafting import ModelDrafter
+    from specsim.live.engine import LiveConfig, Target, decode
+    from specsim.record.models import eos_token_ids, load_model
+    from specsim.sim.api import sweep
+    from specsim.specs import parse_tree
+
+    path, draft = expanded_cache
+    spec = f"dynamic:topk=3,depth=3,tokens={tokens}"
+    replay = sweep(path, [spec], policies=["greedy"], n_boot=0, by_category=False).requests.sort("prompt_index")
+    with CacheReader(path) as reader:
+        rows = [r for r in reader.iter_trajectories() if r.temperature == 0]
+        max_new = int(reader.meta["settings"]["max_new_tokens"])
+        target_dir = reader.meta["target"]["spec"]
+        prompts = [np.asarray(reader.prompt_token_ids(r.prompt_index)) for r in rows]
+        expected = [reader.tokens(r.start, r.stop).tolist() for r in rows]
+    target = load_model(str(target_dir))
+    run = decode(Target(target.model, eos_token_ids(target)), ModelDrafter(draft.model, draft.name), prompts,
+                 [np.random.default_rng(i) for i in range(len(prompts))],
+                 LiveConfig(tree=parse_tree(spec), max_new_tokens=max_new, batch=batch, batching=batching))
+    assert max(step.batch for step in run.steps) == batch  # requests really shared steps
+    from specsim.sim.features import load_features
+    from specsim.sim.policies import run_policy
+    from specsim.specs import parse_policy
+
+    features = load_features(path, draft.name, 0.0, progress=False)
+    length = run_policy(features, parse_tree(spec), parse_policy("greedy"), np.random.default_rng(0)).length
+    for i, (decoded, want, row) in enumerate(zip(run.decoded, expected, replay.iter_rows(named=True))):
+        assert decoded.tokens.tolist() == want
+        assert decoded.target_calls == row["target_calls"]
+        start = int(features.traj_start[i])
+        assert [s.accepted for s in decoded.steps] == [int(length[start + s.start]) for s in decoded.steps]
+    accepted = [sum(s.accepted for s in d.steps) for d in run.decoded]
+    assert sum(a > 0 for a in accepted[1:]) >= 2, accepted  # requests beside the first accepted drafts

@@ -46,7 +46,8 @@ class Proposal:
     #                    swor out of support, no n-gram match)
     q_draft: dict[int, np.ndarray] | None  # node -> (B, V) float64 draft probabilities at that node (sampling
     #                                        drafts, nodes with children); None for point masses (greedy, model-free)
-    tree: Tree | None = None  # the tree of this call when the drafter grew it (dynamic trees); None: the config's
+    trees: list[Tree] | None = None  # each request's own tree when the drafter grew them (dynamic trees; tokens
+    #                                  and valid are then padded to the largest); None: the config's tree
 
 
 class Drafter(Protocol):
@@ -214,40 +215,48 @@ class ModelDrafter:
         return Proposal(tokens=tokens, valid=valid, q_draft=q_draft)
 
     def _propose_dynamic(self, committed, shape, rooms, eos) -> Proposal:
-        """EAGLE-2's tree for this call (`specsim.sim.dynamic`): the recorder's expansion at the current
-        context (`specsim.record.expand.expand`), the N best candidates kept, nodes deeper than the
-        request's room not drafted. Candidates are point masses (verified as EAGLE does at any T).
-        The tree's KV entries are dropped after the expansion; accepted tokens are fed next call."""
+        """EAGLE-2's tree for this call, one per request (`specsim.sim.dynamic`): the recorder's expansion
+        at each request's context (`specsim.record.expand.expand`, every request's beam in its own row of
+        the same D − 1 forwards), the N best candidates kept, nodes deeper than the request's room not
+        drafted. Candidates are point masses (verified as EAGLE does at any T). The trees' KV entries
+        are dropped after the expansion; accepted tokens are fed next call."""
         from specsim.record.expand import expand
         from specsim.sim.dynamic import select
 
-        if len(committed) != 1:
-            raise RuntimeError("dynamic trees decode one request at a time (each request grows its own tree)")
         if not np.array_equal(self._seen, self.kv.lengths):
             raise RuntimeError("draft cache out of step with the committed tokens")
         pending = [np.asarray(c[s:], dtype=np.int64) for c, s in zip(committed, self._seen)]
-        root_logits = self.kv.feed_chains(pending)  # (1, V)
+        root_logits = self.kv.feed_chains(pending)  # (B, V)
         self._seen = self.kv.lengths.copy()
-        out = expand(self.kv, root_logits, self.kv.lengths.copy(), topk=shape.topk, depth=shape.depth)
-        token = out["expand_token"][0].cpu().numpy()
-        parent = out["expand_parent"][0].cpu().numpy()
-        chosen = select(out["expand_score"].float().cpu().numpy(), shape)[0]
-        self.levels = [len(pending[0])] + [shape.topk] * (shape.depth - 1)
+        out = expand(self.kv, root_logits, self.kv.lengths.copy(), topk=shape.topk, depth=shape.depth, per_row=True)
+        token = out["expand_token"].cpu().numpy()
+        parent = out["expand_parent"].cpu().numpy()
+        chosen = select(out["expand_score"].float().cpu().numpy(), shape)  # (B, N)
+        self.levels = [max(len(p) for p in pending)] + [shape.topk] * (shape.depth - 1)
         # rank of a candidate among its parent's children: its column in the parent's top-K
         rank = np.concatenate([np.arange(shape.topk)] + [np.tile(np.arange(shape.topk), shape.topk)]
                               * (shape.depth - 1))
-        paths: dict[int, tuple[int, ...]] = {}
-        for i in chosen:  # ascending: parents first
-            paths[int(i)] = (paths[int(parent[i])] if parent[i] >= 0 else ()) + (int(rank[i]),)
-        tree = Tree.from_paths(list(paths.values()))
-        of_path = {p: i for i, p in paths.items()}
-        nodes = [of_path[p] for p in tree.rank_paths()[1:]]
-        tokens = np.zeros((1, tree.n_nodes), dtype=np.int64)
-        tokens[0, 0] = committed[0][-1]
-        tokens[0, 1:] = token[nodes]
-        valid = (tree.depths <= rooms[0])[None].copy()
-        self._slot = np.full(tree.n_nodes, -1, dtype=np.int64)  # nothing of the tree stays in the draft's cache
-        return Proposal(tokens=tokens, valid=cut_below_eos(tree, tokens, valid, eos), q_draft=None, tree=tree)
+        trees, rows = [], []
+        for r in range(len(committed)):
+            paths: dict[int, tuple[int, ...]] = {}
+            for i in chosen[r]:  # ascending: parents first
+                paths[int(i)] = (paths[int(parent[r, i])] if parent[r, i] >= 0 else ()) + (int(rank[i]),)
+            tree = Tree.from_paths(list(paths.values()))
+            of_path = {p: i for i, p in paths.items()}
+            nodes = [of_path[p] for p in tree.rank_paths()[1:]]
+            row = np.zeros((1, tree.n_nodes), dtype=np.int64)
+            row[0, 0] = committed[r][-1]
+            row[0, 1:] = token[r, nodes]
+            valid = (tree.depths <= rooms[r])[None].copy()
+            trees.append(tree)
+            rows.append((row[0], cut_below_eos(tree, row, valid, eos)[0]))
+        n = max(t.n_nodes for t in trees)
+        tokens = np.zeros((len(trees), n), dtype=np.int64)
+        valid = np.zeros((len(trees), n), dtype=bool)
+        for r, (row, ok) in enumerate(rows):
+            tokens[r, : row.size], valid[r, : ok.size] = row, ok
+        self._slot = np.full(n, -1, dtype=np.int64)  # nothing of the trees stays in the draft's cache
+        return Proposal(tokens=tokens, valid=valid, q_draft=None, trees=trees)
 
     def accept(self, paths: Sequence[Sequence[int]]) -> None:
         """paths[r]: accepted node ids after the root whose tokens were committed, root to leaf."""

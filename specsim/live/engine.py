@@ -79,9 +79,6 @@ class LiveConfig:
             raise SpecError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if self.batch < 1:
             raise SpecError(f"--batch must be at least 1, got {self.batch}")
-        if self.tree.dynamic is not None and self.batch != 1:
-            raise SpecError(f"{self.tree.name or 'a dynamic tree'}: live decoding grows dynamic trees one request "
-                            "at a time; use --batch 1 (simulate prices batches from the profile)")
         if self.batching not in BATCHING:
             raise SpecError(f"--batching {self.batching!r} is not one of {', '.join(BATCHING)}")
 
@@ -322,30 +319,41 @@ def _step(target: Target, drafter: Drafter | None, active: list[_Active], config
                                    temperature=config.temperature, multi_draft=config.multi_draft, rngs=rngs,
                                    eos=target.eos)
         levels = tuple(getattr(drafter, "levels", ()))
-        tree = proposal.tree if proposal.tree is not None else tree  # a dynamic tree is grown per call
     drafted_at = time.perf_counter()
-    cols = np.flatnonzero(proposal.valid.any(axis=0))  # nodes some request verifies (prefix-closed)
-    col_of = np.full(tree.n_nodes, -1, dtype=np.int64)
-    col_of[cols] = np.arange(cols.size)
-    sub_valid = proposal.valid[:, cols]  # (B, m)
-    attend = (tree.ancestor_mask()[np.ix_(cols, cols)][None] & sub_valid[:, None, :]) | np.eye(cols.size, dtype=bool)
-    logits = target.kv.forward(proposal.tokens[:, cols], tree.depths[cols], attend)  # (B, m, V)
+    trees = proposal.trees if proposal.trees is not None else [tree] * B  # dynamic: each request grew its own
+    if proposal.trees is None:  # one tree: the nodes some request verifies (prefix-closed), shared columns
+        layouts = [np.flatnonzero(proposal.valid.any(axis=0))] * B
+    else:
+        layouts = [np.flatnonzero(v) for v in proposal.valid]
+    width = max(c.size for c in layouts)
+    col_of, cols_tok = [], np.zeros((B, width), dtype=np.int64)
+    depth = np.zeros((B, width), dtype=np.int64)
+    attend = np.broadcast_to(np.eye(width, dtype=bool), (B, width, width)).copy()  # padding sees itself only
+    for r, (t, cols) in enumerate(zip(trees, layouts)):
+        k = cols.size
+        cols_tok[r, :k], depth[r, :k] = proposal.tokens[r, cols], t.depths[cols]
+        attend[r, :k, :k] |= t.ancestor_mask()[np.ix_(cols, cols)] & proposal.valid[r, cols][None, :]
+        where = np.full(t.n_nodes, -1, dtype=np.int64)
+        where[cols] = np.arange(k)
+        col_of.append(where)
+    logits = target.kv.forward(cols_tok, depth, attend)  # (B, width, V)
     greedy = config.policy == "greedy"
     top = logits.argmax(dim=-1).cpu().numpy() if greedy else None  # (B, m): first maximum = lowest id
     keeps, paths, emitted_total = [], [], 0
     for r, a in enumerate(active):
         q = proposal.q_draft
+        n = trees[r].n_nodes
         verdict = verify_tree(
-            tree, proposal.tokens[r], proposal.valid[r], policy=config.policy, multi_draft=config.multi_draft,
-            rng=a.rng,
-            top_of=(lambda node, r=r: top[r, col_of[node]]) if greedy else None,
-            p_of=None if greedy else (lambda node, r=r: probabilities(logits[r, col_of[node]], config.temperature)),
+            trees[r], proposal.tokens[r, :n], proposal.valid[r, :n], policy=config.policy,
+            multi_draft=config.multi_draft, rng=a.rng,
+            top_of=(lambda node, r=r: top[r, col_of[r][node]]) if greedy else None,
+            p_of=None if greedy else (lambda node, r=r: probabilities(logits[r, col_of[r][node]], config.temperature)),
             q_of=None if q is None else (lambda node, r=r: q[node][r]))
         emitted = [int(proposal.tokens[r, n]) for n in verdict.path] + [verdict.token]
         start = a.produced
         emitted, a.done = _finish(emitted, start, config.max_new_tokens, target.eos)
         accepted = len(emitted) - 1
-        keeps.append(col_of[[0, *verdict.path[:accepted]]])
+        keeps.append(col_of[r][[0, *verdict.path[:accepted]]])
         paths.append(verdict.path[:accepted])
         a.committed += emitted
         emitted_total += len(emitted)
@@ -364,7 +372,7 @@ def _step(target: Target, drafter: Drafter | None, active: list[_Active], config
     for a in active:
         a.steps[-1] = StepRecord(**{**a.steps[-1].__dict__, "draft_s": draft_s, "verify_s": verify_s})
         a.seconds += done_at - started
-    return EngineStep(batch=B, verified=int(cols.size), draft_levels=levels, emitted=emitted_total,
+    return EngineStep(batch=B, verified=int(width), draft_levels=levels, emitted=emitted_total,
                       draft_s=draft_s, verify_s=verify_s, seconds=done_at - started)
 
 

@@ -25,12 +25,14 @@ QUERIES_PER_FORWARD = 512  # beam tokens fed per draft forward while recording (
 
 @torch.inference_mode()
 def expand(kv: SlotKV, root_logits: torch.Tensor, first_position: np.ndarray, *, topk: int, depth: int,
-           visible: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+           visible: np.ndarray | None = None, per_row: bool = False) -> dict[str, torch.Tensor]:
     """The expansion of c positions held in row 0 of `kv`: expand_token/parent/score, (c, K + (D−1)K²).
 
     root_logits (c, V): the draft's logits at each root; first_position (c,): the position id of
     each position's depth-1 nodes; visible (c,): committed entries each position's tree sees
-    (None: all). Leaves nothing pending in `kv`.
+    (None: all). per_row=True: position i is row i's next position (c = kv.rows; live decoding
+    of a batch, one tree per request), each row's beam fed in its own row of the same forwards.
+    Leaves nothing pending in `kv`.
     """
     c = root_logits.shape[0]
     K = topk
@@ -39,21 +41,25 @@ def expand(kv: SlotKV, root_logits: torch.Tensor, first_position: np.ndarray, *,
     tokens, parents, scores = [token], [torch.full((c, K), -1, dtype=torch.long, device=dev)], [score]
     beam_tok, beam_score = token, score
     beam_idx = torch.arange(K, device=dev).expand(c, K)
-    ancestors = np.zeros((c * K, 0), dtype=bool)  # each beam node's ancestors among the fed nodes
+    groups, per_group = (c, K) if per_row else (1, c * K)  # forward rows, beam nodes per row
+    ancestors = np.zeros((groups, per_group, 0), dtype=bool)  # each beam node's ancestors among its row's fed nodes
     base = int(kv.pending)
     fed = 0
     first = np.asarray(first_position, dtype=np.int64)
     for d in range(2, depth + 1):
-        w = c * K
-        attend = np.zeros((w, fed + w), dtype=bool)
-        attend[:, :fed] = ancestors
-        attend[:, fed:] = np.eye(w, dtype=bool)
+        w = per_group
+        attend = np.zeros((groups, w, fed + w), dtype=bool)
+        attend[:, :, :fed] = ancestors
+        attend[:, :, fed:] = np.eye(w, dtype=bool)
         if base:
-            attend = np.concatenate([np.zeros((w, base), dtype=bool), attend], axis=1)
-        position = np.repeat(first + d - 2, K)  # (w,) depth d−1 nodes
-        logits = kv.forward(beam_tok.reshape(1, w).cpu().numpy(), (position - kv.lengths[0])[None], attend[None],
-                            visible=None if visible is None else np.repeat(np.asarray(visible), K)[None])
-        value, child = torch.topk(torch.log_softmax(logits[0].float(), dim=-1), K, dim=-1)  # (w, K)
+            attend = np.concatenate([np.zeros((groups, w, base), dtype=bool), attend], axis=2)
+        if per_row:
+            logits = kv.forward(beam_tok.cpu().numpy(), np.full((c, K), d - 2), attend)  # (c, K, V)
+        else:
+            position = np.repeat(first + d - 2, K)  # (w,) depth d−1 nodes
+            logits = kv.forward(beam_tok.reshape(1, w).cpu().numpy(), (position - kv.lengths[0])[None], attend,
+                                visible=None if visible is None else np.repeat(np.asarray(visible), K)[None])
+        value, child = torch.topk(torch.log_softmax(logits.reshape(c * K, -1).float(), dim=-1), K, dim=-1)
         cu = (beam_score[:, :, None] + value.view(c, K, K)).reshape(c, K * K)
         child = child.view(c, K * K)
         tokens.append(child)
@@ -63,8 +69,11 @@ def expand(kv: SlotKV, root_logits: torch.Tensor, first_position: np.ndarray, *,
         beam_score, pick = torch.topk(cu, K, dim=-1)  # (c, K) the next beam
         beam_tok = child.gather(1, pick)
         beam_idx = offset + pick
-        rows = (np.arange(c)[:, None] * K + (pick // K).cpu().numpy()).reshape(-1)  # each new node's parent row
-        ancestors = attend[rows, base:]
+        parent = (pick // K).cpu().numpy()  # (c, K) each new node's parent in the old beam
+        if per_row:
+            ancestors = attend[np.arange(c)[:, None], parent, base:]
+        else:
+            ancestors = attend[0, (np.arange(c)[:, None] * K + parent).reshape(-1), base:][None]
         fed += w
     if kv.pending:
         kv.commit([np.zeros(0, dtype=np.int64)] * kv.rows)  # forget the tree entries
