@@ -272,3 +272,76 @@ def test_heads_are_profiled_and_priced_as_the_engine_drafts_with_them(heads_cach
     rows = sweep(path, ["kary:2,3"], drafts=list(drafts), policies=["greedy"], n_boot=0, by_category=False,
                  cost_profile=str(profile)).rows
     assert rows["speedup"].is_not_null().all() and rows["cost_basis"].str.contains("MEASURED").all()
+
+
+@pytest.mark.parametrize("which, tree, batch, batching", [(1, "kary:2,2", 2, "lockstep"), (1, "chain:3", 3, "continuous"),
+                                                           (0, "kary:2,3", 3, "lockstep")])
+def test_batched_head_decoding_matches_the_replay_call_for_call(heads_cache, which, tree, batch, batching):
+    """Medusa and EAGLE heads at batch > 1 (EAGLE's own cache padded across rows): every request's output
+    and every call's accepted length equal the replay's."""
+    from specsim.cache.store import CacheReader
+    from specsim.live.engine import LiveConfig, Target, decode
+    from specsim.live.heads import head_drafter
+    from specsim.record.models import eos_token_ids, load_model
+    from specsim.sim.features import load_features
+    from specsim.sim.policies import run_policy
+    from specsim.specs import parse_policy, parse_tree
+
+    path, drafts, target_dir = heads_cache
+    draft = drafts[which]
+    features = load_features(path, draft, 0.0, progress=False)
+    length = run_policy(features, parse_tree(tree), parse_policy("greedy"), np.random.default_rng(0)).length
+    with CacheReader(path) as reader:
+        rows = [r for r in reader.iter_trajectories() if r.temperature == 0]
+        max_new = int(reader.meta["settings"]["max_new_tokens"])
+        prompts = [np.asarray(reader.prompt_token_ids(r.prompt_index)) for r in rows]
+        expected = [reader.tokens(r.start, r.stop).tolist() for r in rows]
+    target = load_model(target_dir)
+    run = decode(Target(target.model, eos_token_ids(target)), head_drafter(draft, target), prompts,
+                 [np.random.default_rng(i) for i in range(len(prompts))],
+                 LiveConfig(tree=parse_tree(tree), max_new_tokens=max_new, batch=batch, batching=batching))
+    assert max(step.batch for step in run.steps) == batch
+    for i, (decoded, want) in enumerate(zip(run.decoded, expected)):
+        assert decoded.tokens.tolist() == want
+        start = int(features.traj_start[i])
+        assert [s.accepted for s in decoded.steps] == [int(length[start + s.start]) for s in decoded.steps]
+    assert sum(s.accepted for d in run.decoded for s in d.steps) > 0
+
+
+def test_batched_eagle_laws_equal_one_request_at_a_time(heads_cache):
+    """The padded, shared EAGLE cache gives each request the draft laws it gets alone (the sampling laws
+    q at every node, compared wherever both runs drafted from the same committed tokens)."""
+    from specsim.live.engine import LiveConfig, Target, decode
+    from specsim.live.heads import head_drafter
+    from specsim.record.models import eos_token_ids, load_model
+    from specsim.specs import parse_tree
+
+    path, drafts, target_dir = heads_cache
+    target = load_model(target_dir)
+    prompts = [np.arange(5, 5 + n) * 7 % 300 for n in (6, 9, 4, 7)]
+
+    class Spy:
+        def __init__(self, inner):
+            self.inner, self.laws = inner, {}
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def propose(self, committed, *args, **kwargs):
+            proposal = self.inner.propose(committed, *args, **kwargs)
+            for r, c in enumerate(committed):
+                self.laws[tuple(int(x) for x in c)] = {v: q[r] for v, q in proposal.q_draft.items()}
+            return proposal
+
+    runs = []
+    for batch in (1, 3):
+        spy = Spy(head_drafter(drafts[1], target))
+        decode(Target(target.model, eos_token_ids(target)), spy, prompts,
+               [np.random.default_rng(i) for i in range(len(prompts))],
+               LiveConfig(tree=parse_tree("kary:2,2"), policy="sample", temperature=1.0, max_new_tokens=10,
+                          batch=batch))
+        runs.append(spy.laws)
+    common = set(runs[0]) & set(runs[1])
+    assert len(common) >= 10
+    worst = max(float(np.abs(runs[0][k][v] - runs[1][k][v]).max()) for k in common for v in runs[0][k])
+    assert worst < 1e-5, worst

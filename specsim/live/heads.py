@@ -11,7 +11,7 @@ token of the law at the parent, sampling draws the parent's children from it.
 * EAGLE: the layer keeps its own KV cache over committed entries (h_i, y_{i+1}); each call
   feeds the entries the last verification produced, then one forward per tree level on
   (parent's predicted feature, node token), each node seeing the committed entries and its
-  ancestors. Tree entries are dropped after the call. One request at a time.
+  ancestors. Tree entries are dropped after the call. A batch shares one padded cache.
 """
 
 from __future__ import annotations
@@ -22,9 +22,6 @@ import torch
 from specsim.errors import SpecError
 from specsim.live.drafting import Proposal, allowed, cut_below_eos, fill_children
 from specsim.record.heads import concat_kv, load_heads
-
-ONE_AT_A_TIME = "EAGLE heads decode one request at a time (--batch 1)"
-
 
 class MedusaDrafter:
     """Medusa heads: head d at the root's predecessor state drafts every node of depth d."""
@@ -74,7 +71,13 @@ class MedusaDrafter:
 
 
 class EagleDrafter:
-    """An EAGLE-1/2 layer with its own KV cache over committed entries; one request at a time."""
+    """An EAGLE-1/2 layer with its own KV cache over each request's committed entries, for a batch.
+
+    The cache is one (B, Hkv, M, d) tensor per layer whose entries are appended for every row
+    at once; `_real` (B, M) marks each row's committed entries (a row that fed fewer entries in
+    a call has padding there, which no query sees), `_count` (B,) their number, which is also
+    the position id of the next entry.
+    """
 
     needs_hidden = True
 
@@ -82,62 +85,86 @@ class EagleDrafter:
         self.head = head
         self.name = head.name
         self.levels: list[int] = []
-        self._past = None  # per layer (k, v) (1, Hkv, m, d) of the committed entries
-        self._m = 0  # committed entries: input indices 0..m-1
-        self._pending: torch.Tensor | None = None  # (k, H) target states whose entries are not fed yet
+        self._past = None  # per layer (k, v) (B, Hkv, M, d)
+        self._real = np.zeros((0, 0), dtype=bool)  # (B, M) committed entries of each row
+        self._count = np.zeros(0, dtype=np.int64)  # (B,) committed entries per row
+        self._pending: list[torch.Tensor] = []  # per row (k, H) target states whose entries are not fed yet
 
     def start(self, prompts, hidden) -> None:
-        if len(prompts) != 1:
-            raise SpecError(ONE_AT_A_TIME)
-        self._past, self._m, self._pending = None, 0, hidden[0]
+        self._past, self._real = None, np.zeros((len(prompts), 0), dtype=bool)
+        self._count = np.zeros(len(prompts), dtype=np.int64)
+        self._pending = list(hidden)
 
     def join(self, prompts, hidden) -> None:
-        raise SpecError(ONE_AT_A_TIME)
+        if self._past is not None:
+            self._past = [tuple(torch.cat([t, t.new_zeros((len(prompts),) + t.shape[1:])]) for t in layer)
+                          for layer in self._past]
+        self._real = np.concatenate([self._real, np.zeros((len(prompts), self._real.shape[1]), dtype=bool)])
+        self._count = np.concatenate([self._count, np.zeros(len(prompts), dtype=np.int64)])
+        self._pending += list(hidden)
 
     def drop(self, keep) -> None:
-        if len(keep):
-            raise SpecError(ONE_AT_A_TIME)
-        self._past, self._m, self._pending = None, 0, None
+        keep = np.asarray(keep, dtype=np.int64)
+        if self._past is not None:
+            idx = torch.as_tensor(keep, device=self._past[0][0].device)
+            self._past = [tuple(t[idx] for t in layer) for layer in self._past]
+        self._real, self._count = self._real[keep], self._count[keep]
+        self._pending = [self._pending[i] for i in keep]
+        if not keep.size:
+            self._past = None
 
     def _forward(self, feats, ids, positions, mask, past):
-        return self.head.module(feats[None], ids[None], positions[None], mask[None], past, self.head.embed)
+        return self.head.module(feats, ids, positions, mask, past, self.head.embed)
 
     @torch.inference_mode()
     def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs, eos) -> Proposal:
-        if len(committed) != 1:
-            raise SpecError(ONE_AT_A_TIME)
-        dev = self._pending.device
-        k = self._pending.shape[0]
-        ids = torch.as_tensor(np.asarray(committed[0][-k:], dtype=np.int64), device=dev)
-        pos = torch.arange(self._m, self._m + k, device=dev)
-        mask = torch.ones((k, self._m + k), dtype=torch.bool, device=dev)
-        mask[:, self._m :] = torch.ones(k, k, dtype=torch.bool, device=dev).tril()
-        feats, new = self._forward(self._pending, ids, pos, mask, self._past)
+        B = len(committed)
+        dev = self._pending[0].device
+        H = self._pending[0].shape[-1]
+        # 1. Feed each row's pending entries (state i with the token after it), padded to the longest.
+        ks = np.array([p.shape[0] for p in self._pending], dtype=np.int64)
+        K, M = int(ks.max()), self._real.shape[1]
+        feats = torch.zeros((B, K, H), dtype=self._pending[0].dtype, device=dev)
+        ids = np.zeros((B, K), dtype=np.int64)
+        new_real = np.arange(K)[None, :] < ks[:, None]  # (B, K)
+        for r, (p, c) in enumerate(zip(self._pending, committed)):
+            feats[r, : ks[r]] = p
+            ids[r, : ks[r]] = np.asarray(c[-ks[r]:], dtype=np.int64)
+        causal = np.tril(np.ones((K, K), dtype=bool))[None] & new_real[:, None, :]
+        causal |= np.eye(K, dtype=bool)[None]  # padding sees itself only
+        mask = np.concatenate([np.broadcast_to(self._real[:, None, :], (B, K, M)), causal], axis=2)
+        positions = self._count[:, None] + np.arange(K)[None, :]
+        out, new = self._forward(feats, torch.as_tensor(ids, device=dev), torch.as_tensor(positions, device=dev),
+                                 torch.as_tensor(mask, device=dev), self._past)
         self._past = concat_kv(self._past, new)
-        self._m += k
-        self.levels = [k]
+        self._real = np.concatenate([self._real, new_real], axis=1)
+        self._count = self._count + ks
+        self.levels = [K]
+        root_feat = out[torch.arange(B, device=dev), torch.as_tensor(ks - 1, device=dev)]  # (B, H) after each root
+        # 2. The tree, level by level: (parent's predicted feature, node token) for every row at once.
         n = tree.n_nodes
-        tokens = np.zeros((1, n), dtype=np.int64)
-        tokens[0, 0] = committed[0][-1]
+        tokens = np.zeros((B, n), dtype=np.int64)
+        tokens[:, 0] = [c[-1] for c in committed]
         valid = allowed(tree, rooms)
         sampling = policy != "greedy"
         q_draft: dict | None = {} if sampling else None
-        feature = {0: feats[0, -1]}  # node -> the predicted feature after it
-        level_logits = {0: self.head.lm_head(feats[0, -1]).float()}
+        feature = {0: root_feat}  # node -> (B, H) the predicted feature after it
+        level_logits = {0: self.head.lm_head(root_feat).float()}  # node -> (B, V)
         anc = tree.ancestor_mask()
         slot = np.full(n, -1, dtype=np.int64)  # node -> index among the tree entries fed this call
         tree_past = None
         fed = 0
         level = np.array([0])
+        committed_mask = self._real  # (B, M + K)
         while True:
             parents = level[tree.n_children[level] > 0]
             if parents.size == 0:
                 break
-            logits = torch.stack([level_logits[int(p)] for p in parents])[None]  # (1, P, V)
+            logits = torch.stack([level_logits[int(p)] for p in parents], dim=1)  # (B, P, V)
             level = fill_children(tree, parents, logits, tokens, valid, q_draft, sampling=sampling,
                                   temperature=temperature, multi_draft=multi_draft, rngs=rngs)
             valid = cut_below_eos(tree, tokens, valid, eos)
-            to_feed = np.array([v for v in level if tree.n_children[v] > 0 and valid[0, tree.children(int(v))].any()],
+            to_feed = np.array([v for v in level if tree.n_children[v] > 0 and valid[:, tree.children(int(v))].any()],
                                dtype=np.int64)
             if to_feed.size == 0:
                 break
@@ -146,17 +173,17 @@ class EagleDrafter:
             attend = np.zeros((w, fed + w), dtype=bool)
             attend[:, slot[fed_nodes]] = anc[np.ix_(to_feed, fed_nodes)]
             attend[:, fed:] = np.eye(w, dtype=bool)
-            mask = torch.cat([torch.ones((w, self._m), dtype=torch.bool, device=dev),
-                              torch.as_tensor(attend, device=dev)], dim=1)
+            mask = np.concatenate([np.broadcast_to(committed_mask[:, None, :], (B, w, committed_mask.shape[1])),
+                                   np.broadcast_to(attend[None], (B, w, fed + w))], axis=2)
             past = concat_kv(self._past, tree_past)
-            parent_feats = torch.stack([feature[int(tree.parents[v])] for v in to_feed])  # (w, H)
-            ids = torch.as_tensor(tokens[0, to_feed], device=dev)
-            positions = torch.as_tensor(self._m - 1 + tree.depths[to_feed], device=dev)
-            out, new = self._forward(parent_feats, ids, positions, mask, past)
+            parent_feats = torch.stack([feature[int(tree.parents[v])] for v in to_feed], dim=1)  # (B, w, H)
+            positions = self._count[:, None] - 1 + tree.depths[to_feed][None, :]
+            out, new = self._forward(parent_feats, torch.as_tensor(tokens[:, to_feed], device=dev),
+                                     torch.as_tensor(positions, device=dev), torch.as_tensor(mask, device=dev), past)
             tree_past = concat_kv(tree_past, new)
             for i, v in enumerate(to_feed):
-                feature[int(v)] = out[0, i]
-                level_logits[int(v)] = self.head.lm_head(out[0, i]).float()
+                feature[int(v)] = out[:, i]
+                level_logits[int(v)] = self.head.lm_head(out[:, i]).float()
             slot[to_feed] = fed + np.arange(w)
             fed += w
             self.levels.append(w)
@@ -164,7 +191,7 @@ class EagleDrafter:
         return Proposal(tokens=tokens, valid=valid, q_draft=q_draft)
 
     def accept(self, paths, hidden) -> None:
-        self._pending = hidden[0]  # states of the root and the accepted nodes: entries paired with what follows
+        self._pending = list(hidden)  # per row: states of the root and the accepted nodes, paired with what follows
 
 
 def head_drafter(spec: str, target) -> MedusaDrafter | EagleDrafter:
