@@ -206,3 +206,24 @@ def test_recorded_pi_is_read_without_streaming_and_equals_the_estimate_from_logi
     pi_swor, groups = candidate_acceptance(features, 5, scheme="swor", samples=16, rng=np.random.default_rng(0))
     assert groups.shape == (features.n_positions, 16, 5)  # the recording's 16 group means: replicates
     np.testing.assert_allclose(pi_swor[:, 0], pi[:, 0], atol=1e-12)  # the first candidate is β for both schemes
+
+
+@given(trees(max_nodes=12, max_rank=2, max_depth=4), st.integers(1, 40), st.integers(1, 9), st.integers(0, 2**31))
+@settings(max_examples=60, deadline=None)
+def test_replicate_means_in_blocks_equal_one_pass(tree, n, chunk, seed):
+    """The swor standard error's replicates, walked in blocks of positions (bounded memory), are the
+    numbers of one pass over every position."""
+    import specsim.sim.multidraft as md
+
+    rng = np.random.default_rng(seed)
+    k = max(1, int(tree.n_children.max()))
+    reps = rng.uniform(0, 1, (n, 5, k)).astype(np.float32)
+    remaining = rng.integers(0, 6, n)
+    whole = md.reach_by_depth(np.swapaxes(reps, -1, -2).astype(np.float64), tree, remaining).sum(axis=1)
+    saved = md.REPLICATE_CHUNK
+    md.REPLICATE_CHUNK = chunk
+    try:
+        blocks = md.replicate_means(reps, tree, remaining)
+    finally:
+        md.REPLICATE_CHUNK = saved
+    np.testing.assert_allclose(blocks, whole, rtol=1e-12, atol=1e-12)

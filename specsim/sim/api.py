@@ -189,7 +189,8 @@ def sweep(
                     features = load_features(reader, draft, T, top_k=top_k, progress=progress)
                     for _, policy in [tp for tp in plan if tp[0] == T]:
                         runs: list[tuple[dict, TrajectoryStats]] = []
-                        tables: list = []
+                        tables: list = []  # kept for the batch rows only: an (N, D+1) law per configuration
+                        keep_tables = any(b > 1 for b in batches)
                         trees_here = _trees_for(features, policy, specs, fixed, skipped)
                         _warm_candidates(features, policy, [t for t in trees_here.values() if t is not None], seed)
                         held_out = _cross_fit(features, policy, pricing[draft],
@@ -206,7 +207,7 @@ def sweep(
                                         stats, head["tail"]["fit"], head["tail"]["cost_basis"] = held_out.get(
                                             spec, (stats, IN_SAMPLE, head["tail"]["cost_basis"]))
                                     runs.append((head, stats))
-                                    tables.append((tree, table))
+                                    tables.append((tree, table if keep_tables else None))
                                 except SpecError as exc:
                                     skipped.append(_skip_line(features, policy, spec, exc))
                             bar.update()

@@ -101,6 +101,22 @@ def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray, *, keyed: 
     return out
 
 
+REPLICATE_CHUNK = 1 << 15  # positions per block of the replicates' walk: bounds its memory, not its result
+
+
+def replicate_means(reps: np.ndarray, tree: Tree, remaining: np.ndarray, *, keyed: bool = False) -> np.ndarray:
+    """(N, R) E[A | t] under each Monte-Carlo replicate: `reach_by_depth` summed over depths, in blocks of
+    positions. A call at t reads π up to t + D − 1, so a block carries D − 1 rows past its end and keeps
+    its own rows: the same numbers as one pass, with (block, D, R) temporaries instead of (N, D, R)."""
+    n, carry = reps.shape[0], max(tree.max_depth - 1, 0)
+    out = np.zeros((n, reps.shape[-2]))
+    for a in range(0, n, REPLICATE_CHUNK):
+        b = min(n, a + REPLICATE_CHUNK)
+        block = np.swapaxes(reps[a : b + carry], -1, -2).astype(np.float64)
+        out[a:b] = reach_by_depth(block, tree, remaining[a : b + carry], keyed=keyed)[: b - a].sum(axis=1)
+    return out
+
+
 def length_distribution(at_least: np.ndarray, *, valid: bool = True) -> np.ndarray:
     """(N, D+1) P(A = a) from (N, D) P(A ≥ d).
 
@@ -147,7 +163,7 @@ def candidate_acceptance(
                 pi[..., 0] = features.acceptance()
             if scheme == "iid" or k <= 2:  # candidates 0 and 1 are exact without replacement too
                 return pi, None
-            groups = features.recorded("pi_swor_groups")[..., :k].astype(np.float64)
+            groups = features.recorded("pi_swor_groups")[..., :k].astype(np.float32)  # replicates, for the SE
             groups[..., :2] = pi[..., None, :2]  # exact columns: no spread between replicates
             return pi, groups
     if features.depth is not None:
@@ -237,7 +253,7 @@ def sample_tree_table(features: "Features", tree: Tree, spec, rng: np.random.Gen
     # since positions are independent; their spread bounds the point estimate's error (the
     # product of per-position means varies less than the mean of products). The law is left
     # unrepaired (valid=False): every expectation stays unbiased.
-    per_rep = reach_by_depth(np.swapaxes(reps, -1, -2), tree, remaining, keyed=keyed).sum(axis=1)  # (N, R)
+    per_rep = replicate_means(reps, tree, remaining, keyed=keyed)  # (N, R)
     se = per_rep.std(axis=1, ddof=1) / np.sqrt(per_rep.shape[1])
     return AcceptanceTable(p_len=length_distribution(at_least, valid=False), drafted=drafted, exact=False,
                            se_len=se)
