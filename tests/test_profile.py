@@ -140,3 +140,12 @@ def test_cli_profiles_the_packaged_model(tmp_path):
     assert data["target"]["name"] == "smollm2-135m" and list(data["drafts"]) == ["layers:20"]
     assert list(data["target_verify_s"]["1"]["64"]) == ["1", "2", "3"]
     assert "B=1 L=64: plain decode step" in result.output
+
+
+def test_a_batch_list_without_1_still_measures_from_1():
+    """`--batch 4` measures B = 1..4 (the dense small-batch grid); it used to be refused for lacking 1."""
+    from specsim.attention.profile import ProfileConfig, _validate
+
+    config = ProfileConfig(batches=(4,))
+    _validate(config)
+    assert config.batch_grid == [1, 2, 3, 4]

@@ -336,8 +336,6 @@ def write_profile(body: dict, path: str | Path, *, overwrite: bool = False) -> P
 def _validate(config: ProfileConfig) -> None:
     if not config.batches or min(config.batches) < 1:
         raise SpecError(f"--batch sizes must be positive, got {config.batches}")
-    if 1 not in config.batches:
-        raise SpecError("--batch must include 1: it is the grid's first point")
     if not config.contexts or min(config.contexts) < 1:
         raise SpecError(f"--contexts must be positive token counts, got {config.contexts}")
     if config.max_tokens < 2:
