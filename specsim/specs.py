@@ -178,6 +178,7 @@ class DraftKind:
     parse: str | None = None  # "module:function" building its object from the spec
     table: str | None = None  # model-free: "module:function" replaying it (features, tree, policy, rng) -> table
     one_pass: bool = False  # drafts a whole tree in one forward per call (Medusa: every head at the root's state)
+    feeds_accepted: bool = False  # its next call first feeds 1 + A entries, the root and the A accepted (EAGLE)
 
 
 DRAFT_KINDS: dict[str, DraftKind] = {
@@ -190,7 +191,8 @@ DRAFT_KINDS: dict[str, DraftKind] = {
                         one_pass=True),
     "eagle": DraftKind("eagle", "eagle:DIR_OR_HUB_ID", "eagle:heads/eagle",
                        "an EAGLE-1/2 draft layer on the target's features, autoregressive over its own",
-                       "its column in the cache, recorded per call start and depth", model_free=False, heads=True),
+                       "its column in the cache, recorded per call start and depth", model_free=False, heads=True,
+                       feeds_accepted=True),
     "ngram": DraftKind("ngram", "ngram:N", "ngram:3",
                        "suffix matching on the last N tokens of prompt + output (SGLang's NGRAM speculator)",
                        "nothing: tokens only", model_free=True, parse="specsim.sim.modelfree:parse_modelfree",
@@ -224,6 +226,12 @@ def is_head_draft(spec: str) -> bool:
 def drafts_in_one_pass(spec: str | None) -> bool:
     """Whether a draft fills any tree with one forward per call (Medusa), not one per tree level."""
     return spec is not None and draft_kind(spec).one_pass
+
+
+def feeds_accepted(spec: str | None) -> bool:
+    """Whether a draft's next call feeds the root plus every accepted token first (EAGLE's layer does:
+    its entries pair the target's states with the tokens after them), rather than at most two tokens."""
+    return spec is not None and draft_kind(spec).feeds_accepted
 
 
 def parse_draft(spec: str):

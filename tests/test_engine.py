@@ -162,6 +162,26 @@ def test_walk_equals_recursive_expectation_on_arbitrary_tables():
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
 
 
+def test_walk_charges_each_accepted_length_its_own_extra_cost():
+    """An (N, D+1) extra cost by the call's accepted length (EAGLE's next root feed of 1 + A entries)
+    is charged in expectation as the recursion C(t) = c(t) + Σ_a P(a | t) (extra[t, a] + C(t + a + 1))."""
+    rng = np.random.default_rng(11)
+    f = memory_features([6, 9, 2])
+    D = 3
+    table = random_table(f, D, rng)
+    call = rng.uniform(1, 2, f.n_positions)
+    extra = rng.uniform(0, 1, (f.n_positions, D + 1))
+    stats = walk(table, f, call_cost=call, full_accept_cost=extra)
+
+    def cost(t, end):
+        if t >= end:
+            return 0.0
+        return call[t] + sum(table.p_len[t, a] * (extra[t, a] + cost(t + a + 1, end)) for a in range(D + 1))
+
+    for i, (s, n) in enumerate(zip(f.traj_start, f.traj_len)):
+        assert stats.cost[i] == pytest.approx(cost(int(s), int(s + n)), abs=1e-12)
+
+
 def test_occupancy_sums_to_expected_calls_and_starts_each_trajectory():
     rng = np.random.default_rng(3)
     f = memory_features([5, 8, 2])

@@ -31,7 +31,7 @@ from specsim.sim.engine import AcceptanceTable, TrajectoryStats, walk
 from specsim.sim.features import Features, load_features, target_name
 from specsim.sim.metrics import ALL, summarize_many
 from specsim.sim.policies import check_temperature, run_policy
-from specsim.specs import PolicySpec, drafts_in_one_pass, expand_trees, is_model_free, model_free_help, needs_fit, parse_policy, parse_tree
+from specsim.specs import PolicySpec, drafts_in_one_pass, feeds_accepted, expand_trees, is_model_free, model_free_help, needs_fit, parse_policy, parse_tree
 from specsim.trees import Tree
 
 def resolve_tree(spec: str, features: Features | None = None, policy: PolicySpec | None = None) -> Tree:
@@ -297,14 +297,35 @@ class Pricing:
                     seconds = seconds + model.draft_s(self.draft_key, batch, w, L)
                 call[idx] = seconds
         full = None
-        if model_draft and tree.budget and not one_pass:  # charged where the next call starts, if it drafts
+        if model_draft and tree.budget and feeds_accepted(features.draft):  # (N, D+1): by the call's A
+            full = self._feed_after(features, tree, batch, contexts, cut)
+        elif model_draft and tree.budget and not one_pass:  # charged where the next call starts, if it drafts
             extra = model.draft_s(self.draft_key, batch, 2, contexts) - model.draft_s(self.draft_key, batch, 1, contexts)
-            nxt = np.arange(N) + tree.max_depth + 1
-            ends = np.repeat(features.traj_start + features.traj_len, features.traj_len)
-            ok = nxt < ends
-            ok[ok] &= cut[nxt[ok]] >= 1
-            full = np.where(ok, extra[np.minimum(nxt, N - 1)], 0.0)
+            nxt, ok = _next_call(features, tree, cut, tree.max_depth)
+            full = np.where(ok, extra[nxt], 0.0)
         return call, model.plain_s(batch, contexts), full
+
+    def _feed_after(self, features: Features, tree: Tree, batch: int, contexts: np.ndarray,
+                    cut: np.ndarray) -> np.ndarray:
+        """(N, D+1) extra time the next call pays when the call at t accepted a: it feeds 1 + a entries
+        at its root, not 1 (EAGLE), priced at the next call's context."""
+        model, out = self.model, np.zeros((features.n_positions, tree.max_depth + 1))
+        for a in range(1, tree.max_depth + 1):
+            nxt, ok = _next_call(features, tree, cut, a)
+            L = contexts[nxt]
+            extra = model.draft_s(self.draft_key, batch, 1 + a, L) - model.draft_s(self.draft_key, batch, 1, L)
+            out[:, a] = np.where(ok, extra, 0.0)
+        return out
+
+
+def _next_call(features: Features, tree: Tree, cut: np.ndarray, a: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions of the call after one at t that accepted a, whether it exists and drafts), (N,) each."""
+    N = features.n_positions
+    nxt = np.arange(N) + a + 1
+    ends = np.repeat(features.traj_start + features.traj_len, features.traj_len)
+    ok = nxt < ends
+    ok[ok] &= cut[nxt[ok]] >= 1
+    return np.minimum(nxt, N - 1), ok
 
 
 def _proposed(features: Features, table) -> np.ndarray | None:

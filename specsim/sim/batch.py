@@ -90,9 +90,10 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
     if batching not in BATCHING:
         raise ValueError(f"batching {batching!r} is not one of {BATCHING}")
     R, n_req = orders.shape
-    from specsim.specs import drafts_in_one_pass
+    from specsim.specs import drafts_in_one_pass, feeds_accepted
 
     shapes = _Shapes(tree, model_draft=draft_key is not None and not plain, one_pass=drafts_in_one_pass(draft_key))
+    accepted_feed = feeds_accepted(draft_key)  # EAGLE: each lane's next call feeds 1 + its last A entries
     room = np.minimum(features.room(), tree.max_depth)  # (N,)
     context = features.contexts()  # (N,)
     starts, lens = features.traj_start.astype(np.int64), features.traj_len.astype(np.int64)
@@ -101,6 +102,7 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
     pos = np.zeros((R, batch), dtype=np.int64)  # next output position of each lane's request
     joined = np.zeros((R, batch))  # time the lane's request joined
     fed2 = np.zeros((R, batch), dtype=bool)  # its last call accepted the whole depth: root feed of 2
+    last = np.zeros((R, batch), dtype=np.int64)  # drafts its last call accepted (EAGLE's root feed: 1 + last)
     nxt = np.zeros(R, dtype=np.int64)  # next request in each replicate's order
     clock, tokens, steps, lane_steps = np.zeros(R), np.zeros(R), np.zeros(R), np.zeros(R)
     latency_sum, finished = np.zeros(R), np.zeros(R)
@@ -116,7 +118,7 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
             take = nxt[:, None] + order_rank
             ok = can & (take < n_req)
             traj[ok] = orders[np.nonzero(ok)[0], take[ok]]
-            pos[ok], joined[ok], fed2[ok] = 0, np.broadcast_to(clock[:, None], ok.shape)[ok], False
+            pos[ok], joined[ok], fed2[ok], last[ok] = 0, np.broadcast_to(clock[:, None], ok.shape)[ok], False, 0
             nxt += ok.sum(axis=1)
         active = traj >= 0
         live = active.any(axis=1)
@@ -133,7 +135,9 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
             step_s = cost_model.verify_s(np.maximum(b_act, 1), shapes.verify[m], ctx)
             for k in range(shapes.levels.shape[1]):
                 w = shapes.levels[m, k]
-                if k == 0 and not shapes.one_pass:  # root feed: 2 tokens when a request's last call accepted a leaf
+                if k == 0 and accepted_feed:  # root feed: 1 + the most any lane accepted last call (padded)
+                    w = np.where(w > 0, 1.0 + np.where(active, last, 0).max(axis=1), 0.0)
+                elif k == 0 and not shapes.one_pass:  # root feed: 2 tokens when a request's last call accepted a leaf
                     w = np.where(w > 0, np.where((fed2 & active).any(axis=1), 2.0, w), 0.0)
                 run = w > 0
                 if run.any():
@@ -145,6 +149,7 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
                 u = coins.random((R, batch))
                 accepted = np.where(active, (law[g] < u[..., None]).sum(axis=-1), 0)  # inverse CDF
             fed2 = active & (accepted >= shapes.depth)
+            last = np.where(active, accepted, 0)
         step_s = np.where(live, step_s, 0.0)
         clock += step_s
         steps += live

@@ -129,7 +129,9 @@ def walk(table: AcceptanceTable, features, call_cost=0.0, *, plain_cost=None, fu
     call_cost: time of a call starting at each position ((N,) or a scalar); plain_cost: time
     of a plain decode step at each position ((N,), summed over every position); and
     full_accept_cost[t]: extra time the NEXT call pays when the call at t accepts the whole
-    depth (the draft then feeds two unseen tokens instead of one; priced at that next call).
+    depth (the draft then feeds two unseen tokens instead of one; priced at that next call),
+    or (N, D+1) [t, a]: the extra the next call pays when the call at t accepted a (EAGLE feeds
+    1 + a entries).
     """
     check_table(table, features)
     occ = occupancy(table, features)  # (N,)
@@ -151,7 +153,9 @@ def walk(table: AcceptanceTable, features, call_cost=0.0, *, plain_cost=None, fu
     if not table.exact and table.se_len is not None:
         se = np.sqrt(per_traj((occ * table.se_len) ** 2))
     cost = per_traj(occ * np.broadcast_to(np.asarray(call_cost, dtype=np.float64), occ.shape))
-    if full_accept_cost is not None and table.depth:
+    if full_accept_cost is not None and table.depth and np.ndim(full_accept_cost) == 2:
+        cost = cost + per_traj(occ * (table.p_len * full_accept_cost).sum(axis=1))
+    elif full_accept_cost is not None and table.depth:
         full = table.p_len[:, table.depth]  # P(A = D | t)
         cost = cost + per_traj(occ * full * np.broadcast_to(full_accept_cost, occ.shape))
     return TrajectoryStats(
