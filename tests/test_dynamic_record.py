@@ -69,31 +69,43 @@ def test_batched_expansion_equals_plain_forwards(expanded_cache):
     assert checked >= 20
 
 
-@pytest.mark.parametrize("tokens", [4, 9])
-def test_live_dynamic_decoding_matches_the_replay_call_for_call(expanded_cache, tokens):
-    """Greedy, float32: live EAGLE-2 decoding emits plain greedy's tokens, in the target calls replay predicts."""
-    from specsim.live.drafting import ModelDrafter
-    from specsim.live.engine import LiveConfig, Target, speculative_decode
-    from specsim.record.models import eos_token_ids, load_model
+def _greedy_case(expanded_cache, tokens: int) -> dict:
+    """The T=0 trajectories of the expansion cache, their replay under dynamic:topk=3,depth=3,tokens=N,
+    and the target to decode them live."""
+    from specsim.record.models import load_model
     from specsim.sim.api import sweep
-    from specsim.specs import parse_tree
 
     path, draft = expanded_cache
     spec = f"dynamic:topk=3,depth=3,tokens={tokens}"
     replay = sweep(path, [spec], policies=["greedy"], n_boot=0, by_category=False).requests.sort("prompt_index")
     with CacheReader(path) as reader:
         rows = [r for r in reader.iter_trajectories() if r.temperature == 0]
-        max_new = int(reader.meta["settings"]["max_new_tokens"])
+        assert [r.prompt_index for r in rows] == replay["prompt_index"].to_list()
+        case = dict(path=path, draft=draft, spec=spec, replay=replay,
+                    max_new=int(reader.meta["settings"]["max_new_tokens"]),
+                    prompts=[np.asarray(reader.prompt_token_ids(r.prompt_index)) for r in rows],
+                    expected=[reader.tokens(r.start, r.stop).tolist() for r in rows])
         target_dir = reader.meta["target"]["spec"]
-        cases = [(reader.prompt_token_ids(r.prompt_index), reader.tokens(r.start, r.stop)) for r in rows]
-    target = load_model(str(target_dir))
+    case["target"] = load_model(str(target_dir))
+    return case
+
+
+@pytest.mark.parametrize("tokens", [4, 9])
+def test_live_dynamic_decoding_matches_the_replay_call_for_call(expanded_cache, tokens):
+    """Greedy, float32: live EAGLE-2 decoding emits plain greedy's tokens, in the target calls replay predicts."""
+    from specsim.live.drafting import ModelDrafter
+    from specsim.live.engine import LiveConfig, Target, speculative_decode
+    from specsim.record.models import eos_token_ids
+    from specsim.specs import parse_tree
+
+    case = _greedy_case(expanded_cache, tokens)
+    target, draft, tree = case["target"], case["draft"], parse_tree(case["spec"])
     drafter = ModelDrafter(draft.model, draft.name)
-    tree = parse_tree(spec)
-    assert [r.prompt_index for r in rows] == replay["prompt_index"].to_list()
-    for (prompt, expected), row in zip(cases, replay.iter_rows(named=True)):
+    max_new, replay = case["max_new"], case["replay"]
+    for prompt, expected, row in zip(case["prompts"], case["expected"], replay.iter_rows(named=True)):
         live = speculative_decode(Target(target.model, eos_token_ids(target)), drafter, np.asarray(prompt),
                                   LiveConfig(tree=tree, max_new_tokens=max_new), np.random.default_rng(0))
-        assert live.tokens.tolist() == expected.tolist()
+        assert live.tokens.tolist() == expected
         assert live.target_calls == row["target_calls"]
         assert all(s.drafted <= tokens for s in live.steps)
 
@@ -115,20 +127,12 @@ def test_batched_live_dynamic_trees_match_the_replay_call_for_call(expanded_cach
     one target forward: every request's calls equal the replay's, as at batch 1."""
     from specsim.live.drafting import ModelDrafter
     from specsim.live.engine import LiveConfig, Target, decode
-    from specsim.record.models import eos_token_ids, load_model
-    from specsim.sim.api import sweep
+    from specsim.record.models import eos_token_ids
     from specsim.specs import parse_tree
 
-    path, draft = expanded_cache
-    spec = f"dynamic:topk=3,depth=3,tokens={tokens}"
-    replay = sweep(path, [spec], policies=["greedy"], n_boot=0, by_category=False).requests.sort("prompt_index")
-    with CacheReader(path) as reader:
-        rows = [r for r in reader.iter_trajectories() if r.temperature == 0]
-        max_new = int(reader.meta["settings"]["max_new_tokens"])
-        target_dir = reader.meta["target"]["spec"]
-        prompts = [np.asarray(reader.prompt_token_ids(r.prompt_index)) for r in rows]
-        expected = [reader.tokens(r.start, r.stop).tolist() for r in rows]
-    target = load_model(str(target_dir))
+    case = _greedy_case(expanded_cache, tokens)
+    path, draft, spec, target = case["path"], case["draft"], case["spec"], case["target"]
+    prompts, expected, max_new, replay = case["prompts"], case["expected"], case["max_new"], case["replay"]
     run = decode(Target(target.model, eos_token_ids(target)), ModelDrafter(draft.model, draft.name), prompts,
                  [np.random.default_rng(i) for i in range(len(prompts))],
                  LiveConfig(tree=parse_tree(spec), max_new_tokens=max_new, batch=batch, batching=batching))
