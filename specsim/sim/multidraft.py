@@ -101,7 +101,7 @@ def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray, *, keyed: 
     return out
 
 
-REPLICATE_CHUNK = 1 << 15  # positions per block of the replicates' walk: bounds its memory, not its result
+REPLICATE_CHUNK = 1 << 12  # positions per block of the replicates' walk: bounds its memory, not its result
 
 
 def replicate_means(reps: np.ndarray, tree: Tree, remaining: np.ndarray, *, keyed: bool = False) -> np.ndarray:
@@ -140,6 +140,7 @@ def candidate_acceptance(
     scheme: str,
     samples: int,
     rng: np.random.Generator,
+    replicates: bool = True,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-position π (N, k) and, for 'swor' with k > 2, Monte-Carlo replicates (N, R, k); a head draft's
     (features.depth set) carry a depth axis after the position: (N, D, k) and (N, D, R, k).
@@ -149,6 +150,8 @@ def candidate_acceptance(
     replicates) when they cover k candidates; else the full distributions are streamed
     from the cache once per Features object and scheme (π_i does not depend on the
     fan-out, so one estimate serves every tree of a sweep with no more candidates per node).
+    replicates=False: π only, where nothing needs a standard error (tree fitting); recorded
+    replicates are then not read.
     """
     if scheme not in SCHEMES:
         raise SpecError(f"multi-draft scheme {scheme!r} is not one of {', '.join(SCHEMES)}")
@@ -161,7 +164,7 @@ def candidate_acceptance(
             pi = pi[..., :k].astype(np.float64)
             if features.logp is not None and features.logq is not None:  # candidate 0 is β: the chains' value
                 pi[..., 0] = features.acceptance()
-            if scheme == "iid" or k <= 2:  # candidates 0 and 1 are exact without replacement too
+            if scheme == "iid" or k <= 2 or not replicates:  # candidates 0 and 1 are exact without replacement too
                 return pi, None
             groups = features.recorded("pi_swor_groups")[..., :k].astype(np.float32)  # replicates, for the SE
             groups[..., :2] = pi[..., None, :2]  # exact columns: no spread between replicates
