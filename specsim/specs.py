@@ -179,6 +179,7 @@ class DraftKind:
     table: str | None = None  # model-free: "module:function" replaying it (features, tree, policy, rng) -> table
     one_pass: bool = False  # drafts a whole tree in one forward per call (Medusa: every head at the root's state)
     feeds_accepted: bool = False  # its next call first feeds 1 + A entries, the root and the A accepted (EAGLE)
+    one_at_a_time: str | None = None  # why live decoding runs its requests one at a time (--batch 1), if it must
 
 
 DRAFT_KINDS: dict[str, DraftKind] = {
@@ -205,7 +206,8 @@ DRAFT_KINDS: dict[str, DraftKind] = {
                         "SuffixDecoding (vLLM, ArcticInference): suffix trees over the prompt and earlier outputs, "
                         "frequency-ranked, sized by the match length",
                         "nothing: tokens only (earlier outputs in cache order)", model_free=True,
-                        parse="specsim.sim.suffix:parse_suffix", table="specsim.sim.suffix:suffix_table"),
+                        parse="specsim.sim.suffix:parse_suffix", table="specsim.sim.suffix:suffix_table",
+                        one_at_a_time="each request's global tree holds the outputs of the requests before it"),
 }
 
 
@@ -232,6 +234,13 @@ def feeds_accepted(spec: str | None) -> bool:
     """Whether a draft's next call feeds the root plus every accepted token first (EAGLE's layer does:
     its entries pair the target's states with the tokens after them), rather than at most two tokens."""
     return spec is not None and draft_kind(spec).feeds_accepted
+
+
+def check_batch(spec: str, batch: int) -> None:
+    """SpecError, before any model loads, when a draft cannot decode `batch` requests together."""
+    why = draft_kind(spec).one_at_a_time
+    if why and batch != 1:
+        raise SpecError(f"{spec} drafts decode one request at a time (--batch 1): {why}")
 
 
 def parse_draft(spec: str):

@@ -282,3 +282,14 @@ def test_cli_keeps_key_value_parameters_with_their_draft():
 
     assert _split(["suffix:factor=2,prob=0.1,ngram:3", "int8"]) == ["suffix:factor=2,prob=0.1", "ngram:3", "int8"]
     assert _split(["typical:0.09,0.3"], specs=True) == ["typical:0.09,0.3"]
+
+
+def test_live_refuses_a_suffix_batch_before_loading_any_model(tiny_model_dir):
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+
+    result = CliRunner().invoke(main, ["live", "--target", str(tiny_model_dir), "--draft", "suffix", "--tree",
+                                       "chain:2", "--batch", "2", "--quiet"])
+    assert result.exit_code != 0
+    assert "one request at a time (--batch 1)" in result.output and "loading target" not in result.output

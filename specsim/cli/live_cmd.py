@@ -120,6 +120,9 @@ def live(target, draft, prompts, categories, per_category, tree, policy, tempera
         parsed = type(parsed)(parsed.parents, parsed.ranks, name=tree)
     config = LiveConfig(tree=parsed, policy=policy, temperature=temperature, multi_draft=multi_draft,
                         max_new_tokens=max_new_tokens, batch=batch, batching=batching)
+    from specsim.specs import check_batch
+
+    check_batch(draft, batch)
     prompt_set = load_prompts(prompts, categories=list(categories) or None, per_category=per_category)
 
     from specsim.live.engine import Target

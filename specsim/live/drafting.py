@@ -354,4 +354,4 @@ class SuffixDrafter(ModelFreeDrafter):
 
 
 ONE_AT_A_TIME = ("suffix drafts decode one request at a time (--batch 1): each request's global tree holds "
-                 "the outputs of the requests before it")
+                 "the outputs of the requests before it")  # the engine's guard; CLIs check first (specs.check_batch)

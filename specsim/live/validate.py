@@ -341,6 +341,10 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
     for d in drafts:
         if d not in setup.drafts and not is_model_free(d):
             raise CacheError(f"{cache}: no draft named {d!r}; recorded drafts: {', '.join(setup.drafts)}")
+    from specsim.specs import check_batch
+
+    for d in drafts:
+        check_batch(d, config.batch)
     parsed = [(spec, parse_tree(spec)) for spec in dict.fromkeys(config.trees)]
     plan = _plan(setup, config, cache)
     if config.cost_profile is not None:  # refuse a mismatched profile before loading any model
