@@ -43,6 +43,7 @@ import heapq
 import re
 from collections import deque
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -181,6 +182,12 @@ class Speculation:
 NOTHING = Speculation(np.empty(0, dtype=np.int64), 0.0, 0)
 
 
+@lru_cache(maxsize=16)
+def _children(tree: Tree) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Per node, its children as (node, rank) pairs: read once per tree, not once per push."""
+    return tuple(tuple((int(c), int(tree.ranks[c])) for c in tree.children(v)) for v in range(tree.n_nodes))
+
+
 def _grow(trie: SuffixTrie, node: int, tree: Tree, limit: int, prob: float) -> tuple[np.ndarray, float]:
     """Best-first growth from `node` over `tree`'s rank paths: at most `limit` tokens of probability ≥ prob.
 
@@ -191,18 +198,19 @@ def _grow(trie: SuffixTrie, node: int, tree: Tree, limit: int, prob: float) -> t
     tokens = np.full(tree.n_nodes, -1, dtype=np.int64)
     score, grown = 0.0, 0
     heap: list[tuple[float, int, int]] = []  # (−probability, tree node, trie node)
+    children = _children(tree)
+    count = trie.count
 
     def push(v: int, at: int, p: float) -> None:
-        kids = tree.children(v)
-        if kids.size == 0:
+        kids = children[v]
+        if not kids:
             return
         ranked = trie.ranked(at)
-        for c in kids:
-            r = int(tree.ranks[c])
+        for c, r in kids:
             if r < len(ranked):
-                q = p * trie.count[ranked[r]] / trie.count[at]
+                q = p * count[ranked[r]] / count[at]
                 if q >= prob:
-                    heapq.heappush(heap, (-q, int(c), ranked[r]))
+                    heapq.heappush(heap, (-q, c, ranked[r]))
 
     push(0, node, 1.0)
     while heap and grown < limit:
