@@ -39,9 +39,9 @@ def test_frozen_rule_equals_the_fixed_chain_walk(cache, T, policy):
     pricing = Pricing(parse_cost("c=0.1"), "small", "assumed")
     tree = parse_tree("chain:3")
     frozen = run_policy(features, tree, parse_policy("adaptive-history:1,0"), np.random.default_rng(0), pricing)
-    call, plain, full = pricing.priced(features, tree)
+    call, plain, feed = pricing.priced(features, tree)
     fixed = walk(run_policy(features, tree, parse_policy(policy), np.random.default_rng(0)), features, call,
-                 plain_cost=plain, full_accept_cost=full)
+                 plain_cost=plain, next_feed_cost=feed)
     for name in ("calls", "drafted", "accepted", "cost", "plain"):
         np.testing.assert_allclose(getattr(frozen, name), getattr(fixed, name), atol=1e-12)
     np.testing.assert_allclose(frozen.reach[:, :3], fixed.reach, atol=1e-12)

@@ -171,7 +171,7 @@ def test_walk_charges_each_accepted_length_its_own_extra_cost():
     table = random_table(f, D, rng)
     call = rng.uniform(1, 2, f.n_positions)
     extra = rng.uniform(0, 1, (f.n_positions, D + 1))
-    stats = walk(table, f, call_cost=call, full_accept_cost=extra)
+    stats = walk(table, f, call_cost=call, next_feed_cost=extra)
 
     def cost(t, end):
         if t >= end:

@@ -31,7 +31,8 @@ from specsim.sim.engine import AcceptanceTable, TrajectoryStats, walk
 from specsim.sim.features import Features, load_features, target_name
 from specsim.sim.metrics import ALL, summarize_many
 from specsim.sim.policies import check_temperature, run_policy
-from specsim.specs import PolicySpec, drafts_in_one_pass, feeds_accepted, expand_trees, is_model_free, model_free_help, needs_fit, parse_policy, parse_tree
+from specsim.specs import (PolicySpec, drafts_in_one_pass, expand_trees, feeds_accepted, is_model_free, model_free_help,
+                           needs_fit, parse_policy, parse_tree)
 from specsim.trees import Tree
 
 def resolve_tree(spec: str, features: Features | None = None, policy: PolicySpec | None = None) -> Tree:
@@ -266,7 +267,8 @@ class Pricing:
 
     def priced(self, features: Features, tree: Tree, batch: int = 1,
                drafted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(call cost, plain step cost, extra cost after a full acceptance) at every position.
+        """(call cost, plain step cost, extra cost of the next call's root feed by accepted length) at every
+        position: (N,), (N,) and (N, D+1) or None (`walk`'s next_feed_cost).
 
         `drafted` (N,): the nodes each call proposed, for a model-free draft at batch 1, which
         verifies only those (an n-gram or suffix match fills part of the tree, or none of it; the
@@ -296,36 +298,31 @@ class Pricing:
                 for w in shape.draft_levels:
                     seconds = seconds + model.draft_s(self.draft_key, batch, w, L)
                 call[idx] = seconds
-        full = None
-        if model_draft and tree.budget and feeds_accepted(features.draft):  # (N, D+1): by the call's A
-            full = self._feed_after(features, tree, batch, contexts, cut)
-        elif model_draft and tree.budget and not one_pass:  # charged where the next call starts, if it drafts
-            extra = model.draft_s(self.draft_key, batch, 2, contexts) - model.draft_s(self.draft_key, batch, 1, contexts)
-            nxt, ok = _next_call(features, tree, cut, tree.max_depth)
-            full = np.where(ok, extra[nxt], 0.0)
-        return call, model.plain_s(batch, contexts), full
+        feed = None
+        if model_draft and tree.budget and not one_pass:
+            feed = self._next_feed(features, tree, batch, contexts, cut)
+        return call, model.plain_s(batch, contexts), feed
 
-    def _feed_after(self, features: Features, tree: Tree, batch: int, contexts: np.ndarray,
-                    cut: np.ndarray) -> np.ndarray:
-        """(N, D+1) extra time the next call pays when the call at t accepted a: it feeds 1 + a entries
-        at its root, not 1 (EAGLE), priced at the next call's context."""
-        model, out = self.model, np.zeros((features.n_positions, tree.max_depth + 1))
-        for a in range(1, tree.max_depth + 1):
-            nxt, ok = _next_call(features, tree, cut, a)
-            L = contexts[nxt]
-            extra = model.draft_s(self.draft_key, batch, 1 + a, L) - model.draft_s(self.draft_key, batch, 1, L)
+    def _next_feed(self, features: Features, tree: Tree, batch: int, contexts: np.ndarray,
+                   cut: np.ndarray) -> np.ndarray:
+        """(N, D+1) extra time the next call's root feed costs, over the one token priced in every call,
+        when the call at t accepted a; priced at the next call's context, if it exists and drafts.
+
+        A draft model feeds 2 tokens after a call that accepted the whole depth (a leaf it never
+        fed); an EAGLE layer (`feeds_accepted`) feeds the root and every accepted draft, 1 + a."""
+        model, N, depth = self.model, features.n_positions, tree.max_depth
+        every = feeds_accepted(features.draft)
+        ends = np.repeat(features.traj_start + features.traj_len, features.traj_len)
+        out = np.zeros((N, depth + 1))
+        for a in range(1, depth + 1) if every else [depth]:
+            nxt = np.arange(N) + a + 1
+            ok = nxt < ends
+            ok[ok] &= cut[nxt[ok]] >= 1
+            L = contexts[np.minimum(nxt, N - 1)]
+            extra = model.draft_s(self.draft_key, batch, 1 + a if every else 2, L) - model.draft_s(
+                self.draft_key, batch, 1, L)
             out[:, a] = np.where(ok, extra, 0.0)
         return out
-
-
-def _next_call(features: Features, tree: Tree, cut: np.ndarray, a: int) -> tuple[np.ndarray, np.ndarray]:
-    """(positions of the call after one at t that accepted a, whether it exists and drafts), (N,) each."""
-    N = features.n_positions
-    nxt = np.arange(N) + a + 1
-    ends = np.repeat(features.traj_start + features.traj_len, features.traj_len)
-    ok = nxt < ends
-    ok[ok] &= cut[nxt[ok]] >= 1
-    return np.minimum(nxt, N - 1), ok
 
 
 def _proposed(features: Features, table) -> np.ndarray | None:
@@ -396,8 +393,8 @@ def _cross_fit(features: Features, policy: PolicySpec, pricing: Pricing, specs: 
             rng = np.random.default_rng([seed, f, zlib.crc32(spec.encode())])
             table = run_policy(held, tree, policy, rng, here if here.model is not None else None)
             if here.model is not None:
-                call, plain, full = here.priced(held, tree, drafted=_proposed(held, table))
-                stats = walk(table, held, call, plain_cost=plain, full_accept_cost=full)
+                call, plain, feed = here.priced(held, tree, drafted=_proposed(held, table))
+                stats = walk(table, held, call, plain_cost=plain, next_feed_cost=feed)
             else:
                 stats = walk(table, held)
             parts[spec].append((test, stats))
@@ -452,8 +449,8 @@ def _configuration(features: Features, tree: Tree, policy: PolicySpec, pricing: 
     table = result if isinstance(result, AcceptanceTable) else None
     if table is not None:
         if pricing.model is not None:
-            call, plain, full = pricing.priced(features, tree, drafted=_proposed(features, table))
-            stats = walk(table, features, call, plain_cost=plain, full_accept_cost=full)
+            call, plain, feed = pricing.priced(features, tree, drafted=_proposed(features, table))
+            stats = walk(table, features, call, plain_cost=plain, next_feed_cost=feed)
         else:
             stats = walk(table, features)
     else:
@@ -593,8 +590,8 @@ def speed_of(features: Features, tree: Tree, policy: PolicySpec, pricing: Pricin
     result = run_policy(features, tree, policy, rng, pricing)
     if not isinstance(result, AcceptanceTable):
         raise SpecError(f"{policy.label} is not a fixed tree; speed_of prices fixed trees")
-    call, plain, full = pricing.priced(features, tree, drafted=_proposed(features, result))
-    stats = walk(result, features, call, plain_cost=plain, full_accept_cost=full)
+    call, plain, feed = pricing.priced(features, tree, drafted=_proposed(features, result))
+    stats = walk(result, features, call, plain_cost=plain, next_feed_cost=feed)
     row = summarize_many([stats], features, by_category=False, n_boot=n_boot, seed=seed)[0][0]
     if batch == 1:
         return Speed(batch=1, tokens_per_call=row["tokens_per_call"],

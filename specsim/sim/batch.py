@@ -101,8 +101,7 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
     traj = np.full((R, batch), -1, dtype=np.int64)  # trajectory in each lane, -1 empty
     pos = np.zeros((R, batch), dtype=np.int64)  # next output position of each lane's request
     joined = np.zeros((R, batch))  # time the lane's request joined
-    fed2 = np.zeros((R, batch), dtype=bool)  # its last call accepted the whole depth: root feed of 2
-    last = np.zeros((R, batch), dtype=np.int64)  # drafts its last call accepted (EAGLE's root feed: 1 + last)
+    last = np.zeros((R, batch), dtype=np.int64)  # drafts its last call accepted: decides the next root feed
     nxt = np.zeros(R, dtype=np.int64)  # next request in each replicate's order
     clock, tokens, steps, lane_steps = np.zeros(R), np.zeros(R), np.zeros(R), np.zeros(R)
     latency_sum, finished = np.zeros(R), np.zeros(R)
@@ -118,7 +117,7 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
             take = nxt[:, None] + order_rank
             ok = can & (take < n_req)
             traj[ok] = orders[np.nonzero(ok)[0], take[ok]]
-            pos[ok], joined[ok], fed2[ok], last[ok] = 0, np.broadcast_to(clock[:, None], ok.shape)[ok], False, 0
+            pos[ok], joined[ok], last[ok] = 0, np.broadcast_to(clock[:, None], ok.shape)[ok], 0
             nxt += ok.sum(axis=1)
         active = traj >= 0
         live = active.any(axis=1)
@@ -138,7 +137,7 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
                 if k == 0 and accepted_feed:  # root feed: 1 + the most any lane accepted last call (padded)
                     w = np.where(w > 0, 1.0 + np.where(active, last, 0).max(axis=1), 0.0)
                 elif k == 0 and not shapes.one_pass:  # root feed: 2 tokens when a request's last call accepted a leaf
-                    w = np.where(w > 0, np.where((fed2 & active).any(axis=1), 2.0, w), 0.0)
+                    w = np.where(w > 0, np.where((active & (last >= shapes.depth)).any(axis=1), 2.0, w), 0.0)
                 run = w > 0
                 if run.any():
                     step_s = step_s + np.where(run, cost_model.draft_s(draft_key, np.maximum(b_act, 1),
@@ -148,7 +147,6 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
             else:
                 u = coins.random((R, batch))
                 accepted = np.where(active, (law[g] < u[..., None]).sum(axis=-1), 0)  # inverse CDF
-            fed2 = active & (accepted >= shapes.depth)
             last = np.where(active, accepted, 0)
         step_s = np.where(live, step_s, 0.0)
         clock += step_s

@@ -120,7 +120,7 @@ def check_table(table: AcceptanceTable, features) -> None:
         raise ValueError("p_len puts mass past the end of a trajectory (a > n-1-t)")
 
 
-def walk(table: AcceptanceTable, features, call_cost=0.0, *, plain_cost=None, full_accept_cost=None) -> TrajectoryStats:
+def walk(table: AcceptanceTable, features, call_cost=0.0, *, plain_cost=None, next_feed_cost=None) -> TrajectoryStats:
     """Expected calls, drafted/accepted tokens, per-depth reach and time of decoding each trajectory.
 
     Every total is additive over calls, so E[total] = Σ_t visits(t) · r(t), with visits(t)
@@ -128,10 +128,9 @@ def walk(table: AcceptanceTable, features, call_cost=0.0, *, plain_cost=None, fu
     backward recursion C(t) = r(t) + Σ_a P(a | t) C(t + a + 1), for all rewards at once.
     call_cost: time of a call starting at each position ((N,) or a scalar); plain_cost: time
     of a plain decode step at each position ((N,), summed over every position); and
-    full_accept_cost[t]: extra time the NEXT call pays when the call at t accepts the whole
-    depth (the draft then feeds two unseen tokens instead of one; priced at that next call),
-    or (N, D+1) [t, a]: the extra the next call pays when the call at t accepted a (EAGLE feeds
-    1 + a entries).
+    next_feed_cost (N, D+1) [t, a]: extra time the NEXT call pays when the call at t accepted a
+    (its root feed: 2 tokens after a draft model's full acceptance, 1 + a entries for EAGLE),
+    charged to the call at t in expectation, Σ_a P(a | t) · next_feed_cost[t, a].
     """
     check_table(table, features)
     occ = occupancy(table, features)  # (N,)
@@ -153,11 +152,8 @@ def walk(table: AcceptanceTable, features, call_cost=0.0, *, plain_cost=None, fu
     if not table.exact and table.se_len is not None:
         se = np.sqrt(per_traj((occ * table.se_len) ** 2))
     cost = per_traj(occ * np.broadcast_to(np.asarray(call_cost, dtype=np.float64), occ.shape))
-    if full_accept_cost is not None and table.depth and np.ndim(full_accept_cost) == 2:
-        cost = cost + per_traj(occ * (table.p_len * full_accept_cost).sum(axis=1))
-    elif full_accept_cost is not None and table.depth:
-        full = table.p_len[:, table.depth]  # P(A = D | t)
-        cost = cost + per_traj(occ * full * np.broadcast_to(full_accept_cost, occ.shape))
+    if next_feed_cost is not None and table.depth:
+        cost = cost + per_traj(occ * (table.p_len * next_feed_cost).sum(axis=1))
     return TrajectoryStats(
         calls=calls, drafted=drafted, accepted=accepted, tokens=features.traj_len.astype(np.float64),
         reach=np.ascontiguousarray(reach), cost=cost, exact=table.exact, se_accepted=se,
