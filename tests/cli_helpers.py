@@ -15,3 +15,14 @@ def one_line_error(result, message: str | None = None, code: int | None = None) 
     if message is not None:
         assert message in lines[-1], result.output
     return lines[-1]
+
+
+def record(*args: str):
+    """`specsim cache ARGS --quiet` through CliRunner; asserts it succeeded and returns the result."""
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+
+    result = CliRunner().invoke(main, ["cache", *map(str, args), "--quiet"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result

@@ -9,16 +9,13 @@ from click.testing import CliRunner
 
 from specsim.cli import main
 from specsim.record.run import parse_shard, shard_path
-from tests.cli_helpers import one_line_error
+from tests.cli_helpers import one_line_error, record
 
 
 def _record(model, prompts, out, *extra):
-    args = ["cache", "--target", str(model), "--draft", "layers:2", "--prompts", str(prompts), "--max-new-tokens", "6",
-            "--temperature", "0", "--temperature", "1", "--store", "stats", "--swor-samples", "32", "--out", str(out),
-            "--quiet", *extra]
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result
+    return record("--target", model, "--draft", "layers:2", "--prompts", prompts, "--max-new-tokens", "6",
+                  "--temperature", "0", "--temperature", "1", "--store", "stats", "--swor-samples", "32", "--out", out,
+                  *extra)
 
 
 @pytest.fixture(scope="module")

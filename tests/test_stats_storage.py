@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from specsim.cache.store import CacheReader
 from specsim.cli import main
 from specsim.sim.api import simulate
-from tests.cli_helpers import one_line_error
+from tests.cli_helpers import one_line_error, record
 
 # (trees, policies, temperature): greedy trees, sampling chains and trees (iid exact, swor Monte-Carlo from the
 # recorded replicates), adaptive chains, and a recorded lossy rule
@@ -23,11 +23,9 @@ SWEEPS = [
 
 
 def _record(model, prompts, out, store):
-    args = ["cache", "--target", str(model), "--draft", "layers:2", "--draft", "int8", "--prompts", str(prompts),
-            "--max-new-tokens", "10", "--temperature", "0", "--temperature", "1", "--candidates", "4",
-            "--swor-samples", "64", "--store", store, "--out", str(out), "--quiet"]
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
+    record("--target", model, "--draft", "layers:2", "--draft", "int8", "--prompts", prompts, "--max-new-tokens", "10",
+           "--temperature", "0", "--temperature", "1", "--candidates", "4", "--swor-samples", "64", "--store", store,
+           "--out", out)
     return out
 
 

@@ -9,14 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specsim import verify
 from specsim.errors import SpecError
 from specsim.sim.api import sweep
 from specsim.sim.suffix import SuffixDraft, SuffixSpeculator, SuffixTrie, parse_suffix, speculate_in
 from specsim.specs import parse_tree
 from specsim.trees import Tree
 from tests.strategies import trees
-from tests.toy_markov import MarkovLM, random_prompts, record_cache
+from tests.toy_markov import MarkovLM, point_mass_call, random_prompts, record_cache
 
 # -- the reference: counts by brute force, the rule written as a sort ------------------------------
 
@@ -167,19 +166,9 @@ def suffix_decode(target: MarkovLM, prompts, n: int, tree: Tree, spec: str, rng,
         count = 0
         while len(out) < n:
             tokens = speculator.propose(np.array(seq + out), tree)
-            node, emitted, cap = 0, [], n - 1 - len(out)
-            while True:
-                p = target.dist(seq + out + emitted)
-                kids = [int(c) for c in tree.children(node) if tokens[c] >= 0]
-                if len(emitted) >= cap or not kids:
-                    emitted.append(int(np.argmax(p)) if greedy else int(rng.choice(target.vocab, p=p)))
-                    break
-                cands = tokens[kids]
-                step = verify.verify_greedy(p, cands) if greedy else verify.verify_point_mass(p, cands, rng)
-                emitted.append(step.token)
-                if step.accepted < 0:
-                    break
-                node = kids[step.accepted]
+            emitted, _ = point_mass_call(
+                target, seq + out, lambda node: [(int(c), int(tokens[c])) for c in tree.children(node) if tokens[c] >= 0],
+                0, n - 1 - len(out), rng, greedy=greedy)
             out.extend(emitted)
             count += 1
         speculator.finish(np.array(seq + out[:n]))

@@ -292,6 +292,25 @@ def expansion_along(draft: MarkovLM, prompt: Sequence[int], tokens: Sequence[int
     return {k: np.stack(v) for k, v in rows.items()}
 
 
+def point_mass_call(target: MarkovLM, context: Sequence[int], children, root, cap: int, rng, *,
+                    greedy: bool) -> tuple[list[int], int]:
+    """One target call over point-mass candidates, walked down from `root`: children(node) -> [(child,
+    token), ...] in verification order; greedy accepts the target's argmax, sampling verifies them
+    in order (`verify.verify_point_mass`). At most `cap` drafts are accepted. Returns the emitted
+    tokens (the accepted drafts, then the target's) and the number accepted."""
+    node, path, accepted = root, [], 0
+    while True:
+        p = target.dist(list(context) + path)
+        kids = children(node) if accepted < cap else []
+        cands = np.array([t for _, t in kids], dtype=np.int64)
+        step = verify.verify_greedy(p, cands) if greedy else verify.verify_point_mass(p, cands, rng)
+        path.append(step.token)
+        if step.accepted < 0:
+            return path, accepted
+        node = kids[step.accepted][0]
+        accepted += 1
+
+
 def dynamic_decode(target: MarkovLM, draft: MarkovLM, prompt: Sequence[int], n: int, shape, rng: np.random.Generator,
                    *, greedy: bool) -> DecodeResult:
     """n tokens by dynamic-tree speculative decoding, written directly against the chains.
@@ -312,19 +331,8 @@ def dynamic_decode(target: MarkovLM, draft: MarkovLM, prompt: Sequence[int], n: 
                                            shape.depth)
         chosen = select_reference(score, shape)
         calls += 1
-        node, path, accepted = -1, [], 0
-        while True:
-            p = target.dist(context + path)
-            kids = [i for i in chosen if par[i] == node] if accepted < cap else []
-            if greedy:
-                step = verify.verify_greedy(p, np.array([tok[i] for i in kids], dtype=np.int64))
-            else:
-                step = verify.verify_point_mass(p, np.array([tok[i] for i in kids], dtype=np.int64), rng)
-            path.append(step.token)
-            if step.accepted < 0:
-                break
-            node = kids[step.accepted]
-            accepted += 1
+        path, accepted = point_mass_call(target, context, lambda node: [(i, tok[i]) for i in chosen if par[i] == node],
+                                         -1, cap, rng, greedy=greedy)
         out.extend(path)
         accepted_total += accepted
         per_call.append(accepted)
