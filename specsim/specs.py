@@ -180,6 +180,7 @@ class DraftKind:
     one_pass: bool = False  # drafts a whole tree in one forward per call (Medusa: every head at the root's state)
     feeds_accepted: bool = False  # its next call first feeds 1 + A entries, the root and the A accepted (EAGLE)
     one_at_a_time: str | None = None  # why live decoding runs its requests one at a time (--batch 1), if it must
+    live: str | None = None  # model-free: "module:Class" drafting it live from its spec
 
 
 DRAFT_KINDS: dict[str, DraftKind] = {
@@ -197,17 +198,20 @@ DRAFT_KINDS: dict[str, DraftKind] = {
     "ngram": DraftKind("ngram", "ngram:N", "ngram:3",
                        "suffix matching on the last N tokens of prompt + output (SGLang's NGRAM speculator)",
                        "nothing: tokens only", model_free=True, parse="specsim.sim.modelfree:parse_modelfree",
-                       table="specsim.sim.modelfree:modelfree_table"),
+                       table="specsim.sim.modelfree:modelfree_table",
+                       live="specsim.live.drafting:ModelFreeDrafter"),
     "prompt-lookup": DraftKind("prompt-lookup", "prompt-lookup:N", "prompt-lookup:2",
                                "Hugging Face prompt lookup decoding: the last N..1 tokens matched in the context",
                                "nothing: tokens only", model_free=True, parse="specsim.sim.modelfree:parse_modelfree",
-                               table="specsim.sim.modelfree:modelfree_table"),
+                               table="specsim.sim.modelfree:modelfree_table",
+                               live="specsim.live.drafting:ModelFreeDrafter"),
     "suffix": DraftKind("suffix", "suffix[:depth=24,factor=1,offset=0,prob=0.1,requests=10000]", "suffix",
                         "SuffixDecoding (vLLM, ArcticInference): suffix trees over the prompt and earlier outputs, "
                         "frequency-ranked, sized by the match length",
                         "nothing: tokens only (earlier outputs in cache order)", model_free=True,
                         parse="specsim.sim.suffix:parse_suffix", table="specsim.sim.suffix:suffix_table",
-                        one_at_a_time="each request's global tree holds the outputs of the requests before it"),
+                        one_at_a_time="each request's global tree holds the outputs of the requests before it",
+                        live="specsim.live.drafting:SuffixDrafter"),
 }
 
 
@@ -234,6 +238,11 @@ def feeds_accepted(spec: str | None) -> bool:
     """Whether a draft's next call feeds the root plus every accepted token first (EAGLE's layer does:
     its entries pair the target's states with the tokens after them), rather than at most two tokens."""
     return spec is not None and draft_kind(spec).feeds_accepted
+
+
+def model_free_drafter(spec: str):
+    """The live drafter of a model-free draft spec (`specsim.live.drafting`)."""
+    return _call(draft_kind(spec).live, spec)
 
 
 def check_batch(spec: str, batch: int) -> None:

@@ -319,16 +319,17 @@ class SuffixDrafter(ModelFreeDrafter):
     """
 
     def __init__(self, spec: str):
-        from specsim.sim.suffix import SuffixSpeculator, parse_suffix
+        from specsim.sim.suffix import parse_suffix
 
         self.draft = parse_suffix(spec)
         self.name = self.draft.name
-        self._new = lambda: SuffixSpeculator(self.draft)
-        self.speculator = self._new()
+        self.begin()
 
     def begin(self) -> None:
         """A new decoding run: no earlier outputs."""
-        self.speculator = self._new()
+        from specsim.sim.suffix import SuffixSpeculator
+
+        self.speculator = SuffixSpeculator(self.draft)
 
     def start(self, prompts) -> None:
         if len(prompts) != 1:

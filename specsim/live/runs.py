@@ -211,16 +211,14 @@ def steps_frame(run: LiveRun) -> pl.DataFrame:
 
 
 def build_drafter(spec: str, target, *, device: str, dtype: str):
-    """A drafter from a draft spec: ngram:N / prompt-lookup:N, medusa:DIR / eagle:DIR (heads on the target), or a
-    model (`load_draft`: layers:K, int8, ...)."""
-    from specsim.live.drafting import ModelDrafter, ModelFreeDrafter, SuffixDrafter
-    from specsim.specs import draft_kind, is_head_draft, is_model_free
+    """A drafter from a draft spec: a model-free one (the registry names its drafter), medusa:DIR / eagle:DIR
+    (heads on the target), or a model (`load_draft`: layers:K, int8, ...)."""
+    from specsim.live.drafting import ModelDrafter
+    from specsim.specs import is_head_draft, is_model_free, model_free_drafter
     from specsim.record.models import load_draft
 
-    if draft_kind(spec).name == "suffix":
-        return SuffixDrafter(spec)
     if is_model_free(spec):
-        return ModelFreeDrafter(spec)
+        return model_free_drafter(spec)
     if is_head_draft(spec):
         from specsim.live.heads import head_drafter
 
