@@ -115,3 +115,47 @@ def test_greedy_walk_equals_the_markov_walk(cache, rule, gamma):
     slow = markov_walk(beta, features, gamma, nxt, cost)
     for name in ("calls", "drafted", "accepted", "cost", "reach"):
         np.testing.assert_allclose(fast[name], slow[name], atol=1e-12, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def long_cache(tmp_path_factory):
+    """Trajectories of 30-60 tokens with a good draft: calls run past the history window's edges."""
+    return random_cache(tmp_path_factory.mktemp("adaptive_long") / "l.h5", n_prompts=4, length=60, vocab=5,
+                        noise=0.3, temperatures=(1.0,))
+
+
+@pytest.mark.parametrize("table", ["adaptive-hf", "random"])
+@pytest.mark.parametrize("gamma", [2, 9])
+def test_forward_pass_with_any_next_gamma_table(long_cache, table, gamma):
+    """The window recurrence against the plain recursion, on long trajectories, a cap of 18 and a
+    next-γ table with many runs per row (destinations that jump around, clipped at both ends)."""
+    from specsim.sim.adaptive import markov_walk
+
+    features = load_features(long_cache, "small", 1.0, progress=False)
+    beta = np.exp(np.minimum(0, features.logq - features.logp))
+    rng = np.random.default_rng(gamma)
+    cap = 18
+    nxt = next_gamma_table("adaptive-hf", cap) if table == "adaptive-hf" else rng.integers(1, cap + 1, (cap + 1, cap + 1))
+    cost = rng.random((features.n_positions, cap + 1))
+    got = markov_walk(beta, features, gamma, nxt, cost)
+    room = features.room()
+    for i in range(features.n_traj):
+        s, n = int(features.traj_start[i]), int(features.traj_len[i])
+        b = beta[s : s + n]
+
+        @lru_cache(maxsize=None)
+        def value(t: int, g: int) -> np.ndarray:  # expected (calls, drafted, accepted, cost) from t
+            if t >= n:
+                return np.zeros(4)
+            limit, surv = min(g, n - 1 - t), 1.0
+            total = np.array([1.0, min(g, room[s + t]), 0.0, cost[s + t, g]])
+            for a in range(limit + 1):
+                p_a = surv * (1 - b[t + a]) if a < limit else surv
+                total += p_a * (value(t + a + 1, int(nxt[g, a])) + np.array([0, 0, a, 0]))
+                if a < limit:
+                    surv *= b[t + a]
+            return total
+
+        want = value(0, gamma)
+        np.testing.assert_allclose([got[k][i] for k in ("calls", "drafted", "accepted", "cost")], want, rtol=1e-11)
+    assert 20 < features.traj_len.max() and 0.3 < beta.mean() < 0.95

@@ -68,64 +68,87 @@ def adaptive_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt:
 
 def markov_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: np.ndarray,
                 call_cost: np.ndarray) -> dict[str, np.ndarray]:
-    """The forward pass over (offset, γ) states, vectorised over trajectories (any β in [0, 1])."""
+    """The forward pass over (offset, γ) states, vectorised over trajectories (any β in [0, 1]).
+
+    A call of γ drafts from offset o' (tokens left to the trajectory's end) that accepts a < γ
+    lands at offset o = o' − a − 1 with probability Π_{j<a} β_{t'+j} · (1 − β_{t'+a}), and the
+    rejected position t' + a is the same for every source: the one before o's start. For each
+    source γ, the a that lead to one γ' form runs [lo, hi] of the next-γ table, so the inflow to
+    (o, γ') is (1 − β) times a window sum over sources, R_w(o) = Σ_{a=lo..hi} here(o+1+a, γ) ·
+    S(o+1+a, a) (S(o', k): the first k drafts from o' accepted), kept by the recurrence
+
+        R_w(o) = here(o+1+lo, γ) · S(o+1+lo, lo) + β_{t(o+2)} · (R_w(o+1) − here(o+2+hi, γ) · S(o+2+hi, hi)).
+
+    Full acceptance (a = γ) is scattered ahead. O(positions × (Γ + runs)), against the
+    O(positions × Γ³) of a dense transition product.
+    """
     cap = nxt.shape[0] - 1
     order = np.argsort(-features.traj_len, kind="stable")
     lens = features.traj_len[order].astype(np.int64)
     ends = (features.traj_start[order] + lens).astype(np.int64)
-    n_traj, max_len = len(order), int(lens[0])
-    slots = cap + 1  # offsets a call can jump: 1 .. cap + 1
-    occ = np.zeros((slots, n_traj, cap + 1))  # rolling: probability a call starts at offset o with γ
+    n_traj, max_len = len(order), int(lens[0]) if len(order) else 0
     gammas = np.arange(cap + 1)
     k = np.arange(cap + 1)
+    # the windows: for each source γ, maximal runs of a < γ with one destination nxt[γ, a]
+    runs = sorted((int(nxt[g, lo]), g, lo, hi) for g in range(1, cap + 1) for lo, hi in _runs(nxt[g, :g]))
+    w_to, w_gamma, w_lo, w_hi = (np.array(c, dtype=np.int64) for c in zip(*runs))  # grouped by destination
+    to_gamma, first = np.unique(w_to, return_index=True)  # reduceat, not a BLAS product: it stays on one core
+    slots = cap + 1  # reads reach back to o + Γ + 1 (before o's slot is rewritten), scatters ahead to o − Γ − 1
+    # trajectories on the last axis, so every gather below copies contiguous rows
+    occ = np.zeros((slots, cap + 1, n_traj))  # full-acceptance inflow, by offset slot
+    hist_here = np.zeros((slots, cap + 1, n_traj))  # probability a call starts at offset o with γ
+    hist_surv = np.zeros((slots, cap + 2, n_traj))  # S(o, k) = Π_{j<k} β_{t(o)+j}
+    window = np.zeros((len(runs), n_traj))
     totals = {name: np.zeros(n_traj) for name in ("calls", "drafted", "accepted", "cost")}
-    reach = np.zeros((n_traj, cap))
+    reach = np.zeros((cap, n_traj))
     N = beta.shape[0]
     room_all = features.room()
-    # P(A = a | γ) = surv_a − surv_{a+1} for a < γ and surv_γ for a = γ (surv_k = Π_{j<k} β). So the
-    # flow out of (offset, γ) splits into a γ-free difference times "γ > a, moving to γ'" plus a
-    # diagonal term: one (m, Γ+1) @ (Γ+1, (Γ+1)²) product per offset instead of (m, Γ+1, Γ+1) temporaries.
-    move = np.zeros((cap + 1, cap + 1, cap + 1))  # (γ, a, γ'): 1 where γ > a and the call moves to γ'
-    for a in range(cap + 1):
-        above = gammas[gammas > a]
-        move[above, a, nxt[above, a]] = 1.0
-    move = move.reshape(cap + 1, -1)
     diag_to = nxt[gammas, gammas]  # γ' after a call of γ that accepted all γ
     for o in range(max_len, 0, -1):
         m = int(np.searchsorted(-lens, -o, side="right"))  # trajectories with length >= o
-        here = occ[o % slots, :m].copy()  # (m, Γ+1)
-        occ[o % slots, :m] = 0.0
-        here[lens[:m] == o, start_gamma] += 1.0  # each trajectory's first call
         t = ends[:m] - o  # (m,) start positions
+        s_in, s_out = (o + 1 + w_lo) % slots, (o + 2 + w_hi) % slots
+        enter = hist_here[s_in, w_gamma, :m] * hist_surv[s_in, w_lo, :m]  # (runs, m)
+        leave = hist_here[s_out, w_gamma, :m] * hist_surv[s_out, w_hi, :m]
+        before = beta[np.clip(t - 2, 0, N - 1)]  # the β a window's older sources also had to pass
+        window[:, :m] = enter + before * (window[:, :m] - leave)  # zero before a trajectory starts
+        rejected = 1.0 - beta[np.clip(t - 1, 0, N - 1)]
+        here = occ[o % slots, :, :m].copy()  # (Γ+1, m)
+        occ[o % slots, :, :m] = 0.0
+        here[to_gamma] += np.add.reduceat(window[:, :m] * rejected, first, axis=0)
+        here[start_gamma, lens[:m] == o] += 1.0  # each trajectory's first call
         top = min(cap, o - 1)  # most drafts acceptable from offset o
-        idx = np.minimum(t[:, None] + k[None, :top], N - 1)  # (m, top)
-        surv = np.zeros((m, cap + 2))
-        surv[:, 0] = 1.0
-        surv[:, 1 : top + 1] = np.cumprod(beta[idx], axis=1)  # Π_{j<k} β, zero past the output end
-        at_least = np.cumsum(here[:, ::-1], axis=1)[:, ::-1]  # (m, Γ+1): Σ_{γ >= k} here
-        tail = surv[:, 1 : cap + 1] * at_least[:, 1:]  # (m, Γ): Σ_γ here · P(A >= k | γ)
-        totals["calls"][:m] += at_least[:, 0]
-        room = room_all[t]  # (m,)
-        totals["drafted"][:m] += (here * np.minimum(gammas[None, :], room[:, None])).sum(axis=1)
-        totals["cost"][:m] += (here * call_cost[t]).sum(axis=1)
-        totals["accepted"][:m] += tail.sum(axis=1)
-        reach[:m] += tail
-        a_max = min(top, o - 2)  # a call accepting a lands at offset o - a - 1 > 0
-        if a_max < 0:
-            continue
-        width = a_max + 1
-        flow = (here @ move[:, : width * (cap + 1)]).reshape(m, width, cap + 1)  # (m, a, γ')
-        flow *= (surv[:, :width] - surv[:, 1 : width + 1])[:, :, None]
-        a_idx = np.arange(width)
-        flow[:, a_idx, diag_to[:width]] += here[:, :width] * surv[:, :width]
-        dest = (o - a_idx - 1) % slots  # distinct slots, one per a
-        occ[dest, :m] += flow.transpose(1, 0, 2)
+        idx = np.minimum(t[None, :] + k[:top, None], N - 1)  # (top, m)
+        surv = hist_surv[o % slots, :, :m]
+        surv[0] = 1.0
+        surv[1 : top + 1] = np.cumprod(beta[idx], axis=0)  # zero past the output end
+        surv[top + 1 :] = 0.0
+        hist_here[o % slots, :, :m] = here
+        at_least = np.cumsum(here[::-1], axis=0)[::-1]  # (Γ+1, m): Σ_{γ >= k} here
+        tail = surv[1 : cap + 1] * at_least[1:]  # (Γ, m): Σ_γ here · P(A >= k | γ)
+        totals["calls"][:m] += at_least[0]
+        totals["drafted"][:m] += (here * np.minimum(gammas[:, None], room_all[t][None, :])).sum(axis=0)
+        totals["cost"][:m] += (here * call_cost[t].T).sum(axis=0)
+        totals["accepted"][:m] += tail.sum(axis=0)
+        reach[:, :m] += tail
+        full = np.arange(1, min(top, o - 2) + 1)  # a call accepting all γ lands at o − γ − 1 > 0
+        if full.size:
+            occ[(o - full - 1) % slots, diag_to[full], :m] += here[full] * surv[full]
+    reach = reach.T
     out = {name: np.empty(n_traj) for name in totals}
     for name, v in totals.items():
         out[name][order] = v
     out["reach"] = np.empty_like(reach)
     out["reach"][order] = reach
     return out
+
+
+def _runs(row: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal runs [lo, hi] of equal values in a 1-D array."""
+    cuts = np.flatnonzero(np.diff(row)) + 1
+    starts = np.concatenate([[0], cuts])
+    stops = np.concatenate([cuts, [len(row)]]) - 1
+    return [(int(a), int(b)) for a, b in zip(starts, stops)]
 
 
 def deterministic_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: np.ndarray,
