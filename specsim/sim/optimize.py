@@ -327,6 +327,8 @@ def _sample_trees(features: "Features", budgets: Sequence[int], max_depth: int, 
     if not features.has_distributions and features.recorded_stats is not None:  # π only as recorded
         width = min(width, features.recorded_stats.candidates)
     pi, _ = candidate_acceptance(features, width, scheme=scheme, samples=samples, rng=rng, replicates=False)
+    if pi.ndim == 2:
+        pi = np.asfortranarray(pi)  # every score reads π a candidate column at a time
     remaining = features.remaining()
     keyed = features.depth is not None
     vector = np.concatenate([[0.0], np.clip((pi[:, 0] if keyed else pi).mean(axis=0), 0.0, 1.0)])
