@@ -182,7 +182,7 @@ def sweep(
         plan = _temperature_plan(reader, pols, temperatures)
         n_configs = len(plan) * len(drafts) * len(specs)
         rows: list[dict] = []
-        requests: list[dict] = []
+        requests: list[pl.DataFrame] = []
         bar = tqdm(total=n_configs, unit="config", desc="simulating", disable=not progress, dynamic_ncols=True)
         try:
             for T in sorted({t for t, _ in plan}):
@@ -227,7 +227,7 @@ def sweep(
         raise SpecError("no configuration of the sweep can run: " + "; ".join(
             line.removeprefix("skipped ") for line in skipped[:3]) + ("; ..." if len(skipped) > 3 else ""))
     return Sweep(rows=_finish_columns(pl.DataFrame(rows, infer_schema_length=None), cost_model),
-                 requests=pl.DataFrame(requests, infer_schema_length=None))
+                 requests=pl.concat(requests) if requests else pl.DataFrame())
 
 
 @dataclass(frozen=True)
@@ -486,9 +486,9 @@ def _rows(runs: list[tuple[dict, TrajectoryStats]], features: Features, *, by_ca
     return [{**head["config"], **row, **head["tail"]} for (head, _), rows in zip(runs, summaries) for row in rows]
 
 
-def _request_rows(runs: list[tuple[dict, TrajectoryStats]], features: Features) -> list[dict]:
+def _request_rows(runs: list[tuple[dict, TrajectoryStats]], features: Features) -> list[pl.DataFrame]:
     """One row per configuration and trajectory: its totals and the expected histogram of accepted lengths
-    (calls accepting 0, 1, ..., D drafts), as serving engines export per request."""
+    (calls accepting 0, 1, ..., D drafts), as serving engines export per request. Built column-wise."""
     out = []
     for head, stats in runs:
         cfg = head["config"]
@@ -496,16 +496,20 @@ def _request_rows(runs: list[tuple[dict, TrajectoryStats]], features: Features) 
         hist = np.concatenate([(stats.calls - (reach[:, 0] if reach.shape[1] else 0))[:, None],
                                reach[:, :-1] - reach[:, 1:], reach[:, -1:]], axis=1) if reach.shape[1] else \
             stats.calls[:, None]
-        for i in range(features.n_traj):
-            out.append({
-                "tree": cfg["tree"], "draft": cfg["draft"], "policy": cfg["policy"], "temperature": cfg["temperature"],
-                "multi_draft": cfg["multi_draft"], "prompt_index": int(features.traj_prompt[i]),
-                "category": str(features.traj_category[i]), "tokens": float(stats.tokens[i]),
-                "target_calls": float(stats.calls[i]), "accepted": float(stats.accepted[i]),
-                "drafted": float(stats.drafted[i]), "mean_acceptance_length": float(stats.tokens[i] / stats.calls[i]),
-                "accepted_length_histogram": [float(x) for x in hist[i]],
-                "estimate": cfg["estimate"],
-            })
+        n = features.n_traj
+        out.append(pl.DataFrame({
+            **{k: pl.Series(k, [cfg[k]] * n, dtype=pl.String) for k in ("tree", "draft", "policy")},
+            "temperature": np.full(n, float(cfg["temperature"])),
+            "multi_draft": pl.Series("multi_draft", [cfg["multi_draft"]] * n, dtype=pl.String),
+            "prompt_index": features.traj_prompt.astype(np.int64),
+            "category": pl.Series("category", features.traj_category.astype(str), dtype=pl.String),
+            "tokens": stats.tokens.astype(np.float64), "target_calls": stats.calls.astype(np.float64),
+            "accepted": stats.accepted.astype(np.float64), "drafted": stats.drafted.astype(np.float64),
+            "mean_acceptance_length": (stats.tokens / stats.calls).astype(np.float64),
+            "accepted_length_histogram": pl.Series("h", np.ascontiguousarray(hist, dtype=np.float64)).cast(
+                pl.List(pl.Float64)),
+            "estimate": pl.Series("estimate", [cfg["estimate"]] * n, dtype=pl.String),
+        }))
     return out
 
 

@@ -116,13 +116,13 @@ def chain_table(beta: np.ndarray, remaining: np.ndarray, depth: int) -> np.ndarr
     """
     N = beta.shape[0]
     keyed = beta.ndim == 2
-    t = np.arange(N)
-    surv = np.zeros((N, depth + 2))  # surv[:, k] = P(A >= k)
-    surv[:, 0] = 1.0
-    for k in range(1, depth + 1):
-        ok = remaining >= k
-        surv[:, k] = np.where(ok, surv[:, k - 1] * at_depth(beta, k, keyed)[np.minimum(t + k - 1, N - 1)], 0.0)
-    return surv[:, :-1] - surv[:, 1:]
+    surv = np.zeros((depth + 2, N))  # surv[k] = P(A >= k), depth-major: each step is contiguous rows
+    surv[0] = 1.0
+    for k in range(1, min(depth, N) + 1):
+        n = N - k + 1  # a call at t >= n has remaining < k: its row stays 0
+        np.multiply(surv[k - 1, :n], at_depth(beta, k, keyed)[k - 1 :], out=surv[k, :n])
+        surv[k, :n] *= remaining[:n] >= k
+    return (surv[:-1] - surv[1:]).T
 
 
 def sample_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator) -> AcceptanceTable:
