@@ -20,7 +20,7 @@ DEMO_ARGS    ?= $(DEMO_MODELS) --prompts spec-bench --per-category 1 --max-new-t
 PROFILE_ARGS ?= $(DEMO_MODELS) --batch 1,4 --contexts 64,832 --max-tokens 9 --draft-widths 1,2,3,4 \
                 --repeats 3 --warmup 1 --threads 2
 
-.PHONY: setup demo test test-fast bench qwen clean
+.PHONY: setup demo test test-fast bench qwen study clean
 
 setup: $(STAMP)
 
@@ -56,6 +56,30 @@ bench: setup
 qwen: setup
 	$(SPECSIM) models fetch qwen2.5-coder-0.5b
 	$(SPECSIM) models fetch qwen2.5-coder-1.5b
+
+# The committed study (analyses/results/study/): record with statistics only (--store stats), measure each
+# target's step costs, check the SmolLM2 profile's predictions live, and report with the measured costs.
+# About 1.5 h on a 2-core CPU; an interrupted recording continues with `--resume` on the same command.
+STUDY_SMOLLM2 ?= --target smollm2-135m --draft int8 --draft layers:20
+STUDY_QWEN    ?= --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --draft layers:14
+STUDY_PROFILE ?= --contexts 64,512,1024 --max-tokens 33 --warmup 1 --threads 2 --quiet
+study: setup qwen
+	$(SPECSIM) cache $(STUDY_SMOLLM2) --per-category 10 --max-new-tokens 128 --temperature 0,0.7 --seed 0 \
+	    --store stats --batch-size 8 --out cache/study-smollm2.h5
+	$(SPECSIM) profile $(STUDY_SMOLLM2) --batch 1,4 --repeats 5 $(STUDY_PROFILE) --out cache/study-smollm2-profile.json
+	$(SPECSIM) cache $(STUDY_SMOLLM2) --per-category 1 --max-new-tokens 128 --temperature 0,0.7 --seed 1 \
+	    --store stats --batch-size 8 --out cache/study-smollm2-validate.h5
+	$(SPECSIM) validate cache/study-smollm2-validate.h5 --draft int8 --tree chain:4 --tree optimal:8 \
+	    --cost-profile cache/study-smollm2-profile.json --threads 2 --quiet
+	$(SPECSIM) validate cache/study-smollm2-validate.h5 --draft ngram:3 --tree chain:4 \
+	    --cost-profile cache/study-smollm2-profile.json --threads 2 --quiet
+	$(SPECSIM) profile $(STUDY_QWEN) --batch 1 --repeats 3 $(STUDY_PROFILE) --out cache/study-qwen-profile.json
+	$(SPECSIM) cache $(STUDY_QWEN) --per-category 4 --max-new-tokens 96 --temperature 0,0.7 --seed 0 \
+	    --store stats --batch-size 8 --out cache/study-qwen.h5
+	$(SPECSIM) report cache/study-qwen.h5 cache/study-smollm2.h5 --out analyses/results/study --overwrite \
+	    --cost-profile cache/study-qwen-profile.json --cost-profile cache/study-smollm2-profile.json --batch 1,4 \
+	    --attention analyses/results/attention-cpu-2026-11-21/attention.csv \
+	    --title "Draft-strategy study: Qwen2.5-Coder 1.5B/0.5B and SmolLM2-135M on Spec-Bench (measured CPU costs)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

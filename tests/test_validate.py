@@ -155,3 +155,37 @@ def test_suffix_draft_validates_call_for_call(tiny_cache, tmp_path):
     # live test with acceptances is tests/test_suffix.py::test_live_engine_equals_the_replay_call_for_call)
     batched = _validate(str(tiny_cache), "--tree", "chain:3", "--draft", "suffix", "--batch", "2")
     assert batched.exit_code != 0 and "one request at a time (--batch 1)" in batched.output
+
+
+def test_greedy_validation_on_a_stats_only_cache(tiny_model_dir, tiny_prompts_file, tiny_cache, tmp_path):
+    """A stats-only cache keeps no logits: disagreements are classified from the draft rerun instead, and a
+    wrong replay is still an unexplained failure."""
+    from specsim.live.drafting import ModelDrafter
+    from specsim.live.engine import Decoded, LiveConfig, StepRecord, Target
+    from specsim.live.runs import run_live
+    from specsim.live.validate import cache_setup
+    from specsim.record.models import eos_token_ids, load_draft, load_model
+    from tests.cli_helpers import record
+
+    stats = tmp_path / "stats.h5"
+    record("--target", tiny_model_dir, "--draft", "layers:2", "--prompts", tiny_prompts_file, "--max-new-tokens", 12,
+           "--temperature", 0, "--store", "stats", "--out", stats)
+    result = _validate(str(stats), "--tree", "chain:3", "--draft", "layers:2")
+    assert result.exit_code == 0, result.output
+    assert "PASS" in result.output and "output = cached trajectory" in result.output
+
+    setup = cache_setup(stats)
+    target = load_model(str(tiny_model_dir))
+    tree = parse_tree("chain:3")
+    draft = load_draft("layers:2", target)
+    run = run_live(Target(target.model, eos_token_ids(target)), ModelDrafter(draft.model, "layers:2"), setup.prompts,
+                   LiveConfig(tree=tree, max_new_tokens=setup.max_new_tokens), target_name="tiny", progress=False)
+    broken = LiveRun(config=run.config, target=run.target, draft=run.draft, trajectories=[
+        LiveTrajectory(t.prompt, t.repeat, t.seed, Decoded(
+            tokens=t.live.tokens, seconds=t.live.seconds, stop_reason=t.live.stop_reason,
+            steps=tuple(StepRecord(s.start, (s.accepted + 1) % 4, s.path, s.drafted, s.draft_s, s.verify_s)
+                        for s in t.live.steps)), t.plain)
+        for t in run.trajectories])
+    bad = greedy_agreement(broken, stats, "layers:2", tree, draft_model=draft.model)
+    assert not bad.passed and bad.unexplained > 0 and bad.draft_mismatches == 0
+    assert {s.verdict for s in bad.steps} <= {"identical", "unexplained", "near-tie (draft)"}

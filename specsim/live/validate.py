@@ -37,6 +37,7 @@ from specsim.errors import CacheError
 from specsim.live.runs import LivePrompt, LiveRun
 from specsim.trees import Tree
 
+UNCLASSIFIED = "unclassified (stats-only cache: no target logits)"
 NEAR_TIE_ABS = 1e-3  # float32 noise between batched and one-token forward passes, in logits
 NEAR_TIE_REL = 2.0**-9  # 4x float16's relative rounding of a stored logit
 MIN_AGREEMENT = 0.99  # greedy: share of identical steps required
@@ -196,8 +197,19 @@ def greedy_agreement(run: LiveRun, cache_path, draft: str, tree: Tree, *, min_ag
                     continue
                 # The ranks of y_t .. y_j all decide which node is reached: look for the cause along the path.
                 j = step.start + min(sim, step.accepted)
-                q_logits = reader.logits(draft, c0 + step.start, c0 + j + 1)  # (j - t + 1, V)
                 path = cached[step.start : j + 1]
+                if not reader.has_distributions:  # stats-only: the draft rerun stands in for the cached logits
+                    if draft_model is None:
+                        checks.append(StepCheck(traj.prompt.prompt_index, step.start, step.accepted, sim,
+                                                "unexplained", step.start, None, None))
+                        continue
+                    if stepwise is None:
+                        stepwise = stepwise_draft_logits(draft_model, traj.prompt.token_ids, cached)
+                    checks.append(_stats_only_step(traj.prompt.prompt_index, step, sim, path,
+                                                   stepwise[step.start : j + 1],
+                                                   features.rank[lo + step.start : lo + j + 1]))
+                    continue
+                q_logits = reader.logits(draft, c0 + step.start, c0 + j + 1)  # (j - t + 1, V)
                 gaps = np.array([token_gap(row, int(y)) for row, y in zip(q_logits, path)])
                 ties = np.flatnonzero(gaps <= [near_tie_tolerance(row[y]) for row, y in zip(q_logits, path)])
                 k = int(ties[0]) if ties.size else int(np.argmin(gaps))
@@ -215,13 +227,31 @@ def greedy_agreement(run: LiveRun, cache_path, draft: str, tree: Tree, *, min_ag
                                         step.start + k, float(gaps[k]), shift))
             if split is not None:
                 dropped = sum(s.start + s.accepted >= split for s in traj.live.steps)
-                if split < n:
+                if split < n and not reader.has_distributions:  # no target logits kept to look for a tie
+                    gap, verdict = float("nan"), UNCLASSIFIED
+                elif split < n:
                     gap, top = top2_gap(reader.logits("target", c0 + split, c0 + split + 1)[0])
                     verdict = "near-tie (target)" if gap <= near_tie_tolerance(top) else "unexplained"
                 else:  # live ran past the cached end: an EOS the cache has and live did not take
                     gap, verdict = float("nan"), "unexplained"
                 divergences.append(Divergence(traj.prompt.prompt_index, split, gap, verdict, dropped))
     return GreedyAgreement(steps=tuple(checks), divergences=tuple(divergences), min_agreement=min_agreement)
+
+
+def _stats_only_step(prompt_index: int, step, sim: int, path: np.ndarray, rerun: np.ndarray,
+                     cached_rank: np.ndarray) -> StepCheck:
+    """A disagreement on a stats-only cache, classified from the draft rerun one token at a time: a rank the
+    rerun moves is 'draft ≠ cache' (batched vs one-token float32), a near tie in the rerun is a near tie."""
+    ranks = np.array([_rank(row, int(y)) for row, y in zip(rerun, path)])
+    moved = np.flatnonzero(ranks != cached_rank)
+    gaps = np.array([token_gap(row, int(y)) for row, y in zip(rerun, path)])
+    if moved.size:
+        k, verdict = int(moved[0]), "draft ≠ cache"
+    else:
+        ties = np.flatnonzero(gaps <= [near_tie_tolerance(row[y]) for row, y in zip(rerun, path)])
+        k = int(ties[0]) if ties.size else int(np.argmin(gaps))
+        verdict = "near-tie (draft)" if ties.size else "unexplained"
+    return StepCheck(prompt_index, step.start, step.accepted, sim, verdict, step.start + k, float(gaps[k]), None)
 
 
 @dataclass(frozen=True)
@@ -392,9 +422,11 @@ def _greedy_check(head: dict, run: LiveRun, cache, draft: str, tree: Tree, confi
     g = greedy_agreement(run, cache, draft, tree, min_agreement=config.min_agreement,
                          draft_model=kv.model if kv is not None else None)
     report.steps += [{"draft": head["draft"], "tree": head["tree"], **s.__dict__} for s in g.steps]
+    unclassified = sum(d.verdict == UNCLASSIFIED for d in g.divergences)
     diverged = (f"; {len(g.divergences)} outputs left the cached trajectory "
-                f"({sum(d.verdict.startswith('near') for d in g.divergences)} near-tie)"
-                if g.divergences else "; output = cached trajectory")
+                f"({sum(d.verdict.startswith('near') for d in g.divergences)} near-tie"
+                + (f", {unclassified} unclassified: a stats-only cache keeps no target logits" if unclassified else "")
+                + ")" if g.divergences else "; output = cached trajectory")
     return Check(**head, kind="greedy calls",
                  comparison=f"{g.identical}/{len(g.steps)} calls identical ({g.agreement:.1%})",
                  detail=f"{g.near_ties} near-tie, {g.draft_mismatches} draft ≠ cache, {g.unexplained} "
