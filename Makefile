@@ -69,8 +69,9 @@ study: setup qwen
 	$(SPECSIM) profile $(STUDY_SMOLLM2) --batch 1,4 --repeats 5 $(STUDY_PROFILE) --out cache/study-smollm2-profile.json
 	$(SPECSIM) cache $(STUDY_SMOLLM2) --per-category 1 --max-new-tokens 128 --temperature 0,0.7 --seed 1 \
 	    --store stats --batch-size 8 --out cache/study-smollm2-validate.h5
-	$(SPECSIM) validate cache/study-smollm2-validate.h5 --draft int8 --tree chain:4 --tree optimal:8 \
-	    --cost-profile cache/study-smollm2-profile.json --threads 2 --quiet
+	$(SPECSIM) optimize cache/study-smollm2.h5 --draft int8 --budget 8 --out cache/study-int8-optimal8.json
+	$(SPECSIM) validate cache/study-smollm2-validate.h5 --draft int8 --tree chain:4 \
+	    --tree file:cache/study-int8-optimal8.json --cost-profile cache/study-smollm2-profile.json --threads 2 --quiet
 	$(SPECSIM) validate cache/study-smollm2-validate.h5 --draft ngram:3 --tree chain:4 \
 	    --cost-profile cache/study-smollm2-profile.json --threads 2 --quiet
 	$(SPECSIM) profile $(STUDY_QWEN) --batch 1 --repeats 3 $(STUDY_PROFILE) --out cache/study-qwen-profile.json
