@@ -95,3 +95,51 @@ def test_resume_check_names_the_differing_setting():
         check_resume("c.h5", file_meta, {"target": "m", "seed": 1, "max_new_tokens": 16})
     with pytest.raises(ResumeMismatchError, match="records no settings"):
         check_resume("c.h5", {}, {"seed": 0})
+
+
+def test_batched_recording_of_derived_drafts_equals_one_prompt_at_a_time(tiny_model_dir, tiny_prompts_file, tmp_path):
+    """Left-padded batches: an int8 draft (float64 attention) once gave NaN for every padded request, as a
+    padding query that attends nothing produced 0/0 weights; its statistics must equal batch-1 recording."""
+    from specsim.sim.features import load_features
+    from tests.cli_helpers import record
+
+    paths = {}
+    for batch in (1, 4):
+        paths[batch] = tmp_path / f"b{batch}.h5"
+        record("--target", tiny_model_dir, "--draft", "int8", "--draft", "layers:2", "--prompts", tiny_prompts_file,
+               "--max-new-tokens", 8, "--temperature", "0,1", "--store", "stats", "--batch-size", batch,
+               "--out", paths[batch])
+    for T in (0.0, 1.0):
+        for draft in ("int8", "layers:2"):
+            one, four = (load_features(paths[b], draft, T, progress=False) for b in (1, 4))
+            assert np.isfinite(four.logq).all()
+            if T > 0:  # the multi-draft statistics are recorded for sampling only
+                assert np.isfinite(four.recorded("pi_iid")).all()
+                np.testing.assert_allclose(one.recorded("pi_iid"), four.recorded("pi_iid"), atol=1e-4)
+            np.testing.assert_array_equal(one.rank, four.rank)
+            np.testing.assert_allclose(one.logq, four.logq, atol=1e-4)
+
+
+def test_non_finite_logits_are_refused_not_stored(monkeypatch, tiny_model_dir, tiny_prompts_file, tmp_path):
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+    from specsim.record import models
+
+    real = models.fp64_attention
+
+    def broken(module, query, key, value, attention_mask, **kwargs):  # the old 0/0 on masked queries, everywhere
+        out, _ = real(module, query, key, value, attention_mask, **kwargs)
+        return out * float("nan"), None
+
+    monkeypatch.setattr(models, "fp64_attention", broken)
+    models._register_fp64_attention()
+    try:
+        result = CliRunner().invoke(main, ["cache", "--target", str(tiny_model_dir), "--draft", "int8", "--prompts",
+                                           str(tiny_prompts_file), "--max-new-tokens", "4", "--store", "stats",
+                                           "--out", str(tmp_path / "nan.h5"), "--quiet"])
+    finally:
+        monkeypatch.undo()
+        models._register_fp64_attention()
+    assert result.exit_code != 0
+    assert "int8 gave non-finite logits" in result.output and "nothing of this trajectory was written" in result.output

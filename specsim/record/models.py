@@ -312,7 +312,10 @@ def fp64_attention(module, query, key, value, attention_mask, scaling=None, drop
     elif q_len > 1:  # transformers leaves a plain causal mask out (sdpa's is_causal): queries end the keys
         causal = torch.ones(q_len, k_len, dtype=torch.bool, device=scores.device).tril(k_len - q_len)
         scores = scores.masked_fill(~causal, float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), v).reshape(B, H, q_len, d)
+    # a query that may attend nothing (a left-padding position of a batch) gets weights 0, not 0/0 = NaN:
+    # its NaN output would become NaN keys and values, and 0 x NaN poisons every row of that request
+    weights = torch.softmax(scores, dim=-1).nan_to_num_(0.0)
+    out = torch.matmul(weights, v).reshape(B, H, q_len, d)
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 

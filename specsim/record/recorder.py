@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from specsim.cache.store import CacheWriter, PromptRecord
-from specsim.errors import ResumeMismatchError
+from specsim.errors import ModelError, ResumeMismatchError
 from specsim.record.models import LoadedModel, eos_token_ids
 
 
@@ -302,6 +302,19 @@ def prompt_records(prompts, tokenizer) -> list[PromptRecord]:
     ]
 
 
+def _check_finite(p_logits, drafts: dict, *, prompt_index: int, temperature: float) -> None:
+    """Refuse to store a trajectory whose target or draft logits are not finite (NaN or inf): every
+    statistic computed from them would be NaN, and replay would fail or mislead far from the cause."""
+    import torch
+
+    for name, logits in {"target": p_logits, **drafts}.items():
+        bad = ~torch.isfinite(logits).all(dim=-1)
+        if bool(bad.any()):
+            raise ModelError(f"{name} gave non-finite logits at {int(bad.sum())} of {len(bad)} positions of prompt "
+                             f"{prompt_index} (T={temperature:g}, first at output position {int(bad.nonzero()[0, 0])}); "
+                             "nothing of this trajectory was written (finished ones are kept: --resume continues)")
+
+
 def trajectory_stats(y: Trajectory, drafts: dict, temperature: float, seed: int, spec) -> dict:
     """Every column's statistics for one trajectory, computed on the models' device."""
     import torch
@@ -396,6 +409,7 @@ def record(
                         bar.total += len(y.tokens)  # recomputed alongside a pending row (resume), not stored
                         continue
                     columns = {name: logits[k] for name, logits in q_draft.items()}
+                    _check_finite(y.p_target_logits, columns, prompt_index=i, temperature=t)
                     t_stats = time.perf_counter()
                     stats = trajectory_stats(y, columns, t, seed, writer.spec.stats)  # synchronous: ends in .cpu()
                     stats_seconds += time.perf_counter() - t_stats
