@@ -172,16 +172,19 @@ def simulate_batch(table: AcceptanceTable, features, tree: Tree, cost_model, dra
     """Throughput, latency and speedup over plain batched decoding at batch size `batch`.
 
     Replicate 0 (or `coins` replicates, for sampling tables) decodes the trajectories in cache
-    order: the point estimate. `n_boot` bootstrap replicates resample trajectories (and coins):
-    the 95% CI.
+    order: the point estimate. `n_boot` bootstrap replicates resample trajectories (and coins), each
+    decoded in cache order too: the 95% CI.
     """
     rng = np.random.default_rng([seed, batch, BATCHING.index(batching)])
     deterministic = table.length is not None
     lengths = table.length if deterministic else table.law()
     n = features.n_traj
     n_point = 1 if deterministic else max(2, int(coins))
+    # a replicate resamples trajectories and keeps them in cache order, as the point estimate's requests
+    # arrive: shuffled replicates mixed long and short requests that cache order batches together, and
+    # their percentile interval missed the point estimate (measured: 0.641, CI 0.650-0.702)
     orders = np.concatenate([np.tile(np.arange(n), (n_point, 1)),
-                             rng.integers(0, n, size=(max(int(n_boot), 0), n))])
+                             np.sort(rng.integers(0, n, size=(max(int(n_boot), 0), n)), axis=1)])
     spec = timeline(lengths, features, tree, cost_model, draft_key, batch=batch, batching=batching, orders=orders,
                     coins=rng)
     base = timeline(None, features, tree, cost_model, draft_key, batch=batch, batching=batching, orders=orders,
