@@ -24,6 +24,18 @@ def _validate(*args: str):
     return CliRunner().invoke(main, ["validate", *args, "--quiet", "--threads", "1"], env={"COLUMNS": "400"})
 
 
+def _shifted(run: LiveRun) -> LiveRun:
+    """The same live run with every call's accepted length shifted by one (mod 4): a wrong replay."""
+    from specsim.live.engine import Decoded, StepRecord
+
+    return LiveRun(config=run.config, target=run.target, draft=run.draft, trajectories=[
+        LiveTrajectory(t.prompt, t.repeat, t.seed, Decoded(
+            tokens=t.live.tokens, seconds=t.live.seconds, stop_reason=t.live.stop_reason,
+            steps=tuple(StepRecord(s.start, (s.accepted + 1) % 4, s.path, s.drafted, s.draft_s, s.verify_s)
+                        for s in t.live.steps)), t.plain)
+        for t in run.trajectories])
+
+
 def test_greedy_validation_passes_on_the_tiny_cache(tiny_cache, tmp_path):
     steps = tmp_path / "steps.csv"
     result = _validate(str(tiny_cache), "--tree", "chain:3", "--tree", "widths:2,2,1", "--draft", "layers:2",
@@ -51,7 +63,7 @@ def test_a_wrong_replay_is_an_unexplained_failure(tiny_cache, tiny_model_dir):
     import torch
 
     from specsim.live.drafting import ModelDrafter
-    from specsim.live.engine import LiveConfig, StepRecord, Target, Decoded
+    from specsim.live.engine import LiveConfig, Target
     from specsim.live.runs import run_live
     from specsim.live.validate import cache_setup
     from specsim.record.models import eos_token_ids, load_draft, load_model
@@ -65,12 +77,7 @@ def test_a_wrong_replay_is_an_unexplained_failure(tiny_cache, tiny_model_dir):
                    LiveConfig(tree=tree, max_new_tokens=setup.max_new_tokens), target_name="tiny", progress=False)
     good = greedy_agreement(run, tiny_cache, "layers:2", tree)
     assert good.passed and good.agreement == 1.0
-    broken = LiveRun(config=run.config, target=run.target, draft=run.draft, trajectories=[
-        LiveTrajectory(t.prompt, t.repeat, t.seed, Decoded(
-            tokens=t.live.tokens, seconds=t.live.seconds, stop_reason=t.live.stop_reason,
-            steps=tuple(StepRecord(s.start, (s.accepted + 1) % 4, s.path, s.drafted, s.draft_s, s.verify_s)
-                        for s in t.live.steps)), t.plain)
-        for t in run.trajectories])
+    broken = _shifted(run)
     bad = greedy_agreement(broken, tiny_cache, "layers:2", tree)
     assert not bad.passed and bad.unexplained > 0
     # Rerunning the draft stepwise reproduces the cache, so it excuses none of them.
@@ -161,7 +168,7 @@ def test_greedy_validation_on_a_stats_only_cache(tiny_model_dir, tiny_prompts_fi
     """A stats-only cache keeps no logits: disagreements are classified from the draft rerun instead, and a
     wrong replay is still an unexplained failure."""
     from specsim.live.drafting import ModelDrafter
-    from specsim.live.engine import Decoded, LiveConfig, StepRecord, Target
+    from specsim.live.engine import LiveConfig, Target
     from specsim.live.runs import run_live
     from specsim.live.validate import cache_setup
     from specsim.record.models import eos_token_ids, load_draft, load_model
@@ -180,12 +187,7 @@ def test_greedy_validation_on_a_stats_only_cache(tiny_model_dir, tiny_prompts_fi
     draft = load_draft("layers:2", target)
     run = run_live(Target(target.model, eos_token_ids(target)), ModelDrafter(draft.model, "layers:2"), setup.prompts,
                    LiveConfig(tree=tree, max_new_tokens=setup.max_new_tokens), target_name="tiny", progress=False)
-    broken = LiveRun(config=run.config, target=run.target, draft=run.draft, trajectories=[
-        LiveTrajectory(t.prompt, t.repeat, t.seed, Decoded(
-            tokens=t.live.tokens, seconds=t.live.seconds, stop_reason=t.live.stop_reason,
-            steps=tuple(StepRecord(s.start, (s.accepted + 1) % 4, s.path, s.drafted, s.draft_s, s.verify_s)
-                        for s in t.live.steps)), t.plain)
-        for t in run.trajectories])
+    broken = _shifted(run)
     bad = greedy_agreement(broken, stats, "layers:2", tree, draft_model=draft.model)
     assert not bad.passed and bad.unexplained > 0 and bad.draft_mismatches == 0
     assert {s.verdict for s in bad.steps} <= {"identical", "unexplained", "near-tie (draft)"}
