@@ -36,6 +36,23 @@ def _shifted(run: LiveRun) -> LiveRun:
         for t in run.trajectories])
 
 
+def _live_layers2(cache, model_dir):
+    """Live chain:3 decoding of the cache's prompts with the tiny model and its layers:2 draft."""
+    from specsim.live.drafting import ModelDrafter
+    from specsim.live.engine import LiveConfig, Target
+    from specsim.live.runs import run_live
+    from specsim.live.validate import cache_setup
+    from specsim.record.models import eos_token_ids, load_draft, load_model
+
+    setup = cache_setup(cache)
+    target = load_model(str(model_dir))
+    tree = parse_tree("chain:3")
+    draft = load_draft("layers:2", target)
+    run = run_live(Target(target.model, eos_token_ids(target)), ModelDrafter(draft.model, "layers:2"), setup.prompts,
+                   LiveConfig(tree=tree, max_new_tokens=setup.max_new_tokens), target_name="tiny", progress=False)
+    return run, tree, draft
+
+
 def test_greedy_validation_passes_on_the_tiny_cache(tiny_cache, tmp_path):
     steps = tmp_path / "steps.csv"
     result = _validate(str(tiny_cache), "--tree", "chain:3", "--tree", "widths:2,2,1", "--draft", "layers:2",
@@ -62,19 +79,8 @@ def test_a_wrong_replay_is_an_unexplained_failure(tiny_cache, tiny_model_dir):
     """Shift every live acceptance by one: the check must call it a bug, not a near-tie."""
     import torch
 
-    from specsim.live.drafting import ModelDrafter
-    from specsim.live.engine import LiveConfig, Target
-    from specsim.live.runs import run_live
-    from specsim.live.validate import cache_setup
-    from specsim.record.models import eos_token_ids, load_draft, load_model
-
     torch.set_num_threads(1)
-    setup = cache_setup(tiny_cache)
-    target = load_model(str(tiny_model_dir))
-    tree = parse_tree("chain:3")
-    draft = load_draft("layers:2", target)
-    run = run_live(Target(target.model, eos_token_ids(target)), ModelDrafter(draft.model, "layers:2"), setup.prompts,
-                   LiveConfig(tree=tree, max_new_tokens=setup.max_new_tokens), target_name="tiny", progress=False)
+    run, tree, draft = _live_layers2(tiny_cache, tiny_model_dir)
     good = greedy_agreement(run, tiny_cache, "layers:2", tree)
     assert good.passed and good.agreement == 1.0
     broken = _shifted(run)
@@ -164,14 +170,9 @@ def test_suffix_draft_validates_call_for_call(tiny_cache, tmp_path):
     assert batched.exit_code != 0 and "one request at a time (--batch 1)" in batched.output
 
 
-def test_greedy_validation_on_a_stats_only_cache(tiny_model_dir, tiny_prompts_file, tiny_cache, tmp_path):
+def test_greedy_validation_on_a_stats_only_cache(tiny_model_dir, tiny_prompts_file, tmp_path):
     """A stats-only cache keeps no logits: disagreements are classified from the draft rerun instead, and a
     wrong replay is still an unexplained failure."""
-    from specsim.live.drafting import ModelDrafter
-    from specsim.live.engine import LiveConfig, Target
-    from specsim.live.runs import run_live
-    from specsim.live.validate import cache_setup
-    from specsim.record.models import eos_token_ids, load_draft, load_model
     from tests.cli_helpers import record
 
     stats = tmp_path / "stats.h5"
@@ -181,12 +182,7 @@ def test_greedy_validation_on_a_stats_only_cache(tiny_model_dir, tiny_prompts_fi
     assert result.exit_code == 0, result.output
     assert "PASS" in result.output and "output = cached trajectory" in result.output
 
-    setup = cache_setup(stats)
-    target = load_model(str(tiny_model_dir))
-    tree = parse_tree("chain:3")
-    draft = load_draft("layers:2", target)
-    run = run_live(Target(target.model, eos_token_ids(target)), ModelDrafter(draft.model, "layers:2"), setup.prompts,
-                   LiveConfig(tree=tree, max_new_tokens=setup.max_new_tokens), target_name="tiny", progress=False)
+    run, tree, draft = _live_layers2(stats, tiny_model_dir)
     broken = _shifted(run)
     bad = greedy_agreement(broken, stats, "layers:2", tree, draft_model=draft.model)
     assert not bad.passed and bad.unexplained > 0 and bad.draft_mismatches == 0
