@@ -75,6 +75,11 @@ study: setup qwen
 	$(SPECSIM) validate cache/study-smollm2-validate.h5 --draft ngram:3 --tree chain:4 \
 	    --cost-profile cache/study-smollm2-profile.json --threads 2 --quiet
 	$(SPECSIM) profile $(STUDY_QWEN) --batch 1 --repeats 3 $(STUDY_PROFILE) --out cache/study-qwen-profile.json
+	$(SPECSIM) cache --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --categories coding,math,writing,extraction \
+	    --per-category 1 --max-new-tokens 64 --temperature 0 --seed 1 --store stats --batch-size 4 \
+	    --out cache/study-qwen-validate.h5
+	$(SPECSIM) validate cache/study-qwen-validate.h5 --draft qwen2.5-coder-0.5b --tree chain:4 \
+	    --cost-profile cache/study-qwen-profile.json --threads 2 --quiet
 	$(SPECSIM) cache $(STUDY_QWEN) --per-category 4 --max-new-tokens 96 --temperature 0 --seed 0 \
 	    --store stats --batch-size 8 --out cache/study-qwen.h5
 	$(SPECSIM) report cache/study-qwen.h5 cache/study-smollm2.h5 --out analyses/results/study --overwrite \
