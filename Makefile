@@ -59,7 +59,7 @@ qwen: setup
 
 # The committed study (analyses/results/study/): record with statistics only (--store stats), measure each
 # target's step costs, check the SmolLM2 profile's predictions live, and report with the measured costs.
-# About 1.3 h on a 2-core CPU (Qwen at T = 0 only: its sampled statistics at V = 152k are dear here); an interrupted recording continues with `--resume` on the same command.
+# About 2 h on a 2-core CPU; an interrupted recording continues with `--resume` on the same command.
 STUDY_SMOLLM2 ?= --target smollm2-135m --draft int8 --draft layers:20
 STUDY_QWEN    ?= --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --draft layers:14
 STUDY_PROFILE ?= --contexts 64,512,1024 --max-tokens 33 --warmup 1 --threads 2 --quiet
@@ -82,7 +82,9 @@ study: setup qwen
 	    --cost-profile cache/study-qwen-profile.json --threads 2 --quiet
 	$(SPECSIM) cache $(STUDY_QWEN) --per-category 4 --max-new-tokens 96 --temperature 0 --seed 0 \
 	    --store stats --batch-size 8 --out cache/study-qwen.h5
-	$(SPECSIM) report cache/study-qwen.h5 cache/study-smollm2.h5 --out analyses/results/study --overwrite \
+	$(SPECSIM) cache $(STUDY_QWEN) --per-category 4 --max-new-tokens 96 --temperature 0.7 --seed 0 \
+	    --store stats --batch-size 8 --out cache/study-qwen-t07.h5
+	$(SPECSIM) report cache/study-qwen.h5 cache/study-qwen-t07.h5 cache/study-smollm2.h5 --out analyses/results/study --overwrite \
 	    --cost-profile cache/study-qwen-profile.json --cost-profile cache/study-smollm2-profile.json --batch 1,4 \
 	    --attention analyses/results/attention-cpu-2026-11-21/attention.csv \
 	    --title "Draft-strategy study: Qwen2.5-Coder 1.5B/0.5B and SmolLM2-135M on Spec-Bench (measured CPU costs)"
