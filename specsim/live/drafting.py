@@ -31,7 +31,6 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
-from specsim.errors import SpecError
 from specsim.live.kv import SlotKV
 from specsim.trees import Tree
 from specsim.verify import sample_candidates
@@ -331,28 +330,27 @@ class SuffixDrafter(ModelFreeDrafter):
 
         self.speculator = SuffixSpeculator(self.draft)
 
+    def _alone(self, requests: int) -> None:
+        """The engine's guard (the CLIs check first): the registry's reason, for more than one request."""
+        from specsim.specs import check_batch
+
+        check_batch(self.name, requests)
+
     def start(self, prompts) -> None:
-        if len(prompts) != 1:
-            raise SpecError(ONE_AT_A_TIME)
+        self._alone(len(prompts))
         self.speculator.start(np.asarray(prompts[0], dtype=np.int64))
 
     def join(self, prompts) -> None:
-        raise SpecError(ONE_AT_A_TIME)
+        self._alone(2)  # a request joining one in flight
 
     def finish(self, committed) -> None:
         """A request ended with prompt + output = `committed`."""
         self.speculator.finish(np.asarray(committed, dtype=np.int64))
 
     def drop(self, keep) -> None:
-        if len(keep):
-            raise SpecError(ONE_AT_A_TIME)
+        self._alone(1 + len(keep))
 
     def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs, eos) -> Proposal:
-        if len(committed) != 1:
-            raise SpecError(ONE_AT_A_TIME)
+        self._alone(len(committed))
         tokens = np.array(self.speculator.propose(np.asarray(committed[0], dtype=np.int64), tree))[None, :]
         return self._proposal(tokens, committed, tree, rooms, eos)
-
-
-ONE_AT_A_TIME = ("suffix drafts decode one request at a time (--batch 1): each request's global tree holds "
-                 "the outputs of the requests before it")  # the engine's guard; CLIs check first (specs.check_batch)

@@ -210,11 +210,9 @@ def greedy_agreement(run: LiveRun, cache_path, draft: str, tree: Tree, *, min_ag
                                                    features.rank[lo + step.start : lo + j + 1]))
                     continue
                 q_logits = reader.logits(draft, c0 + step.start, c0 + j + 1)  # (j - t + 1, V)
-                gaps = np.array([token_gap(row, int(y)) for row, y in zip(q_logits, path)])
-                ties = np.flatnonzero(gaps <= [near_tie_tolerance(row[y]) for row, y in zip(q_logits, path)])
-                k = int(ties[0]) if ties.size else int(np.argmin(gaps))
-                verdict, shift = ("near-tie (draft)" if ties.size else "unexplained"), None
-                if not ties.size and draft_model is not None:
+                k, gaps, verdict = _tie_along(q_logits, path)
+                shift = None
+                if verdict == "unexplained" and draft_model is not None:
                     if stepwise is None:
                         stepwise = stepwise_draft_logits(draft_model, traj.prompt.token_ids, cached)
                     rerun = stepwise[step.start : j + 1]
@@ -238,19 +236,25 @@ def greedy_agreement(run: LiveRun, cache_path, draft: str, tree: Tree, *, min_ag
     return GreedyAgreement(steps=tuple(checks), divergences=tuple(divergences), min_agreement=min_agreement)
 
 
+def _tie_along(logits: np.ndarray, path: np.ndarray) -> tuple[int, np.ndarray, str]:
+    """(row, gaps, verdict) for the draft's logits along a disagreeing call's path: the first row whose token
+    is within a near tie of another ('near-tie (draft)'), else the closest row ('unexplained')."""
+    gaps = np.array([token_gap(row, int(y)) for row, y in zip(logits, path)])
+    ties = np.flatnonzero(gaps <= [near_tie_tolerance(row[y]) for row, y in zip(logits, path)])
+    if ties.size:
+        return int(ties[0]), gaps, "near-tie (draft)"
+    return int(np.argmin(gaps)), gaps, "unexplained"
+
+
 def _stats_only_step(prompt_index: int, step, sim: int, path: np.ndarray, rerun: np.ndarray,
                      cached_rank: np.ndarray) -> StepCheck:
     """A disagreement on a stats-only cache, classified from the draft rerun one token at a time: a rank the
     rerun moves is 'draft ≠ cache' (batched vs one-token float32), a near tie in the rerun is a near tie."""
     ranks = np.array([_rank(row, int(y)) for row, y in zip(rerun, path)])
     moved = np.flatnonzero(ranks != cached_rank)
-    gaps = np.array([token_gap(row, int(y)) for row, y in zip(rerun, path)])
+    k, gaps, verdict = _tie_along(rerun, path)
     if moved.size:
         k, verdict = int(moved[0]), "draft ≠ cache"
-    else:
-        ties = np.flatnonzero(gaps <= [near_tie_tolerance(row[y]) for row, y in zip(rerun, path)])
-        k = int(ties[0]) if ties.size else int(np.argmin(gaps))
-        verdict = "near-tie (draft)" if ties.size else "unexplained"
     return StepCheck(prompt_index, step.start, step.accepted, sim, verdict, step.start + k, float(gaps[k]), None)
 
 
