@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, action="append", help="repeatable; default 0 and 0.7")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch-size", type=int, default=1, help="prompts recorded together (as `specsim cache`)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     drafts = [load_draft(d, target, device=device) for d in drafts_specs]
     prompt_set = load_prompts("spec-bench", per_category=1)
     records = prompt_records(prompt_set.prompts[: args.prompts], target.tokenizer)
-    config = RecordConfig(max_new_tokens=args.max_new_tokens, temperatures=temperatures)
+    config = RecordConfig(max_new_tokens=args.max_new_tokens, temperatures=temperatures, batch_size=args.batch_size)
 
     # Warm both paths once so neither pays first-call costs.
     warm = [records[0].token_ids.tolist()]
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]
     print(f"target {args.target}, drafts {', '.join(drafts_specs)}, device {device}, threads {args.threads}, "
-          f"load {load}")
+          f"batch size {args.batch_size}, load {load}")
     print(f"{full[0].trajectories} trajectories at T={', '.join(f'{t:g}' for t in temperatures)}, {positions} positions "
           f"(Spec-Bench, first prompt of {args.prompts} categories, up to {args.max_new_tokens} new tokens)")
     for name, (outcome, size, cpu) in runs.items():
