@@ -8,7 +8,8 @@ from specsim.cache.store import CacheReader
 from specsim.errors import ResumeMismatchError
 from specsim.prompts import encode
 from specsim.record.models import load_draft, load_model
-from specsim.record.recorder import check_resume, generate, teacher_forced_logits, trajectory_seed
+from specsim.record.recorder import (SAMPLER, check_resume, generate, sample_tokens, teacher_forced_logits,
+                                     trajectory_seed)
 
 torch.set_num_threads(1)
 
@@ -56,6 +57,63 @@ def test_sampling_reproduces_with_the_same_seed_and_differs_with_another(target)
     run = lambda seed: generate(target, [ids], temperature=1.0, seeds=[seed], max_new_tokens=24)[0].tokens
     np.testing.assert_array_equal(run(11), run(11))
     assert not np.array_equal(run(11), run(12))
+
+
+def _inverse_cdf(logits: np.ndarray, temperature: float, u: float) -> int:
+    """The reference draw: the first token whose float64 cumulative probability exceeds u."""
+    z = logits.astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    cdf = np.cumsum(p / p.sum())
+    return int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+
+
+def test_sampling_is_the_inverse_cdf_of_one_cpu_uniform_per_token():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 64)).astype(np.float32) * 3
+    logits[:, ::5] = -np.inf  # probability 0: never drawn
+    seeds = [5, 6, 7]
+    ours = [torch.Generator().manual_seed(s) for s in seeds]
+    theirs = [torch.Generator().manual_seed(s) for s in seeds]
+    for _ in range(300):
+        got = sample_tokens(torch.tensor(logits), 0.7, ours).tolist()
+        want = [_inverse_cdf(logits[i], 0.7, torch.rand((), generator=g, dtype=torch.float64).item())
+                for i, g in enumerate(theirs)]
+        assert got == want
+        assert all(t % 5 for t in got)
+
+
+def test_sampled_frequencies_follow_the_tempered_target():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]])
+    p = torch.softmax(logits / 0.7, dim=-1)[0].numpy()
+    gen = [torch.Generator().manual_seed(3)]
+    n = 20000
+    counts = np.bincount([int(sample_tokens(logits, 0.7, gen)[0]) for _ in range(n)], minlength=5)
+    chi2 = float((((counts - n * p) ** 2) / (n * p)).sum())
+    assert chi2 < 18.5  # chi-square, 4 degrees of freedom: P(chi2 > 18.5) < 0.001
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_seed_draws_the_same_tokens_and_estimates_on_cpu_and_cuda():
+    from specsim.record.statistics import acceptance_swor
+
+    rng = np.random.default_rng(1)
+    logits = torch.tensor(rng.normal(size=(8, 1000)) * 2, dtype=torch.float32)
+    draw = lambda device: torch.stack([sample_tokens(logits.to(device), 0.7, [torch.Generator().manual_seed(s)
+                                                                               for s in range(8)]) for _ in range(50)])
+    assert torch.equal(draw("cpu"), draw("cuda").cpu())
+    p, q = torch.softmax(logits.double(), -1), torch.softmax(logits.double().roll(1, -1), -1)
+    y = torch.tensor(rng.integers(0, 1000, 8))
+    est = lambda device: acceptance_swor(p.to(device), q.to(device), y.to(device), 4, 64,
+                                         torch.Generator().manual_seed(9)).cpu()
+    torch.testing.assert_close(est("cpu"), est("cuda"), rtol=1e-9, atol=1e-12)
+
+
+def test_resume_refuses_a_file_drawn_by_another_sampler():
+    now = {"seed": 0, "sampler": SAMPLER}
+    check_resume("c.h5", {"settings": {"seed": 0, "sampler": SAMPLER}}, now)
+    with pytest.raises(ResumeMismatchError, match=r"older specsim \(torch.multinomial.*record a new file"):
+        check_resume("c.h5", {"settings": {"seed": 0}}, now)
+    check_resume("c.h5", {"settings": {"seed": 0}}, {"seed": 0, "sampler": None})  # greedy-only: nothing drawn
 
 
 def test_generation_stops_at_eos_and_keeps_the_eos_position(target):

@@ -20,8 +20,10 @@ themselves when the cache stores them — travel to the host.
 
 Trajectories are committed to the cache one at a time (a Ctrl-C waits for the
 commit in progress), so an interrupted run keeps everything it finished and
-``--resume`` carries on. Each (prompt, temperature) pair has its own seeded
-``torch.Generator``, so a resumed run reproduces an uninterrupted one.
+``--resume`` carries on. Each (prompt, temperature) pair has its own seeded CPU
+``torch.Generator``, so a resumed run reproduces an uninterrupted one, and a token is drawn
+by inverse CDF from one uniform of that generator (`sample_tokens`): the same seed gives the
+same trajectory on a CPU and on a GPU, up to float32 differences in the logits themselves.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ import numpy as np
 from specsim.cache.store import CacheWriter, PromptRecord
 from specsim.errors import ModelError, ResumeMismatchError
 from specsim.record.models import LoadedModel, eos_token_ids
+
+# How a T > 0 recording draws its tokens (a setting: a file is never continued by another sampler).
+# Before it, files drew with torch.multinomial and a generator on the model's device, which differs
+# between CPU and CUDA for the same seed.
+SAMPLER = "inverse-cdf, float64, one uniform per token from a CPU torch.Generator"
 
 
 @dataclass(frozen=True)
@@ -138,7 +145,7 @@ def generate(
     model, device = target.model, target.info["device"]
     eos = eos_token_ids(target)
     start = start if start is not None else prefill(target, prompts)
-    generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+    generators = [torch.Generator(device="cpu").manual_seed(s) for s in seeds]
     B = len(prompts)
     steps: list = []  # each (B, V) float32 on the model's device
     tokens = torch.zeros((B, max_new_tokens), dtype=torch.long)
@@ -148,11 +155,7 @@ def generate(
         cache = copy.deepcopy(start.cache)
         logits, mask, positions = start.last_logits, start.mask, start.next_positions
         for step in range(max_new_tokens):
-            if temperature == 0:
-                nxt = logits.argmax(dim=-1)
-            else:
-                probs = torch.softmax(logits / temperature, dim=-1)  # (B, V)
-                nxt = torch.cat([torch.multinomial(probs[i], 1, generator=generators[i]) for i in range(B)])
+            nxt = logits.argmax(dim=-1) if temperature == 0 else sample_tokens(logits, temperature, generators)
             steps.append(logits)
             alive = 0
             for i, tok in enumerate(nxt.tolist()):
@@ -178,6 +181,22 @@ def generate(
         )
         for i in range(B)
     ]
+
+
+def sample_tokens(logits, temperature: float, generators) -> "torch.Tensor":
+    """One token per row of ``logits`` (B, V) from softmax(logits / T), row i driven by ``generators[i]``.
+
+    Inverse CDF in float64: u ~ U[0, 1) from the row's CPU generator, the token is the first whose
+    cumulative probability exceeds u (tokens of probability 0 are never drawn). The uniforms do not
+    depend on the device, and float64 sums move a boundary by ~1e-16, so the same seed draws the same
+    token on any device unless u falls within the logits' own float32 differences of a boundary.
+    """
+    import torch
+
+    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators]).to(logits.device)
+    cdf = torch.softmax(logits.double() / temperature, dim=-1).cumsum(dim=-1)  # (B, V)
+    nxt = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    return nxt.clamp_max(logits.shape[-1] - 1)
 
 
 def teacher_forced_logits(
@@ -237,6 +256,7 @@ def settings(*, target: str, drafts: Sequence[str], prompt_spec: dict, config: R
         "top_k": top_k,
         "statistics": statistics,
         "shard": f"{config.shard[0]}/{config.shard[1]}" if config.shard else None,
+        "sampler": SAMPLER if any(t > 0 for t in config.temperatures) else None,
     }
 
 
@@ -246,6 +266,11 @@ def check_resume(path, file_meta: dict, now: dict) -> None:
     if not isinstance(recorded, dict):
         raise ResumeMismatchError(f"{path}: the file records no settings to compare; record a new file")
     for key in now:
+        if key == "sampler" and recorded.get(key) != now[key]:
+            raise ResumeMismatchError(
+                f"{path}: cannot --resume: the file's T > 0 trajectories were drawn by "
+                f"{recorded.get(key) or 'an older specsim (torch.multinomial on the recording device)'}, "
+                f"this version draws by {now[key]}; record a new file (or --overwrite)")
         if recorded.get(key) != now[key]:
             raise ResumeMismatchError(
                 f"{path}: cannot --resume, setting {key!r} differs: file has {recorded.get(key)!r}, "
@@ -325,7 +350,7 @@ def trajectory_stats(y: Trajectory, drafts: dict, temperature: float, seed: int,
     tokens = torch.as_tensor(np.asarray(y.tokens, dtype=np.int64), device=p_logits.device)
     out = {"target": target_stats(p_logits, tokens, temperature)}
     for name, q_logits in drafts.items():
-        generator = torch.Generator(device=q_logits.device).manual_seed(
+        generator = torch.Generator(device="cpu").manual_seed(
             int(hashlib.sha256(f"{seed}/{name}".encode()).hexdigest()[:15], 16))
         out[name] = draft_stats(p_logits.to(q_logits.device), q_logits, tokens.to(q_logits.device), temperature, spec,
                                 generator)
@@ -352,7 +377,7 @@ def head_stats(head, p_logits, hidden_last, prompt_ids, tokens, depth: int, temp
     for d in range(1, depth + 1):
         q_at = torch.zeros_like(p_logits)  # (n, V): row t holds q_{t-d+1, d}
         q_at[d - 1 :] = q_start[: n - d + 1, d - 1]
-        generator = torch.Generator(device=device).manual_seed(
+        generator = torch.Generator(device="cpu").manual_seed(
             int(hashlib.sha256(f"{seed}/{head.name}/{d}".encode()).hexdigest()[:15], 16))
         per_depth.append(draft_stats(p_logits, q_at, y, temperature, spec, generator))
     return {name: np.stack([s[name] for s in per_depth], axis=1) for name in per_depth[0]}

@@ -168,7 +168,8 @@ def acceptance_swor(p: torch.Tensor, q: torch.Tensor, y: torch.Tensor, k: int, s
         if i + 1 == k:
             break
         alive = rest > 1e-12 * small_drawn  # undrawn mass left, beyond the rounding of what was subtracted
-        u = torch.rand((n, samples), generator=generator, device=dev, dtype=torch.float64) * rest
+        # drawn from the (CPU) generator, then moved: a seed gives the same uniforms on any device
+        u = torch.rand((n, samples), generator=generator, dtype=torch.float64).to(dev) * rest
         for m in range(drawn.shape[2]):
             d = drawn[:, :, m]
             u = u + torch.where(u >= starts.gather(1, d), qs.gather(1, d), torch.zeros_like(u))
