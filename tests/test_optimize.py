@@ -273,3 +273,25 @@ def test_optimal_rows_are_scored_on_prompts_the_tree_was_not_fitted_on(tmp_path)
                                                 features).calls.sum()  # held out: worse than the in-sample optimum
     single = rank_cache(tmp_path / "one.h5", [[0, 1, 0, 0] * 6], vocab=8)
     assert specsim.simulate(single, trees=["optimal:2"], n_boot=0).row(0, named=True)["fit"].startswith("in-sample")
+
+
+@pytest.mark.parametrize("policy,temperature", [("greedy", 0.0), ("sample", 1.0)])
+def test_folds_scored_from_the_whole_sets_sums_equal_folds_fitted_alone(tiny_cache, policy, temperature):
+    """Cross-fitting folds reuse the whole set's per-trajectory scores of each candidate tree: the fits must be
+    those of the fold on its own (a fold scored with the whole set's totals picks other trees and values)."""
+    from dataclasses import replace
+
+    spec = parse_policy(policy)
+    budgets = [2, 3, 4, 6]
+    for draft in ("int8", "layers:2"):
+        features = load_features(tiny_cache, draft, temperature)
+        optimal_trees(features, budgets, policy=spec)  # the in-sample fit first, as a sweep does
+        assert features.n_traj == 4
+        for fold in ([0, 2], [1, 3], [3]):
+            train = np.setdiff1d(np.arange(features.n_traj), fold)
+            shared = optimal_trees(features.subset(train), budgets, policy=spec)
+            alone = optimal_trees(replace(features.subset(train), parent=None, _memo={}), budgets, policy=spec)
+            for a, b in zip(shared, alone):
+                assert a.tree.rank_paths() == b.tree.rank_paths()
+                assert a.walk_tokens_per_call == pytest.approx(b.walk_tokens_per_call, rel=1e-12)
+                assert a.expected_tokens_per_call == pytest.approx(b.expected_tokens_per_call, rel=1e-12)

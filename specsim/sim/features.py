@@ -127,13 +127,15 @@ class Features:
                 if traj.size else np.zeros(0, dtype=np.int64))
         lens = self.traj_len[traj]
         take = lambda x: None if x is None else x[rows]  # noqa: E731
-        return replace(
+        out = replace(
             self, traj_start=np.concatenate([[0], np.cumsum(lens[:-1], dtype=np.int64)]).astype(np.int64)
             if traj.size else np.zeros(0, dtype=np.int64),
             traj_len=lens, traj_prompt=self.traj_prompt[traj], traj_category=self.traj_category[traj],
             cache_start=self.cache_start[traj], token=self.token[rows], rank=take(self.rank), logp=take(self.logp),
             logq=take(self.logq), top_ids=take(self.top_ids),
             prompt_len=None if self.prompt_len is None else self.prompt_len[traj], parent=(self, rows), _memo={})
+        out._memo["parent_trajectories"] = traj  # which of the parent's trajectories, in order
+        return out
 
     def acceptance(self) -> np.ndarray:
         """(N,) β_t: probability that a one-token draft at t is accepted given the trajectory (docs/design.md §2).

@@ -233,12 +233,49 @@ def simple_trees(budget: int, max_depth: int, max_width: int = max(SIMPLE_WIDTHS
     return out
 
 
+class _Scores:
+    """A fit's scores of candidate trees: (walk tokens/call, all-positions tokens/call) on `features`.
+
+    walk(F, tree) gives, on features F, each position's expected visits by the walk and its
+    expected accepted drafts. Both totals are sums over trajectories, so a cross-fitting fold
+    (`Features.subset` of whole trajectories) is scored from per-trajectory sums computed once
+    on the whole set: the in-sample fit and every fold's fit share each candidate they have in
+    common (the chain and k-ary trees always, often the optimum itself), and a candidate costs
+    one pass over the cache instead of one per fit. `shared=False` (the fold's statistics are
+    not the whole set's, sliced) scores on `features` alone.
+    """
+
+    def __init__(self, features: "Features", key: tuple, walk, *, shared: bool = True) -> None:
+        self.features, self.walk = features, walk
+        base, rows = features, None
+        if shared and features.parent is not None and "parent_trajectories" in features._memo:
+            base, rows = features.parent[0], features._memo["parent_trajectories"]
+        self.base, self.rows = base, rows
+        self.memo = base._memo.setdefault(("fit scores",) + key, {})
+
+    def __call__(self, tree: Tree) -> tuple[float, float]:
+        key = tuple(tree.rank_paths())
+        if key not in self.memo:
+            visits, accepted = self.walk(self.base, tree)
+            starts = self.base.traj_start
+            self.memo[key] = (np.add.reduceat(visits, starts), np.add.reduceat(accepted, starts))
+        visits, accepted = self.memo[key]
+        if self.rows is not None:
+            visits, accepted = visits[self.rows], accepted[self.rows]
+        n = self.features.n_positions
+        return n / visits.sum(), 1.0 + accepted.sum() / n
+
+    def visits(self, tree: Tree) -> np.ndarray:
+        """(N,) expected visits on `features` (the weights of a refit)."""
+        return self.walk(self.features, tree)[0]
+
+
 class _WalkSearch:
     """Best tree by walk value among candidates, for one budget; remembers what it scored."""
 
-    def __init__(self, score) -> None:
-        self.score = score  # tree -> (walk tokens/call, all-positions tokens/call, visits (N,))
-        self.best: tuple | None = None  # (walk value, how, tree, all-positions value, visits)
+    def __init__(self, score: _Scores) -> None:
+        self.score = score
+        self.best: tuple | None = None  # (walk value, how, tree, all-positions value)
         self.seen: set = set()
 
     def offer(self, tree: Tree, how: str) -> bool:
@@ -247,9 +284,9 @@ class _WalkSearch:
         if key in self.seen:
             return False
         self.seen.add(key)
-        walk_value, mean_value, visits = self.score(tree)
+        walk_value, mean_value = self.score(tree)
         if self.best is None or walk_value > self.best[0] + 1e-12:
-            self.best = (walk_value, how, tree, mean_value, visits)
+            self.best = (walk_value, how, tree, mean_value)
         return True
 
 
@@ -265,10 +302,10 @@ def _search(budget: int, max_depth: int, fit, score, n_pos: int, what: str,
         search.offer(tree, name)
     for i in range(REFITS):  # stop once a refit no longer improves the walk
         before = search.best[0]
-        if not search.offer(fit(search.best[4]), f"refit {i + 1} on the positions the walk visits") \
+        if not search.offer(fit(score.visits(search.best[2])), f"refit {i + 1} on the positions the walk visits") \
                 or search.best[0] <= before:
             break
-    walk_value, how, tree, mean_value, _ = search.best
+    walk_value, how, tree, mean_value = search.best
     return OptimalTree(
         tree=Tree.from_paths(tree.rank_paths()[1:], name=f"optimal:{budget}"),
         expected_tokens_per_call=float(mean_value),
@@ -295,10 +332,12 @@ def _greedy_trees(features: "Features", budgets: Sequence[int], max_depth: int) 
         raise SpecError("the cache has no position with a next token to draft: trajectories of length 1")
     n_pos = features.n_positions
 
-    def score(tree: Tree):
-        length = greedy_lengths(rank, remaining, tree)
-        visits = deterministic_occupancy(length, features)
-        return n_pos / visits.sum(), 1.0 + length.mean(), visits
+    def walk(f: "Features", tree: Tree):
+        rank_f, remaining_f = (rank, remaining) if f is features else (f.rank.astype(np.int64), f.remaining())
+        length = greedy_lengths(rank_f, remaining_f, tree)
+        return deterministic_occupancy(length, f), length.astype(np.float64)
+
+    score = _Scores(features, ("greedy",), walk)
 
     out = []
     for budget in budgets:
@@ -337,11 +376,20 @@ def _sample_trees(features: "Features", budgets: Sequence[int], max_depth: int, 
     n_pos = int(pi.shape[0])
     mc = "exact" if scheme == "iid" else f"Monte-Carlo, {samples} samples/position"
 
-    def score(tree: Tree):
-        at_least = reach_by_depth(pi, tree, remaining, keyed=keyed)  # (N, D)
-        table = AcceptanceTable(p_len=length_distribution(at_least), drafted=np.zeros(n_pos), exact=True)
-        visits = occupancy(table, features)
-        return n_pos / visits.sum(), 1.0 + at_least.sum(axis=1).mean(), visits
+    def walk(f: "Features", tree: Tree):
+        pi_f, remaining_f = (pi, remaining) if f is features else (_fit_pi(f), f.remaining())
+        at_least = reach_by_depth(pi_f, tree, remaining_f, keyed=keyed)  # (N, D)
+        table = AcceptanceTable(p_len=length_distribution(at_least), drafted=np.zeros(f.n_positions), exact=True)
+        return occupancy(table, f), at_least.sum(axis=1)
+
+    def _fit_pi(f: "Features") -> np.ndarray:
+        got, _ = candidate_acceptance(f, width, scheme=scheme, samples=samples, rng=rng, replicates=False)
+        return np.asfortranarray(got) if got.ndim == 2 else got
+
+    # folds share the whole set's scores only where their π is the whole set's, sliced: the recorded statistics
+    recorded = (features.recorded_stats is not None and width <= features.recorded_stats.candidates
+                and features.recorded("pi_iid" if scheme == "iid" else "pi_swor") is not None)
+    score = _Scores(features, ("sample", scheme, samples, width), walk, shared=recorded)
 
     shared = _best_first_exact(pi, remaining, max(budgets), max_depth)  # unweighted: one order for all budgets
     out = []
@@ -354,7 +402,7 @@ def _sample_trees(features: "Features", budgets: Sequence[int], max_depth: int, 
             return Tree.from_paths(found)
 
         found = _search(budget, max_depth, fit, score, n_pos, f"{scheme}, {mc}", max_width=width)
-        walk_value, mean_value, _ = score(sequoia)
+        walk_value, mean_value = score(sequoia)
         if walk_value > found.walk_tokens_per_call + 1e-12:  # Sequoia's DP on the positional vector
             found = OptimalTree(tree=Tree.from_paths(sequoia.rank_paths()[1:], name=f"optimal:{budget}"),
                                 expected_tokens_per_call=float(mean_value),
