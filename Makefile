@@ -39,9 +39,9 @@ demo: setup
 	$(SPECSIM) inspect $(DEMO_CACHE)
 	$(SPECSIM) profile $(PROFILE_ARGS) --out $(DEMO_PROFILE) --overwrite --quiet
 	$(SPECSIM) simulate $(DEMO_CACHE) --tree chain:2 --tree chain:4 --tree kary:2,2 --tree optimal:8 \
-	    --policy greedy --cost-profile $(DEMO_PROFILE) --batch 1 --batch 4 --no-by-category --quiet
+	    --policy greedy --cost-profile $(DEMO_PROFILE) --batch 1 --batch 4 --quiet
 	$(SPECSIM) simulate $(DEMO_CACHE) --tree chain:2 --tree chain:4 --policy sample --temperature 0.7 \
-	    --cost-profile $(DEMO_PROFILE) --no-by-category --quiet
+	    --cost-profile $(DEMO_PROFILE) --quiet
 	$(SPECSIM) validate $(DEMO_CACHE) --draft int8 --tree chain:4 --cost-profile $(DEMO_PROFILE) --threads 2 --quiet
 
 test: setup

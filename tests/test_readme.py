@@ -1,4 +1,5 @@
-"""The README's commands are real: every `specsim ...` line names a command and options it has."""
+"""The README's, the docs' and the Makefile's commands are real: every `specsim ...` names a command and
+options it has (`make demo`, the quick start's main job, once passed an option a rename had removed)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import pytest
 
 from specsim.cli import COMMANDS, main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
-def readme_commands() -> list[list[str]]:
-    """Each `specsim ...` invocation in the README's code blocks, backslash continuations joined."""
-    text = README.read_text()
+def readme_commands(path: Path = README) -> list[list[str]]:
+    """Each `specsim ...` invocation in a Markdown file's code blocks, backslash continuations joined."""
+    text = path.read_text()
     blocks = re.findall(r"```(?:bash)?\n(.*?)```", text, flags=re.S)
     commands = []
     for block in blocks:
@@ -28,11 +30,30 @@ def readme_commands() -> list[list[str]]:
     return commands
 
 
-def test_the_readme_shows_commands():
+def makefile_commands() -> list[list[str]]:
+    """Each `$(SPECSIM) ...` recipe line of the Makefile, its variables expanded."""
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    variables = dict(re.findall(r"^([A-Z0-9_]+)\s*[?:]?=\s*(.*)$", text, flags=re.M))
+
+    def expand(line: str) -> str:
+        return re.sub(r"\$\(([A-Z0-9_]+)\)", lambda m: expand(variables.get(m.group(1), "")), line)
+
+    return [shlex.split(expand(line.split("$(SPECSIM)", 1)[1])) for line in text.splitlines()
+            if "$(SPECSIM)" in line and not line.lstrip().startswith(("#", "SPECSIM"))]
+
+
+def all_commands() -> list[list[str]]:
+    docs = [cmd for path in sorted((ROOT / "docs").glob("*.md")) for cmd in readme_commands(path)]
+    return readme_commands() + docs + makefile_commands()
+
+
+def test_the_readme_and_the_makefile_show_commands():
     assert len(readme_commands()) > 15
+    assert len(makefile_commands()) > 15 and ["simulate", "cache/demo.h5"] in [c[:2] for c in makefile_commands()]
+    assert not any("$(" in a for c in makefile_commands() for a in c)  # every variable expanded
 
 
-@pytest.mark.parametrize("argv", readme_commands(), ids=lambda a: " ".join(a)[:60])
+@pytest.mark.parametrize("argv", all_commands(), ids=lambda a: " ".join(a)[:60])
 def test_every_readme_command_and_option_exists(argv):
     name = argv[0]
     assert name in COMMANDS, f"README uses unknown command {name!r}"
