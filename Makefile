@@ -18,7 +18,7 @@ DEMO_ARGS    ?= $(DEMO_MODELS) --prompts spec-bench --per-category 1 --max-new-t
                 --temperature 0 --temperature 0.7 --seed 0
 # the demo prompts' contexts run from 40 to about 800 tokens; trees up to 8 drafts verify <= 9 tokens
 PROFILE_ARGS ?= $(DEMO_MODELS) --batch 1,4 --contexts 64,832 --max-tokens 9 --draft-widths 1,2,3,4 \
-                --repeats 3 --warmup 1 --threads 2
+                --repeats 5 --warmup 1 --threads 2
 
 .PHONY: setup demo test test-fast bench qwen study clean
 
@@ -42,7 +42,9 @@ demo: setup
 	    --policy greedy --cost-profile $(DEMO_PROFILE) --batch 1 --batch 4 --quiet
 	$(SPECSIM) simulate $(DEMO_CACHE) --tree chain:2 --tree chain:4 --policy sample --temperature 0.7 \
 	    --cost-profile $(DEMO_PROFILE) --quiet
-	$(SPECSIM) validate $(DEMO_CACHE) --draft int8 --tree chain:4 --cost-profile $(DEMO_PROFILE) --threads 2 --quiet
+	@# the last check prints PASS or FAIL; a FAIL (predicted / live outside 1 +- 10%, common on a busy shared
+	@# machine with a run this short) is reported and make finishes: see README, "make demo"
+	-$(SPECSIM) validate $(DEMO_CACHE) --draft int8 --tree chain:4 --cost-profile $(DEMO_PROFILE) --threads 2 --quiet
 
 test: setup
 	$(PY) -m pytest -q

@@ -211,3 +211,35 @@ def test_ctrl_c_keeps_the_decodes_that_finished(tiny):
     assert run.interrupted and [t.prompt.prompt_index for t in run.trajectories] == [0]
     rows = summary_rows(run, n_boot=0)
     assert rows[0]["interrupted"] and rows[0]["n_positions"] == 6
+
+
+def test_lockstep_runs_alternate_plain_and_speculative_batches(tiny, monkeypatch):
+    """Timing: each batch's plain and speculative decodes run back to back (ABBA), so a machine whose speed drifts
+    during the run moves both sides of the speedup; the outputs are those of one plain and one speculative run."""
+    import specsim.live.runs as runs
+
+    calls = []
+
+    def spy(target, drafter, prompts, rngs, config, **kw):
+        calls.append(("spec" if drafter is not None else "plain", [int(p[0]) for p in prompts]))
+        return decode(target, drafter, prompts, rngs, config, **kw)
+
+    monkeypatch.setattr(runs, "decode", spy)
+    prompts = [runs.LivePrompt(i, "a", np.arange(20 + 7 * i, 30 + 7 * i)) for i in range(5)]
+    target, draft = Target(tiny.model, eos_token_ids(tiny)), load_draft("layers:2", tiny)
+    config = LiveConfig(tree=parse_tree("chain:2"), max_new_tokens=6, batch=2)
+    run = runs.run_live(target, ModelDrafter(draft.model, "layers:2"), prompts, config, target_name="tiny",
+                        progress=False)
+    assert calls == [("plain", [20, 27]), ("spec", [20, 27]), ("spec", [34, 41]), ("plain", [34, 41]),
+                     ("plain", [48]), ("spec", [48])]
+    together = decode(target, None, [p.token_ids for p in prompts], [np.random.default_rng(0)] * 5, config.plain())
+    for t, alone in zip(run.trajectories, together.decoded):
+        np.testing.assert_array_equal(t.plain.tokens, alone.tokens)
+        np.testing.assert_array_equal(t.live.tokens, alone.tokens)  # greedy: speculative output = plain output
+    assert len(run.spec_run.decoded) == len(run.plain_run.decoded) == 5
+    assert sum(s.batch for s in run.spec_run.steps) >= 5 and run.plain_run.prefill_s > 0
+    calls.clear()
+    runs.run_live(target, ModelDrafter(draft.model, "layers:2"), prompts,
+                  LiveConfig(tree=parse_tree("chain:2"), max_new_tokens=6, batch=2, batching="continuous"),
+                  target_name="tiny", progress=False)
+    assert [name for name, _ in calls] == ["plain", "spec"]  # continuous batching: one run each

@@ -65,7 +65,13 @@ def decode_seed(seed: int, prompt_index: int, repeat: int) -> int:
 def run_live(target: Target, drafter, prompts: Sequence[LivePrompt], config: LiveConfig, *, target_name: str,
              repeats: int = 1, seed: int = 0, device: str = "", plain: bool = True, progress: bool = True,
              baseline: DecodeRun | None = None) -> LiveRun:
-    """Decode every (prompt, repeat) plainly (unless `plain` is False), then speculatively, `config.batch` at a time.
+    """Decode every (prompt, repeat) plainly (unless `plain` is False) and speculatively, `config.batch` at a time.
+
+    With lockstep batching the two runs alternate batch by batch (plain then speculative, then
+    speculative then plain, ...): a batch never shares the engine with another, so this changes
+    nothing but the order, and a machine that speeds up or slows down during the run (a shared
+    CPU, a GPU's clocks) shifts both sides of the speedup alike instead of one. Continuous
+    batching, and drafters that learn from earlier requests, run all plain requests first.
 
     baseline: a plain run of the same requests and batching made earlier in the same session,
     reused instead of decoding them plainly again.
@@ -76,21 +82,30 @@ def run_live(target: Target, drafter, prompts: Sequence[LivePrompt], config: Liv
     run = LiveRun(config=config, target=target_name, draft=drafter.name, device=device)
     passes = [("plain", config.plain(), None)] if plain and baseline is None else []
     passes.append(("speculative", config, drafter))
+    alternate = len(passes) == 2 and config.batching == "lockstep" and not hasattr(drafter, "begin")
+    size = config.batch if alternate else max(1, len(requests))
+    chunks = [list(range(a, min(a + size, len(requests)))) for a in range(0, len(requests), size)]
     bar = tqdm(total=len(requests) * config.max_new_tokens * len(passes), unit="tok", desc="live decoding",
                disable=not progress, dynamic_ncols=True)
     results: dict[str, DecodeRun] = {"plain": baseline} if plain and baseline is not None else {}
     try:
-        for name, cfg, d in passes:
-            seeds = [decode_seed(seed, p.prompt_index, -1 if d is None else r) for p, r in requests]
-            results[name] = decode(target, d, [p.token_ids for p, _ in requests],
-                                   [np.random.default_rng(s) for s in seeds], cfg,
-                                   on_step=lambda step: bar.update(step.emitted))
-            if results[name].interrupted:
-                raise KeyboardInterrupt
+        for c, chunk in enumerate(chunks):
+            for name, cfg, d in (passes if c % 2 == 0 else passes[::-1]):
+                seeds = [decode_seed(seed, requests[k][0].prompt_index, -1 if d is None else requests[k][1])
+                         for k in chunk]
+                part = decode(target, d, [requests[k][0].token_ids for k in chunk],
+                              [np.random.default_rng(s) for s in seeds], cfg,
+                              on_step=lambda step: bar.update(step.emitted))
+                results[name] = _joined(results.get(name), part)
+                if part.interrupted:
+                    raise KeyboardInterrupt
     except KeyboardInterrupt:
         run.interrupted = True
     finally:
         bar.close()
+    for name in ("speculative", "plain"):  # requests an interruption left undecoded: None, in request order
+        if name in results and results[name] is not baseline and len(results[name].decoded) < len(requests):
+            results[name].decoded += [None] * (len(requests) - len(results[name].decoded))
     run.spec_run, run.plain_run = results.get("speculative"), results.get("plain")
     if run.spec_run is None:
         return run
@@ -101,6 +116,14 @@ def run_live(target: Target, drafter, prompts: Sequence[LivePrompt], config: Liv
         run.trajectories.append(LiveTrajectory(prompt=p, repeat=r, seed=decode_seed(seed, p.prompt_index, r),
                                                live=live, plain=base))
     return run
+
+
+def _joined(before: DecodeRun | None, part: DecodeRun) -> DecodeRun:
+    """Two decode runs of consecutive request groups as one (requests and engine steps in order)."""
+    if before is None:
+        return part
+    return DecodeRun(decoded=before.decoded + part.decoded, steps=before.steps + part.steps,
+                     prefill_s=before.prefill_s + part.prefill_s, interrupted=before.interrupted or part.interrupted)
 
 
 def trajectory_stats(run: LiveRun):

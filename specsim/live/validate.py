@@ -390,7 +390,9 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
     label = device_label(device)
     report = ValidationReport(checks=[], steps=[], device=label, setup=setup)
     timed = config.cost_profile is not None
-    baselines: dict = {}  # (policy, T) -> the plain run of the same requests, decoded once
+    # (policy, T) -> the plain run of the same requests, decoded once; with lockstep batching each run
+    # times its own plain batches, alternating with the speculative ones (`run_live`)
+    baselines: dict = {}
     for draft in drafts:
         drafter = build_drafter(draft, loaded, device=device, dtype=setup.dtype)
         for policy, T in plan:
@@ -400,7 +402,8 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
                                          batching=config.batching)
                 run = run_live(target, drafter, setup.prompts, live_config, target_name=loaded.name,
                                repeats=1 if policy == "greedy" else config.repeats, seed=config.seed, device=label,
-                               plain=timed, progress=progress, baseline=baselines.get((policy, T)))
+                               plain=timed, progress=progress,
+                               baseline=None if config.batching == "lockstep" else baselines.get((policy, T)))
                 if run.interrupted:
                     raise KeyboardInterrupt
                 baselines[(policy, T)] = run.plain_run
