@@ -214,8 +214,9 @@ def test_ctrl_c_keeps_the_decodes_that_finished(tiny):
 
 
 def test_lockstep_runs_alternate_plain_and_speculative_batches(tiny, monkeypatch):
-    """Timing: each batch's plain and speculative decodes run back to back (ABBA), so a machine whose speed drifts
-    during the run moves both sides of the speedup; the outputs are those of one plain and one speculative run."""
+    """Timing: plain and speculative decodes alternate over four segments of whole batches (ABBA), so a machine whose
+    speed drifts during the run moves both sides of the speedup; the outputs are those of one plain and one
+    speculative run."""
     import specsim.live.runs as runs
 
     calls = []
@@ -231,13 +232,19 @@ def test_lockstep_runs_alternate_plain_and_speculative_batches(tiny, monkeypatch
     run = runs.run_live(target, ModelDrafter(draft.model, "layers:2"), prompts, config, target_name="tiny",
                         progress=False)
     assert calls == [("plain", [20, 27]), ("spec", [20, 27]), ("spec", [34, 41]), ("plain", [34, 41]),
-                     ("plain", [48]), ("spec", [48])]
+                     ("plain", [48]), ("spec", [48])]  # three batches: three segments
     together = decode(target, None, [p.token_ids for p in prompts], [np.random.default_rng(0)] * 5, config.plain())
     for t, alone in zip(run.trajectories, together.decoded):
         np.testing.assert_array_equal(t.plain.tokens, alone.tokens)
         np.testing.assert_array_equal(t.live.tokens, alone.tokens)  # greedy: speculative output = plain output
     assert len(run.spec_run.decoded) == len(run.plain_run.decoded) == 5
     assert sum(s.batch for s in run.spec_run.steps) >= 5 and run.plain_run.prefill_s > 0
+    calls.clear()
+    runs.run_live(target, ModelDrafter(draft.model, "layers:2"), prompts * 2,
+                  LiveConfig(tree=parse_tree("chain:2"), max_new_tokens=6, batch=1), target_name="tiny", progress=False)
+    firsts = [20, 27, 34, 41, 48] * 2
+    assert calls == [("plain", firsts[:3]), ("spec", firsts[:3]), ("spec", firsts[3:6]), ("plain", firsts[3:6]),
+                     ("plain", firsts[6:8]), ("spec", firsts[6:8]), ("spec", firsts[8:]), ("plain", firsts[8:])]
     calls.clear()
     runs.run_live(target, ModelDrafter(draft.model, "layers:2"), prompts,
                   LiveConfig(tree=parse_tree("chain:2"), max_new_tokens=6, batch=2, batching="continuous"),

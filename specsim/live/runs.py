@@ -62,16 +62,21 @@ def decode_seed(seed: int, prompt_index: int, repeat: int) -> int:
     return int(np.random.SeedSequence([seed % 2**63, prompt_index, repeat + 1]).generate_state(1)[0])
 
 
+SEGMENTS = 4  # ABBA: equal segments cancel a linear drift of the machine's speed
+
+
 def run_live(target: Target, drafter, prompts: Sequence[LivePrompt], config: LiveConfig, *, target_name: str,
              repeats: int = 1, seed: int = 0, device: str = "", plain: bool = True, progress: bool = True,
              baseline: DecodeRun | None = None) -> LiveRun:
     """Decode every (prompt, repeat) plainly (unless `plain` is False) and speculatively, `config.batch` at a time.
 
-    With lockstep batching the two runs alternate batch by batch (plain then speculative, then
-    speculative then plain, ...): a batch never shares the engine with another, so this changes
-    nothing but the order, and a machine that speeds up or slows down during the run (a shared
-    CPU, a GPU's clocks) shifts both sides of the speedup alike instead of one. Continuous
-    batching, and drafters that learn from earlier requests, run all plain requests first.
+    With lockstep batching the two runs alternate in `SEGMENTS` segments of whole batches (plain
+    then speculative, speculative then plain, plain then speculative, speculative then plain): a
+    batch never shares the engine with another, so this changes nothing but the order, and a
+    machine whose speed drifts linearly during the run (a shared CPU, a GPU's clocks) shifts both
+    sides of the speedup alike instead of one. Few segments, not one per batch, keep the switches
+    between the two runs rare. Continuous batching, and drafters that learn from earlier
+    requests, run all plain requests first.
 
     baseline: a plain run of the same requests and batching made earlier in the same session,
     reused instead of decoding them plainly again.
@@ -83,8 +88,9 @@ def run_live(target: Target, drafter, prompts: Sequence[LivePrompt], config: Liv
     passes = [("plain", config.plain(), None)] if plain and baseline is None else []
     passes.append(("speculative", config, drafter))
     alternate = len(passes) == 2 and config.batching == "lockstep" and not hasattr(drafter, "begin")
-    size = config.batch if alternate else max(1, len(requests))
-    chunks = [list(range(a, min(a + size, len(requests)))) for a in range(0, len(requests), size)]
+    n_batches = -(-len(requests) // config.batch)
+    chunks = [[k for b in part for k in range(b * config.batch, min((b + 1) * config.batch, len(requests)))]
+              for part in np.array_split(np.arange(n_batches), min(SEGMENTS, n_batches) if alternate else 1)]
     bar = tqdm(total=len(requests) * config.max_new_tokens * len(passes), unit="tok", desc="live decoding",
                disable=not progress, dynamic_ncols=True)
     results: dict[str, DecodeRun] = {"plain": baseline} if plain and baseline is not None else {}
