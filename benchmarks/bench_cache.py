@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             with CacheReader(path) as reader:
                 n = reader.n_positions
                 stats_arrays[storage] = {(c, name): reader.stats(c, name, 0, n) for c in reader.spec.columns
-                                         for name in reader._f["columns"][c.replace("/", "|")]["stats"]}
+                                         for name in reader.stat_names(c)}
                 greedy = [(r.prompt_index, reader.tokens(r.start, r.stop)) for r in reader.iter_trajectories(0.0)]
                 runs[storage] = (outcome, reader.size_bytes, time.process_time() - cpu0)
 

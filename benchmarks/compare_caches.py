@@ -20,9 +20,9 @@ def main(a_path, b_path):
         print(f"A {a_path}: {a.n_positions} positions, fingerprint {a.fingerprint}")
         print(f"B {b_path}: {b.n_positions} positions, fingerprint {b.fingerprint}")
         rows_b = {(r.prompt_index, r.temperature): r for r in b.iter_trajectories()}
-        same = defaultdict(lambda: [0, 0, 0, 0])  # T -> [trajectories, identical, positions, first-divergence sum]
+        same = defaultdict(lambda: [0, 0, 0])  # T -> [trajectories, identical, positions on common prefixes]
         stat = defaultdict(lambda: [0, 0, 0.0])  # (column, name) -> [positions, bit-identical, max |diff|]
-        names = {c: sorted(a._f["columns"][c.replace("/", "|")]["stats"]) for c in a.spec.columns}
+        names = {c: a.stat_names(c) for c in a.spec.columns}
         for r in a.iter_trajectories():
             s = rows_b.get((r.prompt_index, r.temperature))
             entry = same[r.temperature]
@@ -51,7 +51,7 @@ def main(a_path, b_path):
                         d = np.abs(x.astype(np.float64) - y.astype(np.float64))
                         d = d[np.isfinite(d)]
                         k[2] = max(k[2], float(d.max()) if d.size else 0.0)
-        for t, (n, ident, pos, _) in sorted(same.items()):
+        for t, (n, ident, pos) in sorted(same.items()):
             print(f"T={t:g}: {ident}/{n} trajectories token-identical; {pos} positions on common prefixes")
         print(f"{'column':28s} {'statistic':22s} {'bit-identical':>16s} {'max |diff|':>12s}")
         for (c, name), (n, eq, d) in sorted(stat.items()):

@@ -692,8 +692,12 @@ class CacheReader:
 
     def has_stat(self, column: str, name: str) -> bool:
         """Whether `column` records the statistic `name` (version 3 adds π, swor groups and lossy α/TV)."""
+        return name in self.stat_names(column)
+
+    def stat_names(self, column: str) -> list[str]:
+        """The statistics `column` records, sorted (none before format version 2)."""
         g = self._f["columns"][_group_name(self.check_column(column))]
-        return "stats" in g and name in g["stats"]
+        return sorted(g["stats"]) if "stats" in g else []
 
     @property
     def has_distributions(self) -> bool:

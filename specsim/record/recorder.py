@@ -340,6 +340,13 @@ def _check_finite(p_logits, drafts: dict, *, prompt_index: int, temperature: flo
                              "nothing of this trajectory was written (finished ones are kept: --resume continues)")
 
 
+def _stats_generator(label: str):
+    """The CPU generator of a column's Monte-Carlo statistics, seeded from its label: the same draws on any device."""
+    import torch
+
+    return torch.Generator(device="cpu").manual_seed(int(hashlib.sha256(label.encode()).hexdigest()[:15], 16))
+
+
 def trajectory_stats(y: Trajectory, drafts: dict, temperature: float, seed: int, spec) -> dict:
     """Every column's statistics for one trajectory, computed on the models' device."""
     import torch
@@ -350,8 +357,7 @@ def trajectory_stats(y: Trajectory, drafts: dict, temperature: float, seed: int,
     tokens = torch.as_tensor(np.asarray(y.tokens, dtype=np.int64), device=p_logits.device)
     out = {"target": target_stats(p_logits, tokens, temperature)}
     for name, q_logits in drafts.items():
-        generator = torch.Generator(device="cpu").manual_seed(
-            int(hashlib.sha256(f"{seed}/{name}".encode()).hexdigest()[:15], 16))
+        generator = _stats_generator(f"{seed}/{name}")
         out[name] = draft_stats(p_logits.to(q_logits.device), q_logits, tokens.to(q_logits.device), temperature, spec,
                                 generator)
     return out
@@ -377,8 +383,7 @@ def head_stats(head, p_logits, hidden_last, prompt_ids, tokens, depth: int, temp
     for d in range(1, depth + 1):
         q_at = torch.zeros_like(p_logits)  # (n, V): row t holds q_{t-d+1, d}
         q_at[d - 1 :] = q_start[: n - d + 1, d - 1]
-        generator = torch.Generator(device="cpu").manual_seed(
-            int(hashlib.sha256(f"{seed}/{head.name}/{d}".encode()).hexdigest()[:15], 16))
+        generator = _stats_generator(f"{seed}/{head.name}/{d}")
         per_depth.append(draft_stats(p_logits, q_at, y, temperature, spec, generator))
     return {name: np.stack([s[name] for s in per_depth], axis=1) for name in per_depth[0]}
 
