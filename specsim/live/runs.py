@@ -90,7 +90,7 @@ def run_live(target: Target, drafter, prompts: Sequence[LivePrompt], config: Liv
     alternate = len(passes) == 2 and config.batching == "lockstep" and not hasattr(drafter, "begin")
     n_batches = -(-len(requests) // config.batch)
     chunks = [[k for b in part for k in range(b * config.batch, min((b + 1) * config.batch, len(requests)))]
-              for part in np.array_split(np.arange(n_batches), min(SEGMENTS, n_batches) if alternate else 1)]
+              for part in np.array_split(np.arange(n_batches), max(1, min(SEGMENTS, n_batches)) if alternate else 1)]
     bar = tqdm(total=len(requests) * config.max_new_tokens * len(passes), unit="tok", desc="live decoding",
                disable=not progress, dynamic_ncols=True)
     results: dict[str, DecodeRun] = {"plain": baseline} if plain and baseline is not None else {}
