@@ -258,6 +258,135 @@ def load_features(cache, draft: str, temperature: float, *, top_k: int = 16, pro
 
 
 def _load(reader: CacheReader, draft: str, temperature: float, top_k: int, progress: bool) -> Features:
+    return feature_source(reader, draft, temperature, top_k=top_k, progress=progress).whole()
+
+
+@dataclass(frozen=True)
+class FeatureSource:
+    """One (draft, temperature)'s features, to be read whole or a block of trajectories at a time.
+
+    The per-trajectory facts are in memory; the per-position arrays stay in the features file
+    beside the cache (or in `arrays` where that file could not be written, and for model-free
+    drafts, whose only array is the tokens), so a sweep that reads a block at a time holds
+    memory bounded by the block, not by the cache.
+    """
+
+    base: dict  # Features' per-trajectory fields (see `Features`)
+    key: str | None  # the group in the features file; None: `arrays` holds the arrays
+    arrays: dict | None  # token, rank, logp, logq, top_ids in memory (None: in the file)
+
+    @property
+    def n_traj(self) -> int:
+        return int(self.base["traj_len"].shape[0])
+
+    @property
+    def n_positions(self) -> int:
+        return int(self.base["traj_len"].sum())
+
+    @property
+    def model_free(self) -> bool:
+        return self.arrays is not None and self.arrays.get("rank", 0) is None
+
+    def __getattr__(self, name: str):  # the per-trajectory fields: draft, temperature, traj_prompt, traj_len, ...
+        try:
+            return self.__dict__["base"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def mean_context(self) -> float:
+        """Mean context length over positions (prompt + output so far), as `Features.contexts().mean()`."""
+        n = self.base["traj_len"].astype(np.float64)
+        plen = self.base["prompt_len"].astype(np.float64)
+        return float((plen * n + n * (n - 1) / 2).sum() / max(n.sum(), 1.0))
+
+    def context_range(self) -> tuple[float, float]:
+        """(least, greatest) context length of a call at any position."""
+        n, plen = self.base["traj_len"], self.base["prompt_len"]
+        some = n > 0
+        if not some.any():
+            return 0.0, 0.0
+        return float(plen[some].min()), float((plen[some] + n[some] - 1).max())
+
+    def whole(self) -> Features:
+        """The features of every trajectory."""
+        return self.block(0, self.n_traj)
+
+    def block(self, t0: int, t1: int) -> Features:
+        """The features of trajectories t0..t1-1 (contiguous in the arrays: one read per array)."""
+        b = self.base
+        lo = int(b["traj_start"][t0]) if t0 < self.n_traj else self.n_positions
+        hi = lo + int(b["traj_len"][t0:t1].sum())
+        if self.arrays is not None:
+            arrays = {k: None if v is None else v[lo:hi] for k, v in self.arrays.items()}
+        else:
+            with h5py.File(features_path(b["cache_path"]), "r") as f:
+                g = f[self.key]
+                arrays = {name: g[name][lo:hi] for name in ARRAYS}
+        if t0 == 0 and t1 == self.n_traj:
+            return Features(**b, **arrays)
+        part = {k: b[k][t0:t1] for k in ("traj_len", "traj_prompt", "traj_category", "cache_start", "prompt_len")}
+        part["traj_start"] = b["traj_start"][t0:t1] - lo
+        return Features(**{**b, **part}, **arrays)
+
+    def blocks(self, positions: int) -> list[tuple[int, int]]:
+        """(t0, t1) runs of whole trajectories holding at most `positions` positions each (at least one)."""
+        out, t0, n = [], 0, 0
+        for t, length in enumerate(self.base["traj_len"].tolist()):
+            if t > t0 and n + length > positions:
+                out.append((t0, t))
+                t0, n = t, 0
+            n += length
+        if t0 < self.n_traj:
+            out.append((t0, self.n_traj))
+        return out
+
+    def sample(self, positions: int, seed: int, block: int) -> Features:
+        """Features of trajectories drawn at random (seeded) until they hold `positions` positions, in cache
+        order; every trajectory when the cache holds no more. Read a block at a time."""
+        if self.n_positions <= positions:
+            return self.whole()
+        order = np.random.default_rng([seed, 23]).permutation(self.n_traj)
+        take = np.sort(order[: int(np.searchsorted(np.cumsum(self.base["traj_len"][order]), positions)) + 1])
+        parts = []
+        for t0, t1 in self.blocks(block):
+            here = take[(take >= t0) & (take < t1)] - t0
+            if here.size:
+                parts.append(_detach(self.block(t0, t1).subset(here)))
+        return _concat(parts)
+
+
+ARRAYS = ("token", "rank", "logp", "logq", "top_ids")
+
+
+def _detach(features: Features) -> Features:
+    """A subset standing alone: no parent, reading its recorded statistics from the cache itself."""
+    return replace(features, parent=None, _memo={})
+
+
+def _concat(parts: list[Features]) -> Features:
+    """One Features of several (same draft and temperature), trajectories in the given order."""
+    first = parts[0]
+    lens = np.concatenate([p.traj_len for p in parts])
+    cat = lambda name: None if getattr(first, name) is None else np.concatenate(  # noqa: E731
+        [getattr(p, name) for p in parts])
+    return replace(first, traj_start=np.concatenate([[0], np.cumsum(lens[:-1], dtype=np.int64)]).astype(np.int64),
+                   traj_len=lens, **{name: cat(name) for name in (
+                       "traj_prompt", "traj_category", "cache_start", "prompt_len", *ARRAYS)},
+                   parent=None, _memo={})
+
+
+def feature_source(cache, draft: str, temperature: float, *, top_k: int = 16, progress: bool = True) -> FeatureSource:
+    """Where `draft`'s features on the trajectories at `temperature` are, derived into the features file
+    beside the cache first if they are not there yet (`load_features` reads them whole)."""
+    reader = cache if isinstance(cache, CacheReader) else CacheReader(cache)
+    try:
+        return _source(reader, draft, temperature, top_k, progress)
+    finally:
+        if reader is not cache:
+            reader.close()
+
+
+def _source(reader: CacheReader, draft: str, temperature: float, top_k: int, progress: bool) -> FeatureSource:
     T = reader.check_temperature(float(temperature))
     model_free = draft not in reader.spec.drafts and is_model_free(draft)
     if not model_free:
@@ -286,14 +415,17 @@ def _load(reader: CacheReader, draft: str, temperature: float, top_k: int, progr
     )
     if model_free:
         token = np.concatenate([reader.tokens(r.start, r.stop) for r in rows])
-        return Features(**base, token=token, rank=None, logp=None, logq=None, top_ids=None)
+        return FeatureSource(base, None, dict(token=token, rank=None, logp=None, logq=None, top_ids=None))
     K = max(1, min(int(top_k), reader.spec.vocab_size))
     key = f"{draft.replace('/', '|')}@T={T:g}@K={K}"
-    stored = _read_stored(reader, key)
-    if stored is None:
-        stored = _derive(reader, base, draft, T, K, progress)
-        _write_stored(reader, key, stored)
-    return Features(**base, **stored)
+    if _stored(reader, key):
+        return FeatureSource(base, key, None)
+    written = _derive_stored(reader, key, base, draft, T, K, progress)
+    if written:
+        return FeatureSource(base, key, None)
+    arrays = _empty(base, K)  # the features file cannot be written here: derive into memory
+    _derive(reader, base, draft, T, K, progress, arrays)
+    return FeatureSource(base, None, arrays)
 
 
 def _max_new_tokens(meta: dict) -> int | None:
@@ -359,16 +491,21 @@ class _Base:  # what _runs needs, before the Features exist
         self.traj_start, self.cache_start, self.traj_len = base["traj_start"], base["cache_start"], base["traj_len"]
 
 
-def _derive(reader: CacheReader, base: dict, draft: str, T: float, K: int, progress: bool) -> dict:
+def _empty(base: dict, K: int) -> dict:
+    """The feature arrays of `base`'s positions, unfilled."""
+    N = int(base["traj_len"].sum())
+    axis = () if base["depth"] is None else (base["depth"],)  # head drafts: one entry per depth
+    return dict(token=np.empty(N, dtype=np.int32), rank=np.empty((N, *axis), dtype=np.int32),
+                logp=np.empty(N, dtype=np.float64), logq=np.empty((N, *axis), dtype=np.float64),
+                top_ids=np.empty((N, *axis, K), dtype=np.int32))
+
+
+def _derive(reader: CacheReader, base: dict, draft: str, T: float, K: int, progress: bool, out: dict) -> None:
+    """Fill `out` (numpy arrays or HDF5 datasets of `_empty`'s shapes) with the features, BLOCK positions a time."""
     from tqdm.auto import tqdm
 
     N = int(base["traj_len"].sum())
-    axis = () if base["depth"] is None else (base["depth"],)  # head drafts: one entry per depth
-    token = np.empty(N, dtype=np.int32)
-    rank = np.empty((N, *axis), dtype=np.int32)
-    logp = np.empty(N, dtype=np.float64)
-    logq = np.empty((N, *axis), dtype=np.float64)
-    top_ids = np.empty((N, *axis, K), dtype=np.int32)
+    token, rank, logp, logq, top_ids = (out[name] for name in ARRAYS)
     Ts = T if T > 0 else 1.0
     recorded = reader.has_stats() and K <= STATS_TOP_K  # float32 statistics from the recording: no logits read
     bar = tqdm(total=N, unit="pos", desc=f"features {draft} T={T:g}", disable=not progress, dynamic_ncols=True)
@@ -401,7 +538,6 @@ def _derive(reader: CacheReader, base: dict, draft: str, T: float, K: int, progr
         raise CacheError(f"{reader.path}: corrupt data while reading logits ({exc})") from None
     finally:
         bar.close()
-    return dict(token=token, rank=rank, logp=logp, logq=logq, top_ids=top_ids)
 
 
 def _softmax(logits: np.ndarray, T: float) -> np.ndarray:
@@ -433,43 +569,58 @@ def _valid(f: h5py.File, fp: dict) -> bool:
     return set(f.attrs) == set(fp) and all(f.attrs.get(k) == v for k, v in fp.items())
 
 
-def _read_stored(reader: CacheReader, key: str) -> dict | None:
-    path = features_path(reader.path)
+FILLING = "filling"  # attribute of a group still being derived (a crash leaves it; it is derived again)
+
+
+def _stored(reader: CacheReader, key: str) -> bool:
+    """True when the features file holds `key`, complete, for this cache's content."""
     try:
-        with h5py.File(path, "r") as f:
-            if not _valid(f, _fingerprint(reader)) or key not in f:
-                return None
-            g = f[key]
-            return {name: g[name][()] for name in ("token", "rank", "logp", "logq", "top_ids")}
+        with h5py.File(features_path(reader.path), "r") as f:
+            return _valid(f, _fingerprint(reader)) and key in f and FILLING not in f[key].attrs
     except (OSError, KeyError):
-        return None  # missing, stale or unreadable: derive again
+        return False  # missing, stale or unreadable: derive again
 
 
-def _write_stored(reader: CacheReader, key: str, arrays: dict) -> None:
+def _derive_stored(reader: CacheReader, key: str, base: dict, draft: str, T: float, K: int, progress: bool) -> bool:
+    """Derive the features straight into the features file; False when it cannot be written here (a
+    read-only directory, or another process holding it), so the caller derives into memory."""
     path = features_path(reader.path)
     fp = _fingerprint(reader)
     try:
         try:
             f = h5py.File(path, "a")
         except OSError:
-            path.unlink(missing_ok=True)  # not HDF5 (a crashed write): start over
+            if path.exists() and not _is_hdf5(path):
+                path.unlink()  # not HDF5 (a crashed write): start over
             f = h5py.File(path, "a")
-        with f:
-            if not _valid(f, fp):
-                for name in list(f):
-                    del f[name]
-                for name in list(f.attrs):
-                    del f.attrs[name]
-                f.attrs.update(fp)
-            if key in f:
-                del f[key]
-            g = f.create_group(key)
-            for name, x in arrays.items():
-                g.create_dataset(name, data=x)
     except OSError:
-        # A read-only directory only costs re-deriving next time.
         try:
             if path.exists() and path.stat().st_size == 0:
                 os.remove(path)
         except OSError:
             pass
+        return False
+    with f:
+        if not _valid(f, fp):
+            for name in list(f):
+                del f[name]
+            for name in list(f.attrs):
+                del f.attrs[name]
+            f.attrs.update(fp)
+        if key in f:
+            del f[key]
+        g = f.create_group(key)
+        g.attrs[FILLING] = True
+        shapes = {name: (x.shape, x.dtype) for name, x in _empty({**base, "traj_len": base["traj_len"][:0]}, K).items()}
+        N = int(base["traj_len"].sum())
+        out = {name: g.create_dataset(name, shape=(N, *shape[1:]), dtype=dtype) for name, (shape, dtype) in shapes.items()}
+        _derive(reader, base, draft, T, K, progress, out)
+        del g.attrs[FILLING]
+    return True
+
+
+def _is_hdf5(path: Path) -> bool:
+    try:
+        return h5py.is_hdf5(path)
+    except OSError:
+        return False
