@@ -1,4 +1,4 @@
-"""Replay at scale: a 100-configuration sweep over a million-position stats cache, and memory at 1k vs 100k.
+"""Replay at scale: a 100-configuration sweep over a million-position stats cache, and memory at 1k, 100k and 1M positions.
 
     python -m benchmarks.bench_scale                  # ~2-4 min on a 2-core CPU (builds a ~1 GB cache in /tmp)
     python -m benchmarks.bench_scale --positions 200000
@@ -16,8 +16,9 @@ trees with i.i.d. and without-replacement candidates, three lossy rules and both
 adaptive rules — reporting configuration-positions per second (goal: 10^7, i.e. 100
 configurations of 1M positions in <= 10 s). The baseline in the same run is the same
 sweep's closed-form greedy chains alone, per configuration. Finally the peak RSS of the
-same sweep in fresh processes on caches of 1k and 100k positions: bounded in the
-number of positions means a small constant per position, not per (position × vocab).
+same sweep in fresh processes on caches of 1k, 100k and `--positions` positions. Bounded in
+the number of positions means flat once the cache is larger than the sweep's block and fit sample
+(so also at `--positions`), growing only with the per-trajectory results.
 """
 
 from __future__ import annotations
@@ -194,19 +195,23 @@ def main(argv: list[str]) -> None:
         _greedy_adaptive(cache)
 
         rows = []
-        for positions in (1_000, 100_000):
-            small = Path(tmp) / f"rss-{positions}.h5"
-            build(small, positions)
+        for positions in (1_000, 100_000, args.positions):
+            small = cache if positions == args.positions else Path(tmp) / f"rss-{positions}.h5"
+            if positions != args.positions:
+                build(small, positions)
             out = subprocess.run([sys.executable, "-m", "benchmarks.bench_scale", "--child", str(small),
                                   "--n-boot", str(args.n_boot)], capture_output=True, text=True, check=True)
             rows.append((positions, json.loads(out.stdout.strip().splitlines()[-1])))
         for positions, r in rows:
-            print(f"peak RSS of the sweep in a fresh process, {positions:>7,} positions per temperature: "
+            print(f"peak RSS of the sweep in a fresh process, {positions:>9,} positions per temperature: "
                   f"{r['peak_rss_mb']:.0f} MB ({r['configs']} configurations, {r['seconds']:.1f} s)")
-        (p1, r1), (p2, r2) = rows
-        print(f"  growth: {(r2['peak_rss_mb'] - r1['peak_rss_mb']) * 1024 / (2 * (p2 - p1)):.2f} KB per position "
-              "(both temperatures' positions counted)")
+        for (p1, r1), (p2, r2) in zip(rows, rows[1:]):
+            print(f"  growth {p1:,} -> {p2:,}: {(r2['peak_rss_mb'] - r1['peak_rss_mb']) * 1024 / (2 * (p2 - p1)):.3f} KB "
+                  "per position (both temperatures' positions counted)")
+        from specsim.sim.api import BLOCK_POSITIONS, FIT_POSITIONS
 
+        print(f"  (the sweep replays {BLOCK_POSITIONS:,} positions at a time and fits optimal trees on at most "
+              f"{FIT_POSITIONS:,}: memory grows with positions up to those, then only per trajectory)")
 
 if __name__ == "__main__":
     main(sys.argv[1:])

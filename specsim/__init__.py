@@ -29,6 +29,8 @@ def simulate(
     seed=0,
     progress=False,
     unpriced="skip",
+    block_positions=None,
+    fit_positions=None,
 ):
     """Replay speculative decoding configurations on a cache; a polars DataFrame, one row per
     configuration (x batch size) and prompt category ("all" first).
@@ -45,7 +47,9 @@ def simulate(
     speedup. batches (with a profile): extra rows at these batch sizes, `batching` "lockstep"
     or "continuous". unpriced: a tree beyond what the profile measured is dropped ("skip")
     or kept with empty speed columns and the reason in `cost_basis` ("keep"). n_boot, seed: the 95% bootstrap over prompts; samples: Monte-Carlo
-    samples per position where an estimator needs them.
+    samples per position where an estimator needs them. block_positions: positions replayed at
+    once (memory; default 131,072); fit_positions: positions of random trajectories that trees
+    fitted on the cache (optimal:N) are fitted on at most (default 262,144).
 
     Example:
         >>> import specsim
@@ -57,7 +61,8 @@ def simulate(
     return _simulate(cache, trees, drafts=drafts, policies=policies, budgets=budgets, temperatures=temperatures,
                      multi_draft=multi_draft, cost_profile=cost_profile, cost=cost, batches=batches,
                      batching=batching, by_category=by_category, n_boot=n_boot, samples=samples, seed=seed,
-                     progress=progress, unpriced=unpriced)
+                     progress=progress, unpriced=unpriced, block_positions=block_positions,
+                     fit_positions=fit_positions)
 
 
 __all__ = ["simulate", "__version__"]

@@ -29,7 +29,8 @@ import polars as pl
 
 from specsim.cache.store import CacheReader
 from specsim.errors import CacheError, SpecError
-from specsim.sim.features import load_features, target_name
+from specsim.sim.api import BLOCK_POSITIONS, FIT_POSITIONS
+from specsim.sim.features import feature_source, target_name
 from specsim.specs import is_model_free, tree_family
 from specsim.trees import Tree, draw_tree
 
@@ -337,10 +338,10 @@ def run_study(
                                  f"e.g. {beyond['cost_basis'][0].removeprefix('none: ')}")
             spec = parse_policy(policy, multi_draft=config.multi_draft, samples=config.samples)
             for draft in drafts:
-                features = load_features(path, draft, T, progress=False)
-                beta = features.acceptance()  # (N,), or a head draft's (N, D): its depth-1 law
-                alpha = float((beta if beta.ndim == 1 else beta[:, 0]).mean())  # the per-token α Leviathan assumes
-                theory.append(_theory_rows(table, draft, T, alpha, features.n_positions))
+                source = feature_source(path, draft, T, progress=False)
+                alpha = _mean_alpha(source)  # the per-token α Leviathan assumes
+                theory.append(_theory_rows(table, draft, T, alpha, source.n_positions))
+                features = source.sample(FIT_POSITIONS, config.seed, BLOCK_POSITIONS)  # fits: a bounded sample
                 pair = f"{draft} → {short_name(features.models['target'])}"
                 fits = optimal_trees(features, list(config.budgets), policy=spec, samples=config.samples,
                                      seed=config.seed) if "optimal" in families else []
@@ -400,6 +401,15 @@ def _profile_for(reader: CacheReader, profiles):
             continue
         return profile
     return None
+
+
+def _mean_alpha(source) -> float:
+    """Mean one-token acceptance β over every position, a block at a time (a head draft's: its depth-1 law)."""
+    total = 0.0
+    for span in source.blocks(BLOCK_POSITIONS):
+        beta = source.block(*span).acceptance()  # (n,), or (n, D)
+        total += float((beta if beta.ndim == 1 else beta[:, 0]).sum())
+    return total / max(source.n_positions, 1)
 
 
 def _theory_rows(table: pl.DataFrame, draft: str, T: float, alpha: float, n_positions: int) -> pl.DataFrame:

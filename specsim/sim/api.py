@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import sys
 import zlib
-from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import polars as pl
@@ -28,7 +28,7 @@ from specsim.errors import CacheError, SpecError
 from specsim.sim.batch import BATCHING
 from specsim.sim.cost import load_cost_profile, parse_cost
 from specsim.sim.engine import AcceptanceTable, TrajectoryStats, walk
-from specsim.sim.features import Features, load_features, target_name
+from specsim.sim.features import Features, FeatureSource, feature_source, target_name
 from specsim.sim.metrics import ALL, summarize_many
 from specsim.sim.policies import check_temperature, run_policy
 from specsim.specs import (PolicySpec, drafts_in_one_pass, expand_trees, feeds_accepted, is_model_free, model_free_help,
@@ -112,6 +112,8 @@ def sweep(
     progress: bool = False,
     on_skip: Callable[[str], None] | None = None,
     unpriced: str = "skip",
+    block_positions: int | None = None,
+    fit_positions: int | None = None,
 ) -> Sweep:
     """Simulate every configuration of the sweep; one row per configuration and category ("all" first).
 
@@ -137,6 +139,12 @@ def sweep(
     tree, a p-vs-q rule with a model-free draft, ...) is skipped: `on_skip` receives one
     line saying which and why (default: printed to stderr). SpecError only when nothing
     is left to run.
+
+    Memory: the cache is replayed a block of trajectories at a time (`block_positions`,
+    default BLOCK_POSITIONS), so it stays bounded in the number of positions, and trees
+    fitted on the cache (optimal:N) are fitted on at most `fit_positions` positions
+    (default FIT_POSITIONS) of randomly chosen trajectories. Batch timelines (`batches`)
+    and model-free drafts (suffix decoding's tree spans requests) replay in one piece.
     """
     from tqdm.auto import tqdm
 
@@ -183,42 +191,18 @@ def sweep(
         n_configs = len(plan) * len(drafts) * len(specs)
         rows: list[dict] = []
         requests: list[pl.DataFrame] = []
-        bar = tqdm(total=n_configs, unit="config", desc="simulating", disable=not progress, dynamic_ncols=True)
+        bar = tqdm(total=n_configs, unit="config", desc="simulating", disable=not progress, dynamic_ncols=True,
+                   bar_format="{l_bar}{bar}| {n:.0f}/{total} configurations [{elapsed}<{remaining}]")
         try:
             for T in sorted({t for t, _ in plan}):
                 for draft in drafts:
-                    features = load_features(reader, draft, T, top_k=top_k, progress=progress)
-                    for _, policy in [tp for tp in plan if tp[0] == T]:
-                        runs: list[tuple[dict, TrajectoryStats]] = []
-                        tables: list = []  # kept for the batch rows only: an (N, D+1) law per configuration
-                        keep_tables = any(b > 1 for b in batches)
-                        trees_here = _trees_for(features, policy, specs, fixed, skipped)
-                        _warm_candidates(features, policy, [t for t in trees_here.values() if t is not None], seed)
-                        held_out = _cross_fit(features, policy, pricing[draft],
-                                              [s for s in specs if s not in fixed and trees_here.get(s) is not None],
-                                              seed=seed, unpriced=unpriced)
-                        for spec in specs:
-                            tree = trees_here[spec]
-                            if tree is not None:
-                                try:
-                                    head, stats, table = _configuration(
-                                        features, tree, policy, pricing[draft].within_range(features, tree, unpriced),
-                                        reader, n_boot=n_boot, seed=seed)
-                                    if spec not in fixed:  # a tree fitted on the cache: score it held out
-                                        stats, head["tail"]["fit"], head["tail"]["cost_basis"] = held_out.get(
-                                            spec, (stats, IN_SAMPLE, head["tail"]["cost_basis"]))
-                                    runs.append((head, stats))
-                                    tables.append((tree, table if keep_tables else None))
-                                except SpecError as exc:
-                                    skipped.append(_skip_line(features, policy, spec, exc))
-                            bar.update()
-                        found = _rows(runs, features, by_category=by_category, n_boot=n_boot, seed=seed)
-                        rows += found
-                        requests += _request_rows(runs, features)
-                        for b in batches:
-                            if b > 1:
-                                rows += _batch_rows(found, tables, features, pricing[draft], b, batching,
-                                                    n_boot=n_boot, seed=seed, skipped=skipped, policy=policy)
+                    source = feature_source(reader, draft, T, top_k=top_k, progress=progress)
+                    found, asked = _replay(source, [p for t, p in plan if t == T], specs, fixed, pricing[draft], reader,
+                                           batches=batches, batching=batching, n_boot=n_boot, seed=seed,
+                                           unpriced=unpriced, by_category=by_category, skipped=skipped,
+                                           block_positions=block_positions, fit_positions=fit_positions, bar=bar)
+                    rows += found
+                    requests += asked
         finally:
             bar.close()
     for line in skipped:
@@ -260,10 +244,31 @@ class Pricing:
         if self.model is None or unpriced == "skip":
             return self
         try:
-            self.priced(features, tree)
+            if isinstance(features, FeatureSource):
+                self._check_range(features, tree)
+            else:
+                self.priced(features, tree)
         except SpecError as exc:
             return Pricing(None, None, f"none: {exc}")
         return self
+
+    def _check_range(self, source: FeatureSource, tree: Tree) -> None:
+        """SpecError where `priced` would refuse some position of `source` (its least and greatest context
+        bound every lookup; a call at the least room drafts a subtree of the full one)."""
+        from specsim.sim.cost import tree_by_room
+
+        model, key = self.model, self.draft_key
+        L = np.array(source.context_range(), dtype=np.float64)
+        model.plain_s(1, L)
+        one_pass = drafts_in_one_pass(source.draft)
+        for shape in tree_by_room(tree, model_draft=key is not None, one_pass=one_pass):
+            model.verify_s(1, shape.verify_tokens, L)
+            for w in shape.draft_levels:
+                model.draft_s(key, 1, w, L)
+        if key is not None and tree.budget and not one_pass:
+            every = feeds_accepted(source.draft)
+            for a in range(1, tree.max_depth + 1) if every else [tree.max_depth]:
+                model.draft_s(key, 1, 1 + a if every else 2, L)
 
     def priced(self, features: Features, tree: Tree, batch: int = 1,
                drafted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -356,55 +361,191 @@ def _trees_for(features: Features, policy: PolicySpec, specs: list[str], fixed: 
 
 FOLDS = 5  # cross-fitting folds over prompts for trees fitted on the cache
 IN_SAMPLE = "in-sample: fitted and scored on the same prompts (fewer than 2 prompts)"
+BLOCK_POSITIONS = 1 << 17  # positions replayed at once: the sweep's memory is bounded by this, not the cache
+FIT_POSITIONS = 1 << 18  # positions of random trajectories a tree fitted on the cache is fitted on, at most
+HELD_OUT = f"held-out: {FOLDS}-fold cross-fitting over prompts (each prompt scored by a tree fitted on the others)"
 
 
-def _cross_fit(features: Features, policy: PolicySpec, pricing: Pricing, specs: list[str], *,
-               seed: int, unpriced: str = "skip") -> dict[str, tuple[TrajectoryStats, str, str]]:
-    """Held-out totals of fitted trees (optimal:N): K-fold cross-fitting over prompts.
+@dataclass
+class _Policy:
+    """One policy's trees on one (draft, temperature), what its configurations accumulate, and their pricing."""
 
-    Each fold's trajectories are decoded with the tree fitted on the other folds' prompts, so no
-    trajectory is scored by a tree that saw it; the rows report the fitting procedure's
-    out-of-sample tokens per call, not its in-sample optimum.
+    policy: PolicySpec
+    trees: dict  # spec -> Tree (None: skipped)
+    folds: list  # (fold, fitted trees in `fitted` order) for cross-fitting; empty without
+    fitted: list  # specs scored held out
+    pricing: dict  # spec -> Pricing (held-out specs: one pricing for every fold)
+    warm_rng: np.random.Generator
+    own: dict = field(default_factory=dict)  # spec -> [(trajectories, TrajectoryStats)] with its own tree
+    held: dict = field(default_factory=dict)  # spec -> [(trajectories, TrajectoryStats)] held out
+    tables: dict = field(default_factory=dict)  # spec -> AcceptanceTable (batch timelines only)
+    failed: dict = field(default_factory=dict)  # spec -> skip line
+    rngs: dict = field(default_factory=dict)  # (spec, fold or None) -> its Monte-Carlo stream across blocks
+
+
+def _replay(source: FeatureSource, policies: list[PolicySpec], specs: list[str], fixed: dict[str, Tree],
+            pricing: Pricing, reader: CacheReader, *, batches: list[int], batching: str, n_boot: int, seed: int,
+            unpriced: str, by_category: bool, skipped: list[str], block_positions: int | None,
+            fit_positions: int | None, bar) -> tuple[list[dict], list[pl.DataFrame]]:
+    """Rows and request rows of every (policy, tree) of one (draft, temperature), a block of trajectories at a time.
+
+    Each configuration's per-trajectory totals are merged over the blocks (the walk's totals are
+    per trajectory, and blocks hold whole trajectories), so exact policies give the rows of
+    one piece. One block: trees are fitted on it and every step runs in the order of a
+    one-piece replay; several: trees are fitted first, on a bounded random sample.
     """
-    prompts = np.unique(features.traj_prompt)
-    k = min(FOLDS, len(prompts))
-    if not specs or k < 2:
-        return {}
-    from specsim.sim.optimize import optimal_trees
+    keep_tables = any(b > 1 for b in batches)
+    block = max(1, int(block_positions or BLOCK_POSITIONS))
+    spans = [(0, source.n_traj)] if keep_tables or source.model_free else source.blocks(block)
+    to_fit = [s for s in specs if s not in fixed]
+    fold_of = _folds(source.traj_prompt, seed)
+    states: list[_Policy] = []
+    if len(spans) == 1:
+        features = source.block(*spans[0])
+        for policy in policies:
+            state = _plan(features, features, policy, specs, fixed, pricing, fold_of, seed=seed, unpriced=unpriced,
+                          skipped=skipped, warm=True)
+            _replay_block(features, 0, state, specs, fold_of, seed=seed, keep_tables=keep_tables, bar=bar, share=1.0)
+            states.append(state)
+    else:
+        fit = source.sample(int(fit_positions or FIT_POSITIONS), seed, block) if to_fit else None
+        states = [_plan(fit, source, policy, specs, fixed, pricing, fold_of, seed=seed, unpriced=unpriced,
+                        skipped=skipped, warm=False) for policy in policies]
+        for t0, t1 in spans:
+            features = source.block(t0, t1)
+            for state in states:
+                _warm_candidates(features, state.policy, [t for t in state.trees.values() if t is not None],
+                                 state.warm_rng)
+                _replay_block(features, t0, state, specs, fold_of, seed=seed, keep_tables=False, bar=bar,
+                              share=1.0 / len(spans))
+            del features
+    rows: list[dict] = []
+    requests: list[pl.DataFrame] = []
+    for state in states:
+        runs: list[tuple[dict, TrajectoryStats]] = []
+        tables = []
+        for spec in specs:
+            tree = state.trees[spec]
+            if tree is None:
+                continue
+            if spec in state.failed:
+                skipped.append(state.failed[spec])
+                continue
+            held = spec in state.fitted
+            stats = _merge_stats(state.held[spec] if held else state.own[spec], source)
+            here = state.pricing[spec]
+            fit = HELD_OUT.replace(f"{FOLDS}-fold", f"{len(state.folds)}-fold") if held else (
+                None if spec in fixed else IN_SAMPLE)
+            if held and source.n_positions > int(fit_positions or FIT_POSITIONS) and len(spans) > 1:
+                fit += (f"; fitted on a random sample of trajectories ({int(fit_positions or FIT_POSITIONS):,} "
+                        "positions at most)")
+            runs.append((_head(source, tree, state.policy, here, reader, stats, fit=fit, n_boot=n_boot, seed=seed),
+                         stats))
+            tables.append((tree, state.tables.get(spec)))
+        found = _rows(runs, source, by_category=by_category, n_boot=n_boot, seed=seed)
+        rows += found
+        requests += _request_rows(runs, source)
+        for b in batches:
+            if b > 1:
+                rows += _batch_rows(found, tables, features, pricing, b, batching, n_boot=n_boot, seed=seed,
+                                    skipped=skipped, policy=state.policy)  # one piece: `features` is every trajectory
+    return rows, requests
 
+
+def _folds(traj_prompt: np.ndarray, seed: int) -> tuple[int, np.ndarray] | None:
+    """(k, fold of each trajectory): prompts dealt at random into k <= FOLDS folds; None below 2 prompts."""
+    prompts = np.unique(traj_prompt)
+    k = min(FOLDS, len(prompts))
+    if k < 2:
+        return None
     order = np.random.default_rng([seed, 17]).permutation(prompts)
     fold_of = {int(p): i % k for i, p in enumerate(order)}
-    fold = np.array([fold_of[int(p)] for p in features.traj_prompt])
-    budgets = [int(s.split(":", 1)[1]) for s in specs]
+    return k, np.array([fold_of[int(p)] for p in traj_prompt], dtype=np.int64)
+
+
+def _plan(fit: Features | None, where, policy: PolicySpec, specs: list[str], fixed: dict[str, Tree],
+          pricing: Pricing, fold_of, *, seed: int, unpriced: str, skipped: list[str], warm: bool) -> _Policy:
+    """A policy's trees (fitted ones on `fit`), cross-fitting folds and pricing; `where` (Features or
+    FeatureSource) is what the pricing must cover. warm: estimate `fit`'s candidate acceptance first."""
+    trees = _trees_for(fit if fit is not None else where, policy, specs, fixed, skipped)
+    warm_rng = _warm_rng(where, policy, seed)
+    if warm:
+        _warm_candidates(fit if fit is not None else where, policy, [t for t in trees.values() if t is not None],
+                         warm_rng)
+    fitted = [s for s in specs if s not in fixed and trees.get(s) is not None]
     folds = []
-    for f in range(k):
-        test, train = np.flatnonzero(fold == f), np.flatnonzero(fold != f)
-        held = features.subset(test)
-        folds.append((f, test, held, optimal_trees(features.subset(train), budgets, policy=policy, seed=seed)))
-    parts: dict[str, list] = {s: [] for s in specs}
-    for i, spec in enumerate(specs):
-        # one pricing for every fold, so a spec's merged totals are all priced or all unpriced
-        here = pricing
-        for _, _, held, fits in folds:
-            if here.model is not None:
-                here = here.within_range(held, fits[i].tree, unpriced)
-        for f, test, held, fits in folds:
-            tree = fits[i].tree
-            rng = np.random.default_rng([seed, f, zlib.crc32(spec.encode())])
-            table = run_policy(held, tree, policy, rng, here if here.model is not None else None)
-            if here.model is not None:
-                call, plain, feed = here.priced(held, tree, drafted=_proposed(held, table))
-                stats = walk(table, held, call, plain_cost=plain, next_feed_cost=feed)
-            else:
-                stats = walk(table, held)
-            parts[spec].append((test, stats))
-        parts[spec] = (parts[spec], here.basis)
-    label = f"held-out: {k}-fold cross-fitting over prompts (each prompt scored by a tree fitted on the others)"
-    return {spec: (_merge_stats(pieces, features.n_traj), label, basis) for spec, (pieces, basis) in parts.items()}
+    if fitted and fold_of is not None:
+        from specsim.sim.optimize import optimal_trees
+
+        k, of_traj = fold_of
+        fit_fold = _folds_of(fit, where, of_traj)
+        budgets = [int(s.split(":", 1)[1]) for s in fitted]
+        folds = [(f, optimal_trees(fit.subset(np.flatnonzero(fit_fold != f)), budgets, policy=policy, seed=seed))
+                 for f in range(k)]
+    prices = {}
+    for spec in specs:
+        tree = trees.get(spec)
+        if tree is None:
+            continue
+        if spec in fitted and folds:  # one pricing for every fold: a spec's merged totals are all priced or not
+            here = pricing
+            for _, fits in folds:
+                if here.model is not None:
+                    here = here.within_range(where, fits[fitted.index(spec)].tree, unpriced)
+            prices[spec] = here
+        else:
+            prices[spec] = pricing.within_range(where, tree, unpriced)
+    return _Policy(policy=policy, trees=trees, folds=folds, fitted=fitted if folds else [], pricing=prices,
+                   warm_rng=warm_rng)
 
 
-def _merge_stats(pieces: list[tuple[np.ndarray, TrajectoryStats]], n_traj: int) -> TrajectoryStats:
-    """One TrajectoryStats over all trajectories from per-fold pieces (rows in the original order)."""
+def _folds_of(fit: Features, where, of_traj: np.ndarray) -> np.ndarray:
+    """The fold of each of `fit`'s trajectories (a sample of `where`'s, or the same ones)."""
+    if fit is where or fit.n_traj == len(of_traj) and np.array_equal(fit.cache_start, where.cache_start):
+        return of_traj
+    index = {int(c): i for i, c in enumerate(where.cache_start.tolist())}
+    return of_traj[[index[int(c)] for c in fit.cache_start.tolist()]]
+
+
+def _replay_block(features: Features, t0: int, state: _Policy, specs: list[str], fold_of, *, seed: int,
+                  keep_tables: bool, bar, share: float) -> None:
+    """Walk every configuration of `state` on one block of trajectories (the first is t0), adding its totals."""
+    policy = state.policy
+    rows_here = np.arange(features.n_traj) + t0
+    for spec in specs:
+        tree = state.trees[spec]
+        if tree is not None and spec not in state.failed:
+            try:
+                if spec in state.fitted:
+                    tree_at = state.fitted.index(spec)
+                    fold = fold_of[1][t0 : t0 + features.n_traj]
+                    for f, fits in state.folds:
+                        sel = np.flatnonzero(fold == f)
+                        if sel.size:
+                            rng = state.rngs.setdefault((spec, f), np.random.default_rng(
+                                [seed, f, zlib.crc32(spec.encode())]))
+                            stats, _ = _walk_one(features.subset(sel), fits[tree_at].tree, policy,
+                                                 state.pricing[spec], rng)
+                            state.held.setdefault(spec, []).append((sel + t0, stats))
+                if spec not in state.fitted or keep_tables:
+                    rng = state.rngs.setdefault((spec, None), _config_rng(features, policy, tree, seed))
+                    stats, table = _walk_one(features, tree, policy, state.pricing[spec], rng)
+                    state.own.setdefault(spec, []).append((rows_here, stats))
+                    if keep_tables:
+                        state.tables[spec] = table
+            except SpecError as exc:
+                state.failed[spec] = _skip_line(features, policy, spec, exc)
+                state.own.pop(spec, None)
+                state.held.pop(spec, None)
+        bar.update(share)
+
+
+def _merge_stats(pieces: list[tuple[np.ndarray, TrajectoryStats]], where) -> TrajectoryStats:
+    """One TrajectoryStats over all of `where`'s trajectories from pieces (trajectory indices, totals); the
+    per-configuration scalars (`extra`) are merged too: maxima by max, means weighted by positions."""
+    n_traj = where.n_traj
+    if len(pieces) == 1 and pieces[0][0].shape[0] == n_traj and np.array_equal(pieces[0][0], np.arange(n_traj)):
+        return pieces[0][1]
     depth = max(p.reach.shape[1] for _, p in pieces)
     out = {name: np.zeros(n_traj) for name in ("calls", "drafted", "accepted", "tokens", "cost")}
     plain = np.zeros(n_traj) if all(p.plain is not None for _, p in pieces) else None
@@ -419,10 +560,35 @@ def _merge_stats(pieces: list[tuple[np.ndarray, TrajectoryStats]], n_traj: int) 
         if se is not None and p.se_accepted is not None:
             se[idx] = p.se_accepted
     return TrajectoryStats(**out, reach=reach, exact=all(p.exact for _, p in pieces), se_accepted=se, plain=plain,
-                           extra=pieces[0][1].extra)
+                           extra=_merge_extra([(float(where.traj_len[idx].sum()), p.extra) for idx, p in pieces]))
 
 
-def _warm_candidates(features: Features, policy: PolicySpec, trees: list[Tree], seed: int) -> None:
+def _merge_extra(pieces: list[tuple[float, Mapping | None]]) -> dict | None:
+    """Per-configuration scalars of several pieces: equal values kept, `*_max` by max, other numbers by the
+    position-weighted mean (e.g. the mean TV distortion over positions)."""
+    if all(extra is None for _, extra in pieces):
+        return None
+    out = {}
+    for key in dict(pieces[0][1] or {}):
+        values = [(w, extra[key]) for w, extra in pieces if extra and key in extra]
+        if all(v == values[0][1] for _, v in values):
+            out[key] = values[0][1]
+        elif key.endswith("_max"):
+            out[key] = max(v for _, v in values)
+        elif all(isinstance(v, (int, float)) for _, v in values):
+            weight = sum(w for w, _ in values)
+            out[key] = sum(w * v for w, v in values) / weight if weight else values[0][1]
+        else:
+            out[key] = values[0][1]
+    return out
+
+
+def _warm_rng(features, policy: PolicySpec, seed: int) -> np.random.Generator:
+    label = f"{features.draft}|{features.temperature:g}|{policy.multi_draft}|warm"
+    return np.random.default_rng([seed, zlib.crc32(label.encode())])
+
+
+def _warm_candidates(features: Features, policy: PolicySpec, trees: list[Tree], rng: np.random.Generator) -> None:
     """Estimate sampling trees' candidate acceptance once, at the widest fan-out of the sweep.
 
     `multidraft.candidate_acceptance` keeps its last estimate and serves any narrower tree
@@ -435,47 +601,50 @@ def _warm_candidates(features: Features, policy: PolicySpec, trees: list[Tree], 
         return
     from specsim.sim.multidraft import candidate_acceptance
 
-    label = f"{features.draft}|{features.temperature:g}|{policy.multi_draft}|warm"
-    candidate_acceptance(features, width, scheme=policy.multi_draft, samples=policy.samples,
-                         rng=np.random.default_rng([seed, zlib.crc32(label.encode())]))
+    candidate_acceptance(features, width, scheme=policy.multi_draft, samples=policy.samples, rng=rng)
 
 
-def _configuration(features: Features, tree: Tree, policy: PolicySpec, pricing: Pricing, reader: CacheReader, *,
-                   n_boot: int, seed: int):
-    """The row's description columns, the walk's totals and the acceptance table of one configuration."""
+def _config_rng(features, policy: PolicySpec, tree: Tree, seed: int) -> np.random.Generator:
     label = f"{features.draft}|{features.temperature:g}|{policy.label}|{policy.multi_draft}|{tree.name}"
-    rng = np.random.default_rng([seed, zlib.crc32(label.encode())])  # reproducible per configuration
+    return np.random.default_rng([seed, zlib.crc32(label.encode())])  # reproducible per configuration
+
+
+def _walk_one(features: Features, tree: Tree, policy: PolicySpec, pricing: Pricing, rng: np.random.Generator):
+    """The walk's totals of one configuration on `features` and its acceptance table (None for adaptive rules)."""
     result = run_policy(features, tree, policy, rng, pricing if pricing.model is not None else None)
     table = result if isinstance(result, AcceptanceTable) else None
-    if table is not None:
-        if pricing.model is not None:
-            call, plain, feed = pricing.priced(features, tree, drafted=_proposed(features, table))
-            stats = walk(table, features, call, plain_cost=plain, next_feed_cost=feed)
-        else:
-            stats = walk(table, features)
-    else:
-        stats = result
+    if table is None:
+        return result, None
+    if pricing.model is not None:
+        call, plain, feed = pricing.priced(features, tree, drafted=_proposed(features, table))
+        return walk(table, features, call, plain_cost=plain, next_feed_cost=feed), table
+    return walk(table, features), table
+
+
+def _head(source: FeatureSource, tree: Tree, policy: PolicySpec, pricing: Pricing, reader: CacheReader,
+          stats: TrajectoryStats, *, fit: str | None, n_boot: int, seed: int) -> dict:
+    """The row's description columns of one configuration."""
     storage = reader.spec.storage
     greedy_exact_tail = policy.name == "greedy" and (not tree.budget or int(tree.ranks.max()) < reader.spec.top_k)
     approximate = (not policy.lossless) or (
-        not features.exact_tail and not features.model_free and not greedy_exact_tail and tree.dynamic is None)
+        not source.exact_tail and not source.model_free and not greedy_exact_tail and tree.dynamic is None)
     sampling_tree = (policy.name != "greedy" and tree.budget and int(tree.n_children.max()) > 1
                      and tree.dynamic is None)
     config = {
-        "tree": tree.name, "budget": tree.budget, "depth": tree.max_depth, "draft": features.draft,
-        "target": features.models["target"], "policy": policy.label, "temperature": features.temperature,
+        "tree": tree.name, "budget": tree.budget, "depth": tree.max_depth, "draft": source.draft,
+        "target": source.models["target"], "policy": policy.label, "temperature": source.temperature,
         "multi_draft": policy.multi_draft if sampling_tree else None, "batch": 1, "batching": None,
         "estimate": "exact" if stats.exact else "monte-carlo",
     }
     tail = {
         "lossless": policy.lossless, "storage": storage + (f":{reader.spec.top_k}" if storage == "topk" else ""),
-        "approximate": bool(approximate), "cost_basis": pricing.basis, "fit": None,
-        "context": round(float(features.contexts().mean()), 1),
+        "approximate": bool(approximate), "cost_basis": pricing.basis, "fit": fit,
+        "context": round(source.mean_context(), 1),
         "cache": str(reader.path), "n_boot": n_boot, "seed": seed,
         "samples": policy.samples if not stats.exact else None,
         **dict(stats.extra or {}),
     }
-    return {"config": config, "tail": tail}, stats, table
+    return {"config": config, "tail": tail}
 
 
 def _rows(runs: list[tuple[dict, TrajectoryStats]], features: Features, *, by_category: bool, n_boot: int,

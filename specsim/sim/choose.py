@@ -73,7 +73,8 @@ def fit_on_cache(cache, budgets: Sequence[int], *, draft: str | None = None, pol
 
     from specsim.cache.store import CacheReader
     from specsim.errors import CacheError
-    from specsim.sim.features import load_features
+    from specsim.sim.api import BLOCK_POSITIONS, FIT_POSITIONS
+    from specsim.sim.features import feature_source
     from specsim.sim.optimize import optimal_trees
     from specsim.sim.policies import check_temperature
     from specsim.specs import parse_policy
@@ -92,10 +93,13 @@ def fit_on_cache(cache, budgets: Sequence[int], *, draft: str | None = None, pol
             temperature = 0.0 if policy == "greedy" else hot[0]
         spec = parse_policy(policy, multi_draft=multi_draft, samples=samples)
         check_temperature(spec, float(temperature))
-        features = load_features(reader, draft, temperature, progress=progress)
+        source = feature_source(reader, draft, temperature, progress=progress)
+        features = source.sample(FIT_POSITIONS, seed, BLOCK_POSITIONS)  # every trajectory of a cache this size
         results = optimal_trees(features, list(budgets), policy=spec, max_depth=max_depth, seed=seed)
+    sample = "" if features.n_traj == source.n_traj else (
+        f" (a random sample of {FIT_POSITIONS:,} positions at most, of {source.n_traj})")
     what = (f"draft {draft}, policy {spec.label}" + (f" {multi_draft}" if policy == "sample" else "")
-            + f", T={features.temperature:g}, {features.n_traj} trajectories of {Path(cache).name}")
+            + f", T={features.temperature:g}, {features.n_traj} trajectories{sample} of {Path(cache).name}")
     return Fit(features=features, policy=spec, results=results, what=what)
 
 
