@@ -464,19 +464,20 @@ def _spans(features, block: int) -> Iterator[tuple[int, int, int, np.ndarray]]:
     and at most half of it is unwanted (read and dropped), cutting the number of reads.
     """
     pieces: list[tuple[int, int]] = []  # (cache_start, n) of the current span, contiguous in local numbering
-    local0 = 0
+    local0 = used = 0  # used: rows of the span wanted so far
     for local, cache, n in _runs(features):
         for s in range(0, n, block):
             c, m = cache + s, min(block, n - s)
             if pieces:
-                lo, used = pieces[0][0], sum(k for _, k in pieces)
+                lo = pieces[0][0]
                 span = c + m - lo
                 if c < pieces[-1][0] + pieces[-1][1] or span > block or span > 2 * (used + m):
                     yield local0, lo, pieces[-1][0] + pieces[-1][1], _rows(pieces)
-                    pieces = []
+                    pieces, used = [], 0
             if not pieces:
                 local0 = local + s
             pieces.append((c, m))
+            used += m
     if pieces:
         yield local0, pieces[0][0], pieces[-1][0] + pieces[-1][1], _rows(pieces)
 
