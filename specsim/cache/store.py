@@ -38,6 +38,7 @@ import json
 import os
 import zlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
@@ -579,7 +580,6 @@ class CacheReader:
             self.spec = _read_spec(self._f, self.path)
             self.meta: dict = dict(self.spec.meta)
             rows = _committed_rows(self._f)
-            prompts = _read_prompts(self._f)
             self._probe(rows)
         except CacheError:
             self._f.close()
@@ -587,10 +587,22 @@ class CacheReader:
         except (KeyError, OSError, ValueError) as exc:
             self._f.close()
             raise CacheError(f"{self.path}: corrupt or truncated cache ({exc})") from None
-        self._prompts = prompts
         self._rows = rows
         self.n_positions = int((rows["start"] + rows["length"]).max()) if len(rows) else 0
-        self.prompts = pl.DataFrame(
+
+    # The prompts table is decoded on first use: opening a cache to read statistics (a sweep does,
+    # block by block) then costs no pass over every prompt's text and token ids.
+    @cached_property
+    def _prompts(self) -> list[PromptRecord]:
+        try:
+            return _read_prompts(self._f)
+        except (KeyError, OSError, ValueError) as exc:
+            raise CacheError(f"{self.path}: corrupt or truncated cache ({exc})") from None
+
+    @cached_property
+    def prompts(self) -> pl.DataFrame:
+        prompts = self._prompts
+        return pl.DataFrame(
             {
                 "prompt_index": np.arange(len(prompts), dtype=np.int32),
                 "question_id": [p.question_id for p in prompts],
@@ -599,8 +611,12 @@ class CacheReader:
                 "n_prompt_tokens": [len(p.token_ids) for p in prompts],
             }
         )
+
+    @cached_property
+    def trajectories(self) -> pl.DataFrame:
+        rows, prompts = self._rows, self._prompts
         categories = [prompts[int(i)].category for i in rows["prompt_index"]]
-        self.trajectories = pl.DataFrame(
+        return pl.DataFrame(
             {
                 "traj_index": np.arange(len(rows), dtype=np.int32),
                 "prompt_index": rows["prompt_index"].astype(np.int32),
