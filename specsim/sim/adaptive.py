@@ -54,10 +54,11 @@ def next_gamma_table(rule: str, gamma_cap: int, params: tuple = ()) -> np.ndarra
 
 
 def adaptive_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: np.ndarray,
-                  call_cost: np.ndarray) -> dict[str, np.ndarray]:
+                  call_cost: np.ndarray | None) -> dict[str, np.ndarray]:
     """Expected totals per trajectory of the (position, γ) chain.
 
-    call_cost (N, Γ+1): time of a call of γ drafts starting at each position. A call drafts
+    call_cost (N, Γ+1): time of a call of γ drafts starting at each position (None: unpriced, the
+    cost totals are 0). A call drafts
     min(γ, room) tokens, room = drafts it could still accept before the output limit.
     Point-mass acceptance (greedy: every β is 0 or 1) takes the deterministic walk.
     """
@@ -67,7 +68,7 @@ def adaptive_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt:
 
 
 def markov_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: np.ndarray,
-                call_cost: np.ndarray) -> dict[str, np.ndarray]:
+                call_cost: np.ndarray | None) -> dict[str, np.ndarray]:
     """The forward pass over (offset, γ) states, vectorised over trajectories (any β in [0, 1]).
 
     A call of γ drafts from offset o' (tokens left to the trajectory's end) that accepts a < γ
@@ -128,7 +129,8 @@ def markov_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: n
         tail = surv[1 : cap + 1] * at_least[1:]  # (Γ, m): Σ_γ here · P(A >= k | γ)
         totals["calls"][:m] += at_least[0]
         totals["drafted"][:m] += (here * np.minimum(gammas[:, None], room_all[t][None, :])).sum(axis=0)
-        totals["cost"][:m] += (here * call_cost[t].T).sum(axis=0)
+        if call_cost is not None:
+            totals["cost"][:m] += (here * call_cost[t].T).sum(axis=0)
         totals["accepted"][:m] += tail.sum(axis=0)
         reach[:, :m] += tail
         full = np.arange(1, min(top, o - 2) + 1)  # a call accepting all γ lands at o − γ − 1 > 0
@@ -152,7 +154,7 @@ def _runs(row: np.ndarray) -> list[tuple[int, int]]:
 
 
 def deterministic_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: np.ndarray,
-                       call_cost: np.ndarray) -> dict[str, np.ndarray]:
+                       call_cost: np.ndarray | None) -> dict[str, np.ndarray]:
     """`adaptive_walk` when every β is 0 or 1: each trajectory is one path of calls, walked in lockstep.
 
     A call of γ drafts at t accepts A = min(γ, run_t), run_t = the β = 1 run from t, stopped
@@ -181,7 +183,8 @@ def deterministic_walk(beta: np.ndarray, features: "Features", start_gamma: int,
         totals["calls"][live] += 1
         totals["drafted"][live] += np.minimum(g, room_all[tt])
         totals["accepted"][live] += a
-        totals["cost"][live] += call_cost[tt, g]
+        if call_cost is not None:
+            totals["cost"][live] += call_cost[tt, g]
         reach[live] += depth[None, :] < a[:, None]
         t[live] = tt + a + 1
         gamma[live] = nxt[g, a]
@@ -203,8 +206,9 @@ def adaptive_stats(features: "Features", tree: Tree, spec, rng: np.random.Genera
     start = max(1, tree.max_depth)
     cap = max(MIN_GAMMA_CAP, 2 * start)
     nxt = next_gamma_table(spec.name, cap, tuple(getattr(spec, "params", ())))
-    call_cost, plain = np.zeros((features.n_positions, cap + 1)), None  # (N, Γ+1)
+    call_cost, plain = None, None  # (N, Γ+1) when priced
     if pricing is not None:
+        call_cost = np.zeros((features.n_positions, cap + 1))
         for g in range(1, cap + 1):
             call_cost[:, g] = pricing.priced(features, chain(str(g)))[0]
         plain_steps = pricing.priced(features, chain("1"))[1]
