@@ -66,7 +66,12 @@ def test_device_swor_estimates_are_unbiased(pq, k, seed):
     exact = verify.accept_probability_given_output("sample", p, q, k, "swor")[:, :k]  # (V, k)
     P, Q, y = torch.tensor(np.tile(p, (V, 1))), torch.tensor(np.tile(q, (V, 1))), torch.arange(V)
     reps = dev.acceptance_swor(P, Q, y, k, 4000, torch.Generator().manual_seed(seed)).numpy()  # (V, M, k)
-    mean, se = reps.mean(axis=1), reps.std(axis=1, ddof=1) / np.sqrt(reps.shape[1])
+    M = reps.shape[1]
+    mean, se = reps.mean(axis=1), reps.std(axis=1, ddof=1) / np.sqrt(M)
+    # a rare candidate prefix's share arrives in a few large hits; when M draws saw none, the sample SE is 0.
+    # sqrt(exact / M) is the SE of such hits of size <= 1 (found by hypothesis: a prefix of probability 1/2016
+    # missed by all 4,000 draws, which happens 14% of the time)
+    se = np.maximum(se, np.sqrt(exact / M))
     emitted = p > 0
     assert np.all(np.abs(mean - exact)[emitted] <= 5 * se[emitted] + 1e-4)
 
