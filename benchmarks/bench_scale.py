@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_scale                  # ~2-4 min on a 2-core CPU (builds a ~1 GB cache in /tmp)
     python -m benchmarks.bench_scale --positions 200000
+    python -m benchmarks.bench_scale --workers 4      # the sweep in one process, then in 4
 
 Builds a `--store stats` cache directly with `CacheWriter` (no model): two temperatures
 (greedy and T = 0.7) of `--positions` positions each, trajectories of 256 tokens, the
@@ -14,7 +15,8 @@ Then times, in one process: reading the statistics once (features), and one swee
 100 configurations — greedy chains, k-ary and data-optimal trees, sampling chains and
 trees with i.i.d. and without-replacement candidates, three lossy rules and both
 adaptive rules — reporting configuration-positions per second (goal: 10^7, i.e. 100
-configurations of 1M positions in <= 10 s). The baseline in the same run is the same
+configurations of 1M positions in <= 10 s), in one process and then in `--workers` worker
+processes (default 2; the rows are the same). The baseline in the same run is the same
 sweep's closed-form greedy chains alone, per configuration. Finally the peak RSS of the
 same sweep in fresh processes on caches of 1k, 100k and `--positions` positions. Bounded in
 the number of positions means flat once the cache is larger than the sweep's block and fit sample
@@ -100,17 +102,26 @@ def build(path: Path, positions: int, seed: int = 0) -> int:
     return path.stat().st_size
 
 
-def sweep(cache: Path, n_boot: int) -> tuple[int, float, float]:
-    """Run the 100-configuration sweep; (configurations, wall seconds, CPU seconds)."""
+def sweep(cache: Path, n_boot: int, workers: int = 1) -> tuple[int, float, float]:
+    """Run the 100-configuration sweep; (configurations, wall seconds, CPU seconds of this process and its
+    worker processes, which are stopped at the end so their time is counted)."""
     import specsim
+    from specsim.sim.api import shutdown_pools
 
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, k0 = time.perf_counter(), time.process_time(), _children_cpu()
     n = 0
     for trees, policies, T, multi_draft in SWEEP:
         df = specsim.simulate(cache, trees=trees, budgets=BUDGETS, policies=policies, temperatures=[T],
-                              multi_draft=multi_draft, n_boot=n_boot, by_category=False)
+                              multi_draft=multi_draft, n_boot=n_boot, by_category=False, workers=workers)
         n += df.height
-    return n, time.perf_counter() - t0, time.process_time() - c0
+    wall = time.perf_counter() - t0
+    shutdown_pools()
+    return n, wall, time.process_time() - c0 + _children_cpu() - k0
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _child(cache: str, n_boot: int) -> None:
@@ -160,6 +171,8 @@ def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_scale")
     ap.add_argument("--positions", type=int, default=1_000_000, help="positions per temperature")
     ap.add_argument("--n-boot", type=int, default=200, help="bootstrap resamples over prompts per row")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="also time the sweep with this many worker processes (simulate's workers=)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -178,11 +191,17 @@ def main(argv: list[str]) -> None:
         for T in (0.0, 0.7):
             load_features(cache, "draft", T, progress=False)
         print(f"features (statistics read once per temperature): {time.perf_counter() - t0:.1f} s")
-        load = os.getloadavg()[0]
-        n, wall, cpu = sweep(cache, args.n_boot)
-        print(f"sweep: {n} configurations x {args.positions:,} positions ({args.n_boot} bootstrap resamples each): "
-              f"{wall:.1f} s wall, {cpu:.1f} s CPU, load {load:.2f} -> {os.getloadavg()[0]:.2f}; "
-              f"{n * args.positions / wall:,.0f} configuration-positions/s (goal 10,000,000)")
+        for workers in sorted({1, args.workers}):
+            load = os.getloadavg()[0]
+            n, wall, cpu = sweep(cache, args.n_boot, workers)
+            print(f"sweep, {workers} process{'es' if workers > 1 else ''}: {n} configurations x {args.positions:,} "
+                  f"positions ({args.n_boot} bootstrap resamples each): {wall:.1f} s wall, {cpu:.1f} s CPU, load "
+                  f"{load:.2f} -> {os.getloadavg()[0]:.2f}; {n * args.positions / wall:,.0f} configuration-positions/s "
+                  "(goal 10,000,000)")
+            if workers == 1:
+                wall1 = wall
+        if args.workers > 1:
+            print(f"  {args.workers} worker processes against one, same run: {wall1 / wall:.2f}x")
         import specsim
 
         t0 = time.perf_counter()
@@ -190,8 +209,8 @@ def main(argv: list[str]) -> None:
                                 n_boot=args.n_boot, by_category=False)
         t_base = time.perf_counter() - t0
         print(f"baseline in the same run, greedy chains only ({base.height} configurations): {t_base / base.height:.2f} s "
-              f"per configuration; the sweep averages {wall / n:.2f} s per configuration "
-              f"({wall / n / (t_base / base.height):.1f}x)")
+              f"per configuration; the one-process sweep averages {wall1 / n:.2f} s per configuration "
+              f"({wall1 / n / (t_base / base.height):.1f}x)")
         _greedy_adaptive(cache)
 
         rows = []

@@ -31,6 +31,7 @@ def simulate(
     unpriced="skip",
     block_positions=None,
     fit_positions=None,
+    workers=1,
 ):
     """Replay speculative decoding configurations on a cache; a polars DataFrame, one row per
     configuration (x batch size) and prompt category ("all" first).
@@ -49,7 +50,9 @@ def simulate(
     or kept with empty speed columns and the reason in `cost_basis` ("keep"). n_boot, seed: the 95% bootstrap over prompts; samples: Monte-Carlo
     samples per position where an estimator needs them. block_positions: positions replayed at
     once (memory; default 131,072); fit_positions: positions of random trajectories that trees
-    fitted on the cache (optimal:N) are fitted on at most (default 262,144).
+    fitted on the cache (optimal:N) are fitted on at most (default 262,144); workers: processes
+    replaying those blocks at once (the rows do not depend on it; a script using it needs the
+    ``if __name__ == "__main__":`` guard that spawned processes need).
 
     Example:
         >>> import specsim
@@ -62,7 +65,7 @@ def simulate(
                      multi_draft=multi_draft, cost_profile=cost_profile, cost=cost, batches=batches,
                      batching=batching, by_category=by_category, n_boot=n_boot, samples=samples, seed=seed,
                      progress=progress, unpriced=unpriced, block_positions=block_positions,
-                     fit_positions=fit_positions)
+                     fit_positions=fit_positions, workers=workers)
 
 
 __all__ = ["simulate", "__version__"]

@@ -128,3 +128,15 @@ def test_an_interrupted_derivation_is_derived_again(cache, tmp_path, monkeypatch
     monkeypatch.setattr(features_mod, "_derive", derive)
     again = load_features(path, "draft", 0.0, progress=False)
     np.testing.assert_array_equal(again.token, load_features(cache, "draft", 0.0, progress=False).token)
+
+
+def test_worker_processes_give_the_rows_of_one_process(cache):
+    kw = dict(trees=["chain:3", "kary:3,2", "optimal:5"], policies=["sample", "adaptive-hf"], temperatures=[0.7],
+              multi_draft="swor", n_boot=50, block_positions=600, on_skip=lambda line: None)
+    _same_rows(simulate(cache, **kw), simulate(cache, workers=2, **kw))
+    assert 2 in api._POOLS  # the blocks did go to a pool of two processes
+
+
+def test_workers_must_be_a_positive_count(cache):
+    with pytest.raises(api.SpecError, match="--workers 0: use 1 or more processes"):
+        simulate(cache, trees=["chain:2"], workers=0)

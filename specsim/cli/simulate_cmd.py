@@ -46,6 +46,9 @@ from specsim.cli import _common as c
 @click.option("--n-boot", type=click.IntRange(0, c.MAX_BOOT), default=1000, show_default=True,
               help="Bootstrap resamples over prompts for the 95% CIs (0: no CIs).")
 @c.seed_option
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Processes replaying blocks of a large cache at once (each holds one block, ~100 MB); the "
+                   "rows do not depend on it. Caches within one block (131,072 positions) use one.")
 @c.out_options
 @click.option("--per-request", type=str, default=None, metavar="PATH",
               help="Also write one row per configuration x trajectory: totals and the histogram of accepted lengths "
@@ -53,7 +56,7 @@ from specsim.cli import _common as c
 @c.quiet_option
 @c.friendly_errors
 def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft, cost_profile, cost, batches, batching,
-             by_category, samples, n_boot, seed, out, out_format, overwrite, per_request, quiet):
+             by_category, samples, n_boot, seed, workers, out, out_format, overwrite, per_request, quiet):
     """Replay speculative decoding configurations on CACHE: exact acceptance, tokens/call, speedup.
 
     Runs the cross product of --tree x --budget x --draft x --policy x
@@ -90,7 +93,7 @@ def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft,
                    budgets=list(budgets) or None, temperatures=list(temperatures) or None, multi_draft=multi_draft,
                    cost=cost, cost_profile=cost_profile, batches=list(batches) or None, batching=batching,
                    by_category=True, n_boot=n_boot, samples=samples, seed=seed, progress=not quiet,
-                   on_skip=lambda line: click.echo(line, err=True))
+                   workers=workers, on_skip=lambda line: click.echo(line, err=True))
     df = result.rows
     echo = (lambda text="": click.echo(text, err=True)) if target == "-" else click.echo
     shown = df if by_category else df.filter(df["category"] == "all")
