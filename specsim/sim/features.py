@@ -249,16 +249,7 @@ def load_features(cache, draft: str, temperature: float, *, top_k: int = 16, pro
     `cache` is a path or an open `CacheReader`. Raises CacheError for an unrecorded
     temperature or draft (the message lists what the cache has).
     """
-    reader = cache if isinstance(cache, CacheReader) else CacheReader(cache)
-    try:
-        return _load(reader, draft, temperature, top_k, progress)
-    finally:
-        if reader is not cache:
-            reader.close()
-
-
-def _load(reader: CacheReader, draft: str, temperature: float, top_k: int, progress: bool) -> Features:
-    return feature_source(reader, draft, temperature, top_k=top_k, progress=progress).whole()
+    return feature_source(cache, draft, temperature, top_k=top_k, progress=progress).whole()
 
 
 @dataclass(frozen=True)
