@@ -196,7 +196,7 @@ def sweep(
         rows: list[dict] = []
         requests: list[pl.DataFrame] = []
         bar = tqdm(total=n_configs, unit="config", desc="simulating", disable=not progress, dynamic_ncols=True,
-                   bar_format="{l_bar}{bar}| {n:.0f}/{total} configurations [{elapsed}<{remaining}]")
+                   bar_format="{l_bar}{bar}| {n:.1f}/{total} configurations [{elapsed}<{remaining}]")
         try:
             for T in sorted({t for t, _ in plan}):
                 for draft in drafts:
