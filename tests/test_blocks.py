@@ -140,3 +140,17 @@ def test_worker_processes_give_the_rows_of_one_process(cache):
 def test_workers_must_be_a_positive_count(cache):
     with pytest.raises(api.SpecError, match="--workers 0: use 1 or more processes"):
         simulate(cache, trees=["chain:2"], workers=0)
+
+
+def test_blocks_give_the_request_rows_of_one_piece(cache):
+    kw = dict(trees=["chain:4", "kary:2,2", "optimal:6"], policies=["sample", "adaptive-hf"], temperatures=[0.7],
+              n_boot=20, on_skip=lambda line: None)
+    a, b = api.sweep(cache, **kw).requests, api.sweep(cache, block_positions=600, **kw).requests
+    assert a.height == b.height > 0 and a.columns == b.columns
+    for c, t in a.schema.items():
+        if t == pl.Float64:
+            np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=1e-12, atol=1e-9, err_msg=c)
+        elif c == "accepted_length_histogram":
+            np.testing.assert_allclose(np.concatenate(a[c].to_list()), np.concatenate(b[c].to_list()), atol=1e-9)
+        else:
+            assert a[c].to_list() == b[c].to_list(), c
