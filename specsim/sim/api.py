@@ -380,12 +380,12 @@ class _Policy:
     folds: list  # (fold, fitted trees in `fitted` order) for cross-fitting; empty without
     fitted: list  # specs scored held out
     pricing: dict  # spec -> Pricing (held-out specs: one pricing for every fold)
-    warm_rng: np.random.Generator
+    warm_rng: np.random.Generator | None  # the candidate estimates' stream (a block task seeds its own)
     own: dict = field(default_factory=dict)  # spec -> [(trajectories, TrajectoryStats)] with its own tree
     held: dict = field(default_factory=dict)  # spec -> [(trajectories, TrajectoryStats)] held out
     tables: dict = field(default_factory=dict)  # spec -> AcceptanceTable (batch timelines only)
     failed: dict = field(default_factory=dict)  # spec -> skip line
-    rngs: dict = field(default_factory=dict)  # (spec, fold or None) -> its Monte-Carlo stream across blocks
+    rngs: dict = field(default_factory=dict)  # (spec, fold or None) -> its Monte-Carlo stream in this block or piece
 
 
 def _replay(source: FeatureSource, policies: list[PolicySpec], specs: list[str], fixed: dict[str, Tree],
