@@ -29,7 +29,7 @@ import polars as pl
 
 from specsim.cache.store import CacheReader
 from specsim.errors import CacheError, SpecError
-from specsim.sim.api import BLOCK_POSITIONS, FIT_POSITIONS
+from specsim.sim.api import BLOCK_POSITIONS, fit_sample
 from specsim.sim.features import feature_source, target_name
 from specsim.specs import is_model_free, tree_family
 from specsim.trees import Tree, draw_tree
@@ -341,7 +341,7 @@ def run_study(
                 source = feature_source(path, draft, T, progress=False)
                 alpha = _mean_alpha(source)  # the per-token α Leviathan assumes
                 theory.append(_theory_rows(table, draft, T, alpha, source.n_positions))
-                features = source.sample(FIT_POSITIONS, config.seed, BLOCK_POSITIONS)  # fits: a bounded sample
+                features = fit_sample(source, config.seed)  # fits: a bounded sample
                 pair = f"{draft} → {short_name(features.models['target'])}"
                 fits = optimal_trees(features, list(config.budgets), policy=spec, samples=config.samples,
                                      seed=config.seed) if "optimal" in families else []

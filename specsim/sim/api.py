@@ -368,7 +368,16 @@ FOLDS = 5  # cross-fitting folds over prompts for trees fitted on the cache
 IN_SAMPLE = "in-sample: fitted and scored on the same prompts (fewer than 2 prompts)"
 BLOCK_POSITIONS = 1 << 17  # positions replayed at once: the sweep's memory is bounded by this, not the cache
 FIT_POSITIONS = 1 << 18  # positions of random trajectories a tree fitted on the cache is fitted on, at most
-HELD_OUT = f"held-out: {FOLDS}-fold cross-fitting over prompts (each prompt scored by a tree fitted on the others)"
+
+
+def fit_sample(source: FeatureSource, seed: int, positions: int | None = None, block: int | None = None) -> Features:
+    """The features trees are fitted on: random whole trajectories of at most FIT_POSITIONS positions (every
+    trajectory of a smaller cache), read BLOCK_POSITIONS at a time."""
+    return source.sample(int(positions or FIT_POSITIONS), seed, int(block or BLOCK_POSITIONS))
+
+
+def _held_out(k: int) -> str:
+    return f"held-out: {k}-fold cross-fitting over prompts (each prompt scored by a tree fitted on the others)"
 
 
 @dataclass
@@ -380,12 +389,10 @@ class _Policy:
     folds: list  # (fold, fitted trees in `fitted` order) for cross-fitting; empty without
     fitted: list  # specs scored held out
     pricing: dict  # spec -> Pricing (held-out specs: one pricing for every fold)
-    warm_rng: np.random.Generator | None  # the candidate estimates' stream (a block task seeds its own)
     own: dict = field(default_factory=dict)  # spec -> [(trajectories, TrajectoryStats)] with its own tree
     held: dict = field(default_factory=dict)  # spec -> [(trajectories, TrajectoryStats)] held out
     tables: dict = field(default_factory=dict)  # spec -> AcceptanceTable (batch timelines only)
     failed: dict = field(default_factory=dict)  # spec -> skip line
-    rngs: dict = field(default_factory=dict)  # (spec, fold or None) -> its Monte-Carlo stream in this block or piece
 
 
 def _replay(source: FeatureSource, policies: list[PolicySpec], specs: list[str], fixed: dict[str, Tree],
@@ -405,6 +412,7 @@ def _replay(source: FeatureSource, policies: list[PolicySpec], specs: list[str],
     to_fit = [s for s in specs if s not in fixed]
     fold_of = _folds(source.traj_prompt, seed)
     states: list[_Policy] = []
+    sampled = False  # fitted on a sample of the trajectories, not all
     if len(spans) == 1:
         features = source.block(*spans[0])
         for policy in policies:
@@ -413,12 +421,13 @@ def _replay(source: FeatureSource, policies: list[PolicySpec], specs: list[str],
             _replay_block(features, 0, state, specs, fold_of, seed=seed, keep_tables=keep_tables, bar=bar, share=1.0)
             states.append(state)
     else:
-        fit = source.sample(int(fit_positions or FIT_POSITIONS), seed, block) if to_fit else None
+        fit = fit_sample(source, seed, fit_positions, block) if to_fit else None
+        sampled = fit is not None and fit.n_traj < source.n_traj
         # fits stay in this process: the cross-fitting folds share the sample's per-trajectory sums (fitting
         # them in the pool, each fold recomputing those sums, measured 17 s against 15 s for the 1M sweep)
         states = [_plan(fit, source, policy, specs, fixed, pricing, fold_of, seed=seed, unpriced=unpriced,
                         skipped=skipped, warm=False) for policy in policies]
-        plans = [replace(state, warm_rng=None) for state in states]  # what a block needs, without accumulators
+        plans = [replace(state, own={}, held={}, tables={}, failed={}) for state in states]  # no accumulators
         tasks = [(source, t0, t1, i, plans, specs, fold_of, seed) for i, (t0, t1) in enumerate(spans)]
         for done in _map(_block_task, tasks, workers):  # in block order, whichever process ran them
             for state, (own, held, failed) in zip(states, done):
@@ -429,10 +438,6 @@ def _replay(source: FeatureSource, policies: list[PolicySpec], specs: list[str],
                 for spec, line in failed.items():
                     state.failed.setdefault(spec, line)
             bar.update(len(states) * len(specs) / len(spans))
-        for state in states:
-            for spec in state.failed:
-                state.own.pop(spec, None)
-                state.held.pop(spec, None)
     rows: list[dict] = []
     requests: list[pl.DataFrame] = []
     for state in states:
@@ -448,11 +453,10 @@ def _replay(source: FeatureSource, policies: list[PolicySpec], specs: list[str],
             held = spec in state.fitted
             stats = _merge_stats(state.held[spec] if held else state.own[spec], source)
             here = state.pricing[spec]
-            fit = HELD_OUT.replace(f"{FOLDS}-fold", f"{len(state.folds)}-fold") if held else (
-                None if spec in fixed else IN_SAMPLE)
-            if held and source.n_positions > int(fit_positions or FIT_POSITIONS) and len(spans) > 1:
-                fit += (f"; fitted on a random sample of trajectories ({int(fit_positions or FIT_POSITIONS):,} "
-                        "positions at most)")
+            fit = _held_out(len(state.folds)) if held else (None if spec in fixed else IN_SAMPLE)
+            if held and sampled:
+                cap = int(fit_positions or FIT_POSITIONS)
+                fit += f"; fitted on a random sample of trajectories ({cap:,} positions at most)"
             runs.append((_head(source, tree, state.policy, here, reader, stats, fit=fit, n_boot=n_boot, seed=seed),
                          stats))
             tables.append((tree, state.tables.get(spec)))
@@ -475,9 +479,9 @@ def _block_task(task) -> list[tuple[dict, dict, dict]]:
     features = source.block(t0, t1)
     out = []
     for plan in plans:
-        state = replace(plan, warm_rng=_warm_rng(features, plan.policy, seed, block=index), own={}, held={},
-                        tables={}, failed={}, rngs={})
-        _warm_candidates(features, state.policy, [t for t in state.trees.values() if t is not None], state.warm_rng)
+        state = replace(plan, own={}, held={}, tables={}, failed={})  # this block's totals only
+        _warm_candidates(features, state.policy, [t for t in state.trees.values() if t is not None],
+                         _warm_rng(features, plan.policy, seed, block=index))
         _replay_block(features, t0, state, specs, fold_of, seed=seed, keep_tables=False, bar=None, share=0.0,
                       block=index)
         out.append((state.own, state.held, state.failed))
@@ -527,10 +531,9 @@ def _plan(fit: Features | None, where, policy: PolicySpec, specs: list[str], fix
     """A policy's trees (fitted ones on `fit`), cross-fitting folds and pricing; `where` (Features or
     FeatureSource) is what the pricing must cover. warm: estimate `fit`'s candidate acceptance first."""
     trees = _trees_for(fit if fit is not None else where, policy, specs, fixed, skipped)
-    warm_rng = _warm_rng(where, policy, seed)
     if warm:
         _warm_candidates(fit if fit is not None else where, policy, [t for t in trees.values() if t is not None],
-                         warm_rng)
+                         _warm_rng(where, policy, seed))
     fitted = [s for s in specs if s not in fixed and trees.get(s) is not None]
     folds = []
     if fitted and fold_of is not None:
@@ -554,8 +557,7 @@ def _plan(fit: Features | None, where, policy: PolicySpec, specs: list[str], fix
             prices[spec] = here
         else:
             prices[spec] = pricing.within_range(where, tree, unpriced)
-    return _Policy(policy=policy, trees=trees, folds=folds, fitted=fitted if folds else [], pricing=prices,
-                   warm_rng=warm_rng)
+    return _Policy(policy=policy, trees=trees, folds=folds, fitted=fitted if folds else [], pricing=prices)
 
 
 def _folds_of(fit: Features, where, of_traj: np.ndarray) -> np.ndarray:
@@ -585,21 +587,18 @@ def _replay_block(features: Features, t0: int, state: _Policy, specs: list[str],
                     for f, fits in state.folds:
                         sel = np.flatnonzero(fold == f)
                         if sel.size:
-                            rng = state.rngs.setdefault((spec, f), np.random.default_rng(
-                                [seed, f, zlib.crc32(spec.encode()), *extra]))
+                            rng = np.random.default_rng([seed, f, zlib.crc32(spec.encode()), *extra])
                             stats, _ = _walk_one(features.subset(sel), fits[tree_at].tree, policy,
                                                  state.pricing[spec], rng)
                             state.held.setdefault(spec, []).append((sel + t0, stats))
                 if spec not in state.fitted or keep_tables:
-                    rng = state.rngs.setdefault((spec, None), _config_rng(features, policy, tree, seed, block))
+                    rng = _config_rng(features, policy, tree, seed, block)
                     stats, table = _walk_one(features, tree, policy, state.pricing[spec], rng)
                     state.own.setdefault(spec, []).append((rows_here, stats))
                     if keep_tables:
                         state.tables[spec] = table
             except SpecError as exc:
-                state.failed[spec] = _skip_line(features, policy, spec, exc)
-                state.own.pop(spec, None)
-                state.held.pop(spec, None)
+                state.failed[spec] = _skip_line(features, policy, spec, exc)  # its rows are skipped, totals or not
         if bar is not None:
             bar.update(share)
 

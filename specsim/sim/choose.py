@@ -73,7 +73,7 @@ def fit_on_cache(cache, budgets: Sequence[int], *, draft: str | None = None, pol
 
     from specsim.cache.store import CacheReader
     from specsim.errors import CacheError
-    from specsim.sim.api import BLOCK_POSITIONS, FIT_POSITIONS
+    from specsim.sim.api import FIT_POSITIONS, fit_sample
     from specsim.sim.features import feature_source
     from specsim.sim.optimize import optimal_trees
     from specsim.sim.policies import check_temperature
@@ -94,7 +94,7 @@ def fit_on_cache(cache, budgets: Sequence[int], *, draft: str | None = None, pol
         spec = parse_policy(policy, multi_draft=multi_draft, samples=samples)
         check_temperature(spec, float(temperature))
         source = feature_source(reader, draft, temperature, progress=progress)
-        features = source.sample(FIT_POSITIONS, seed, BLOCK_POSITIONS)  # every trajectory of a cache this size
+        features = fit_sample(source, seed)  # every trajectory of a cache this size
         results = optimal_trees(features, list(budgets), policy=spec, max_depth=max_depth, seed=seed)
     sample = "" if features.n_traj == source.n_traj else (
         f" (a random sample of {FIT_POSITIONS:,} positions at most, of {source.n_traj})")

@@ -483,13 +483,17 @@ class _Base:  # what _runs needs, before the Features exist
         self.traj_start, self.cache_start, self.traj_len = base["traj_start"], base["cache_start"], base["traj_len"]
 
 
-def _empty(base: dict, K: int) -> dict:
-    """The feature arrays of `base`'s positions, unfilled."""
+def _layout(base: dict, K: int) -> dict[str, tuple[tuple, type]]:
+    """Each feature array's (shape, dtype) for `base`'s positions."""
     N = int(base["traj_len"].sum())
     axis = () if base["depth"] is None else (base["depth"],)  # head drafts: one entry per depth
-    return dict(token=np.empty(N, dtype=np.int32), rank=np.empty((N, *axis), dtype=np.int32),
-                logp=np.empty(N, dtype=np.float64), logq=np.empty((N, *axis), dtype=np.float64),
-                top_ids=np.empty((N, *axis, K), dtype=np.int32))
+    return dict(token=((N,), np.int32), rank=((N, *axis), np.int32), logp=((N,), np.float64),
+                logq=((N, *axis), np.float64), top_ids=((N, *axis, K), np.int32))
+
+
+def _empty(base: dict, K: int) -> dict:
+    """The feature arrays of `base`'s positions, unfilled."""
+    return {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in _layout(base, K).items()}
 
 
 def _derive(reader: CacheReader, base: dict, draft: str, T: float, K: int, progress: bool, out: dict) -> None:
@@ -603,10 +607,8 @@ def _derive_stored(reader: CacheReader, key: str, base: dict, draft: str, T: flo
             del f[key]
         g = f.create_group(key)
         g.attrs[FILLING] = True
-        shapes = {name: (x.shape, x.dtype) for name, x in _empty({**base, "traj_len": base["traj_len"][:0]}, K).items()}
-        N = int(base["traj_len"].sum())
-        out = {name: _Buffered(g.create_dataset(name, shape=(N, *shape[1:]), dtype=dtype))
-               for name, (shape, dtype) in shapes.items()}
+        out = {name: _Buffered(g.create_dataset(name, shape=shape, dtype=dtype))
+               for name, (shape, dtype) in _layout(base, K).items()}
         _derive(reader, base, draft, T, K, progress, out)
         for x in out.values():
             x.flush()
