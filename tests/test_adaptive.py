@@ -125,19 +125,24 @@ def long_cache(tmp_path_factory):
 
 
 @pytest.mark.parametrize("table", ["adaptive-hf", "random"])
-@pytest.mark.parametrize("gamma", [2, 9])
-def test_forward_pass_with_any_next_gamma_table(long_cache, table, gamma):
+@pytest.mark.parametrize("starts", [(2,), (9, 1, 2, 18)])
+def test_forward_pass_with_any_next_gamma_table(long_cache, table, starts):
     """The window recurrence against the plain recursion, on long trajectories, a cap of 18 and a
-    next-γ table with many runs per row (destinations that jump around, clipped at both ends)."""
-    from specsim.sim.adaptive import markov_walk
+    next-γ table with many runs per row (destinations that jump around, clipped at both ends); several
+    start γ walked together must each give their own walk's totals."""
+    from specsim.sim.adaptive import markov_walks
 
     features = load_features(long_cache, "small", 1.0, progress=False)
     beta = np.exp(np.minimum(0, features.logq - features.logp))
-    rng = np.random.default_rng(gamma)
+    rng = np.random.default_rng(starts[0])
     cap = 18
     nxt = next_gamma_table("adaptive-hf", cap) if table == "adaptive-hf" else rng.integers(1, cap + 1, (cap + 1, cap + 1))
     cost = rng.random((features.n_positions, cap + 1))
-    got = markov_walk(beta, features, gamma, nxt, cost)
+    for gamma, got in zip(starts, markov_walks(beta, features, starts, nxt, cost), strict=True):
+        _check_recursion(features, beta, nxt, cost, gamma, got)
+
+
+def _check_recursion(features, beta, nxt, cost, gamma, got):
     room = features.room()
     for i in range(features.n_traj):
         s, n = int(features.traj_start[i]), int(features.traj_len[i])
@@ -159,3 +164,21 @@ def test_forward_pass_with_any_next_gamma_table(long_cache, table, gamma):
         want = value(0, gamma)
         np.testing.assert_allclose([got[k][i] for k in ("calls", "drafted", "accepted", "cost")], want, rtol=1e-11)
     assert 20 < features.traj_len.max() and 0.3 < beta.mean() < 0.95
+
+
+@pytest.mark.parametrize("trees", [["chain"], ["chain", "kary:2"]])
+def test_a_sweep_walks_chains_together_to_each_chains_totals(cache, trees):
+    """simulate walks an adaptive rule's chains together (one pass per cap); every row must equal the
+    chain walked alone, and a tree the rule cannot replay (kary) is skipped without taking the chains along."""
+    import specsim
+
+    df = specsim.simulate(cache, trees=trees, budgets=[1, 2, 3, 9], policies=["adaptive-hf"], temperatures=[1.0],
+                          cost="c=0.1", by_category=False, n_boot=20)
+    features = load_features(cache, "small", 1.0, progress=False)
+    pricing = Pricing(parse_cost("c=0.1"), "small", "assumed")
+    want = ["chain:1", "chain:2", "chain:3", "chain:9"] + (["kary:2@1"] if "kary:2" in trees else [])  # a 1-node chain
+    assert df["tree"].to_list() == want
+    for row in df.iter_rows(named=True):
+        alone = adaptive_stats(features, parse_tree(row["tree"]), parse_policy("adaptive-hf"), None, pricing)
+        assert row["tokens_per_call"] == pytest.approx(alone.tokens.sum() / alone.calls.sum(), rel=1e-12)
+        assert row["speedup_assumed"] == pytest.approx(alone.plain.sum() / alone.cost.sum(), rel=1e-12)

@@ -21,7 +21,7 @@ no Monte-Carlo. Vectorised over trajectories, looping over the offset from the t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -62,14 +62,27 @@ def adaptive_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt:
     min(γ, room) tokens, room = drafts it could still accept before the output limit.
     Point-mass acceptance (greedy: every β is 0 or 1) takes the deterministic walk.
     """
+    return adaptive_walks(beta, features, [start_gamma], nxt, call_cost)[0]
+
+
+def adaptive_walks(beta: np.ndarray, features: "Features", starts: Sequence[int], nxt: np.ndarray,
+                   call_cost: np.ndarray | None) -> list[dict[str, np.ndarray]]:
+    """`adaptive_walk` for each start γ in `starts` (one rule and cap); Markov walks share one pass."""
     if np.all((beta == 0) | (beta == 1)):
-        return deterministic_walk(beta, features, start_gamma, nxt, call_cost)
-    return markov_walk(beta, features, start_gamma, nxt, call_cost)
+        return [deterministic_walk(beta, features, s, nxt, call_cost) for s in starts]
+    return markov_walks(beta, features, starts, nxt, call_cost)
 
 
 def markov_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: np.ndarray,
                 call_cost: np.ndarray | None) -> dict[str, np.ndarray]:
-    """The forward pass over (offset, γ) states, vectorised over trajectories (any β in [0, 1]).
+    """The forward pass over (offset, γ) states for one start γ: `markov_walks`' totals."""
+    return markov_walks(beta, features, [start_gamma], nxt, call_cost)[0]
+
+
+def markov_walks(beta: np.ndarray, features: "Features", starts: Sequence[int], nxt: np.ndarray,
+                 call_cost: np.ndarray | None) -> list[dict[str, np.ndarray]]:
+    """The forward pass over (offset, γ) states, vectorised over trajectories (any β in [0, 1]), for
+    each start γ in `starts` at once (one rule, one cap: the walks differ only in their first call).
 
     A call of γ drafts from offset o' (tokens left to the trajectory's end) that accepts a < γ
     lands at offset o = o' − a − 1 with probability Π_{j<a} β_{t'+j} · (1 − β_{t'+a}), and the
@@ -81,15 +94,17 @@ def markov_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: n
         R_w(o) = here(o+1+lo, γ) · S(o+1+lo, lo) + β_{t(o+2)} · (R_w(o+1) − here(o+2+hi, γ) · S(o+2+hi, hi)).
 
     Full acceptance (a = γ) is scattered ahead. O(positions × (Γ + runs)), against the
-    O(positions × Γ³) of a dense transition product.
+    O(positions × Γ³) of a dense transition product. The walks of several start γ share the
+    survival products S and every per-position read, and one numpy call covers them all.
     """
     cap = nxt.shape[0] - 1
+    starts = [int(s) for s in starts]
+    n_walks = len(starts)
     order = np.argsort(-features.traj_len, kind="stable")
     lens = features.traj_len[order].astype(np.int64)
     ends = (features.traj_start[order] + lens).astype(np.int64)
     n_traj, max_len = len(order), int(lens[0]) if len(order) else 0
     gammas = np.arange(cap + 1)
-    k = np.arange(cap + 1)
     # the windows: for each source γ, maximal runs of a < γ with one destination nxt[γ, a]
     runs = sorted((int(nxt[g, lo]), g, lo, hi) for g in range(1, cap + 1) for lo, hi in _runs(nxt[g, :g]))
     w_to, w_gamma, w_lo, w_hi = (np.array(c, dtype=np.int64) for c in zip(*runs))  # grouped by destination
@@ -98,59 +113,67 @@ def markov_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: n
     # np.add.reduceat adds them: a few row gathers instead of reduceat along the first axis, and not a
     # BLAS product, which stays on one core
     levels = [(np.flatnonzero(size > j), first[size > j] + j) for j in range(1, int(size.max()))]
+    # per-position inputs by offset (row o: the position o before each trajectory's end; 0 past its start),
+    # so every read below is a row slice rather than a gather
+    offsets = np.arange(max_len + 3)[:, None]
+    inside = (offsets >= 1) & (offsets <= lens[None, :])
+    at = np.where(inside, ends[None, :] - offsets, 0)
+    beta_at = np.where(inside, beta[at], 0.0)  # (max_len + 3, n_traj)
+    room_at = features.room()[at]
+    cost_at = None if call_cost is None else np.where(inside[..., None], call_cost[at], 0.0)  # (.., n_traj, Γ+1)
     slots = cap + 1  # reads reach back to o + Γ + 1 (before o's slot is rewritten), scatters ahead to o − Γ − 1
-    # trajectories on the last axis, so every gather below copies contiguous rows
-    occ = np.zeros((slots, cap + 1, n_traj))  # full-acceptance inflow, by offset slot
-    hist_here = np.zeros((slots, cap + 1, n_traj))  # probability a call starts at offset o with γ
-    hist_surv = np.zeros((slots, cap + 2, n_traj))  # S(o, k) = Π_{j<k} β_{t(o)+j}
-    window = np.zeros((len(runs), n_traj))
-    totals = {name: np.zeros(n_traj) for name in ("calls", "drafted", "accepted", "cost")}
-    reach = np.zeros((cap, n_traj))
-    N = beta.shape[0]
-    room_all = features.room()
+    walks = np.arange(n_walks)
+    # trajectories on the last axis (walks before them), so every gather below copies contiguous rows
+    occ = np.zeros((slots, cap + 1, n_walks, n_traj))  # full-acceptance inflow, by offset slot
+    hist_here = np.zeros((slots, cap + 1, n_walks, n_traj))  # probability a call starts at offset o with γ
+    hist_surv = np.zeros((slots, cap + 2, n_traj))  # S(o, k) = Π_{j<k} β_{t(o)+j}: the same for every walk
+    window = np.zeros((len(runs), n_walks, n_traj))
+    totals = {name: np.zeros((n_walks, n_traj)) for name in ("calls", "drafted", "accepted", "cost")}
+    reach = np.zeros((cap, n_walks, n_traj))
     diag_to = nxt[gammas, gammas]  # γ' after a call of γ that accepted all γ
     for o in range(max_len, 0, -1):
         m = int(np.searchsorted(-lens, -o, side="right"))  # trajectories with length >= o
-        t = ends[:m] - o  # (m,) start positions
         s_in, s_out = (o + 1 + w_lo) % slots, (o + 2 + w_hi) % slots
-        enter = hist_here[s_in, w_gamma, :m] * hist_surv[s_in, w_lo, :m]  # (runs, m)
-        leave = hist_here[s_out, w_gamma, :m] * hist_surv[s_out, w_hi, :m]
-        before = beta[np.clip(t - 2, 0, N - 1)]  # the β a window's older sources also had to pass
-        window[:, :m] = enter + before * (window[:, :m] - leave)  # zero before a trajectory starts
-        rejected = 1.0 - beta[np.clip(t - 1, 0, N - 1)]
-        here = occ[o % slots, :, :m].copy()  # (Γ+1, m)
-        occ[o % slots, :, :m] = 0.0
-        inflow = window[:, :m] * rejected  # (runs, m)
-        into = inflow[first]  # (destinations, m)
+        enter = hist_here[s_in, w_gamma, :, :m] * hist_surv[s_in, w_lo, None, :m]  # (runs, walks, m)
+        leave = hist_here[s_out, w_gamma, :, :m] * hist_surv[s_out, w_hi, None, :m]
+        # β_{t−2}: the β a window's older sources also had to pass (0 past the start, where the window is 0)
+        window[..., :m] = enter + beta_at[o + 2, :m] * (window[..., :m] - leave)
+        here = occ[o % slots, ..., :m].copy()  # (Γ+1, walks, m)
+        occ[o % slots, ..., :m] = 0.0
+        inflow = window[..., :m] * (1.0 - beta_at[o + 1, :m])  # (runs, walks, m): rejected at t − 1
+        into = inflow[first]  # (destinations, walks, m)
         for dest, rows in levels:
             into[dest] += inflow[rows]
         here[to_gamma] += into
-        here[start_gamma, lens[:m] == o] += 1.0  # each trajectory's first call
+        new = np.flatnonzero(lens[:m] == o)  # trajectories whose first call is at this offset
+        if new.size:
+            here[np.asarray(starts)[:, None], walks[:, None], new[None, :]] += 1.0
         top = min(cap, o - 1)  # most drafts acceptable from offset o
         surv = hist_surv[o % slots, :, :m]
         surv[0] = 1.0
-        ahead = beta[np.minimum(t[None, :] + k[:top, None], N - 1)]  # (top, m)
         for j in range(top):  # S(o, j + 1) = S(o, j) · β_{t+j}, zero past the output end (rows: see _suffix_sums)
-            np.multiply(surv[j], ahead[j], out=surv[j + 1])
+            np.multiply(surv[j], beta_at[o - j, :m], out=surv[j + 1])
         surv[top + 1 :] = 0.0
-        hist_here[o % slots, :, :m] = here
-        at_least = _suffix_sums(here)  # (Γ+1, m): Σ_{γ >= k} here
-        tail = surv[1 : cap + 1] * at_least[1:]  # (Γ, m): Σ_γ here · P(A >= k | γ)
-        totals["calls"][:m] += at_least[0]
-        totals["drafted"][:m] += (here * np.minimum(gammas[:, None], room_all[t][None, :])).sum(axis=0)
-        if call_cost is not None:
-            totals["cost"][:m] += (here * call_cost[t].T).sum(axis=0)
-        totals["accepted"][:m] += tail.sum(axis=0)
-        reach[:, :m] += tail
+        hist_here[o % slots, ..., :m] = here
+        at_least = _suffix_sums(here)  # (Γ+1, walks, m): Σ_{γ >= k} here
+        tail = surv[1 : cap + 1, None] * at_least[1:]  # (Γ, walks, m): Σ_γ here · P(A >= k | γ)
+        totals["calls"][:, :m] += at_least[0]
+        totals["drafted"][:, :m] += (here * np.minimum(gammas[:, None], room_at[o, :m])[:, None]).sum(axis=0)
+        if cost_at is not None:
+            totals["cost"][:, :m] += (here * cost_at[o, :m].T[:, None]).sum(axis=0)
+        totals["accepted"][:, :m] += tail.sum(axis=0)
+        reach[..., :m] += tail
         full = np.arange(1, min(top, o - 2) + 1)  # a call accepting all γ lands at o − γ − 1 > 0
         if full.size:
-            occ[(o - full - 1) % slots, diag_to[full], :m] += here[full] * surv[full]
-    reach = reach.T
-    out = {name: np.empty(n_traj) for name in totals}
-    for name, v in totals.items():
-        out[name][order] = v
-    out["reach"] = np.empty_like(reach)
-    out["reach"][order] = reach
+            occ[(o - full - 1) % slots, diag_to[full], :, :m] += here[full] * surv[full, None]
+    out = []
+    for w in range(n_walks):
+        one = {name: np.empty(n_traj) for name in totals}
+        for name, v in totals.items():
+            one[name][order] = v[w]
+        one["reach"] = np.empty((n_traj, cap))
+        one["reach"][order] = reach[:, w].T
+        out.append(one)
     return out
 
 
@@ -220,24 +243,41 @@ def adaptive_stats(features: "Features", tree: Tree, spec, rng: np.random.Genera
     costs what a chain:γ call costs there (its context, its output cap), as fixed trees are
     priced. (The extra root-feed token after a call that accepted all γ is not charged here.)
     """
+    return adaptive_stats_many(features, [tree], spec, [pricing])[0]
+
+
+def adaptive_stats_many(features: "Features", trees: Sequence[Tree], spec, pricings: Sequence) -> list["TrajectoryStats"]:
+    """`adaptive_stats` of several chains under one rule (pricings[i] prices trees[i]): chains with the
+    same cap Γ and pricing are walked together, sharing every per-position read (the totals are the
+    same as walking each alone)."""
     from specsim.sim.engine import TrajectoryStats
 
-    if tree.dynamic is not None or (tree.budget and int(tree.n_children.max()) > 1):
-        raise SpecError(f"adaptive speculation lengths apply to chains, not to the tree {tree.name or tree.to_spec()}")
-    start = max(1, tree.max_depth)
-    cap = max(MIN_GAMMA_CAP, 2 * start)
-    nxt = next_gamma_table(spec.name, cap, tuple(getattr(spec, "params", ())))
-    call_cost, plain = None, None  # (N, Γ+1) when priced
-    if pricing is not None:
-        call_cost = np.zeros((features.n_positions, cap + 1))
-        for g in range(1, cap + 1):
-            call_cost[:, g] = pricing.priced(features, chain(str(g)))[0]
-        plain_steps = pricing.priced(features, chain("1"))[1]
-        plain = np.add.reduceat(plain_steps, features.traj_start) if features.n_positions else plain_steps
+    for tree in trees:
+        if tree.dynamic is not None or (tree.budget and int(tree.n_children.max()) > 1):
+            raise SpecError(f"adaptive speculation lengths apply to chains, not to the tree "
+                            f"{tree.name or tree.to_spec()}")
     if features.model_free:
         raise SpecError(f"adaptive rules need a model draft; {features.draft!r} is model-free")
-    totals = adaptive_walk(features.acceptance(), features, start, nxt, call_cost)
-    extra = {"gamma_start": start, "gamma_cap": cap, "adaptive_rule": spec.label}
-    return TrajectoryStats(calls=totals["calls"], drafted=totals["drafted"], accepted=totals["accepted"],
-                           tokens=features.traj_len.astype(np.float64), reach=totals["reach"],
-                           cost=totals["cost"], exact=True, extra=extra, plain=plain)
+    beta = features.acceptance()
+    starts = [max(1, tree.max_depth) for tree in trees]
+    groups: dict[tuple, list[int]] = {}  # (Γ, pricing) -> trees walked together
+    for i, start in enumerate(starts):
+        groups.setdefault((max(MIN_GAMMA_CAP, 2 * start), id(pricings[i])), []).append(i)
+    out: list = [None] * len(trees)
+    for (cap, _), members in groups.items():
+        pricing = pricings[members[0]]
+        nxt = next_gamma_table(spec.name, cap, tuple(getattr(spec, "params", ())))
+        call_cost, plain = None, None  # (N, Γ+1) when priced
+        if pricing is not None:
+            call_cost = np.zeros((features.n_positions, cap + 1))
+            for g in range(1, cap + 1):
+                call_cost[:, g] = pricing.priced(features, chain(str(g)))[0]
+            plain_steps = pricing.priced(features, chain("1"))[1]
+            plain = np.add.reduceat(plain_steps, features.traj_start) if features.n_positions else plain_steps
+        walks = adaptive_walks(beta, features, [starts[i] for i in members], nxt, call_cost)
+        for i, totals in zip(members, walks):
+            extra = {"gamma_start": starts[i], "gamma_cap": cap, "adaptive_rule": spec.label}
+            out[i] = TrajectoryStats(calls=totals["calls"], drafted=totals["drafted"], accepted=totals["accepted"],
+                                     tokens=features.traj_len.astype(np.float64), reach=totals["reach"],
+                                     cost=totals["cost"], exact=True, extra=extra, plain=plain)
+    return out

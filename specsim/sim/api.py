@@ -30,7 +30,7 @@ from specsim.sim.cost import load_cost_profile, parse_cost
 from specsim.sim.engine import AcceptanceTable, TrajectoryStats, walk
 from specsim.sim.features import Features, FeatureSource, feature_source, target_name
 from specsim.sim.metrics import ALL, summarize_many
-from specsim.sim.policies import check_temperature, run_policy
+from specsim.sim.policies import check_temperature, run_adaptive, run_policy
 from specsim.specs import (PolicySpec, drafts_in_one_pass, expand_trees, feeds_accepted, is_model_free, model_free_help,
                            needs_fit, parse_policy, parse_tree)
 from specsim.trees import Tree
@@ -577,6 +577,7 @@ def _replay_block(features: Features, t0: int, state: _Policy, specs: list[str],
     extra = [] if block is None else [block]
     policy = state.policy
     rows_here = np.arange(features.n_traj) + t0
+    together = _adaptive_together(features, state, specs)
     for spec in specs:
         tree = state.trees[spec]
         if tree is not None and spec not in state.failed:
@@ -591,7 +592,9 @@ def _replay_block(features: Features, t0: int, state: _Policy, specs: list[str],
                             stats, _ = _walk_one(features.subset(sel), fits[tree_at].tree, policy,
                                                  state.pricing[spec], rng)
                             state.held.setdefault(spec, []).append((sel + t0, stats))
-                if spec not in state.fitted or keep_tables:
+                if spec in together:
+                    state.own.setdefault(spec, []).append((rows_here, together[spec]))
+                elif spec not in state.fitted or keep_tables:
                     rng = _config_rng(features, policy, tree, seed, block)
                     stats, table = _walk_one(features, tree, policy, state.pricing[spec], rng)
                     state.own.setdefault(spec, []).append((rows_here, stats))
@@ -601,6 +604,21 @@ def _replay_block(features: Features, t0: int, state: _Policy, specs: list[str],
                 state.failed[spec] = _skip_line(features, policy, spec, exc)  # its rows are skipped, totals or not
         if bar is not None:
             bar.update(share)
+
+
+def _adaptive_together(features: Features, state: _Policy, specs: list[str]) -> dict:
+    """spec -> totals of an adaptive rule's chains walked together (`run_adaptive`: chains of one cap
+    share a pass over the positions). Empty for other rules, or when any chain would fail: each is then
+    walked alone, to fail alone."""
+    todo = [s for s in specs if state.trees.get(s) is not None and s not in state.failed and s not in state.fitted]
+    if not state.policy.name.startswith("adaptive") or len(todo) < 2:
+        return {}
+    pricings = [state.pricing[s] if state.pricing[s].model is not None else None for s in todo]
+    try:
+        found = run_adaptive(features, [state.trees[s] for s in todo], state.policy, pricings)
+    except SpecError:
+        return {}
+    return dict(zip(todo, found))
 
 
 def _merge_stats(pieces: list[tuple[np.ndarray, TrajectoryStats]], where) -> TrajectoryStats:

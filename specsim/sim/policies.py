@@ -143,13 +143,7 @@ def run_policy(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator,
     The policy's function is the one `specsim.specs.POLICY_KINDS` names; model-free drafts use the
     candidate trie of `specsim.sim.modelfree` (point masses) under any lossless policy.
     """
-    check_temperature(spec, features.temperature)
-    if features.depth is not None and (spec.name.startswith("adaptive") or not spec.lossless
-                                       or tree.dynamic is not None):
-        what = "an adaptive rule" if spec.name.startswith("adaptive") else (
-            "a dynamic tree" if tree.dynamic is not None else f"lossy rule {spec.label}")
-        raise SpecError(f"{what} is not replayed for head draft {features.draft} (its laws are keyed by depth); "
-                        "use greedy or sample with static trees")
+    _check(features, tree, spec)
     if spec.name.startswith("adaptive"):
         return _function(spec.kind.function)(features, tree, spec, rng, pricing)
     if tree.dynamic is not None:
@@ -163,6 +157,31 @@ def run_policy(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator,
 
         return _function(draft_kind(features.draft).table)(features, tree, spec, rng)
     return _function(spec.kind.function)(features, tree, spec, rng)
+
+
+def run_adaptive(features, trees: list[Tree], spec: PolicySpec, pricings: list) -> list:
+    """`run_policy`'s totals for several chains under one adaptive rule (pricings[i] prices trees[i]),
+    walked together: chains of the same cap share one pass over the positions. The totals are
+    run_policy's, chain by chain."""
+    if not spec.name.startswith("adaptive"):
+        raise SpecError(f"{spec.label} is not an adaptive rule")
+    for tree in trees:
+        _check(features, tree, spec)
+    from specsim.sim.adaptive import adaptive_stats_many
+
+    return adaptive_stats_many(features, trees, spec, pricings)
+
+
+def _check(features, tree: Tree, spec: PolicySpec) -> None:
+    """What every replay of `spec` on `features` needs: a temperature it accepts; head drafts replay
+    static trees under lossless non-adaptive rules only."""
+    check_temperature(spec, features.temperature)
+    if features.depth is not None and (spec.name.startswith("adaptive") or not spec.lossless
+                                       or tree.dynamic is not None):
+        what = "an adaptive rule" if spec.name.startswith("adaptive") else (
+            "a dynamic tree" if tree.dynamic is not None else f"lossy rule {spec.label}")
+        raise SpecError(f"{what} is not replayed for head draft {features.draft} (its laws are keyed by depth); "
+                        "use greedy or sample with static trees")
 
 
 def _function(target: str) -> Callable:
