@@ -87,6 +87,22 @@ def at_depth(x: np.ndarray, d: int, keyed: bool) -> np.ndarray:
     return x[:, d - 1] if keyed else x
 
 
+class EndCap:
+    """Where a node of depth d must stop: the start positions t with remaining[t] = d − 1 (computed once
+    per depth). A node's reach is its parent's times π, and the parent's is already 0 where remaining
+    < d − 1, so zeroing these positions alone gives reach = 0 wherever remaining < d: one scatter of a
+    position per trajectory instead of a mask over every position."""
+
+    def __init__(self, remaining: np.ndarray) -> None:
+        self.remaining, self.at = remaining, {}
+
+    def __call__(self, d: int) -> np.ndarray:
+        if d not in self.at:
+            n = max(self.remaining.shape[0] - (d - 1), 0)
+            self.at[d] = np.flatnonzero(self.remaining[:n] == d - 1)
+        return self.at[d]
+
+
 def drafted_per_call(tree, room: np.ndarray) -> np.ndarray:
     """(N,) draft tokens a call drafts when it can accept at most room[t]: the tree's nodes of depth <= room.
 

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from specsim.errors import SpecError
-from specsim.sim.engine import at_depth
+from specsim.sim.engine import EndCap, at_depth
 from specsim.trees import Tree
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -427,8 +427,7 @@ def _best_first_exact(pi: np.ndarray, remaining: np.ndarray, budget: int, max_de
     reach = {(): np.ones(n_total)}  # reach[path][t] for t < n_total - depth + 1 (later t cannot reach it)
     heap: list[tuple[float, int, tuple[int, ...]]] = []
     pi_rows = np.ascontiguousarray(np.moveaxis(pi, 0, -1))  # (width, N) or (D, width, N): candidate i contiguous
-    depths = range(1, min(max_depth, n_total) + 1)
-    valid = {d: (remaining[: n_total - d + 1] >= d).astype(np.float64) for d in depths}  # the end cap
+    ends = EndCap(remaining)  # the end cap: where a node of depth d stops
 
     def push(path: tuple[int, ...]) -> None:
         d, i = len(path), path[-1]
@@ -439,7 +438,7 @@ def _best_first_exact(pi: np.ndarray, remaining: np.ndarray, budget: int, max_de
             return
         row = pi_rows[d - 1, i] if keyed else pi_rows[i]
         value = np.multiply(reach[path[:-1]][:n], row[d - 1 :])  # π at t + d − 1
-        value *= valid[d]
+        value[ends(d)] = 0.0
         reach[path] = value
         heapq.heappush(heap, (-float(value @ w[:n]), d, path))
 
