@@ -202,3 +202,21 @@ def test_flipped_bytes_in_a_chunk_are_reported_with_their_trajectory(tmp_path):
 
     with pytest.raises(CacheError, match="damaged data"):  # top_k > 16: features derived from the logits
         specsim.sim.api.simulate(path, trees=["kary:2,2"], drafts=["small"], policies=["greedy"], n_boot=0, top_k=20)
+
+
+@pytest.mark.parametrize("prompts, chunk_kb", [(3, 8), (2000, 256)])
+def test_statistics_chunks_grow_with_the_recording(tmp_path, prompts, chunk_kb):
+    """A statistic's HDF5 chunk is 1/256 of its expected size (prompts x temperatures x max_new_tokens),
+    8 KB (and 64 rows) at least, so a small cache stays small, and 256 KB at most: a large one reads in
+    few chunks."""
+    from specsim.cache.stats import StatsSpec
+
+    spec = CacheSpec(vocab_size=V, drafts=("d1",), temperatures=(0.0, 0.7), storage="stats", stats=StatsSpec(),
+                     meta={"settings": {"max_new_tokens": 256}})
+    with CacheWriter.create(tmp_path / "c.h5", spec, _prompts(prompts)):
+        pass
+    with h5py.File(tmp_path / "c.h5") as f:
+        (draft,) = [g for g in f["columns"].values() if g.attrs["name"] == "d1"]
+        ds = draft["stats"]["pi_swor_groups"]
+        row = ds.dtype.itemsize * int(np.prod(ds.shape[1:]))
+        assert ds.chunks[0] == max(64, chunk_kb * 1024 // row)  # 64 rows at least
