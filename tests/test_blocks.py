@@ -137,6 +137,20 @@ def test_worker_processes_give_the_rows_of_one_process(cache):
     assert 2 in api._POOLS  # the blocks did go to a pool of two processes
 
 
+def test_monte_carlo_rows_do_not_depend_on_the_worker_count(tmp_path):
+    """With workers the fixed trees' blocks run in tasks of their own (during the fits), in one process a
+    block is one task for every tree; on a cache with distributions and Monte-Carlo swor rows (a tree wider
+    than the minimum estimation width, and a fitted one) the rows must not depend on that grouping."""
+    from tests.synthetic import random_cache
+
+    path = random_cache(tmp_path / "full.h5", n_prompts=8, length=24, vocab=12, temperatures=(1.0,))
+    kw = dict(trees=["chain:2", "kary:5,1", "kary:3,2", "optimal:5"], policies=["sample"], temperatures=[1.0],
+              multi_draft="swor", samples=8, n_boot=20, block_positions=50, on_skip=lambda line: None)
+    one = simulate(path, **kw)
+    assert one.filter(pl.col("tree") == "kary:3,2")["estimate"].to_list()[0] == "monte-carlo"
+    _same_rows(one, simulate(path, workers=2, **kw))
+
+
 def test_workers_must_be_a_positive_count(cache):
     with pytest.raises(api.SpecError, match="--workers 0: use 1 or more processes"):
         simulate(cache, trees=["chain:2"], workers=0)

@@ -422,22 +422,26 @@ def _replay(source: FeatureSource, policies: list[PolicySpec], specs: list[str],
             _replay_block(features, 0, state, specs, fold_of, seed=seed, keep_tables=keep_tables, bar=bar, share=1.0)
             states.append(state)
     else:
-        # the fixed trees' blocks go to the workers first, and run while this process fits the others (the
-        # cross-fitting folds stay here: they share the sample's per-trajectory sums; fitting them in the
-        # pool, each fold recomputing those sums, measured 17 s against 15 s for the 1M sweep)
-        phases = []  # (specs, plans, results in block order) of the fixed, then the fitted trees
+        # with workers, the fixed trees' blocks go to them first and run while this process fits the others (the
+        # cross-fitting folds stay here: they share the sample's per-trajectory sums; fitting them in the pool,
+        # each fold recomputing those sums, measured 17 s against 15 s for the 1M sweep). In one process a block
+        # is read once, for every tree.
+        warm = _warm_width(specs, fixed)
         now = [s for s in specs if s in fixed]
-        if now:
+        split = workers > 1 and bool(now) and bool(to_fit)
+        phases = []  # (specs, plans, results in block order)
+        if split:
             plans = [_plan(None, source, policy, now, fixed, pricing, fold_of, seed=seed, unpriced=unpriced,
                            skipped=skipped, warm=False) for policy in policies]
-            phases.append((now, plans, _map(_block_task, _tasks(source, spans, plans, now, fold_of, seed), workers)))
-        if to_fit:
-            fit = fit_sample(source, seed, fit_positions, block)
-            sampled = fit.n_traj < source.n_traj
-            plans = [_plan(fit, source, policy, to_fit, fixed, pricing, fold_of, seed=seed, unpriced=unpriced,
-                           skipped=skipped, warm=False) for policy in policies]
-            phases.append((to_fit, plans, _map(_block_task, _tasks(source, spans, plans, to_fit, fold_of, seed),
-                                               workers)))
+            phases.append((now, plans, _map(_block_task, _tasks(source, spans, plans, now, fold_of, seed, warm),
+                                            workers)))
+        these = to_fit if split else specs
+        fit = fit_sample(source, seed, fit_positions, block) if to_fit else None
+        sampled = fit is not None and fit.n_traj < source.n_traj
+        plans = [_plan(fit, source, policy, these, fixed, pricing, fold_of, seed=seed, unpriced=unpriced,
+                       skipped=skipped, warm=False) for policy in policies]
+        phases.append((these, plans, _map(_block_task, _tasks(source, spans, plans, these, fold_of, seed, warm),
+                                          workers)))
         states = [_Policy(policy=policy, trees={}, folds=[], fitted=[], pricing={}) for policy in policies]
         for these, plans, results in phases:
             for state, plan in zip(states, plans):
@@ -485,10 +489,23 @@ def _replay(source: FeatureSource, policies: list[PolicySpec], specs: list[str],
     return rows, requests
 
 
-def _tasks(source: FeatureSource, spans, plans: list[_Policy], specs: list[str], fold_of, seed: int) -> list[tuple]:
-    """`_block_task`'s arguments for every block: the plans without accumulators."""
+def _tasks(source: FeatureSource, spans, plans: list[_Policy], specs: list[str], fold_of, seed: int,
+           warm: int) -> list[tuple]:
+    """`_block_task`'s arguments for every block: the plans without accumulators, and the fan-out candidate
+    acceptance is estimated at (`_warm_width`)."""
     plans = [replace(plan, own={}, held={}, tables={}, failed={}) for plan in plans]
-    return [(source, t0, t1, i, plans, specs, fold_of, seed) for i, (t0, t1) in enumerate(spans)]
+    return [(source, t0, t1, i, plans, specs, fold_of, seed, warm) for i, (t0, t1) in enumerate(spans)]
+
+
+def _warm_width(specs: list[str], fixed: dict[str, Tree]) -> int:
+    """The fan-out a block's candidate acceptance is estimated at, once for every tree of a policy: the widest
+    fixed tree's, and the widest a tree fitted on the cache may have. Every task of a block uses it, so
+    Monte-Carlo estimates do not depend on how trees are grouped into tasks (one process or workers)."""
+    from specsim.sim.optimize import fit_width
+
+    widths = [int(t.n_children.max()) for s, t in fixed.items() if s in specs and t.budget and t.dynamic is None]
+    budgets = [int(s.split(":", 1)[1]) for s in specs if s not in fixed]
+    return max(widths + ([fit_width(budgets)] if budgets else []) + [1])
 
 
 def _block_task(task) -> list[tuple[dict, dict, dict]]:
@@ -496,13 +513,12 @@ def _block_task(task) -> list[tuple[dict, dict, dict]]:
 
     A module-level function of picklable arguments, so a process pool can run it; its Monte-Carlo
     streams are seeded by the block's index, so results do not depend on which process ran it."""
-    source, t0, t1, index, plans, specs, fold_of, seed = task
+    source, t0, t1, index, plans, specs, fold_of, seed, warm = task
     features = source.block(t0, t1)
     out = []
     for plan in plans:
         state = replace(plan, own={}, held={}, tables={}, failed={})  # this block's totals only
-        _warm_candidates(features, state.policy, [t for t in state.trees.values() if t is not None],
-                         _warm_rng(features, plan.policy, seed, block=index))
+        _warm_candidates(features, state.policy, [], _warm_rng(features, plan.policy, seed, block=index), width=warm)
         _replay_block(features, t0, state, specs, fold_of, seed=seed, keep_tables=False, bar=None, share=0.0,
                       block=index)
         out.append((state.own, state.held, state.failed))
@@ -707,20 +723,26 @@ def _warm_rng(features, policy: PolicySpec, seed: int, block: int | None = None)
     return np.random.default_rng([seed, zlib.crc32(label.encode()), *([] if block is None else [block])])
 
 
-def _warm_candidates(features: Features, policy: PolicySpec, trees: list[Tree], rng: np.random.Generator) -> None:
-    """Estimate sampling trees' candidate acceptance once, at the widest fan-out of the sweep.
+def _warm_candidates(features: Features, policy: PolicySpec, trees: list[Tree], rng: np.random.Generator,
+                     width: int = 1) -> None:
+    """Estimate sampling trees' candidate acceptance once, at the widest fan-out of `trees` (or `width`).
 
     `multidraft.candidate_acceptance` keeps its last estimate and serves any narrower tree
     from it; estimating the widest first means one stream of the distributions per sweep.
+    Where that width cannot be served (a stats-only cache recorded fewer candidates) nothing
+    is estimated here: each tree then reports what it lacks.
     """
     if policy.name != "sample" or features.model_free or features.temperature <= 0:
         return
-    width = max([int(t.n_children.max()) for t in trees if t.budget and t.dynamic is None] or [1])
+    width = max([int(t.n_children.max()) for t in trees if t.budget and t.dynamic is None] + [width])
     if width <= 1:
         return
     from specsim.sim.multidraft import candidate_acceptance
 
-    candidate_acceptance(features, width, scheme=policy.multi_draft, samples=policy.samples, rng=rng)
+    try:
+        candidate_acceptance(features, width, scheme=policy.multi_draft, samples=policy.samples, rng=rng)
+    except SpecError:
+        pass
 
 
 def _config_rng(features, policy: PolicySpec, tree: Tree, seed: int, block: int | None = None) -> np.random.Generator:

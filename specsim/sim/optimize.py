@@ -353,6 +353,12 @@ def _greedy_trees(features: "Features", budgets: Sequence[int], max_depth: int) 
 # ---------------------------------------------------------------------------- sampling on a cache
 
 
+def fit_width(budgets: Sequence[int]) -> int:
+    """The most candidates per node a sampling tree fitted for these budgets may have (fan-outs above 8
+    candidates are not estimated)."""
+    return min(max(max(budgets), max(SIMPLE_WIDTHS)), 8)
+
+
 def _sample_trees(features: "Features", budgets: Sequence[int], max_depth: int, scheme: str, samples: int,
                   rng: np.random.Generator) -> list[OptimalTree]:
     from specsim.sim.engine import AcceptanceTable, occupancy
@@ -362,7 +368,7 @@ def _sample_trees(features: "Features", budgets: Sequence[int], max_depth: int, 
         raise SpecError("sampling trees need trajectories sampled at T > 0; at T=0 use --policy greedy")
     if features.rank is None:
         raise SpecError(f"draft {features.draft!r} is model-free: its proposals are not sampled from a q")
-    width = min(max(max(budgets), max(SIMPLE_WIDTHS)), 8)  # fan-outs above 8 candidates are not estimated
+    width = fit_width(budgets)
     if not features.has_distributions and features.recorded_stats is not None:  # π only as recorded
         width = min(width, features.recorded_stats.candidates)
     pi, _ = candidate_acceptance(features, width, scheme=scheme, samples=samples, rng=rng, replicates=False)
