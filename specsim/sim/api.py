@@ -79,6 +79,29 @@ def _temperature_plan(reader: CacheReader, policies: list[PolicySpec], temperatu
     return sorted(plan, key=lambda tp: tp[0])
 
 
+def one_blas_thread():
+    """A context in which BLAS runs on one thread. Replay's BLAS calls are vector-sized (dot products, the
+    banded solves, the bootstrap's products) and OpenBLAS's idle threads spin: the 1M bench sweep in one
+    process took 15.4 s wall either way, with 18.2 s CPU on two BLAS threads against 15.3 s on one.
+    scipy's own OpenBLAS is loaded first, so that it is limited too."""
+    import scipy.linalg.lapack  # noqa: F401
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def on_one_blas_thread(fn: Callable) -> Callable:
+    """`fn` run inside `one_blas_thread`."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with one_blas_thread():
+            return fn(*args, **kwargs)
+
+    return run
+
+
 @dataclass(frozen=True)
 class Sweep:
     """What one simulation sweep produced."""
@@ -92,6 +115,7 @@ def simulate(cache, trees: Sequence[str] = (), **kwargs) -> pl.DataFrame:
     return sweep(cache, trees, **kwargs).rows
 
 
+@on_one_blas_thread
 def sweep(
     cache,
     trees: Sequence[str] = (),
@@ -198,17 +222,16 @@ def sweep(
         bar = tqdm(total=n_configs, unit="config", desc="simulating", disable=not progress, dynamic_ncols=True,
                    bar_format="{l_bar}{bar}| {n:.1f}/{total} configurations [{elapsed}<{remaining}]")
         try:
-            with one_blas_thread():
-                for T in sorted({t for t, _ in plan}):
-                    for draft in drafts:
-                        source = feature_source(reader, draft, T, top_k=top_k, progress=progress)
-                        found, asked = _replay(source, [p for t, p in plan if t == T], specs, fixed, pricing[draft],
-                                               reader, batches=batches, batching=batching, n_boot=n_boot, seed=seed,
-                                               unpriced=unpriced, by_category=by_category, skipped=skipped,
-                                               block_positions=block_positions, fit_positions=fit_positions,
-                                               workers=workers, bar=bar)
-                        rows += found
-                        requests += asked
+            for T in sorted({t for t, _ in plan}):
+                for draft in drafts:
+                    source = feature_source(reader, draft, T, top_k=top_k, progress=progress)
+                    found, asked = _replay(source, [p for t, p in plan if t == T], specs, fixed, pricing[draft], reader,
+                                           batches=batches, batching=batching, n_boot=n_boot, seed=seed,
+                                           unpriced=unpriced, by_category=by_category, skipped=skipped,
+                                           block_positions=block_positions, fit_positions=fit_positions,
+                                           workers=workers, bar=bar)
+                    rows += found
+                    requests += asked
         finally:
             bar.close()
     for line in skipped:
@@ -523,17 +546,6 @@ def _block_task(task) -> list[tuple[dict, dict, dict]]:
                       block=index)
         out.append((state.own, state.held, state.failed))
     return out
-
-
-def one_blas_thread():
-    """A context in which BLAS runs on one thread. Replay's BLAS calls are vector-sized (dot products, the
-    banded solves, the bootstrap's products) and OpenBLAS's idle threads spin: the 1M bench sweep in one
-    process took 15.4 s wall either way, with 18.2 s CPU on two BLAS threads against 15.3 s on one.
-    scipy's own OpenBLAS is loaded first, so that it is limited too."""
-    import scipy.linalg.lapack  # noqa: F401
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _worker_start() -> None:

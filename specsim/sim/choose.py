@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from specsim.sim.api import Pricing, Speed, speed_of
+from specsim.sim.api import Pricing, Speed, on_one_blas_thread, speed_of
 from specsim.trees import Tree
 
 
@@ -29,6 +29,7 @@ class Choice:
     plain_wins: bool  # True when even the best speculative tree is slower than plain decoding
 
 
+@on_one_blas_thread
 def best_per_batch(features, trees: Sequence[Tree], policy, pricing: Pricing, batches: Sequence[int], *,
                    batching: str = "lockstep", n_boot: int = 1000, seed: int = 0) -> list[Choice]:
     """For each batch size, the tree of `trees` with the highest speedup (its CI alongside).
@@ -65,6 +66,7 @@ class Fit:
     what: str  # what was fitted on, for the output
 
 
+@on_one_blas_thread
 def fit_on_cache(cache, budgets: Sequence[int], *, draft: str | None = None, policy: str = "greedy",
                  temperature: float | None = None, multi_draft: str = "iid", max_depth: int | None = None,
                  samples: int = 64, seed: int = 0, progress: bool = False) -> Fit:
