@@ -53,21 +53,16 @@ def next_gamma_table(rule: str, gamma_cap: int, params: tuple = ()) -> np.ndarra
     return np.clip(nxt, 1, gamma_cap)
 
 
-def adaptive_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: np.ndarray,
-                  call_cost: np.ndarray | None) -> dict[str, np.ndarray]:
-    """Expected totals per trajectory of the (position, γ) chain.
+def adaptive_walks(beta: np.ndarray, features: "Features", starts: Sequence[int], nxt: np.ndarray,
+                   call_cost: np.ndarray | None) -> list[dict[str, np.ndarray]]:
+    """Expected totals per trajectory of the (position, γ) chain, for each start γ in `starts` (one rule
+    and cap: Markov walks share one pass).
 
     call_cost (N, Γ+1): time of a call of γ drafts starting at each position (None: unpriced, the
     cost totals are 0). A call drafts
     min(γ, room) tokens, room = drafts it could still accept before the output limit.
     Point-mass acceptance (greedy: every β is 0 or 1) takes the deterministic walk.
     """
-    return adaptive_walks(beta, features, [start_gamma], nxt, call_cost)[0]
-
-
-def adaptive_walks(beta: np.ndarray, features: "Features", starts: Sequence[int], nxt: np.ndarray,
-                   call_cost: np.ndarray | None) -> list[dict[str, np.ndarray]]:
-    """`adaptive_walk` for each start γ in `starts` (one rule and cap); Markov walks share one pass."""
     if np.all((beta == 0) | (beta == 1)):
         return [deterministic_walk(beta, features, s, nxt, call_cost) for s in starts]
     return markov_walks(beta, features, starts, nxt, call_cost)
@@ -199,7 +194,7 @@ def _runs(row: np.ndarray) -> list[tuple[int, int]]:
 
 def deterministic_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: np.ndarray,
                        call_cost: np.ndarray | None) -> dict[str, np.ndarray]:
-    """`adaptive_walk` when every β is 0 or 1: each trajectory is one path of calls, walked in lockstep.
+    """`adaptive_walks` when every β is 0 or 1: each trajectory is one path of calls, walked in lockstep.
 
     A call of γ drafts at t accepts A = min(γ, run_t), run_t = the β = 1 run from t, stopped
     before the trajectory's last position (its last token is always the target's); the next

@@ -514,9 +514,8 @@ def _replay(source: FeatureSource, policies: list[PolicySpec], specs: list[str],
 
 def _tasks(source: FeatureSource, spans, plans: list[_Policy], specs: list[str], fold_of, seed: int,
            warm: int) -> list[tuple]:
-    """`_block_task`'s arguments for every block: the plans without accumulators, and the fan-out candidate
-    acceptance is estimated at (`_warm_width`)."""
-    plans = [replace(plan, own={}, held={}, tables={}, failed={}) for plan in plans]
+    """`_block_task`'s arguments for every block: the plans (fresh from `_plan`: nothing accumulated yet),
+    and the fan-out candidate acceptance is estimated at (`_warm_width`)."""
     return [(source, t0, t1, i, plans, specs, fold_of, seed, warm) for i, (t0, t1) in enumerate(spans)]
 
 

@@ -208,11 +208,9 @@ def candidate_acceptance(
         return features.acceptance()[..., None], None
     recorded = features.recorded_stats
     if recorded is not None and k <= recorded.candidates:
-        pi = features.recorded("pi_iid" if scheme == "iid" else "pi_swor")
-        if pi is not None:
-            pi = pi[..., :k].astype(np.float64)
-            if features.logp is not None and features.logq is not None:  # candidate 0 is β: the chains' value
-                pi[..., 0] = features.acceptance()
+        name = "pi_iid" if scheme == "iid" else "pi_swor"
+        if features.recorded(name) is not None:
+            pi = _recorded_pi(features, name, k)
             if scheme == "iid" or k <= 2 or not replicates:  # candidates 0 and 1 are exact without replacement too
                 return pi, None
             return pi, _recorded_replicates(features)[..., :k]
@@ -241,6 +239,15 @@ def candidate_acceptance(
     return pi[:, :k], (reps[:, :, :k] if reps is not None and k > 2 else None)
 
 
+def _recorded_pi(features: "Features", name: str, k: int) -> np.ndarray:
+    """(N, k) float64 recorded π ("pi_iid" or "pi_swor"); candidate 0 is β where the cache has log p and
+    log q (the chains' value)."""
+    pi = features.recorded(name)[..., :k].astype(np.float64)
+    if features.logp is not None and features.logq is not None:
+        pi[..., 0] = features.acceptance()
+    return pi
+
+
 def _recorded_replicates(features: "Features") -> np.ndarray:
     """(N, R, K) float32: the recorded swor group means as replicates for the SE, their first two columns
     set to the exact π (no spread between replicates there). Prepared once per Features at the recorded
@@ -253,10 +260,7 @@ def _recorded_replicates(features: "Features") -> np.ndarray:
         features._memo[key] = _recorded_replicates(base)[rows]
     else:
         groups = features.recorded("pi_swor_groups").astype(np.float32)
-        pi = features.recorded("pi_swor")[..., :2].astype(np.float64)
-        if features.logp is not None and features.logq is not None:
-            pi[..., 0] = features.acceptance()
-        groups[..., :2] = pi[..., None, :]
+        groups[..., :2] = _recorded_pi(features, "pi_swor", 2)[..., None, :]
         groups.flags.writeable = False
         features._memo[key] = groups
         features._memo.pop("recorded:pi_swor_groups", None)
