@@ -39,7 +39,8 @@ class _SlotCache(Cache):
         super().__init__(layers=[])
         self.owner = owner
 
-    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+    def update(self, key_states, value_states, layer_idx, cache_kwargs=None, **kwargs):
+        # transformers >= 5.2x passes the layer's attention kwargs as `kwargs=`; a slot write needs none
         return self.owner._update(key_states, value_states, layer_idx)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
