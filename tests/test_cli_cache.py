@@ -296,6 +296,6 @@ def test_a_prompt_longer_than_the_context_is_refused(tiny_model_dir, tmp_path):
                                                        "turns": ["speculative decoding " * 300]}])
     result = CliRunner().invoke(main, ["cache", "--target", str(tiny_model_dir), "--prompts", str(prompts),
                                        "--max-new-tokens", "8", "--out", str(tmp_path / "c.h5"), "--quiet"])
-    _one_line_error(result, r"prompt 0 \(question 7, x\) has \d+ tokens; with --max-new-tokens 8 it exceeds the "
-                            r"target's context of 1024 positions")
+    _one_line_error(result, r"prompt 0 \(question 7, x\) has \d+ tokens; with --max-new-tokens 8 and --overhang 8 it exceeds "
+                            r"the target's context of 1024 positions")
     assert not (tmp_path / "c.h5").exists()

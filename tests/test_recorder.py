@@ -201,3 +201,35 @@ def test_non_finite_logits_are_refused_not_stored(monkeypatch, tiny_model_dir, t
         models._register_fp64_attention()
     assert result.exit_code != 0
     assert "int8 gave non-finite logits" in result.output and "nothing of this trajectory was written" in result.output
+
+
+def test_the_overhang_is_the_target_decoding_on_past_the_end_and_leaves_the_trajectory_alone(target):
+    """Past max_new_tokens and past EOS the target keeps decoding (EOS fed back like any token): a longer
+    greedy run, cut. Rows that end at different steps (EOS in one, the limit in another) each get theirs."""
+    prompts = [encode(target.tokenizer, t) for t in ("What is 12 + 30?", "Write a short poem about the sea.")]
+    long = generate(target, prompts, temperature=0.0, seeds=[0, 1], max_new_tokens=20)
+    stop_token = int(long[0].tokens[5])
+    saved = target.model.generation_config.eos_token_id
+    target.model.generation_config.eos_token_id = stop_token
+    try:
+        plain = generate(target, prompts, temperature=0.0, seeds=[0, 1], max_new_tokens=12)
+        over = generate(target, prompts, temperature=0.0, seeds=[0, 1], max_new_tokens=12, overhang=4)
+    finally:
+        target.model.generation_config.eos_token_id = saved
+    for p, o, full in zip(plain, over, long):
+        np.testing.assert_array_equal(o.tokens, p.tokens)  # the trajectory does not move
+        assert o.stop_reason == p.stop_reason and len(o.overhang) == 4
+        n = len(o.tokens)
+        np.testing.assert_array_equal(o.recorded, full.tokens[: n + 4])  # greedy continuation, EOS or not
+        np.testing.assert_allclose(o.p_target_logits[:n], p.p_target_logits, atol=1e-5)
+        assert o.p_target_logits.shape[0] == n + 4
+    assert over[0].stop_reason == "eos" and len(over[0].tokens) <= 6
+
+
+def test_sampled_overhangs_do_not_move_the_trajectory(target):
+    ids = encode(target.tokenizer, "Write a short poem about the sea.")
+    plain = generate(target, [ids], temperature=1.0, seeds=[5], max_new_tokens=10)[0]
+    over = generate(target, [ids], temperature=1.0, seeds=[5], max_new_tokens=10, overhang=3)[0]
+    np.testing.assert_array_equal(over.tokens, plain.tokens)
+    longer = generate(target, [ids], temperature=1.0, seeds=[5], max_new_tokens=13)[0]
+    np.testing.assert_array_equal(over.recorded, longer.tokens)  # the row's own stream, one uniform a token

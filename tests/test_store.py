@@ -220,3 +220,39 @@ def test_statistics_chunks_grow_with_the_recording(tmp_path, prompts, chunk_kb):
         ds = draft["stats"]["pi_swor_groups"]
         row = ds.dtype.itemsize * int(np.prod(ds.shape[1:]))
         assert ds.chunks[0] == max(64, chunk_kb * 1024 // row)  # 64 rows at least
+
+
+def test_an_overhang_is_recorded_after_its_trajectory_and_read_by_nothing_else(tmp_path):
+    rng = np.random.default_rng(3)
+    path = tmp_path / "o.h5"
+    with CacheWriter.create(path, _spec(), _prompts()) as w:
+        n, K = 5, 3
+        tokens = rng.integers(0, V, n + K)
+        w.append_trajectory(prompt_index=0, temperature=0.0, seed=7, stop_reason="eos", tokens=tokens, overhang=K,
+                            target_logits=rng.normal(size=(n + K, V)),
+                            draft_logits={"d1": rng.normal(size=(n + K, V)), "layers:2": rng.normal(size=(n + K, V))})
+        b = _append(w, rng, 1, 0.7, 4)
+        with pytest.raises(CacheError, match=r"overhang 9 must be in 0..7 \(positions past the end of 8\)"):
+            w.append_trajectory(prompt_index=2, temperature=0.0, seed=7, stop_reason="eos", tokens=tokens,
+                                overhang=9)
+    with CacheReader(path) as r:
+        assert r.trajectories["length"].to_list() == [5, 4] and r.trajectories["overhang"].to_list() == [3, 0]
+        assert r.trajectories["start"].to_list() == [0, 8]  # the next trajectory starts after the overhang
+        assert r.n_positions == 12 and r.n_trajectory_positions == 9
+        first, second = list(r.iter_trajectories())
+        assert (first.stop, first.end, second.start) == (5, 8, 8)
+        np.testing.assert_array_equal(r.tokens(first.start, first.stop), tokens[:5])
+        np.testing.assert_array_equal(r.tokens(first.stop, first.end), tokens[5:])
+        np.testing.assert_array_equal(r.tokens(second.start, second.stop), b["tokens"])
+    # resume keeps the overhang rows (what the row counts past its length), a merge copies them
+    with CacheWriter.resume(path) as w:
+        assert w.n_positions == 12
+    from specsim.cache.store import CacheWriter as W
+
+    with CacheReader(path) as r, W.create(tmp_path / "copy.h5", r.spec, [
+            PromptRecord(p.question_id, p.category, p.text, p.token_ids) for p in r._prompts]) as w:
+        for row in r.iter_trajectories():
+            w.append_copy(r, row)
+    with CacheReader(tmp_path / "copy.h5") as r:
+        assert r.trajectories["overhang"].to_list() == [3, 0]
+        np.testing.assert_array_equal(r.tokens(5, 8), tokens[5:])

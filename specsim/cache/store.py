@@ -58,9 +58,9 @@ from specsim.cache.stats import (
 from specsim.errors import CacheError
 
 FORMAT = "specsim-cache"
-FORMAT_VERSION = 3  # 2: per-position float32 statistics (/columns/<c>/stats); 3: sampling statistics,
-#                     stats-only storage and content digests
-READS = (1, 2, 3)  # versions this specsim reads
+FORMAT_VERSION = 4  # 2: per-position float32 statistics (/columns/<c>/stats); 3: sampling statistics,
+#                     stats-only storage and content digests; 4: each trajectory's overhang
+READS = (1, 2, 3, 4)  # versions this specsim reads
 STORAGES = ("full", "topk", "stats")
 TARGET = "target"  # column name of the target's logits
 ROW_CHUNK = 16  # positions per HDF5 chunk: bounded-memory streaming, ~1.5 MB at V=49k
@@ -79,8 +79,19 @@ _TRAJ_DTYPE = np.dtype(
         ("length", "<i4"),
         ("stop_reason", "<i1"),
         ("digest", "S16"),  # blake2b-128 of the previous row's digest and this trajectory's content
+        ("overhang", "<i2"),  # v4: positions recorded past the trajectory's end (rows start+length ..)
     ]
 )
+
+
+def _overhang(rows: np.ndarray) -> np.ndarray:
+    """Each row's overhang (0 for files written before version 4)."""
+    return rows["overhang"].astype(np.int64) if "overhang" in rows.dtype.names else np.zeros(len(rows), np.int64)
+
+
+def _rows_end(rows: np.ndarray) -> int:
+    """One past the last position row the committed rows use, overhangs included."""
+    return int((rows["start"] + rows["length"] + _overhang(rows)).max()) if len(rows) else 0
 
 
 @dataclass(frozen=True)
@@ -152,10 +163,17 @@ class TrajectoryRow:
     start: int  # first position (row of /positions)
     length: int  # generated tokens
     stop_reason: str  # "max_new_tokens" | "eos"
+    overhang: int = 0  # positions recorded past the end (rows stop .. end): what an engine verifying drafts
+    #                    past max_new_tokens or EOS sees there (the target went on decoding)
 
     @property
     def stop(self) -> int:
         return self.start + self.length
+
+    @property
+    def end(self) -> int:
+        """One past the trajectory's last position row, its overhang included."""
+        return self.start + self.length + self.overhang
 
 
 def _group_name(column: str) -> str:
@@ -266,7 +284,7 @@ class CacheWriter:
         self.prompts = prompts
         rows = _committed_rows(f)
         self._n_rows = len(rows)
-        self._n_positions = int((rows["start"] + rows["length"]).max()) if len(rows) else 0
+        self._n_positions = _rows_end(rows)
         self._done = {(int(r["prompt_index"]), float(r["temperature"])) for r in rows}
         self._last_digest = bytes(rows["digest"][-1]) if len(rows) and "digest" in rows.dtype.names else b""
 
@@ -312,7 +330,7 @@ class CacheWriter:
         with h5py.File(tmp, "w", libver="latest") as out:
             cls._layout(out, spec, prompts)
             with _open_h5(path, "r") as src:
-                n = int((rows["start"] + rows["length"]).max()) if len(rows) else 0
+                n = _rows_end(rows)
                 cls._copy_positions(src, out, spec, n)
                 out["trajectories"].resize((len(rows),))
                 out["trajectories"][:] = rows
@@ -421,8 +439,13 @@ class CacheWriter:
         draft_logits: Mapping[str, np.ndarray] | None = None,
         stats: Mapping[str, Mapping[str, np.ndarray]] | None = None,
         hidden: Mapping[str, np.ndarray] | None = None,
+        overhang: int = 0,
     ) -> None:
         """Write one trajectory's positions, then commit it by appending its row.
+
+        overhang: the last `overhang` of the given positions lie past the trajectory's end (the
+        target decoding on after max_new_tokens or EOS); every array covers them too, and the
+        trajectory's length is len(tokens) - overhang.
 
         stats: column -> statistic -> (n, ...) array, as the recorder computes them on its device
         (`specsim.record.statistics`); without it they are computed here from the logits with
@@ -432,7 +455,9 @@ class CacheWriter:
         """
         tokens = np.asarray(tokens, dtype=np.int32)
         n = len(tokens)
-        if n == 0:
+        if not 0 <= int(overhang) < max(n, 1) or int(overhang) > np.iinfo(np.int16).max:
+            raise CacheError(f"overhang {overhang} must be in 0..{max(n - 1, 0)} (positions past the end of {n})")
+        if n - int(overhang) <= 0:
             raise CacheError("a trajectory needs at least one generated token")
         if not 0 <= prompt_index < len(self.prompts):
             raise CacheError(f"prompt_index {prompt_index} out of range 0..{len(self.prompts) - 1}")
@@ -496,7 +521,7 @@ class CacheWriter:
                 arrays.update({f"{g}/topk_ids": ids, f"{g}/topk_logits": top.astype(np.float16), f"{g}/tail_lse": tail})
             for name, (dtype, _) in self.spec.stat_shapes(c).items():
                 arrays[f"{g}/stats/{name}"] = np.ascontiguousarray(stats[c][name], dtype=dtype)
-        self._commit(prompt_index, temperature, seed, stop_reason, n, arrays)
+        self._commit(prompt_index, temperature, seed, stop_reason, n - int(overhang), arrays, overhang=int(overhang))
 
     def dataset_names(self) -> list[str]:
         """Every per-position dataset, in the order a row's digest covers them."""
@@ -513,18 +538,20 @@ class CacheWriter:
 
     def append_copy(self, reader: "CacheReader", row: "TrajectoryRow") -> None:
         """Append a committed trajectory of another cache with the same layout, byte for byte (`specsim merge`)."""
-        arrays = {name: reader._read(reader._f[name], row.start, row.stop, name) for name in self.dataset_names()}
-        self._commit(row.prompt_index, row.temperature, row.seed, row.stop_reason, row.length, arrays)
+        arrays = {name: reader._read(reader._f[name], row.start, row.end, name) for name in self.dataset_names()}
+        self._commit(row.prompt_index, row.temperature, row.seed, row.stop_reason, row.length, arrays,
+                     overhang=row.overhang)
 
     def _commit(self, prompt_index: int, temperature: float, seed: int, stop_reason: str, n: int,
-                arrays: Mapping[str, np.ndarray]) -> None:
-        """Write every per-position dataset, flush, then append the row that makes them visible."""
+                arrays: Mapping[str, np.ndarray], *, overhang: int = 0) -> None:
+        """Write every per-position dataset (n + overhang rows), flush, then append the row that makes them visible."""
         names = self.dataset_names()
         if list(arrays) != names:
             raise CacheError(f"datasets {sorted(set(names) ^ set(arrays))} missing or unexpected for this layout")
-        f, start, stop = self._f, self._n_positions, self._n_positions + n
+        f, start, stop = self._f, self._n_positions, self._n_positions + n + overhang
         digest = hashlib.blake2b(self._last_digest, digest_size=16)
-        digest.update(np.array([prompt_index, n], dtype=np.int64).tobytes() + np.float32(temperature).tobytes())
+        digest.update(np.array([prompt_index, n, overhang], dtype=np.int64).tobytes()
+                      + np.float32(temperature).tobytes())
         for name in names:
             values = np.ascontiguousarray(arrays[name], dtype=f[name].dtype)
             ds = f[name]
@@ -538,7 +565,7 @@ class CacheWriter:
         row = np.zeros((), dtype=_TRAJ_DTYPE)
         row["prompt_index"], row["temperature"], row["seed"] = prompt_index, temperature, seed
         row["start"], row["length"], row["stop_reason"] = start, n, STOP_REASONS.index(stop_reason)
-        row["digest"] = digest.digest()
+        row["digest"], row["overhang"] = digest.digest(), overhang
         rows[self._n_rows] = row
         f.flush()
         self._n_rows += 1
@@ -605,7 +632,8 @@ class CacheReader:
             self._f.close()
             raise CacheError(f"{self.path}: corrupt or truncated cache ({exc})") from None
         self._rows = rows
-        self.n_positions = int((rows["start"] + rows["length"]).max()) if len(rows) else 0
+        self.n_positions = _rows_end(rows)  # position rows in use (overhangs included)
+        self.n_trajectory_positions = int(rows["length"].sum())  # generated positions of committed trajectories
 
     # The prompts table is decoded on first use: opening a cache to read statistics (a sweep does,
     # block by block) then costs no pass over every prompt's text and token ids.
@@ -643,6 +671,7 @@ class CacheReader:
                 "start": rows["start"].astype(np.int64),
                 "length": rows["length"].astype(np.int32),
                 "stop_reason": [STOP_REASONS[int(s)] for s in rows["stop_reason"]],
+                "overhang": _overhang(rows).astype(np.int32),
             },
             schema_overrides={"category": pl.String, "stop_reason": pl.String},
         )
@@ -650,7 +679,7 @@ class CacheReader:
     def _probe(self, rows: np.ndarray) -> None:
         # SWMR readers skip HDF5's end-of-file check, so read the last committed row of
         # every dataset: a truncated file fails here, not halfway through a simulation.
-        n = int((rows["start"] + rows["length"]).max()) if len(rows) else 0
+        n = _rows_end(rows)
         if n == 0:
             return
         for c in self.spec.columns:
@@ -672,6 +701,7 @@ class CacheReader:
         return self._prompts[prompt_index].token_ids
 
     def iter_trajectories(self, temperature: float | None = None) -> Iterator[TrajectoryRow]:
+        overhang = _overhang(self._rows)
         for i, r in enumerate(self._rows):
             if temperature is not None and not _same_temperature(r["temperature"], temperature):
                 continue
@@ -683,6 +713,7 @@ class CacheReader:
                 start=int(r["start"]),
                 length=int(r["length"]),
                 stop_reason=STOP_REASONS[int(r["stop_reason"])],
+                overhang=int(overhang[i]),
             )
 
     def check_temperature(self, temperature: float) -> float:
@@ -714,7 +745,8 @@ class CacheReader:
         try:
             return dataset[start:stop]
         except OSError as exc:
-            rows = self._rows[(self._rows["start"] < stop) & (self._rows["start"] + self._rows["length"] > start)]
+            ends = self._rows["start"] + self._rows["length"] + _overhang(self._rows)
+            rows = self._rows[(self._rows["start"] < stop) & (ends > start)]
             where = ", ".join(f"prompt {int(r['prompt_index'])} at T={float(r['temperature']):g}" for r in rows[:3])
             raise CacheError(f"{self.path}: damaged data in {what} at positions {start}:{stop} ({where or 'no trajectory'}"
                              f"; {exc}); the file was changed after it was written: copy or record it again") from None

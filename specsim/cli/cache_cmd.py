@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from specsim.cli import _common as c
+from specsim.record.recorder import MAX_OVERHANG, OVERHANG
 
 
 @c.command("cache")
@@ -62,11 +63,15 @@ from specsim.cli import _common as c
               help="Record every N-th prompt from the I-th (0-based) into its own file; `auto` reads torchrun's "
                    "RANK/WORLD_SIZE or a SLURM array's task id. --out may contain {i} and {n}. Join the shards "
                    "with `specsim merge`.")
+@click.option("--overhang", type=click.IntRange(0, MAX_OVERHANG), default=OVERHANG, show_default=True,
+              help="Positions recorded past each trajectory's end (the target decodes on past max_new_tokens and "
+                   "EOS). An engine that drafts and verifies past the end (vLLM) counts drafts accepted there; "
+                   "replaying its counters exactly for chains of k drafts needs k - 1. Not part of any trajectory.")
 @c.quiet_option
 @c.friendly_errors
 def cache(target, drafts, prompts, categories, per_category, max_new_tokens, temperatures, seed, device, dtype,
           batch_size, out, resume, overwrite, store, top_k, candidates, swor_samples, lossy, expand, head_depth,
-          hidden, shard, quiet):
+          hidden, shard, overhang, quiet):
     """Record what the target and each draft predict along target-sampled trajectories.
 
     For every prompt and temperature the target samples a trajectory (greedy at T=0),
@@ -110,7 +115,7 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
                             per_category=per_category, max_new_tokens=max_new_tokens,
                             temperatures=tuple(temperatures) or (0.0,), seed=seed, device=device, dtype=dtype,
                             batch_size=batch_size, top_k=top_k, store=store, stats=stats, shard=shard,
-                            hidden=parse_hidden(hidden), head_depth=head_depth)
+                            hidden=parse_hidden(hidden), head_depth=head_depth, overhang=overhang)
     outcome = record_cache(out, request, resume=resume, overwrite=overwrite, progress=not quiet,
                            echo=lambda line: click.echo(line, err=True))
     if outcome.interrupted:

@@ -83,7 +83,7 @@ def inspect(file: Path, quiet: bool) -> None:
         click.echo(f"prompts    {prompts.height} from {source}: {cats}")
 
         trajs = reader.trajectories
-        click.echo(f"trajectories ({trajs.height} committed, {reader.n_positions:,} positions):")
+        click.echo(f"trajectories ({trajs.height} committed, {reader.n_trajectory_positions:,} positions):")
         for t in spec.temperatures:
             rows = trajs.filter((trajs["temperature"] - t).abs() < 1e-6)
             n_pos = int(rows["length"].sum()) if rows.height else 0
@@ -97,7 +97,7 @@ def inspect(file: Path, quiet: bool) -> None:
             click.echo("no agreement statistics: " + ("no drafts recorded" if not spec.drafts else "no committed trajectories yet"))
             return
 
-        with tqdm(total=reader.n_positions, unit="pos", desc="statistics", disable=quiet, leave=False) as bar:
+        with tqdm(total=reader.n_trajectory_positions, unit="pos", desc="statistics", disable=quiet, leave=False) as bar:
             stats = agreement_stats(reader, on_positions=bar.update)
         click.echo("draft agreement with the target (exact means over every recorded position):")
         width = max(len(s.draft) for s in stats)

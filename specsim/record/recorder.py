@@ -32,7 +32,7 @@ import copy
 import hashlib
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -45,6 +45,8 @@ from specsim.record.models import LoadedModel, eos_token_ids
 # Before it, files drew with torch.multinomial and a generator on the model's device, which differs
 # between CPU and CUDA for the same seed.
 SAMPLER = "inverse-cdf, float64, one uniform per token from a CPU torch.Generator"
+OVERHANG = 8  # default positions recorded past each trajectory's end: replays vLLM's counters for chains of <= 9
+MAX_OVERHANG = 64  # at most (a chain deeper than 65 drafts is no engine's configuration)
 
 
 @dataclass(frozen=True)
@@ -54,13 +56,24 @@ class RecordConfig:
     seed: int = 0  # base seed; each (prompt, temperature) derives its own
     batch_size: int = 1  # prompts generated together (left-padded); >1 pays off on GPU
     shard: tuple[int, int] | None = None  # (i, n): record only the prompts with index % n == i
+    overhang: int = OVERHANG  # positions recorded past each trajectory's end (the target decodes on past
+    #                           max_new_tokens and EOS): what an engine that drafts and verifies past the end
+    #                           counts there (vLLM); a chain of k drafts needs k - 1
 
 
 @dataclass(frozen=True)
 class Trajectory:
     tokens: np.ndarray  # (n,) int64 sampled tokens y_1..y_n
-    p_target_logits: Any  # (n, V) float32 torch tensor on the model's device: the logits y_t was sampled from
+    p_target_logits: Any  # (n + K, V) float32 torch tensor on the model's device: the logits each token of
+    #                       `recorded` was sampled from
     stop_reason: str  # "eos" | "max_new_tokens"
+    overhang: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (K,) int64 tokens the
+    #                       target sampled past the end (after EOS or the max_new_tokens-th token), not output
+
+    @property
+    def recorded(self) -> np.ndarray:
+        """(n + K,) the trajectory and its overhang: the positions the cache records."""
+        return np.concatenate([self.tokens, self.overhang]) if self.overhang.size else self.tokens
 
 
 @dataclass(frozen=True)
@@ -135,10 +148,14 @@ def generate(
     max_new_tokens: int,
     on_token: Callable[[int], None] = lambda n: None,
     start: Prefill | None = None,
+    overhang: int = 0,
 ) -> list[Trajectory]:
     """Sample one trajectory per prompt with a KV cache, keeping the logits each token was sampled from.
 
     ``start`` (from :func:`prefill` on the same prompts) skips the prompt pass; it is not modified.
+    overhang: tokens each row goes on sampling past its end (EOS fed back like any token), kept apart
+    as `Trajectory.overhang`. They use the row's generator after the trajectory's draws, so the
+    trajectory itself does not depend on them.
     """
     import torch
 
@@ -148,25 +165,29 @@ def generate(
     generators = [torch.Generator(device="cpu").manual_seed(s) for s in seeds]
     B = len(prompts)
     steps: list = []  # each (B, V) float32 on the model's device
-    tokens = torch.zeros((B, max_new_tokens), dtype=torch.long)
+    tokens = torch.zeros((B, max_new_tokens + overhang), dtype=torch.long)
     lengths = [0] * B
+    extra = [0] * B  # overhang tokens sampled so far
     finished = [False] * B
     with torch.inference_mode():
         cache = copy.deepcopy(start.cache)
         logits, mask, positions = start.last_logits, start.mask, start.next_positions
-        for step in range(max_new_tokens):
+        for step in range(max_new_tokens + overhang):
             nxt = logits.argmax(dim=-1) if temperature == 0 else sample_tokens(logits, temperature, generators)
             steps.append(logits)
             alive = 0
             for i, tok in enumerate(nxt.tolist()):
                 if finished[i]:
+                    if extra[i] < overhang:
+                        tokens[i, lengths[i] + extra[i]] = tok
+                        extra[i] += 1
                     continue
                 tokens[i, step] = tok
                 lengths[i] += 1
                 alive += 1
-                finished[i] = tok in eos
+                finished[i] = tok in eos or lengths[i] == max_new_tokens
             on_token(alive)
-            if all(finished) or step == max_new_tokens - 1:
+            if all(f and e == overhang for f, e in zip(finished, extra)):
                 break
             mask = torch.cat([mask, mask.new_ones((B, 1))], dim=1)
             out = model(input_ids=nxt.view(B, 1), attention_mask=mask, position_ids=positions,
@@ -176,8 +197,9 @@ def generate(
     return [
         Trajectory(
             tokens=tokens[i, : lengths[i]].numpy(),
-            p_target_logits=stacked[i, : lengths[i]],
-            stop_reason="eos" if finished[i] else "max_new_tokens",
+            p_target_logits=stacked[i, : lengths[i] + extra[i]],
+            stop_reason="eos" if int(tokens[i, lengths[i] - 1]) in eos else "max_new_tokens",
+            overhang=tokens[i, lengths[i] : lengths[i] + extra[i]].numpy(),
         )
         for i in range(B)
     ]
@@ -257,6 +279,7 @@ def settings(*, target: str, drafts: Sequence[str], prompt_spec: dict, config: R
         "statistics": statistics,
         "shard": f"{config.shard[0]}/{config.shard[1]}" if config.shard else None,
         "sampler": SAMPLER if any(t > 0 for t in config.temperatures) else None,
+        "overhang": config.overhang,
     }
 
 
@@ -354,7 +377,7 @@ def trajectory_stats(y: Trajectory, drafts: dict, temperature: float, seed: int,
     from specsim.record.statistics import draft_stats, target_stats
 
     p_logits = y.p_target_logits
-    tokens = torch.as_tensor(np.asarray(y.tokens, dtype=np.int64), device=p_logits.device)
+    tokens = torch.as_tensor(np.asarray(y.recorded, dtype=np.int64), device=p_logits.device)
     out = {"target": target_stats(p_logits, tokens, temperature)}
     for name, q_logits in drafts.items():
         generator = _stats_generator(f"{seed}/{name}")
@@ -428,10 +451,10 @@ def record(
             q_starts = {d.name: prefill(d, prompt_ids) for d in drafts}
             for t in [t for t in config.temperatures if any(t in todo[i] for i in indices)]:
                 seeds = [trajectory_seed(config.seed, i, t) for i in indices]
-                trajs = generate(target, prompt_ids, temperature=t, seeds=seeds,
-                                 max_new_tokens=config.max_new_tokens, on_token=bar.update, start=p_start)
+                trajs = generate(target, prompt_ids, temperature=t, seeds=seeds, max_new_tokens=config.max_new_tokens,
+                                 on_token=bar.update, start=p_start, overhang=config.overhang)
                 q_draft = {
-                    d.name: teacher_forced_logits(d, prompt_ids, [y.tokens for y in trajs], start=q_starts[d.name])
+                    d.name: teacher_forced_logits(d, prompt_ids, [y.recorded for y in trajs], start=q_starts[d.name])
                     for d in drafts
                 }
                 for k, (i, seed, y) in enumerate(zip(indices, seeds, trajs)):
@@ -447,30 +470,31 @@ def record(
                     if hidden_layers:
                         import torch
 
-                        x = torch.as_tensor(np.concatenate([prompt_ids[k], y.tokens]), dtype=torch.long,
+                        x = torch.as_tensor(np.concatenate([prompt_ids[k], y.recorded]), dtype=torch.long,
                                             device=target.info["device"])
                         states = target_hidden(target, x, hidden_layers)  # (L - 1, H) each
-                        plen, n = len(prompt_ids[k]), len(y.tokens)
+                        plen, n = len(prompt_ids[k]), len(y.recorded)
                         hidden = {layer: states[layer][plen - 1 : plen - 1 + n].half().cpu().numpy()
                                   for layer in writer.spec.hidden}  # row t: the state giving p_t
                         for h in heads:
-                            stats[h.name] = head_stats(h, y.p_target_logits, states["last"], prompt_ids[k], y.tokens,
-                                                       writer.spec.depths[h.name], t, seed, writer.spec.stats)
+                            stats[h.name] = head_stats(h, y.p_target_logits, states["last"], prompt_ids[k],
+                                                       y.recorded, writer.spec.depths[h.name], t, seed,
+                                                       writer.spec.stats)
                     if writer.spec.stats.expand is not None:
                         from specsim.record.expand import expand_trajectory
 
                         t_expand = time.perf_counter()
                         K, D = writer.spec.stats.expand
                         for d in drafts:
-                            stats[d.name].update(expand_trajectory(d.model, prompt_ids[k], y.tokens, columns[d.name],
-                                                                   topk=K, depth=D))
+                            stats[d.name].update(expand_trajectory(d.model, prompt_ids[k], y.recorded,
+                                                                   columns[d.name], topk=K, depth=D))
                         expand_seconds += time.perf_counter() - t_expand
                     keep = writer.spec.storage != "stats"
                     _commit_uninterrupted(lambda: writer.append_trajectory(
-                        prompt_index=i, temperature=t, seed=seed, tokens=y.tokens, stop_reason=y.stop_reason,
+                        prompt_index=i, temperature=t, seed=seed, tokens=y.recorded, stop_reason=y.stop_reason,
                         target_logits=y.p_target_logits.cpu().numpy() if keep else None,
                         draft_logits={name: x.cpu().numpy() for name, x in columns.items()} if keep else None,
-                        stats=stats, hidden=hidden,
+                        stats=stats, hidden=hidden, overhang=len(y.overhang),
                     ))
                     n_traj += 1
                     n_pos += len(y.tokens)

@@ -17,6 +17,7 @@ from typing import Callable
 
 from specsim.cache.stats import StatsSpec
 from specsim.errors import CacheError, PromptError, ResumeMismatchError
+from specsim.record.recorder import MAX_OVERHANG, OVERHANG
 from specsim.specs import is_head_draft
 
 
@@ -41,6 +42,7 @@ class RecordRequest:
     shard: tuple[int, int] | None = None  # (i, n): this process records the prompts with index % n == i
     hidden: tuple[str, ...] = ()  # target hidden states stored per position: "last" and/or decoder layer numbers
     head_depth: int | None = None  # depths recorded for head drafts (None: Medusa's head count, EAGLE 5)
+    overhang: int = OVERHANG  # positions recorded past each trajectory's end (engines count drafts accepted there)
 
 
 @dataclass(frozen=True)
@@ -77,16 +79,17 @@ def check_output(out: Path, *, resume: bool, overwrite: bool) -> None:
         raise CacheError(f"--out {out}: not writable; choose another path")
 
 
-def check_prompt_lengths(records, model, max_new_tokens: int) -> None:
-    """PromptError naming the first prompt whose tokens + max_new_tokens exceed the target's context."""
+def check_prompt_lengths(records, model, max_new_tokens: int, overhang: int = 0) -> None:
+    """PromptError naming the first prompt whose tokens + max_new_tokens + overhang exceed the target's context."""
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is None:
         return
     for i, r in enumerate(records):
-        if len(r.token_ids) + max_new_tokens > limit:
+        if len(r.token_ids) + max_new_tokens + overhang > limit:
+            plus = f" and --overhang {overhang}" if overhang else ""
             raise PromptError(f"prompt {i} (question {r.question_id}, {r.category or 'no category'}) has "
-                              f"{len(r.token_ids)} tokens; with --max-new-tokens {max_new_tokens} it exceeds the "
-                              f"target's context of {limit} positions: lower --max-new-tokens or drop the prompt")
+                              f"{len(r.token_ids)} tokens; with --max-new-tokens {max_new_tokens}{plus} it exceeds "
+                              f"the target's context of {limit} positions: lower --max-new-tokens or drop the prompt")
 
 
 def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
@@ -115,8 +118,10 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
                          "expanded: record it without --expand (or in a cache of its own)")
     if request.head_depth is not None and not 1 <= request.head_depth <= 16:
         raise CacheError(f"--head-depth {request.head_depth}: give 1..16")
+    if not 0 <= request.overhang <= MAX_OVERHANG:
+        raise CacheError(f"--overhang {request.overhang}: give 0..{MAX_OVERHANG} positions past each end")
     config = RecordConfig(max_new_tokens=request.max_new_tokens, temperatures=temperatures, seed=request.seed,
-                          batch_size=request.batch_size, shard=request.shard)
+                          batch_size=request.batch_size, shard=request.shard, overhang=request.overhang)
     if request.store not in ("full", "stats"):
         raise CacheError(f"--store {request.store!r}: use full (statistics and logits) or stats (statistics only)")
     if request.store == "stats" and request.top_k:
@@ -138,7 +143,7 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
         from specsim.record.recorder import build_meta, prompt_records, record
 
         records = prompt_records(prompt_set.prompts, p_target.tokenizer)
-        check_prompt_lengths(records, p_target.model, request.max_new_tokens)
+        check_prompt_lengths(records, p_target.model, request.max_new_tokens, request.overhang)
         if resume:
             if file_tokenizer != p_target.info["tokenizer_sha256"]:
                 raise ResumeMismatchError(f"{out}: cannot --resume, the target's tokenizer differs from the file's")
