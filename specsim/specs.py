@@ -205,6 +205,12 @@ DRAFT_KINDS: dict[str, DraftKind] = {
                                "nothing: tokens only", model_free=True, parse="specsim.sim.modelfree:parse_modelfree",
                                table="specsim.sim.modelfree:modelfree_table",
                                live="specsim.live.drafting:ModelFreeDrafter"),
+    "vllm-ngram": DraftKind("vllm-ngram", "vllm-ngram:min=A,max=B", "vllm-ngram:min=2,max=3",
+                            "vLLM's ngram method: the earliest occurrence of the longest suffix match of A..B tokens, "
+                            "one continuation (prompt_lookup_min/max; the tree's depth is num_speculative_tokens)",
+                            "nothing: tokens only", model_free=True, parse="specsim.sim.modelfree:parse_modelfree",
+                            table="specsim.sim.modelfree:modelfree_table",
+                            live="specsim.live.drafting:ModelFreeDrafter"),
     "suffix": DraftKind("suffix", "suffix[:depth=24,factor=1,offset=0,prob=0.1,requests=10000]", "suffix",
                         "SuffixDecoding (vLLM, ArcticInference): suffix trees over the prompt and earlier outputs, "
                         "frequency-ranked, sized by the match length",
@@ -281,11 +287,17 @@ class PolicyKind:
     estimate: str  # how exact the replay is
     temperature: str  # "0" (greedy trajectories), ">0" (sampled ones) or "any"
     function: str  # "module:function" computing its acceptance table
+    ranked: bool = False  # the draft proposes its top-ranked tokens (no sampling), verified as point masses: a
+    #                       node is accepted iff its rank path matches the trajectory's ranks, at any T
 
 
 POLICY_KINDS: dict[str, PolicyKind] = {
     "greedy": PolicyKind("greedy", "greedy", "accept the draft token equal to the target's argmax", (0,), True,
-                         "exact", "0", "specsim.sim.policies:greedy_table"),
+                         "exact", "0", "specsim.sim.policies:greedy_table", ranked=True),
+    "greedy-draft": PolicyKind("greedy-draft", "greedy-draft",
+                               "the draft proposes its top-ranked tokens, verified as point masses (accepted with "
+                               "probability p(x)): vLLM's default draft_sample_method='greedy' at T>0", (0,), True,
+                               "exact", "any", "specsim.sim.policies:greedy_table", ranked=True),
     "sample": PolicyKind("sample", "sample", "speculative sampling (chains) and multi-draft sampling (trees)", (0,),
                          True, "exact for chains and iid trees; Monte-Carlo with a standard error for swor trees",
                          ">0", "specsim.sim.policies:sample_table"),

@@ -28,7 +28,8 @@ TARGET_NAME = "synthetic-target"
 def write_cache(path, trajectories: Sequence[dict], *, vocab: int, drafts: Sequence[str],
                 temperatures: Sequence[float], categories: Sequence[str], storage: str = "full",
                 top_k: int = 0) -> Path:
-    """Write a cache; each trajectory is a dict(prompt_index, temperature, tokens, target_logits, draft_logits)."""
+    """Write a cache; each trajectory is a dict(prompt_index, temperature, tokens, target_logits, draft_logits),
+    and `overhang` K when its last K positions lie past its end (docs/cache-format.md)."""
     path = Path(path)
     prompts = [
         PromptRecord(question_id=i, category=c, text=f"synthetic prompt {i}",
@@ -42,7 +43,8 @@ def write_cache(path, trajectories: Sequence[dict], *, vocab: int, drafts: Seque
         for i, tr in enumerate(trajectories):
             writer.append_trajectory(prompt_index=tr["prompt_index"], temperature=tr["temperature"], seed=i,
                                      tokens=tr["tokens"], target_logits=tr["target_logits"],
-                                     draft_logits=tr["draft_logits"], stop_reason="max_new_tokens")
+                                     draft_logits=tr["draft_logits"], stop_reason="max_new_tokens",
+                                     overhang=int(tr.get("overhang", 0)))
     return path
 
 
@@ -146,18 +148,18 @@ def _half(x: np.ndarray) -> np.ndarray:
 
 def random_cache(path, *, n_prompts: int = 6, length: int = 24, vocab: int = 16, drafts: Sequence[str] = ("small",),
                  temperatures: Sequence[float] = (0.0, 1.0), categories: Sequence[str] = ("code", "chat"),
-                 noise: float = 1.0, seed: int = 0, storage: str = "full", top_k: int = 0) -> Path:
+                 noise: float = 1.0, seed: int = 0, storage: str = "full", top_k: int = 0, overhang: int = 0) -> Path:
     """Random target logits; each draft is the target plus Gaussian noise (more noise, worse draft).
 
     Trajectory lengths vary between length//2 and length; tokens are sampled from the
-    target at each temperature (argmax at T=0).
+    target at each temperature (argmax at T=0). overhang: positions recorded past each end.
     """
     rng = np.random.default_rng(seed)
     cats = [categories[i % len(categories)] for i in range(n_prompts)]
     trajectories = []
     for i in range(n_prompts):
         for T in temperatures:
-            n = int(rng.integers(max(1, length // 2), length + 1))
+            n = int(rng.integers(max(1, length // 2), length + 1)) + overhang
             p_logits = _half(np.round(rng.normal(0, 2.0, (n, vocab)), 2))
             if T == 0:
                 tokens = p_logits.argmax(axis=1)
@@ -168,6 +170,6 @@ def random_cache(path, *, n_prompts: int = 6, length: int = 24, vocab: int = 16,
                 tokens = (probs.cumsum(axis=1) > rng.random((n, 1))).argmax(axis=1)
             q = {d: _half(p_logits + rng.normal(0, noise * (1 + j), (n, vocab))) for j, d in enumerate(drafts)}
             trajectories.append(dict(prompt_index=i, temperature=T, tokens=tokens.astype(np.int32),
-                                     target_logits=p_logits, draft_logits=q))
+                                     target_logits=p_logits, draft_logits=q, overhang=overhang))
     return write_cache(path, trajectories, vocab=vocab, drafts=drafts, temperatures=temperatures, categories=cats,
                        storage=storage, top_k=top_k)

@@ -441,7 +441,7 @@ def study_tables(study: Study) -> dict[str, pl.DataFrame]:
     if not study.results.is_empty():
         from specsim.report.findings import equal_budget
 
-        tables["results"] = study.results.drop("depth_accept")
+        tables["results"] = study.results.drop("depth_accept", "vllm_num_accepted_tokens_per_pos", strict=False)
         tables["depth_acceptance"] = per_depth(study.results)
         compared = equal_budget(study.results)
         if not compared.is_empty():

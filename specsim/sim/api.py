@@ -27,7 +27,7 @@ from specsim.cache.store import CacheReader
 from specsim.errors import CacheError, SpecError
 from specsim.sim.batch import BATCHING
 from specsim.sim.cost import load_cost_profile, parse_cost
-from specsim.sim.engine import AcceptanceTable, TrajectoryStats, walk
+from specsim.sim.engine import AcceptanceTable, EngineTotals, TrajectoryStats, walk
 from specsim.sim.features import Features, FeatureSource, feature_source, target_name
 from specsim.sim.metrics import ALL, summarize_many
 from specsim.sim.policies import check_temperature, run_adaptive, run_policy
@@ -706,7 +706,20 @@ def _merge_stats(pieces: list[tuple[np.ndarray, TrajectoryStats]], where) -> Tra
         if se is not None and p.se_accepted is not None:
             se[idx] = p.se_accepted
     return TrajectoryStats(**out, reach=reach, exact=all(p.exact for _, p in pieces), se_accepted=se, plain=plain,
-                           extra=_merge_extra([(float(where.traj_len[idx].sum()), p.extra) for idx, p in pieces]))
+                           extra=_merge_extra([(float(where.traj_len[idx].sum()), p.extra) for idx, p in pieces]),
+                           engine=_merge_engine([(idx, p.engine) for idx, p in pieces], n_traj, depth))
+
+
+def _merge_engine(pieces: list[tuple[np.ndarray, EngineTotals | None]], n_traj: int, depth: int) -> EngineTotals | None:
+    """One EngineTotals over all trajectories from pieces' (None if any piece has none); the first note kept."""
+    if any(e is None for _, e in pieces):
+        return None
+    drafts, drafted, reach = np.zeros(n_traj), np.zeros(n_traj), np.zeros((n_traj, depth))
+    for idx, e in pieces:
+        drafts[idx], drafted[idx] = e.drafts, e.drafted
+        reach[idx, : e.reach.shape[1]] = e.reach
+    return EngineTotals(drafts=drafts, drafted=drafted, reach=reach,
+                        note=next((e.note for _, e in pieces if e.note), None))
 
 
 def _merge_extra(pieces: list[tuple[float, Mapping | None]]) -> dict | None:
@@ -777,10 +790,10 @@ def _head(source: FeatureSource, tree: Tree, policy: PolicySpec, pricing: Pricin
           stats: TrajectoryStats, *, fit: str | None, n_boot: int, seed: int) -> dict:
     """The row's description columns of one configuration."""
     storage = reader.spec.storage
-    greedy_exact_tail = policy.name == "greedy" and (not tree.budget or int(tree.ranks.max()) < reader.spec.top_k)
+    greedy_exact_tail = policy.kind.ranked and (not tree.budget or int(tree.ranks.max()) < reader.spec.top_k)
     approximate = (not policy.lossless) or (
         not source.exact_tail and not source.model_free and not greedy_exact_tail and tree.dynamic is None)
-    sampling_tree = (policy.name != "greedy" and tree.budget and int(tree.n_children.max()) > 1
+    sampling_tree = (not policy.kind.ranked and tree.budget and int(tree.n_children.max()) > 1
                      and tree.dynamic is None)
     config = {
         "tree": tree.name, "budget": tree.budget, "depth": tree.max_depth, "draft": source.draft,
@@ -818,6 +831,8 @@ def _request_rows(runs: list[tuple[dict, TrajectoryStats]], features: Features) 
                                reach[:, :-1] - reach[:, 1:], reach[:, -1:]], axis=1) if reach.shape[1] else \
             stats.calls[:, None]
         n = features.n_traj
+        e = stats.engine
+        none = np.full(n, np.nan)
         out.append(pl.DataFrame({
             **{k: pl.Series(k, [cfg[k]] * n, dtype=pl.String) for k in ("tree", "draft", "policy")},
             "temperature": np.full(n, float(cfg["temperature"])),
@@ -830,6 +845,9 @@ def _request_rows(runs: list[tuple[dict, TrajectoryStats]], features: Features) 
             "accepted_length_histogram": pl.Series("h", np.ascontiguousarray(hist, dtype=np.float64)).cast(
                 pl.List(pl.Float64)),
             "estimate": pl.Series("estimate", [cfg["estimate"]] * n, dtype=pl.String),
+            "vllm_num_drafts": none if e is None else e.drafts.astype(np.float64),
+            "vllm_num_draft_tokens": none if e is None else e.drafted.astype(np.float64),
+            "vllm_num_accepted_tokens": none if e is None else e.accepted.astype(np.float64),
         }))
     return out
 

@@ -268,7 +268,8 @@ def dynamic_table(features, tree, spec, rng: np.random.Generator):
         drafted[lo:hi] = (depths[chosen] <= room[lo:hi, None]).sum(axis=1)
     p_len = np.zeros((N, depth + 1))
     p_len[idx, length] = 1.0
-    return AcceptanceTable(p_len=p_len, drafted=drafted, exact=True, length=length)
+    return AcceptanceTable(p_len=p_len, drafted=drafted, exact=True, length=length,
+                           engine_drafted=float(min(shape.tokens, candidates(shape.topk, shape.depth))))
 
 
 def dynamic_step_shape(shape: DynamicShape, room: int | None, *, model_draft: bool = True):

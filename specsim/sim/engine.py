@@ -28,6 +28,16 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class EngineTail:
+    """What a call near a trajectory's end accepts in an engine that verifies drafts past the end (vLLM
+    drafts without looking at max_tokens or EOS and counts every accepted draft before it trims the
+    output): the policy replayed on the positions the cache recorded past the end (`Features.tail`)."""
+
+    rows: np.ndarray  # (M,) int64 start positions whose capped law hides acceptance past the end
+    reach: np.ndarray  # (M, D) P(A >= d | t), d = 1..D, without the end cap
+
+
+@dataclass(frozen=True)
 class AcceptanceTable:
     """Law of the accepted length of a call, for every start position."""
 
@@ -40,6 +50,11 @@ class AcceptanceTable:
     extra: Mapping | None = None  # per-configuration scalars for the result row, e.g. {"tv_distortion": 0.02}
     length: np.ndarray | None = None  # (N,) int accepted length when every law is a point mass (greedy,
     #                                   model-free): p_len is then one-hot and the walk follows pointers
+    engine_drafted: np.ndarray | float | None = None  # (N,) or scalar: drafts an engine that does not cap them at
+    #                                   the output limit proposes at t (vLLM: num_speculative_tokens, or what an
+    #                                   n-gram match gives); None: no engine counters for this table
+    engine_tail: EngineTail | None = None  # the law past the recorded end at calls near each end (None: capped)
+    engine_note: str | None = None  # why the engine counters are not what the engine would report, if they are not
 
     @property
     def depth(self) -> int:
@@ -66,6 +81,24 @@ class AcceptanceTable:
 
 
 @dataclass(frozen=True)
+class EngineTotals:
+    """vLLM's spec-decode counters of one decoding walk, per trajectory (docs/design.md §6): the prompt pass
+    emits the first token (the first call starts at output position 1), a call that proposes nothing is no
+    draft, a call drafts what the engine proposes (not capped at the output limit) and every accepted draft
+    counts, also past max_tokens or EOS, where the engine trims the output afterwards."""
+
+    drafts: np.ndarray  # (n_traj,) expected calls that proposed at least one token (num_drafts)
+    drafted: np.ndarray  # (n_traj,) expected draft tokens proposed (num_draft_tokens)
+    reach: np.ndarray  # (n_traj, D) expected calls whose first d drafts were all accepted (..._per_pos)
+    note: str | None = None  # None: the engine's counts (exact, or their expectation); else what they miss
+
+    @property
+    def accepted(self) -> np.ndarray:
+        """(n_traj,) expected accepted draft tokens (num_accepted_tokens)."""
+        return self.reach.sum(axis=1)
+
+
+@dataclass(frozen=True)
 class TrajectoryStats:
     """Expected totals of one decoding walk per trajectory (arrays over trajectories)."""
 
@@ -79,6 +112,7 @@ class TrajectoryStats:
     se_accepted: np.ndarray | None = None  # (n_traj,) Monte-Carlo standard error of `accepted`
     extra: Mapping | None = None  # per-configuration scalars for the result row (passed on from the table)
     plain: np.ndarray | None = None  # (n_traj,) time of plain decoding of the trajectory (same unit as cost)
+    engine: EngineTotals | None = None  # vLLM's counters of the same decoding (None: the policy has none)
 
 
 def at_depth(x: np.ndarray, d: int, keyed: bool) -> np.ndarray:
@@ -174,11 +208,46 @@ def walk(table: AcceptanceTable, features, call_cost=0.0, *, plain_cost=None, ne
         calls=calls, drafted=drafted, accepted=accepted, tokens=features.traj_len.astype(np.float64),
         reach=np.ascontiguousarray(reach), cost=cost, exact=table.exact, se_accepted=se,
         extra=table.extra, plain=None if plain_cost is None else per_traj(np.asarray(plain_cost, dtype=np.float64)),
+        engine=engine_totals(table, features),
     )
 
 
-def occupancy(table: AcceptanceTable, features) -> np.ndarray:
+def engine_totals(table: AcceptanceTable, features) -> EngineTotals | None:
+    """vLLM's counters of decoding each trajectory with `table` (`EngineTotals`); None without `engine_drafted`.
+
+    The engine's walk is this one started at output position 1: the same calls follow (a call that
+    would accept past the end ends the request either way), so its occupancy solves the same system
+    with the first visit one position later. Each call's counted acceptance is the table's law, except
+    near the end, where `engine_tail` holds the law past the end."""
+    if table.engine_drafted is None:
+        return None
+    occ = occupancy(table, features, first=1)  # (N,)
+    N, D1 = table.p_len.shape
+    bounds = features.traj_start
+    per_traj = lambda x: np.add.reduceat(x, bounds, axis=0) if x.shape[0] else x  # noqa: E731
+    proposed = np.broadcast_to(np.asarray(table.engine_drafted, dtype=np.float64), (N,))
+    if table.length is not None:
+        visited = np.flatnonzero(occ)
+        traj_of = np.repeat(np.arange(features.n_traj), features.traj_len)[visited]
+        law = np.bincount(traj_of * D1 + table.length[visited], weights=occ[visited],
+                          minlength=features.n_traj * D1).reshape(features.n_traj, D1)
+    else:
+        law = per_traj(occ[:, None] * table.p_len)  # (n_traj, D+1)
+    reach = np.cumsum(law[:, ::-1], axis=1)[:, ::-1][:, 1:]  # (n_traj, D)
+    tail = table.engine_tail
+    if tail is not None and tail.rows.size:
+        capped = np.cumsum(table.p_len[tail.rows][:, ::-1], axis=1)[:, ::-1][:, 1:]  # (M, D)
+        traj_of = np.searchsorted(bounds, tail.rows, side="right") - 1
+        np.add.at(reach, traj_of, occ[tail.rows, None] * (tail.reach[:, : D1 - 1] - capped))
+    return EngineTotals(drafts=per_traj(occ * (proposed > 0)), drafted=per_traj(occ * proposed),
+                        reach=np.ascontiguousarray(reach), note=table.engine_note)
+
+
+def occupancy(table: AcceptanceTable, features, first: int = 0) -> np.ndarray:
     """(N,) probability that a call starts at each position (expected visits of the walk).
+
+    first: the output position of each trajectory's first call (1: the prompt pass emitted the first
+    token, as in vLLM; a trajectory no longer than that has no call).
 
     The forward DP visits(t + a + 1) += visits(t) · P(a | t), started with one visit at each
     trajectory's first position, is the unit lower-triangular banded system
@@ -188,7 +257,7 @@ def occupancy(table: AcceptanceTable, features) -> np.ndarray:
     (it would otherwise land on the next trajectory's first position).
     """
     if table.length is not None:
-        return deterministic_occupancy(table.length, features)
+        return deterministic_occupancy(table.length, features, first)
     from scipy.linalg.lapack import dtbtrs  # scipy.linalg is slow to import: not at CLI start
 
     P = table.p_len
@@ -202,14 +271,14 @@ def occupancy(table: AcceptanceTable, features) -> np.ndarray:
     near = np.flatnonzero(remaining < D1)  # calls whose a = remaining would step onto the next trajectory
     band[near, 1 + remaining[near]] = 0.0
     starts = np.zeros((N, 1))
-    starts[features.traj_start, 0] = 1.0
+    starts[(features.traj_start + first)[features.traj_len > first], 0] = 1.0
     visits, info = dtbtrs(band.T, starts, uplo="L", trans="N", diag="U")
     if info != 0:  # pragma: no cover - a unit-diagonal band cannot be singular
         raise ValueError(f"banded solve failed (LAPACK info {info})")
     return visits[:, 0]
 
 
-def deterministic_occupancy(length: np.ndarray, features) -> np.ndarray:
+def deterministic_occupancy(length: np.ndarray, features, first: int = 0) -> np.ndarray:
     """(N,) 0/1 visits when a call at t always accepts length[t] drafts (greedy, model-free).
 
     Follows next(t) = t + length[t] + 1 for every trajectory at once: one step per call of
@@ -218,8 +287,8 @@ def deterministic_occupancy(length: np.ndarray, features) -> np.ndarray:
     N = features.n_positions
     nxt = np.arange(N) + np.asarray(length, dtype=np.int64) + 1
     visits = np.zeros(N)
-    cur = features.traj_start.astype(np.int64)
-    end = cur + features.traj_len
+    cur = features.traj_start.astype(np.int64) + first
+    end = features.traj_start.astype(np.int64) + features.traj_len
     cur, end = cur[end > cur], end[end > cur]
     while cur.size:
         visits[cur] = 1.0
@@ -227,3 +296,25 @@ def deterministic_occupancy(length: np.ndarray, features) -> np.ndarray:
         alive = cur < end
         cur, end = cur[alive], end[alive]
     return visits
+
+
+def engine_calls(table: AcceptanceTable, features, i_traj: int) -> list[tuple[int, int, int]]:
+    """(start, drafted, accepted) of every call vLLM makes decoding trajectory `i_traj` when each call's
+    acceptance is a point mass (greedy, model-free): its walk from output position 1, with the
+    acceptance past the end from `engine_tail` (`engine_totals`' walk, call by call)."""
+    if table.length is None or table.engine_drafted is None:
+        raise ValueError("engine_calls follows point-mass tables with engine counters")
+    start, n = int(features.traj_start[i_traj]), int(features.traj_len[i_traj])
+    proposed = np.broadcast_to(np.asarray(table.engine_drafted, dtype=np.float64), (features.n_positions,))
+    past = {}
+    tail = table.engine_tail
+    if tail is not None:
+        mine = (tail.rows >= start) & (tail.rows < start + n)
+        past = {int(r): int(reach.sum()) for r, reach in zip(tail.rows[mine], tail.reach[mine])}
+    calls, t = [], 1
+    while t < n:
+        row = start + t
+        accepted = past.get(row, int(table.length[row]))
+        calls.append((t, int(proposed[row]), accepted))
+        t += int(table.length[row]) + 1
+    return calls

@@ -75,6 +75,8 @@ class Features:
     recorded_stats: object | None = None  # the cache's StatsSpec: sampling statistics recorded per position
     has_distributions: bool = True  # False for stats-only caches: nothing can be derived from logits
     depth: int | None = None  # head drafts: the depths their laws are keyed by (None: one law per position)
+    traj_overhang: np.ndarray | None = None  # (n_traj,) int64 positions the cache recorded past each end, right
+    #                                          after the trajectory's own (None: none, as before format 4)
     parent: tuple | None = field(default=None, repr=False, compare=False)  # (Features, rows) of a subset
     _memo: dict = field(default_factory=dict, repr=False, compare=False)  # streamed distributions, when small
 
@@ -133,7 +135,9 @@ class Features:
             traj_len=lens, traj_prompt=self.traj_prompt[traj], traj_category=self.traj_category[traj],
             cache_start=self.cache_start[traj], token=self.token[rows], rank=take(self.rank), logp=take(self.logp),
             logq=take(self.logq), top_ids=take(self.top_ids),
-            prompt_len=None if self.prompt_len is None else self.prompt_len[traj], parent=(self, rows), _memo={})
+            prompt_len=None if self.prompt_len is None else self.prompt_len[traj],
+            traj_overhang=None if self.traj_overhang is None else self.traj_overhang[traj], parent=(self, rows),
+            _memo={})
         out._memo["parent_trajectories"] = traj  # which of the parent's trajectories, in order
         return out
 
@@ -183,6 +187,23 @@ class Features:
                 out[local : local + rows.shape[0]] = reader.stats(self.draft, name, lo, hi)[rows]
         out.flags.writeable = False
         return out
+
+    def overhang(self) -> np.ndarray:
+        """(n_traj,) int64 positions recorded past each trajectory's end (0 where the cache has none)."""
+        if self.traj_overhang is None:
+            return np.zeros(self.n_traj, dtype=np.int64)
+        return self.traj_overhang
+
+    def tail(self, depth: int) -> "Tail | None":
+        """Each trajectory's last min(depth, n) positions followed by its overhang, as a Features of its own
+        (its trajectories run into the overhang, so its `remaining` counts past the recorded end), read from
+        the cache's statistics; None when the cache recorded no overhang (or nothing but the trajectory
+        itself would be in it). What an engine that verifies drafts past the end accepts there is a policy
+        replayed on it (docs/design.md §6)."""
+        key = f"tail:{depth}"
+        if key not in self._memo:
+            self._memo[key] = _tail(self, depth)
+        return self._memo[key]
 
     def room(self) -> np.ndarray:
         """(N,) int64: drafts a call at each position can still accept before the output limit.
@@ -315,7 +336,7 @@ class FeatureSource:
                 arrays = {name: g[name][lo:hi] for name in ARRAYS}
         if t0 == 0 and t1 == self.n_traj:
             return Features(**b, **arrays)
-        part = {k: b[k][t0:t1] for k in ("traj_len", "traj_prompt", "traj_category", "cache_start", "prompt_len")}
+        part = {k: b[k][t0:t1] for k in PER_TRAJECTORY}
         part["traj_start"] = b["traj_start"][t0:t1] - lo
         return Features(**{**b, **part}, **arrays)
 
@@ -347,6 +368,69 @@ class FeatureSource:
 
 
 ARRAYS = ("token", "rank", "logp", "logq", "top_ids")
+PER_TRAJECTORY = ("traj_len", "traj_prompt", "traj_category", "cache_start", "prompt_len", "traj_overhang")
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The ends of some trajectories with what the cache recorded past them (`Features.tail`)."""
+
+    features: "Features"  # one trajectory per segment: its last `kept` positions, then its overhang
+    rows: np.ndarray  # (M,) int64 positions of the parent Features the segments' first `kept` rows are
+    kept: np.ndarray  # (n_seg,) int64 positions of each segment that belong to the trajectory
+    trajectory: np.ndarray  # (n_seg,) int64 the parent's trajectory of each segment
+
+    def own_rows(self) -> np.ndarray:
+        """(M,) int64 rows of `features` that are parent positions (each segment's first `kept`), in `rows` order."""
+        starts = self.features.traj_start
+        return np.concatenate([np.arange(s, s + k) for s, k in zip(starts.tolist(), self.kept.tolist())]) \
+            if self.kept.size else np.zeros(0, dtype=np.int64)
+
+
+def _tail(features: "Features", depth: int) -> Tail | None:
+    over = features.overhang()
+    which = np.flatnonzero(over > 0)
+    if not which.size or depth < 1:
+        return None
+    n = features.traj_len[which].astype(np.int64)
+    kept = np.minimum(depth, n)
+    seg_len = kept + over[which]
+    seg_cache = features.cache_start[which] + n - kept  # segments are contiguous in the cache: the end, then the rest
+    seg_start = np.concatenate([[0], np.cumsum(seg_len[:-1])]).astype(np.int64)
+    rows = np.concatenate([features.traj_start[w] + features.traj_len[w] - k + np.arange(k)
+                           for w, k in zip(which.tolist(), kept.tolist())]).astype(np.int64)
+    base = dict(
+        draft=features.draft, temperature=features.temperature, cache_path=features.cache_path,
+        models=features.models, traj_start=seg_start, traj_len=seg_len.astype(np.int32),
+        traj_prompt=features.traj_prompt[which], traj_category=features.traj_category[which],
+        cache_start=seg_cache.astype(np.int64), exact_tail=features.exact_tail,
+        prompt_len=None if features.prompt_len is None else features.prompt_len[which] + n - kept,
+        max_new_tokens=None, recorded_stats=features.recorded_stats, has_distributions=False,
+        depth=features.depth, traj_overhang=None)
+    arrays = _read_recorded_arrays(features, base)
+    return Tail(features=Features(**base, **arrays), rows=rows, kept=kept, trajectory=which)
+
+
+def _read_recorded_arrays(features: "Features", base: dict) -> dict:
+    """token, rank, logp, logq (and top_ids) of `base`'s positions from the cache's recorded statistics."""
+    local = _Base(base)
+    N = int(base["traj_len"].sum())
+    with CacheReader(features.cache_path) as reader:
+        def read(column: str | None, name: str) -> np.ndarray:
+            parts = np.empty(0)
+            for i, (lo_local, lo, hi, rows) in enumerate(_spans(local, RECORDED_BLOCK)):
+                x = reader.tokens(lo, hi) if column is None else reader.stats(column, name, lo, hi)
+                if i == 0:
+                    parts = np.empty((N, *x.shape[1:]), dtype=x.dtype)
+                parts[lo_local : lo_local + rows.shape[0]] = x[rows]
+            return parts
+
+        token = read(None, "token")
+        if features.model_free:
+            return dict(token=token, rank=None, logp=None, logq=None, top_ids=None)
+        width = None if features.top_ids is None else features.top_ids.shape[-1]
+        return dict(token=token, rank=read(features.draft, "rank"), logp=read(TARGET, "logprob"),
+                    logq=read(features.draft, "logprob"), top_ids=read(features.draft, "top_ids")[..., :width])
 
 
 def _detach(features: Features) -> Features:
@@ -361,8 +445,7 @@ def _concat(parts: list[Features]) -> Features:
     cat = lambda name: None if getattr(first, name) is None else np.concatenate(  # noqa: E731
         [getattr(p, name) for p in parts])
     return replace(first, traj_start=np.concatenate([[0], np.cumsum(lens[:-1], dtype=np.int64)]).astype(np.int64),
-                   traj_len=lens, **{name: cat(name) for name in (
-                       "traj_prompt", "traj_category", "cache_start", "prompt_len", *ARRAYS)},
+                   traj_len=lens, **{name: cat(name) for name in (*PER_TRAJECTORY[1:], *ARRAYS)},
                    parent=None, _memo={})
 
 
@@ -403,6 +486,7 @@ def _source(reader: CacheReader, draft: str, temperature: float, top_k: int, pro
         recorded_stats=reader.spec.stats,
         has_distributions=reader.has_distributions and (model_free or reader.depth(draft) is None),
         depth=None if model_free else reader.depth(draft),
+        traj_overhang=np.array([r.overhang for r in rows], dtype=np.int64),
     )
     if model_free:
         token = np.concatenate([reader.tokens(r.start, r.stop) for r in rows])

@@ -31,10 +31,16 @@ from specsim.sim.engine import TrajectoryStats
 ALL = "all"  # the category label of the row over every prompt
 CI_LEVEL = 0.95  # two-sided percentile interval
 METRICS = ("accept_rate", "accepted_per_call", "tokens_per_call", "calls_per_100_tokens", "drafted_per_call",
-           "speedup", "tokens_per_s")  # the ratio columns of a row, each with _lo and _hi
-_TOTALS = ("accepted", "drafted", "calls", "tokens", "cost", "plain")  # the per-trajectory sums they are ratios of
+           "speedup", "tokens_per_s", "vllm_mean_acceptance_length", "vllm_draft_acceptance_rate")
+# the ratio columns of a row, each with _lo and _hi
+_TOTALS = ("accepted", "drafted", "calls", "tokens", "cost", "plain", "engine_drafts", "engine_drafted",
+           "engine_accepted")  # the per-trajectory sums they are ratios of
 # speedup = plain time / speculative time of the same trajectories; tokens_per_s = tokens / time (the
 # cost model's unit: seconds when measured). Without a cost model both are NaN.
+# vllm_*: vLLM's own ratios of its spec-decode counters (docs/design.md §6): mean acceptance length =
+# 1 + num_accepted_tokens / num_drafts, draft acceptance rate = num_accepted_tokens / num_draft_tokens.
+VLLM_COUNTERS = ("vllm_num_drafts", "vllm_num_draft_tokens", "vllm_num_accepted_tokens",
+                 "vllm_num_accepted_tokens_per_pos")  # the counters' totals, beside the ratios
 
 
 @dataclass(frozen=True)
@@ -98,14 +104,34 @@ def groups(categories: np.ndarray, by_category: bool) -> list[tuple[str, np.ndar
 
 def _metrics(sums: np.ndarray) -> np.ndarray:
     """(..., len(METRICS)) the METRICS from (..., len(_TOTALS)) sums of the _TOTALS."""
-    accepted, drafted, calls, tokens, cost, plain = np.moveaxis(sums, -1, 0)
+    accepted, drafted, calls, tokens, cost, plain, e_drafts, e_drafted, e_accepted = np.moveaxis(sums, -1, 0)
     return np.stack([_ratio(accepted, drafted), accepted / calls, tokens / calls, 100 * calls / tokens,
-                     drafted / calls, _ratio(plain, cost), _ratio(tokens, cost)], axis=-1)
+                     drafted / calls, _ratio(plain, cost), _ratio(tokens, cost), 1 + _ratio(e_accepted, e_drafts),
+                     _ratio(e_accepted, e_drafted)], axis=-1)
 
 
 def _total(stats: TrajectoryStats, name: str) -> np.ndarray:
-    value = getattr(stats, name)
+    if name.startswith("engine_"):
+        value = None if stats.engine is None else getattr(stats.engine, name.removeprefix("engine_"))
+    else:
+        value = getattr(stats, name)
     return np.full(stats.tokens.shape, np.nan) if value is None else value
+
+
+def vllm_counters(stats: TrajectoryStats, idx: np.ndarray) -> dict:
+    """vLLM's spec-decode counters over trajectories `idx` (exact integers where the walk is deterministic,
+    expectations otherwise), and what they are: "exact", "expected" or the note saying what they miss."""
+    e = stats.engine
+    if e is None:
+        return {**dict.fromkeys(VLLM_COUNTERS), "vllm_counts": None}
+    per_pos = e.reach[idx].sum(axis=0)
+    exact = stats.exact and np.allclose(per_pos, np.round(per_pos))
+    as_count = (lambda x: int(round(float(x)))) if exact else float  # noqa: E731
+    return {"vllm_num_drafts": as_count(e.drafts[idx].sum()), "vllm_num_draft_tokens": as_count(e.drafted[idx].sum()),
+            "vllm_num_accepted_tokens": as_count(per_pos.sum()),
+            "vllm_num_accepted_tokens_per_pos": [as_count(x) for x in per_pos],
+            "vllm_counts": e.note or ("exact" if exact else "expected (exact in distribution)" if stats.exact
+                                      else "expected (Monte-Carlo)")}
 
 
 def summarize(stats: TrajectoryStats, features, *, by_category: bool = True, n_boot: int = 1000,
@@ -143,9 +169,12 @@ def summarize_many(stats_list: Sequence[TrajectoryStats], features, *, by_catego
                 lo, hi = (x.reshape(C, M) for x in _interval(_metrics(boot).reshape(-1, C * M)))
         n_prompts = int(len(np.unique(features.traj_prompt[idx])))
         for c, stats in enumerate(stats_list):
-            accepted, drafted, calls, tokens, cost, plain = sums[c]
+            accepted, drafted, calls, tokens, cost, plain = sums[c][:6]
             row = {"category": label, "n_prompts": n_prompts, "n_positions": int(tokens)}
             for k, name in enumerate(METRICS):
+                if stats.engine is None and name.startswith("vllm_"):  # no counters (adaptive rules): null, not NaN
+                    row[name] = row[name + "_lo"] = row[name + "_hi"] = None
+                    continue
                 row[name], row[name + "_lo"], row[name + "_hi"] = float(point[c, k]), float(lo[c, k]), float(hi[c, k])
             row["depth_accept"] = (stats.reach[idx].sum(axis=0) / calls).tolist()  # P(A >= d) per call, d = 1..D
             row["call_cost"] = float(cost / calls)
@@ -155,5 +184,6 @@ def summarize_many(stats_list: Sequence[TrajectoryStats], features, *, by_catego
                 se = float(np.sqrt((stats.se_accepted[idx] ** 2).sum()))  # SE of Σ accepted
                 row["mc_se_accept_rate"] = se / float(drafted) if drafted > 0 else float("nan")
                 row["mc_se_tokens_per_call"] = se * float(tokens) / float(calls) ** 2  # via calls = n - accepted
+            row.update(vllm_counters(stats, idx))
             rows[c].append(row)
     return rows

@@ -6,6 +6,16 @@
 * ``prompt-lookup:N`` — Hugging Face prompt lookup decoding (Saxena 2023): try the last
   N, N−1, …, 1 tokens; for each length, earlier occurrences from the first one on; propose
   what followed. HF keeps only the first hit; a tree keeps the others as alternatives.
+* ``vllm-ngram:min=A,max=B`` — vLLM's ``ngram`` method (``prompt_lookup_min=A``,
+  ``prompt_lookup_max=B``), as `vllm/v1/spec_decode/ngram_proposer.py` (vLLM 0.32,
+  ``_find_longest_matched_ngram_and_propose_tokens``) runs it: the longest suffix of the
+  context, at most B tokens, that occurred earlier (occurrences may overlap the suffix but
+  must end before the last token); among occurrences of that length the EARLIEST one; nothing
+  when the longest is shorter than A (or the context is). It proposes ONE continuation: the
+  up to k = `num_speculative_tokens` tokens that followed that occurrence, fewer where the
+  context ends sooner. vLLM finds it with a KMP pass over the reversed context; `vllm_ngram`
+  below finds the same occurrence by trying lengths B, B−1, …, A (a match of length m at s
+  implies one of length m − 1 at s + 1, so the first length with a match is the longest).
 
 A tree over such candidates puts alternative continuations side by side: the continuations,
 in priority order, are inserted into a trie whose children keep insertion order, so the node
@@ -35,23 +45,31 @@ MAX_MATCHES = 64  # continuations considered per call: bounds the cost on highly
 
 @dataclass(frozen=True)
 class ModelFreeDraft:
-    kind: str  # "ngram" | "prompt-lookup"
-    n: int  # suffix length matched (prompt-lookup: the longest one tried)
+    kind: str  # "ngram" | "prompt-lookup" | "vllm-ngram"
+    n: int  # suffix length matched (prompt-lookup: the longest one tried; vllm-ngram: prompt_lookup_max)
     max_matches: int = MAX_MATCHES  # continuations kept per call, in priority order
+    n_min: int | None = None  # vllm-ngram: prompt_lookup_min, the shortest match that proposes
 
     @property
     def name(self) -> str:
+        if self.kind == "vllm-ngram":
+            return f"{self.kind}:min={self.n_min},max={self.n}"
         return f"{self.kind}:{self.n}"
 
 
+VLLM_NGRAM_EXAMPLE = "vllm-ngram:min=2,max=3"
+
+
 def parse_modelfree(text: str) -> ModelFreeDraft:
-    """'ngram:3' | 'prompt-lookup:2'."""
+    """'ngram:3' | 'prompt-lookup:2' | 'vllm-ngram:min=2,max=3' (as vLLM: a missing bound equals the other)."""
     from specsim.specs import draft_kind, model_free_help
 
     kind, sep, arg = str(text).strip().partition(":")
     kind = kind.strip().lower()
     if draft_kind(kind).table != "specsim.sim.modelfree:modelfree_table":
         raise SpecError(f"{text!r} is not an n-gram or prompt-lookup draft; model-free drafts: {model_free_help()}")
+    if kind == "vllm-ngram":
+        return _parse_vllm_ngram(text, arg if sep else "")
     try:
         n = int(arg) if sep else 0
     except ValueError:
@@ -59,6 +77,26 @@ def parse_modelfree(text: str) -> ModelFreeDraft:
     if n < 1:
         raise SpecError(f"{text}: N must be at least 1, e.g. {kind}:3")
     return ModelFreeDraft(kind, n)
+
+
+def _parse_vllm_ngram(text: str, arg: str) -> ModelFreeDraft:
+    bounds: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in arg.split(","))):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in ("min", "max"):
+            raise SpecError(f"{text}: {part!r} is not min=A or max=B (e.g. {VLLM_NGRAM_EXAMPLE})")
+        if key in bounds:
+            raise SpecError(f"{text}: {key} is given twice")
+        if not value.strip().isdigit() or int(value) < 1:
+            raise SpecError(f"{text}: {key}={value.strip()!r} is not an integer >= 1 (e.g. {VLLM_NGRAM_EXAMPLE})")
+        bounds[key] = int(value)
+    if not bounds:
+        raise SpecError(f"{text}: give the match lengths, prompt_lookup_min and _max, e.g. {VLLM_NGRAM_EXAMPLE}")
+    lo, hi = bounds.get("min", bounds.get("max")), bounds.get("max", bounds.get("min"))
+    if lo > hi:
+        raise SpecError(f"{text}: min={lo} is above max={hi} (vLLM refuses prompt_lookup_min > prompt_lookup_max)")
+    return ModelFreeDraft("vllm-ngram", hi, max_matches=1, n_min=lo)
 
 
 def _match_starts(context: np.ndarray, m: int) -> np.ndarray:
@@ -70,9 +108,23 @@ def _match_starts(context: np.ndarray, m: int) -> np.ndarray:
     return np.flatnonzero((windows == context[-m:]).all(axis=1))
 
 
+def vllm_ngram(context: np.ndarray, n_min: int, n_max: int, k: int) -> np.ndarray:
+    """vLLM's n-gram proposal after `context` (the module docstring): up to k tokens, empty for none."""
+    context = np.asarray(context, dtype=np.int64)
+    for m in range(min(n_max, context.shape[0] - 1), n_min - 1, -1):
+        starts = _match_starts(context, m)
+        if starts.size:
+            s = int(starts[0]) + m  # the earliest occurrence of the longest match; what followed it
+            return context[s : s + k]
+    return context[:0]
+
+
 def continuations(context: np.ndarray, draft: ModelFreeDraft, depth: int) -> list[np.ndarray]:
     """Candidate continuations (each ≤ depth tokens), highest priority first."""
     context = np.asarray(context, dtype=np.int64)
+    if draft.kind == "vllm-ngram":
+        cont = vllm_ngram(context, draft.n_min, draft.n, depth)
+        return [cont] if cont.size else []
     if draft.kind == "ngram":
         starts = [(j, draft.n) for j in _match_starts(context, draft.n)[::-1]]  # most recent first
     else:
@@ -127,11 +179,18 @@ def modelfree_table(features: "Features", tree: Tree, spec, rng: np.random.Gener
     from specsim.cache.store import CacheReader
     from specsim.sim.engine import AcceptanceTable
 
+    from specsim.sim.engine import EngineTail
+    from specsim.sim.policies import overhang_note
+
     draft = parse_modelfree(features.draft)
-    N = features.n_positions
+    N, D = features.n_positions, tree.max_depth
     remaining, room = features.remaining(), features.room()
     length = np.zeros(N, dtype=np.int64)
     drafted = np.zeros(N)
+    proposed = np.zeros(N)  # what an engine drafts: every node with a candidate, whatever the output limit
+    past = _past_end(features, D)  # trajectory -> tokens the cache recorded past its end
+    tail_rows: list[int] = []
+    tail_len: list[int] = []
     with CacheReader(features.cache_path) as reader:  # one open, not one per trajectory
         prompts = {int(i): reader.prompt_token_ids(int(i)) for i in np.unique(features.traj_prompt)}
     # disable=None: a bar on a terminal only (tables printed by the CLI stay clean in pipes and logs)
@@ -141,11 +200,32 @@ def modelfree_table(features: "Features", tree: Tree, spec, rng: np.random.Gener
         seq = np.concatenate([np.asarray(prompts[int(features.traj_prompt[i])], dtype=np.int64),
                               features.token[start : start + n].astype(np.int64)])
         offset = seq.shape[0] - n
+        beyond = past.get(i)
         for t in range(n):
             tokens = tree_tokens(seq[: offset + t], draft, tree)
-            drafted[start + t] = float(((tokens >= 0) & (tree.depths <= room[start + t])).sum())
+            has = tokens >= 0
+            drafted[start + t] = float((has & (tree.depths <= room[start + t])).sum())
+            proposed[start + t] = float(has.sum())
             future = seq[offset + t : offset + t + int(remaining[start + t])]
             length[start + t] = accepted_length(tree, tokens, future)
-    p_len = np.zeros((N, tree.max_depth + 1))  # (N, D+1)
+            if beyond is not None and remaining[start + t] < D:  # the engine verifies y_{n-1} and past the end too
+                tail_rows.append(start + t)
+                tail_len.append(accepted_length(tree, tokens, np.concatenate([seq[offset + t :], beyond])))
+    p_len = np.zeros((N, D + 1))  # (N, D+1)
     p_len[np.arange(N), length] = 1.0
-    return AcceptanceTable(p_len=p_len, drafted=drafted, exact=True, length=length)
+    tail = None
+    if tail_rows:
+        reach = (np.array(tail_len)[:, None] >= np.arange(1, D + 1)[None, :]).astype(np.float64)  # (M, D)
+        tail = EngineTail(rows=np.array(tail_rows, dtype=np.int64), reach=reach)
+    return AcceptanceTable(p_len=p_len, drafted=drafted, exact=True, length=length, engine_drafted=proposed,
+                           engine_tail=tail, engine_note=overhang_note(features, D))
+
+
+def _past_end(features: "Features", depth: int) -> dict[int, np.ndarray]:
+    """Trajectory index -> the tokens the cache recorded past its end (`Features.tail`)."""
+    tail = features.tail(depth)
+    if tail is None:
+        return {}
+    f = tail.features
+    return {int(w): f.token[s + k : s + n].astype(np.int64)
+            for w, s, k, n in zip(tail.trajectory, f.traj_start, tail.kept, f.traj_len)}

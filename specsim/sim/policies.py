@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from specsim.errors import SpecError
-from specsim.sim.engine import AcceptanceTable, at_depth, drafted_per_call
+from specsim.sim.engine import AcceptanceTable, EngineTail, at_depth, drafted_per_call
 from specsim.specs import PolicySpec
 from specsim.trees import Tree
 
@@ -149,14 +149,51 @@ def run_policy(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator,
     if tree.dynamic is not None:
         if features.model_free:
             raise SpecError(f"a dynamic tree grows from a draft model's expansion; {features.draft} is model-free")
-        return _function("specsim.sim.dynamic:dynamic_table")(features, tree, spec, rng)
-    if features.model_free:
+        fn = _function("specsim.sim.dynamic:dynamic_table")
+    elif features.model_free:
         if not spec.lossless:
             raise SpecError(f"policy {spec.label} compares p with q; model-free draft {features.draft} has no q")
         from specsim.specs import draft_kind
 
-        return _function(draft_kind(features.draft).table)(features, tree, spec, rng)
-    return _function(spec.kind.function)(features, tree, spec, rng)
+        return _function(draft_kind(features.draft).table)(features, tree, spec, rng)  # counts its own tail
+    else:
+        fn = _function(spec.kind.function)
+    table = fn(features, tree, spec, rng)
+    return with_engine_counts(table, features, tree, lambda tail: fn(tail, tree, spec, rng.spawn(1)[0]))
+
+
+NO_OVERHANG = ("a lower bound at each request's last call: the cache records nothing past a trajectory's end, "
+               "where vLLM also counts accepted drafts (record with `specsim cache --overhang K`)")
+
+
+def overhang_note(features, depth: int) -> str | None:
+    """Why the engine counters miss acceptance past the ends (None: they do not), for trees `depth` deep."""
+    over = features.overhang()
+    if depth < 1 or not over.size:
+        return None
+    if not over.any():
+        return NO_OVERHANG
+    if int(over.min()) < depth:
+        return (f"a lower bound at each request's last call: the cache records {int(over.min())} positions past "
+                f"some trajectory's end, a chain of {depth} drafts can be accepted {depth} past it")
+    return None
+
+
+def with_engine_counts(table: AcceptanceTable, features, tree: Tree, replay_tail) -> AcceptanceTable:
+    """`table` with what vLLM's counters need: the drafts the engine proposes per call (the tree's nodes,
+    uncapped by the output limit, unless the policy said otherwise) and, from the positions the cache
+    recorded past each trajectory's end, the law past the end at the calls near it (`replay_tail` is
+    the policy's table function on `Features.tail`)."""
+    from dataclasses import replace
+
+    drafted = table.engine_drafted if table.engine_drafted is not None else float(tree.budget)
+    tail = features.tail(tree.max_depth) if tree.budget else None
+    if tail is None:
+        return replace(table, engine_drafted=drafted, engine_note=table.engine_note or overhang_note(
+            features, tree.max_depth))
+    reach = replay_tail(tail.features).reach()[tail.own_rows()]  # (M, D)
+    return replace(table, engine_drafted=drafted, engine_tail=EngineTail(rows=tail.rows, reach=reach),
+                   engine_note=table.engine_note or overhang_note(features, tree.max_depth))
 
 
 def run_adaptive(features, trees: list[Tree], spec: PolicySpec, pricings: list) -> list:
