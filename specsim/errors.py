@@ -32,3 +32,7 @@ class CacheError(SpecsimError):
 
 class ResumeMismatchError(CacheError):
     """`--resume` with settings that differ from those recorded in the file."""
+
+
+class EngineError(SpecsimError):
+    """A serving engine specsim drives (vLLM) that is missing, broken, or cannot run a configuration."""

