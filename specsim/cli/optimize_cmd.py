@@ -15,8 +15,9 @@ from specsim.cli import _common as c
 @click.option("--budget", type=click.IntRange(min=1), required=True, metavar="N",
               help="Most draft tokens per target call (tree nodes besides the root).")
 @click.option("--draft", default=None, metavar="NAME", help="Recorded draft column. Default: the first recorded.")
-@click.option("--policy", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True,
-              help="greedy: most frequent rank paths (T=0). sample: multi-draft sampling trees (T>0).")
+@click.option("--policy", type=click.Choice(["greedy", "sample", "greedy-draft"]), default="greedy", show_default=True,
+              help="greedy: most frequent rank paths (T=0). sample: multi-draft sampling trees (T>0). greedy-draft "
+                   "(with --emit): the draft's argmax verified as a point mass, vLLM's default at T>0.")
 @click.option("--temperature", type=float, default=None, metavar="T",
               help="Recorded temperature. Default: 0 for greedy, the first recorded T>0 for sample.")
 @click.option("--multi-draft", type=click.Choice(["iid", "swor"]), default="iid", show_default=True,
@@ -41,10 +42,16 @@ from specsim.cli import _common as c
               help="Write the tree as JSON, usable as --tree file:PATH.")
 @click.option("--max-lines", type=click.IntRange(min=2), default=60, show_default=True,
               help="Cut the drawing after this many lines.")
+@click.option("--emit", type=(click.Choice(["vllm", "sglang"]), click.Path(dir_okay=False, path_type=Path)),
+              default=None, metavar="ENGINE FILE",
+              help="Choose among what the engine runs (chains of 1..--budget drafts, per --batch) and write the "
+                   "choice in its terms: vllm -> its speculative_config JSON (a length per batch size), sglang -> "
+                   "launch flags. Needs costs (--cost-profile, or an assumed --cost).")
+@c.overwrite_option
 @c.quiet_option
 @c.friendly_errors
 def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, cost_profile, cost, batches, batching,
-             n_boot, acceptance_vector, samples, seed, out, max_lines, quiet):
+             n_boot, acceptance_vector, samples, seed, out, max_lines, emit, overwrite, quiet):
     """Find the static tree of at most --budget drafts with the most tokens per target call.
 
     On a cache the objective is what `specsim simulate` reports: total tokens /
@@ -70,6 +77,9 @@ def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, 
       specsim optimize cache/demo.h5 --budget 16 --policy sample --temperature 1 --multi-draft swor
       specsim optimize cache/demo.h5 --budget 16 --cost-profile profile.json --batch 1,4,16
       specsim optimize --acceptance-vector sequoia.json --budget 16
+      specsim optimize cache/v.h5 --draft layers:20 --budget 8 --cost-profile p.json --batch 1,4 \
+          --emit vllm spec.json      # then: vllm serve MODEL --speculative-config "$(cat spec.json)"
+      specsim optimize cache/v.h5 --draft layers:20 --budget 8 --cost-profile p.json --emit sglang flags.txt
     """
     from specsim.errors import SpecError
     from specsim.trees import draw_tree
@@ -80,9 +90,14 @@ def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, 
         raise SpecError("give a CACHE or --acceptance-vector FILE (exactly one)")
     if out is not None and out.suffix.lower() != ".json":
         raise SpecError(f"--out {out}: the tree is written as JSON; use a .json file name")
+    if out is not None and out.exists() and not overwrite:
+        raise SpecError(f"--out {out} exists; pass --overwrite to replace it")
     batch_list = tuple(batches) or (1,)
     if batches and cost_profile is None:
         raise SpecError("--batch needs measured costs: give --cost-profile")
+    if emit is not None:
+        return _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost, batch_list, batching,
+                     n_boot, seed, overwrite, acceptance_vector)
     cost_model = None
     if cost is not None or cost_profile is not None:
         from specsim.sim.cost import load_cost_profile, parse_cost
@@ -134,10 +149,9 @@ def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, 
             if len(choices) == 1 and chosen is not best.tree:
                 click.echo(draw_tree(chosen, max_lines=max_lines))
     if out is not None:
-        try:
-            out.write_text(chosen.to_json() + "\n")
-        except OSError as exc:
-            raise SpecError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
+        from specsim.engines.emit import write_text
+
+        write_text(out, chosen.to_json() + "\n")
         click.echo(f"wrote {chosen.name} ({chosen.budget} drafts) to {out}; use --tree file:{out}")
 
 
@@ -164,3 +178,69 @@ def _renamed(tree, name):
     from dataclasses import replace
 
     return replace(tree, name=name)
+
+
+def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost, batches, batching, n_boot, seed,
+          overwrite, acceptance_vector):
+    """`optimize --emit`: the best chain per batch size, written in the engine's terms."""
+    from specsim.engines import emit as engines
+    from specsim.errors import SpecError
+    from specsim.sim.choose import best_per_batch, pricing_for
+    from specsim.sim.cost import load_cost_profile, parse_cost
+    from specsim.sim.features import load_features
+    from specsim.sim.policies import check_temperature
+    from specsim.specs import parse_policy, parse_tree
+
+    engine, path = emit
+    if acceptance_vector is not None or cache is None:
+        raise SpecError("--emit chooses on a CACHE's trajectories (not an --acceptance-vector)")
+    if cost_profile is None and cost is None:
+        raise SpecError("--emit chooses the speculative length by speed: give --cost-profile (or an assumed --cost)")
+    if path.exists() and not overwrite:
+        raise SpecError(f"{path} exists; pass --overwrite to replace it")
+    if engine == "sglang" and len(batches) > 1:
+        raise SpecError("SGLang takes one speculative length for every batch size: give one --batch")
+    from specsim.engines.check import read_cache
+
+    data = read_cache(cache)
+    draft = draft or (data.drafts[0] if data.drafts else None)
+    if draft is None:
+        raise SpecError(f"{cache}: records no draft; name one, e.g. --draft vllm-ngram:min=2,max=3")
+    spec = parse_policy(policy)
+    if temperature is None:
+        hot = [t for t in data.temperatures if t > 0]
+        temperature = 0.0 if policy == "greedy" else (hot[0] if hot else 0.0)
+    check_temperature(spec, float(temperature))
+    cost_model = load_cost_profile(cost_profile) if cost_profile is not None else parse_cost(cost)
+    features = load_features(cache, draft, float(temperature), progress=False)
+    chains = [parse_tree(f"chain:{k}") for k in range(1, budget + 1)]
+    choices = best_per_batch(features, chains, spec, pricing_for(cache, cost_model, draft), batches,
+                             batching=batching, n_boot=n_boot, seed=seed)
+    k_at = {ch.batch: 0 if ch.plain_wins else ch.tree.max_depth for ch in choices}
+    word = "speedup" if cost_model.measured else "speedup ASSUMED"
+    click.echo(f"chains of 1..{budget} drafts, draft {draft}, policy {spec.label}, T={float(temperature):g}, "
+               f"{features.n_traj} trajectories of {cache} ({cost_model.describe()}):")
+    for ch in choices:
+        lo, hi = ch.speed.speedup[1:]
+        ci = f" [{lo:.3f}, {hi:.3f}]" if lo == lo else ""
+        pick = "plain decoding (k = 0)" if ch.plain_wins else f"k = {ch.tree.max_depth}"
+        click.echo(f"  batch {ch.batch}: {pick}; best chain {ch.tree.name}: {ch.speed.tokens_per_call:.3f} "
+                   f"tokens/call, {word} {ch.speed.speedup[0]:.3f}{ci}")
+    from specsim.engines.export import draft_directory
+    from specsim.specs import is_model_free
+
+    draft_dir = None if is_model_free(draft) else draft_directory(
+        draft, data.target, target_info=data.target_info, draft_info=data.drafts_info.get(draft),
+        echo=lambda line: click.echo(line, err=True))
+    k_max = max(k_at.values())
+    if engine == "vllm":
+        from specsim.engines.vllm import speculative_config
+
+        base = speculative_config(draft, parse_tree(f"chain:{max(k_max, 1)}"), spec.label, draft_dir=draft_dir).config
+        engines.write_json(path, engines.vllm_config(base, k_at))
+        click.echo(f"wrote vLLM's speculative_config to {path}: vllm serve MODEL --speculative-config \"$(cat {path})\"")
+    else:
+        if k_max < 1:
+            raise SpecError(f"plain decoding is faster at batch {batches[0]}: no speculative flags to write")
+        engines.write_flags(path, engines.sglang_flags(draft, parse_tree(f"chain:{k_max}"), draft_dir=draft_dir))
+        click.echo(f"wrote SGLang's flags to {path}: python -m sglang.launch_server --model-path MODEL $(cat {path})")

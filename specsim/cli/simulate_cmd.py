@@ -53,10 +53,16 @@ from specsim.cli import _common as c
 @click.option("--per-request", type=str, default=None, metavar="PATH",
               help="Also write one row per configuration x trajectory: totals and the histogram of accepted lengths "
                    "(as serving engines export per request); format from the suffix.")
+@click.option("--emit-acceptance", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="Write the acceptance of the one configuration simulated in the form an engine's benchmarking "
+                   "takes: FILE.json -> vLLM's speculative_config with rejection_sample_method 'synthetic' and "
+                   "synthetic_acceptance_rates (per position, the share of drafting steps whose first i+1 drafts "
+                   "were all accepted); FILE.env -> SGLang's SGLANG_SIMULATE_ACC_LEN (mean acceptance length).")
 @c.quiet_option
 @c.friendly_errors
 def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft, cost_profile, cost, batches, batching,
-             by_category, samples, n_boot, seed, workers, out, out_format, overwrite, per_request, quiet):
+             by_category, samples, n_boot, seed, workers, out, out_format, overwrite, per_request, emit_acceptance,
+             quiet):
     """Replay speculative decoding configurations on CACHE: exact acceptance, tokens/call, speedup.
 
     Runs the cross product of --tree x --budget x --draft x --policy x
@@ -72,9 +78,13 @@ def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft,
     speedup_assumed, an assumption that every table labels as such. Without either,
     no speedup is printed.
 
-    Columns serving engines use are there too: mean_acceptance_length (tokens per
-    target call), num_speculative_tokens (the budget) and per-position acceptance
-    rate (depth_d: P(at least d drafts accepted) per call).
+    Every row also carries vLLM's spec-decode counters with vLLM's meaning
+    (docs/design.md §6): vllm_num_drafts (steps that drafted), vllm_num_draft_tokens,
+    vllm_num_accepted_tokens (also past the output limit, from the cache's
+    overhang), vllm_num_accepted_tokens_per_pos, and vllm_mean_acceptance_length =
+    1 + accepted / drafts, beside specsim's tokens per call (which counts every
+    target call, the first included); vllm_counts says whether they are exact.
+    depth_d is P(at least d drafts accepted) per call; num_speculative_tokens the budget.
 
     \b
     Examples:
@@ -84,8 +94,11 @@ def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft,
       specsim simulate cache/demo.h5 --tree kary:2,3 --policy sample --temperature 1 --multi-draft swor
       specsim simulate cache/demo.h5 --tree chain:4 --draft ngram:3 --cost c=0.1 --out results.parquet
       specsim simulate cache/demo.h5 --tree chain:4 --out - --format ndjson | jq .speedup
+      specsim simulate cache/v.h5 --tree chain:4 --draft layers:20 --emit-acceptance synthetic.json
     """
     target, fmt = c.out_target(out, out_format, overwrite)
+    if emit_acceptance is not None:
+        _check_emit_path(emit_acceptance, overwrite)
     requests_target = c.out_target(per_request, None, overwrite, "--per-request") if per_request else (None, None)
     from specsim.sim.api import sweep
 
@@ -106,14 +119,63 @@ def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft,
     if requests_target[0] is not None:
         where = c.write_frame(result.requests, *requests_target)
         echo(f"wrote {len(result.requests)} per-request rows to {where}")
+    if emit_acceptance is not None:
+        echo(_emit_acceptance(df, emit_acceptance))
+
+
+def _check_emit_path(path: Path, overwrite: bool) -> None:
+    from specsim.errors import SpecError
+
+    if path.suffix.lower() not in (".json", ".env"):
+        raise SpecError(f"--emit-acceptance {path}: name a .json file (vLLM's speculative_config) or a .env file "
+                        "(SGLang's environment)")
+    if path.exists() and not overwrite:
+        raise SpecError(f"--emit-acceptance {path} exists; pass --overwrite to replace it")
+
+
+def _emit_acceptance(df, path: Path) -> str:
+    """Write the one configuration's acceptance for an engine's synthetic benchmarking; what was written."""
+    from specsim.engines import emit
+    from specsim.errors import SpecError
+
+    rows = df.filter((df["category"] == "all") & (df["batch"] == 1))
+    if rows.height != 1:
+        raise SpecError(f"--emit-acceptance writes one configuration's acceptance; this sweep has {rows.height} "
+                        "(narrow it to one --tree, --draft, --policy and --temperature)")
+    r = rows.row(0, named=True)
+    if r["vllm_num_drafts"] is None:
+        raise SpecError(f"--emit-acceptance: {r['policy']} has no per-step acceptance an engine could replay")
+    basis = (f"from {r['draft']} {r['tree']} {r['policy']} at T={r['temperature']:g} on {r['cache']} "
+             f"({r['n_prompts']} prompts, {r['n_positions']} positions; counts {r['vllm_counts']})")
+    if path.suffix.lower() == ".env":
+        emit.write_env(path, emit.sglang_simulated(r["vllm_mean_acceptance_length"]))
+        return (f"wrote SGLang's simulated acceptance (mean acceptance length {r['vllm_mean_acceptance_length']:.4f}) "
+                f"to {path} {basis}: env $(cat {path}) python -m sglang.launch_server ...")
+    from specsim.engines.export import draft_directory
+    from specsim.engines.vllm import speculative_config
+    from specsim.specs import is_model_free, parse_tree
+
+    draft_dir = None
+    if not is_model_free(r["draft"]):
+        from specsim.engines.check import read_cache
+
+        data = read_cache(r["cache"])
+        draft_dir = draft_directory(r["draft"], data.target, target_info=data.target_info,
+                                    draft_info=data.drafts_info.get(r["draft"]))
+    base = speculative_config(r["draft"], parse_tree(r["tree"]), r["policy"], draft_dir=draft_dir).config
+    config = emit.vllm_synthetic(base, r["vllm_num_accepted_tokens_per_pos"], r["vllm_num_drafts"])
+    emit.write_json(path, config)
+    rates = ", ".join(f"{x:.4f}" for x in config["synthetic_acceptance_rates"])
+    return (f"wrote vLLM's synthetic acceptance [{rates}] to {path} {basis}: vllm serve MODEL "
+            f"--speculative-config \"$(cat {path})\"")
 
 
 def _serving_columns(df):
-    """The serving engines' names beside ours: mean_acceptance_length, num_speculative_tokens."""
+    """The serving engines' name beside ours: num_speculative_tokens (the tree's budget). vLLM's mean
+    acceptance length is its own column (vllm_mean_acceptance_length): tokens_per_call counts every call."""
     import polars as pl
 
-    return df.with_columns(pl.col("tokens_per_call").alias("mean_acceptance_length"),
-                           pl.col("budget").alias("num_speculative_tokens"))
+    return df.with_columns(pl.col("budget").alias("num_speculative_tokens"))
 
 
 def format_table(df) -> str:
@@ -127,7 +189,7 @@ def format_table(df) -> str:
         header += ["speedup [95% CI]", "tok/s"]
     elif assumed:
         header += ["speedup ASSUMED [95% CI]"]
-    header += ["accept rate [95% CI]", "estimate", "prompts/positions", "budget"]
+    header += ["accept rate [95% CI]", "vLLM mean acc. len", "estimate", "prompts/positions", "budget"]
     lines = []
     for r in df.iter_rows(named=True):
         est = r["estimate"]
@@ -144,7 +206,10 @@ def format_table(df) -> str:
                      "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.1f}"]
         elif assumed:
             line += [c.ci(r["speedup_assumed"], r["speedup_assumed_lo"], r["speedup_assumed_hi"])]
-        lines.append(line + [c.ci(r["accept_rate"], r["accept_rate_lo"], r["accept_rate_hi"]), est,
+        vllm = "-" if r.get("vllm_mean_acceptance_length") is None else (
+            f"{r['vllm_mean_acceptance_length']:.3f}" + ("" if r["vllm_counts"] in ("exact", None) or
+                                                          r["vllm_counts"].startswith("expected") else " >="))
+        lines.append(line + [c.ci(r["accept_rate"], r["accept_rate_lo"], r["accept_rate_hi"]), vllm, est,
                              f"{r['n_prompts']}/{r['n_positions']}", str(r["budget"])])
     return c.table(header, lines, keep=5)
 
@@ -179,4 +244,9 @@ def footer(df) -> str:
                      f"({df['samples'].drop_nulls().max() if df['samples'].drop_nulls().len() else 32} samples)")
     if df["approximate"].any():
         lines.append("*: approximate (a lossy rule evaluated along target trajectories, or a top-k cache's tail)")
+    lines.append("vLLM mean acc. len: 1 + accepted / drafting steps, as vLLM counts (the prompt pass emits the first "
+                 "token; drafts accepted past the output limit count); all its counters are in --out (vllm_*)")
+    lower = df.filter(df["vllm_counts"].is_not_null() & df["vllm_counts"].str.starts_with("a lower bound"))
+    if lower.height:
+        lines.append(">=: " + lower["vllm_counts"][0])
     return "\n".join(lines)

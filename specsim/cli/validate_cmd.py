@@ -46,6 +46,11 @@ from specsim.cli import _common as c
                    "this many rounds each, alternating (0: no speed check).")
 @click.option("--engine-log", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="--engine vllm: keep vLLM's logs in this directory.")
+@click.option("--fix-vllm-cpu", is_flag=True,
+              help="--engine vllm at T>0 on vLLM's CPU build: run it with its expand kernel corrected (vLLM 0.32 "
+                   "divides the target's logits by uninitialised temperatures when it verifies drafts at T>0, "
+                   "cpu_triton_utils._expand_kernel_impl); the check says so. Without it such a check is "
+                   "reported as not comparable.")
 @c.seed_option
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -56,8 +61,8 @@ from specsim.cli import _common as c
 @c.quiet_option
 @c.friendly_errors
 def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, repeats, min_agreement, cost_profile,
-             batch, batching, speed_tolerance, rounds, engine_log, seed, device, threads, out, out_format, overwrite,
-             steps_out, quiet):
+             batch, batching, speed_tolerance, rounds, engine_log, fix_vllm_cpu, seed, device, threads, out, out_format,
+             overwrite, steps_out, quiet):
     """Run `specsim live` on CACHE's prompts, models and settings and compare it with `specsim simulate`.
 
     \b
@@ -112,9 +117,9 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
     if engine == "vllm":
         with sigterm_as_interrupt():
             return _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_profile, batch, rounds,
-                                  engine_log, seed, threads, target, fmt, steps_target, quiet)
-    if rounds or engine_log is not None:
-        raise SpecError("--rounds and --engine-log go with --engine vllm")
+                                  engine_log, fix_vllm_cpu, seed, threads, target, fmt, steps_target, quiet)
+    if rounds or engine_log is not None or fix_vllm_cpu:
+        raise SpecError("--rounds, --engine-log and --fix-vllm-cpu go with --engine vllm")
     from specsim.live.validate import ValidateConfig, run_validation
     bad = [p for p in policies if p not in ("greedy", "sample")]
     if bad:
@@ -158,7 +163,7 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
 
 
 def _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_profile, batch, rounds, engine_log,
-                   seed, threads, target, fmt, steps_target, quiet):
+                   fix_vllm_cpu, seed, threads, target, fmt, steps_target, quiet):
     """`validate --engine vllm` (see the command's help)."""
     import polars as pl
 
@@ -171,7 +176,8 @@ def _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_p
     config = EngineValidateConfig(trees=tuple(trees), policies=tuple(policies) or ("greedy",), drafts=tuple(drafts),
                                   temperatures=tuple(temperatures), repeats=repeats, batch=batch, rounds=rounds,
                                   seed=seed, cost_profile=None if cost_profile is None else str(cost_profile),
-                                  threads=threads, log_dir=None if engine_log is None else str(engine_log))
+                                  threads=threads, log_dir=None if engine_log is None else str(engine_log),
+                                  fix_cpu_expand=fix_vllm_cpu)
     try:
         report = validate_with_vllm(cache, config, echo=(lambda line: None) if quiet else
                                     (lambda line: click.echo(line, err=True)))

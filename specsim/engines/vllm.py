@@ -138,33 +138,41 @@ class VllmRun:
     dtype: str = "float32"
     threads: int | None = None  # OMP threads of vLLM's CPU worker (None: its default)
     max_model_len: int = 2048  # vLLM's context limit; the longest prompt + max_tokens + draft must fit
+    fix_cpu_expand: bool = False  # run vLLM's CPU build with its expand kernel corrected (`vllm_worker.py`)
 
-    def request(self) -> dict:
-        return {"model": self.model, "prompts": [list(p) for p in self.prompts], "max_tokens": self.max_tokens,
+    def request(self, action: str = "run") -> dict:
+        return {"action": action, "model": self.model, "prompts": [list(p) for p in self.prompts], "max_tokens": self.max_tokens,
                 "runs": [{"name": n, "speculative_config": c} for n, c in self.configs.items()],
                 "temperature": self.temperature, "repeats": self.repeats, "batch": self.batch,
                 "rounds": self.rounds, "seed": self.seed, "dtype": self.dtype, "threads": self.threads,
-                "max_model_len": self.max_model_len}
+                "max_model_len": self.max_model_len, "fix_cpu_expand": self.fix_cpu_expand}
+
+
+def check_configs(run: VllmRun, *, python: Path | None = None) -> dict:
+    """vLLM's own validation of each of `run.configs` (no engine started): name -> None if accepted, else why."""
+    return run_vllm(run, python=python, action="check", timeout=600)["configs"]
 
 
 def run_vllm(run: VllmRun, *, python: Path | None = None, echo: Callable[[str], None] = lambda line: None,
-             log: Path | None = None, timeout: float | None = None) -> dict:
+             log: Path | None = None, timeout: float | None = None, action: str = "run") -> dict:
     """Run vLLM (`vllm_worker.py`) on `run`; its result (see the worker's docstring).
 
     vLLM's own log goes to `log` (default: a temporary file whose last lines an error quotes).
+    action "check": only vLLM's validation of each config (`check_configs`).
     """
     python = python or vllm_python()
     with tempfile.TemporaryDirectory(prefix="specsim-vllm-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request.write_text(json.dumps(run.request()))
+        request.write_text(json.dumps(run.request(action)))
         log_path = log or Path(tmp) / "vllm.log"
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
                "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE":
                    os.environ.get("HF_HUB_OFFLINE", "1")}
         started = time.perf_counter()
-        echo(f"running vLLM ({', '.join(run.configs)}; {len(run.prompts)} prompts x {run.repeats} at T="
-             f"{run.temperature:g}, batch {run.batch}{f', {run.rounds} timed rounds' if run.rounds else ''}) "
-             f"with {python}")
+        if action == "run":
+            echo(f"running vLLM ({', '.join(run.configs)}; {len(run.prompts)} prompts x {run.repeats} at T="
+                 f"{run.temperature:g}, batch {run.batch}{f', {run.rounds} timed rounds' if run.rounds else ''}) "
+                 f"with {python}")
         with open(log_path, "w") as out:
             try:
                 done = subprocess.run([str(python), str(WORKER), str(request), str(result)], stdout=out,
@@ -174,7 +182,8 @@ def run_vllm(run: VllmRun, *, python: Path | None = None, echo: Callable[[str], 
         if done.returncode != 0 or not result.exists():
             tail = _last_error(log_path)
             raise EngineError(f"vLLM failed (exit {done.returncode}): {tail}" + (f" (log: {log})" if log else ""))
-        echo(f"vLLM finished in {time.perf_counter() - started:.0f} s")
+        if action == "run":
+            echo(f"vLLM finished in {time.perf_counter() - started:.0f} s")
         return json.loads(result.read_text())
 
 

@@ -17,6 +17,14 @@ many times, the runs alternating, after one untimed warm-up each, so that their 
 within one process on the same machine state.
 
 The result is written to a temporary file and renamed into place: a reader sees all of it or none.
+
+vLLM 0.32's CPU build has a defect that matters at T > 0: its C++ stand-in for the Triton `expand`
+kernel (`vllm/utils/cpu_triton_utils.py`, `_expand_kernel_impl`) writes into an int64 *copy* of
+the float buffer it is given, so `apply_sampling_constraints` divides the target's logits by
+uninitialised memory instead of the temperature whenever drafts are verified at T > 0 (T = 0
+takes the argmax path and is unaffected). The worker tests that function and reports
+`cpu_expand_broken`; with `fix_cpu_expand` it runs vLLM with that one function replaced by a
+correct one (in every vLLM process, through a `sitecustomize` import hook), and says so.
 """
 
 from __future__ import annotations
@@ -60,12 +68,95 @@ def _request_record(output) -> dict:
     return record
 
 
+FIX = '''
+import importlib.abc, importlib.util, sys
+
+
+def _expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    import torch
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    n = int(cu_num_tokens[-1]) if cu_num_tokens.numel() else 0
+    output[:n] = torch.repeat_interleave(values, counts).to(output.dtype)
+
+
+class _Fix(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "vllm.utils.cpu_triton_utils":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module._expand_kernel_impl = _expand
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Fix())
+'''
+
+
+def _install_fix(folder: str) -> None:
+    """Make every Python process started from here (vLLM's engine processes too) load the fixed expand."""
+    with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
+        f.write(FIX)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH")) if p)
+    sys.path.insert(0, folder)
+    import sitecustomize  # noqa: F401  (this process too)
+
+
+def cpu_expand_broken() -> bool | None:
+    """Whether this vLLM's CPU expand leaves a float buffer unwritten (None: not a CPU build)."""
+    try:
+        import torch
+        import vllm._custom_ops  # noqa: F401  (loads the CPU ops)
+        from vllm.utils import cpu_triton_utils
+    except Exception:  # noqa: BLE001 - a GPU build has no CPU kernels
+        return None
+    out = torch.zeros(3, dtype=torch.float32)
+    try:
+        cpu_triton_utils._expand_kernel_impl(out, torch.tensor([0.5, 0.25]), torch.tensor([1, 3], dtype=torch.int32),
+                                             -1, 1)
+    except Exception:  # noqa: BLE001
+        return None
+    return out.tolist() != [0.5, 0.25, 0.25]
+
+
+def check_configs(request: dict) -> dict:
+    """vLLM's own validation of each speculative_config (`EngineArgs.create_engine_config`, no engine started):
+    name -> None when vLLM accepts it, else its error."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    out = {}
+    for run in request["runs"]:
+        try:
+            EngineArgs(model=request["model"], dtype=request.get("dtype", "float32"), enforce_eager=True,
+                       max_model_len=int(request["max_model_len"]), max_num_seqs=int(request.get("batch", 1)),
+                       speculative_config=run["speculative_config"]).create_engine_config()
+            out[run["name"]] = None
+        except Exception as exc:  # noqa: BLE001 - vLLM's verdict, whatever its type
+            out[run["name"]] = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
+    return out
+
+
 def main(request_path: str, result_path: str) -> None:
     with open(request_path) as f:
         request = json.load(f)
+    if request.get("action") == "check":
+        import vllm
+
+        _write(result_path, {"vllm": vllm.__version__, "configs": check_configs(request)})
+        return
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(request.get("kv_cache_space_gib", 2)))
     if request.get("threads"):
         os.environ.setdefault("OMP_NUM_THREADS", str(request["threads"]))
+    if request.get("fix_cpu_expand"):
+        _install_fix(os.path.dirname(os.path.abspath(result_path)))
+    broken = cpu_expand_broken()
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -101,7 +192,8 @@ def main(request_path: str, result_path: str) -> None:
         return {"repeat": repeat, "seconds": seconds, "counters": _minus(_counters(llm), before),
                 "requests": [_request_record(o) for o in outputs]}
 
-    result = {"vllm": vllm.__version__, "runs": {run["name"]: [] for run in request["runs"]}, "timings": []}
+    result = {"vllm": vllm.__version__, "runs": {run["name"]: [] for run in request["runs"]}, "timings": [],
+              "cpu_expand_broken": broken, "fix_cpu_expand": bool(request.get("fix_cpu_expand"))}
     if rounds > 1:  # timing: warm up each engine, then alternate
         for name in engines:
             generate(name, 0)
@@ -111,10 +203,14 @@ def main(request_path: str, result_path: str) -> None:
     for name in engines:
         for repeat in range(repeats):
             result["runs"][name].append(generate(name, repeat))
-    tmp = result_path + ".partial"
+    _write(result_path, result)
+
+
+def _write(path: str, result: dict) -> None:
+    tmp = path + ".partial"
     with open(tmp, "w") as f:
         json.dump(result, f)
-    os.replace(tmp, result_path)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":  # vLLM spawns its engine processes: nothing runs at import

@@ -841,7 +841,7 @@ def _request_rows(runs: list[tuple[dict, TrajectoryStats]], features: Features) 
             "category": pl.Series("category", features.traj_category.astype(str), dtype=pl.String),
             "tokens": stats.tokens.astype(np.float64), "target_calls": stats.calls.astype(np.float64),
             "accepted": stats.accepted.astype(np.float64), "drafted": stats.drafted.astype(np.float64),
-            "mean_acceptance_length": (stats.tokens / stats.calls).astype(np.float64),
+            "tokens_per_call": (stats.tokens / stats.calls).astype(np.float64),
             "accepted_length_histogram": pl.Series("h", np.ascontiguousarray(hist, dtype=np.float64)).cast(
                 pl.List(pl.Float64)),
             "estimate": pl.Series("estimate", [cfg["estimate"]] * n, dtype=pl.String),

@@ -1,0 +1,120 @@
+"""Back into the engine: a chosen configuration, and a measured acceptance, in the engine's own terms.
+
+* vLLM (0.32, `vllm/config/speculative.py`): the `speculative_config` JSON that
+  `vllm serve MODEL --speculative-config "$(cat FILE)"` and `LLM(speculative_config=...)` take.
+  A chain length per batch size goes into `num_speculative_tokens_per_batch_size`, a list of
+  inclusive (first batch size, last batch size, k) ranges starting at 1 (vLLM carries the last k
+  to larger batches, `vllm/v1/spec_decode/dynamic/utils.py`); `num_speculative_tokens` is the
+  largest k. A measured acceptance becomes `rejection_sample_method="synthetic"` with
+  `synthetic_acceptance_rates`: per position i, the share of drafting steps whose first i + 1
+  drafts were all accepted (vLLM's own per-position acceptance rate, non-increasing).
+* SGLang (0.5, `sglang/srt/arg_groups/fields/spec.py`): launch flags. A draft model drafts a
+  chain as `--speculative-algorithm STANDALONE --speculative-num-steps k --speculative-eagle-topk
+  1 --speculative-num-draft-tokens k+1` (SGLang sets num_draft_tokens = steps + 1 when topk is 1),
+  a dynamic tree topk=K, depth=D, tokens=N as steps D, topk K, num_draft_tokens N + 1 (the root
+  is verified too). A measured acceptance is SGLang's simulated acceptance, the environment
+  variables `SGLANG_SIMULATE_ACC_LEN` (mean accepted tokens per verify step, the bonus token
+  included) and `SGLANG_SIMULATE_ACC_METHOD=match-expected`
+  (`sglang/srt/speculative/spec_utils.py`, `sample_simulated_acc_len`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from specsim.errors import EngineError, SpecError
+from specsim.specs import draft_kind
+
+ENGINES = ("vllm", "sglang")
+
+
+def batch_schedule(k_at: Mapping[int, int]) -> list[list[int]]:
+    """vLLM's num_speculative_tokens_per_batch_size from the best k at some batch sizes: the choice at batch
+    B_i covers the batch sizes above B_{i-1} up to B_i (the first from 1); vLLM carries the last one on."""
+    out, lo = [], 1
+    for b in sorted(k_at):
+        out.append([lo, int(b), int(k_at[b])])
+        lo = int(b) + 1
+    return out
+
+
+def vllm_config(base: dict, k_at: Mapping[int, int]) -> dict:
+    """`base` (a `specsim.engines.vllm.speculative_config` for some chain) with the chosen k per batch size."""
+    config = {key: value for key, value in base.items() if key != "num_speculative_tokens"}
+    ks = [int(k) for k in k_at.values()]
+    if max(ks) < 1:
+        raise EngineError("plain decoding is faster at every batch size asked: there is no speculative "
+                          "configuration to write")
+    config["num_speculative_tokens"] = max(ks)
+    if len(k_at) > 1:
+        config["num_speculative_tokens_per_batch_size"] = batch_schedule(k_at)
+    return config
+
+
+def vllm_synthetic(base: dict, per_pos: Sequence[float], drafts: float) -> dict:
+    """`base` verified by vLLM's synthetic rejection sampler at the measured per-position acceptance."""
+    if not drafts > 0:
+        raise EngineError("no drafting step to take an acceptance from (the draft proposed nothing)")
+    rates = [min(1.0, max(0.0, float(x) / float(drafts))) for x in per_pos]
+    for i in range(1, len(rates)):  # non-increasing, as vLLM checks (equal counts can round apart)
+        rates[i] = min(rates[i], rates[i - 1])
+    return {**base, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}
+
+
+def sglang_flags(draft: str, tree, *, draft_dir: str | None) -> list[str]:
+    """SGLang's launch flags for `draft` drafting `tree` (a chain, or a dynamic tree of a model draft)."""
+    kind = draft_kind(draft)
+    if kind.model_free or kind.heads:
+        raise EngineError(f"draft {draft}: specsim writes SGLang flags for draft models (STANDALONE); SGLang's "
+                          "NGRAM and EAGLE heads are not reproduced exactly")
+    if draft_dir is None:
+        raise EngineError(f"draft {draft}: no model directory for SGLang to load")
+    shape = getattr(tree, "dynamic", None)
+    if shape is not None:
+        steps, topk, tokens = shape.depth, shape.topk, shape.tokens + 1
+    elif tree.budget >= 1 and int(tree.n_children.max()) == 1 and not tree.ranks[1:].any():
+        steps, topk, tokens = int(tree.max_depth), 1, int(tree.max_depth) + 1
+    else:
+        raise EngineError(f"tree {tree.name}: SGLang drafts chains and dynamic (EAGLE-2 style) trees, not a fixed "
+                          "static tree")
+    return ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(draft_dir),
+            "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
+            "--speculative-num-draft-tokens", str(tokens)]
+
+
+def sglang_simulated(mean_acceptance_length: float) -> dict:
+    """SGLang's simulated-acceptance environment for a measured mean acceptance length (bonus included)."""
+    if not mean_acceptance_length >= 1:
+        raise EngineError(f"mean acceptance length {mean_acceptance_length}: SGLang simulates lengths >= 1")
+    return {"SGLANG_SIMULATE_ACC_LEN": f"{mean_acceptance_length:.6g}", "SGLANG_SIMULATE_ACC_METHOD": "match-expected"}
+
+
+def write_json(path: Path, value: dict) -> Path:
+    return write_text(path, json.dumps(value, indent=2) + "\n")
+
+
+def write_flags(path: Path, flags: Sequence[str]) -> Path:
+    """One line of shell-quoted flags: `python -m sglang.launch_server --model M $(cat FILE)`."""
+    return write_text(path, " ".join(shlex.quote(f) for f in flags) + "\n")
+
+
+def write_env(path: Path, env: Mapping[str, str]) -> Path:
+    """KEY=VALUE lines: `env $(cat FILE) python -m sglang.launch_server ...` or `set -a; . FILE`."""
+    return write_text(path, "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()))
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Written whole or not at all; an existing file is the caller's to refuse (`--overwrite`)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".writing")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise SpecError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    return path

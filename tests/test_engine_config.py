@@ -1,0 +1,95 @@
+"""How specsim drives vLLM, without vLLM: its environment, the speculative_config a configuration maps to,
+what it refuses, and the layers:K draft written out as a model directory."""
+
+import json
+import os
+import stat
+
+import numpy as np
+import pytest
+
+from specsim.engines.vllm import EngineDraft, speculative_config, vllm_python, vllm_version
+from specsim.errors import EngineError
+from specsim.specs import parse_tree
+
+
+def test_the_mapping_to_vllms_speculative_config():
+    assert speculative_config("vllm-ngram:min=2,max=3", parse_tree("chain:4"), "greedy") == EngineDraft(
+        "ngram", {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 3, "num_speculative_tokens": 4})
+    got = speculative_config("layers:20", parse_tree("chain:3"), "greedy", draft_dir="/m/d")
+    assert got.config == {"method": "draft_model", "model": "/m/d", "num_speculative_tokens": 3}
+    # T > 0: vLLM's draft_sample_method, named for the rule it runs
+    assert speculative_config("layers:20", parse_tree("chain:3"), "greedy-draft",
+                              draft_dir="/m/d").config["draft_sample_method"] == "greedy"
+    assert speculative_config("layers:20", parse_tree("chain:3"), "sample",
+                              draft_dir="/m/d").config["draft_sample_method"] == "probabilistic"
+
+
+@pytest.mark.parametrize("draft,tree,policy,why", [
+    ("int8", "chain:3", "greedy", "int8 is specsim's batch-invariant W8A8"),
+    ("ngram:3", "chain:3", "greedy", "SGLang's n-gram rule; vLLM's is vllm-ngram:min=A,max=B"),
+    ("prompt-lookup:2", "chain:3", "greedy", "Hugging Face's prompt lookup"),
+    ("layers:20", "kary:2,2", "greedy", "vLLM drafts chains"),
+    ("layers:20", "widths:1,1,2", "greedy", "vLLM drafts chains"),
+    ("layers:20", "chain:3", "p>=q", "not lossy or adaptive rules"),
+    ("eagle:heads/e", "chain:3", "greedy", "not yet written in a layout vLLM's eagle method loads"),
+])
+def test_what_vllm_cannot_run_is_refused_with_the_reason(draft, tree, policy, why):
+    with pytest.raises(EngineError, match=why):
+        speculative_config(draft, parse_tree(tree), policy, draft_dir="/m/d")
+
+
+def test_a_missing_or_broken_vllm_environment_says_how_to_create_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSIM_VLLM_PYTHON", str(tmp_path / "nope" / "python"))
+    with pytest.raises(EngineError, match=r"no such Python; create it with `make vllm`"):
+        vllm_python()
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named vllm' >&2\nexit 1\n")
+    broken.chmod(broken.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("SPECSIM_VLLM_PYTHON", str(broken))
+    with pytest.raises(EngineError, match=r"is broken \(ModuleNotFoundError: No module named vllm\); recreate it"):
+        vllm_version()
+    monkeypatch.delenv("SPECSIM_VLLM_PYTHON")
+    monkeypatch.chdir(tmp_path)
+    import specsim.engines.vllm as engine
+
+    monkeypatch.setattr(engine, "__file__", str(tmp_path / "a" / "b" / "vllm.py"))
+    with pytest.raises(EngineError, match=r"no vLLM environment \(.*\.venv-vllm.* missing\); create it with"):
+        vllm_python()
+
+
+def test_the_cli_prints_one_line_without_vllm(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+    from tests.synthetic import random_cache
+
+    cache = random_cache(tmp_path / "c.h5", temperatures=(0.0,), max_new_tokens=24)
+    monkeypatch.setenv("SPECSIM_VLLM_PYTHON", str(tmp_path / "none"))
+    result = CliRunner().invoke(main, ["validate", str(cache), "--engine", "vllm", "--draft",
+                                       "vllm-ngram:min=2,max=3", "--tree", "chain:3"])
+    assert result.exit_code == 1 and result.output.strip().splitlines()[-1].startswith("Error: ")
+    assert "make vllm" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(main, ["validate", str(cache), "--engine", "vllm", "--draft", "small", "--tree",
+                                       "kary:2,2"])
+    assert result.exit_code == 1 and "vLLM drafts chains" in result.output.strip().splitlines()[-1]
+
+
+def test_layers_k_is_written_once_as_a_model_directory_with_the_target_tokenizer(tiny_model_dir, tmp_path):
+    import torch
+
+    from specsim.engines.export import MARKER, export_layers
+    from specsim.record.models import load_draft, load_model
+
+    out = export_layers(str(tiny_model_dir), 2, out=tmp_path / "d")
+    assert json.loads((out / MARKER).read_text())["layers"] == 2
+    before = (out / "model.safetensors").stat().st_mtime_ns
+    assert export_layers(str(tiny_model_dir), 2, out=tmp_path / "d") == out  # kept, not rewritten
+    assert (out / "model.safetensors").stat().st_mtime_ns == before
+    written = load_model(str(out))
+    derived = load_draft("layers:2", load_model(str(tiny_model_dir)))
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.inference_mode():
+        np.testing.assert_array_equal(written.model(ids).logits.numpy(), derived.model(ids).logits.numpy())
+    assert written.info["tokenizer_sha256"] == derived.info["tokenizer_sha256"]
+    assert not any(p.name.endswith(".writing") for p in tmp_path.iterdir())

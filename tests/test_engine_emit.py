@@ -1,0 +1,116 @@
+"""Back into the engine: optimize --emit and simulate --emit-acceptance write the engines' own terms."""
+
+import json
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+from specsim.cli import main
+from specsim.engines import emit
+from specsim.errors import EngineError
+from specsim.specs import parse_tree
+
+
+def test_the_batch_schedule_is_vllms_inclusive_ranges_from_one():
+    assert emit.batch_schedule({4: 2, 1: 3, 16: 0}) == [[1, 1, 3], [2, 4, 2], [5, 16, 0]]
+    base = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 3, "num_speculative_tokens": 9}
+    one = emit.vllm_config(base, {1: 3})
+    assert one == {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 3, "num_speculative_tokens": 3}
+    many = emit.vllm_config(base, {1: 4, 8: 2})
+    assert many["num_speculative_tokens"] == 4 and many["num_speculative_tokens_per_batch_size"] == [[1, 1, 4],
+                                                                                                    [2, 8, 2]]
+    with pytest.raises(EngineError, match="plain decoding is faster at every batch size"):
+        emit.vllm_config(base, {1: 0, 4: 0})
+
+
+def test_synthetic_rates_are_vllms_per_position_rates_and_never_increase():
+    config = emit.vllm_synthetic({"method": "ngram"}, [40, 20, 20.0000001, 5], 80)
+    assert config["rejection_sample_method"] == "synthetic"
+    assert config["synthetic_acceptance_rates"] == [0.5, 0.25, 0.25, 0.0625]
+    with pytest.raises(EngineError, match="no drafting step"):
+        emit.vllm_synthetic({}, [0], 0)
+
+
+def test_sglang_flags_for_chains_and_dynamic_trees():
+    flags = emit.sglang_flags("layers:20", parse_tree("chain:3"), draft_dir="/m/d")
+    assert flags == ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "/m/d",
+                     "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                     "--speculative-num-draft-tokens", "4"]
+    dyn = emit.sglang_flags("layers:20", parse_tree("dynamic:topk=4,depth=3,tokens=8"), draft_dir="/m/d")
+    assert dyn[-6:] == ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+                        "--speculative-num-draft-tokens", "9"]
+    for draft, tree, why in [("vllm-ngram:min=2,max=3", "chain:3", "draft models"),
+                             ("layers:20", "kary:2,2", "not a fixed static tree")]:
+        with pytest.raises(EngineError, match=why):
+            emit.sglang_flags(draft, parse_tree(tree), draft_dir="/m/d")
+
+
+def test_optimize_emits_a_length_per_batch_size_chosen_by_speed(tmp_path):
+    from tests.synthetic import random_cache
+    from tests.test_cost import profile_body, write
+
+    cache = random_cache(tmp_path / "c.h5", vocab=4, temperatures=(0.0,), overhang=4, max_new_tokens=30)
+    profile = write(tmp_path / "p.json", profile_body())
+    out = tmp_path / "spec.json"
+    args = ["optimize", str(cache), "--draft", "vllm-ngram:min=1,max=2", "--budget", "4", "--cost-profile",
+            str(profile)]
+    res = CliRunner().invoke(main, [*args, "--batch", "1,4", "--emit", "vllm", str(out)])
+    assert res.exit_code == 0, res.output
+    config = json.loads(out.read_text())
+    chosen = {int(line.split()[1].rstrip(":")): line for line in res.output.splitlines() if "  batch " in line}
+    assert set(chosen) == {1, 4}
+    ks = [0 if "plain decoding" in chosen[b] else int(chosen[b].split("k = ")[1].split(";")[0]) for b in (1, 4)]
+    assert ks[0] >= 1  # verifying is cheap in this profile: speculation pays at batch 1
+    assert config == {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 2,
+                      "num_speculative_tokens": max(ks), "num_speculative_tokens_per_batch_size": [[1, 1, ks[0]],
+                                                                                                  [2, 4, ks[1]]]}
+    again = CliRunner().invoke(main, [*args, "--emit", "vllm", str(out)])
+    assert again.exit_code == 2 and "exists; pass --overwrite" in again.output
+    no_cost = CliRunner().invoke(main, ["optimize", str(cache), "--budget", "3", "--draft", "vllm-ngram:min=1,max=2",
+                                        "--emit", "vllm", str(tmp_path / "x.json")])
+    assert no_cost.exit_code == 2 and "give --cost-profile" in no_cost.output
+
+
+def test_optimize_emits_sglang_flags_for_a_draft_model(tiny_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSIM_HOME", str(tmp_path / "home"))  # layers:2 is written out there
+    sglang = tmp_path / "flags.txt"
+    res = CliRunner().invoke(main, ["optimize", str(tiny_cache), "--draft", "layers:2", "--budget", "3", "--cost",
+                                    "c=0.01", "--emit", "sglang", str(sglang)])
+    assert res.exit_code == 0, res.output
+    assert "speedup ASSUMED" in res.output  # an assumed cost is labelled as one
+    flags = shlex.split(sglang.read_text())
+    assert flags[:2] == ["--speculative-algorithm", "STANDALONE"]
+    steps = int(flags[flags.index("--speculative-num-steps") + 1])
+    assert flags[flags.index("--speculative-num-draft-tokens") + 1] == str(steps + 1)
+    assert str(tmp_path / "home") in flags[flags.index("--speculative-draft-model-path") + 1]
+    two = CliRunner().invoke(main, ["optimize", str(tiny_cache), "--budget", "3", "--cost", "c=0.01", "--emit",
+                                    "sglang", str(tmp_path / "f2.txt"), "--batch", "1,2"])
+    assert two.exit_code == 2
+
+
+def test_simulate_emits_the_acceptance_it_measured(tmp_path):
+    from tests.synthetic import random_cache
+
+    cache = random_cache(tmp_path / "c.h5", vocab=4, temperatures=(0.0,), overhang=4, max_new_tokens=30)
+    args = ["simulate", str(cache), "--tree", "chain:3", "--draft", "vllm-ngram:min=1,max=2", "-q"]
+    res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "rows.parquet"), "--emit-acceptance",
+                                    str(tmp_path / "a.json")])
+    assert res.exit_code == 0, res.output
+    import polars as pl
+
+    row = pl.read_parquet(tmp_path / "rows.parquet").filter(pl.col("category") == "all").row(0, named=True)
+    config = json.loads((tmp_path / "a.json").read_text())
+    per_pos = [row[f"vllm_num_accepted_tokens_per_pos_{i}"] for i in (1, 2, 3)]
+    assert config == {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 2, "num_speculative_tokens": 3,
+                      "rejection_sample_method": "synthetic",
+                      "synthetic_acceptance_rates": [x / row["vllm_num_drafts"] for x in per_pos]}
+    res = CliRunner().invoke(main, [*args, "--emit-acceptance", str(tmp_path / "a.env")])
+    assert res.exit_code == 0, res.output
+    env = dict(line.split("=", 1) for line in (tmp_path / "a.env").read_text().splitlines())
+    assert float(env["SGLANG_SIMULATE_ACC_LEN"]) == pytest.approx(row["vllm_mean_acceptance_length"], rel=1e-5)
+    assert env["SGLANG_SIMULATE_ACC_METHOD"] == "match-expected"
+    for extra, why in [(["--emit-acceptance", str(tmp_path / "a.txt")], "name a .json file"),
+                       (["--tree", "chain:2", "--emit-acceptance", str(tmp_path / "b.json")], "this sweep has 2")]:
+        res = CliRunner().invoke(main, [*args, *extra])
+        assert res.exit_code != 0 and why in res.output
