@@ -45,7 +45,8 @@ def cache(python, tmp_path_factory):
     return out
 
 
-def _run(cache, draft, python):
+def _run(cache, draft, python, schedule=None):
+    from specsim.engines import emit
     from specsim.engines.check import read_cache
     from specsim.engines.export import draft_directory, model_directory
     from specsim.engines.vllm import VllmRun, run_vllm, speculative_config
@@ -53,15 +54,18 @@ def _run(cache, draft, python):
 
     data = read_cache(cache)
     draft_dir = None if is_model_free(draft) else draft_directory(draft, data.target, target_info=data.target_info)
-    engine = speculative_config(draft, parse_tree(CHAIN), "greedy", draft_dir=draft_dir)
+    config = speculative_config(draft, parse_tree(CHAIN), "greedy", draft_dir=draft_dir).config
+    if schedule is not None:  # what `optimize --emit vllm` writes: a length per batch size
+        config = emit.vllm_config(config, schedule)
     run = VllmRun(model=model_directory(data.target, data.target_info), prompts=data.prompts, max_tokens=48,
-                  configs={"spec": engine.config}, max_model_len=max(map(len, data.prompts)) + 64)
+                  configs={"spec": config}, max_model_len=max(map(len, data.prompts)) + 64)
     return data, run_vllm(run, python=python)
 
 
 @pytest.fixture(scope="module")
 def ngram_run(cache, python):
-    return _run(cache, NGRAM, python)
+    """vLLM run with an emitted per-batch-size schedule: k = 3 at batch 1 (the CHAIN replayed), 2 beyond."""
+    return _run(cache, NGRAM, python, schedule={1: 3, 8: 2})
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +113,28 @@ def test_the_check_rejects_sglangs_ngram_rule_in_place_of_vllms(ngram_run, monke
     data, result = ngram_run
     checks = _checks(data, NGRAM, result)
     assert not checks["counters"].passed and not checks["steps"].passed
+
+
+def test_vllm_accepts_what_specsim_emits(cache, python):
+    """vLLM's own validation (EngineArgs.create_engine_config) of every config the emitters write. vLLM's CPU
+    build accepts the synthetic rejection sampler here but cannot run it ("Synthetic acceptance not supported
+    with CPU sampling"): a GPU build runs it."""
+    from specsim.engines import emit
+    from specsim.engines.check import read_cache
+    from specsim.engines.export import draft_directory, model_directory
+    from specsim.engines.vllm import VllmRun, check_configs, speculative_config
+    from specsim.specs import parse_tree
+
+    data = read_cache(cache)
+    layers = speculative_config("layers:20", parse_tree(CHAIN), "greedy-draft",
+                                draft_dir=draft_directory("layers:20", data.target, target_info=data.target_info))
+    ngram = speculative_config(NGRAM, parse_tree(CHAIN), "greedy").config
+    configs = {"schedule": emit.vllm_config(layers.config, {1: 3, 4: 2, 16: 0}),
+               "synthetic": emit.vllm_synthetic(ngram, [30, 12, 4], 60),
+               "bad": {**ngram, "synthetic_acceptance_rates": [0.1, 0.5, 0.2], "rejection_sample_method": "synthetic"}}
+    run = VllmRun(model=model_directory(data.target, data.target_info), prompts=data.prompts[:1], max_tokens=8,
+                  configs=configs, batch=16)
+    verdicts = check_configs(run, python=python)
+    assert verdicts["schedule"] is None and verdicts["synthetic"] is None, verdicts
+    assert "non-increasing" in verdicts["bad"]  # the check can fail: vLLM refuses an increasing rate
+

@@ -139,7 +139,7 @@ def check_configs(request: dict) -> dict:
                        speculative_config=run["speculative_config"]).create_engine_config()
             out[run["name"]] = None
         except Exception as exc:  # noqa: BLE001 - vLLM's verdict, whatever its type
-            out[run["name"]] = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
+            out[run["name"]] = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
     return out
 
 
