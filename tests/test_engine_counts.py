@@ -170,8 +170,10 @@ def test_the_brute_force_rejects_a_replay_that_starts_at_the_first_token(over_ca
 
     trajs = _trajectories(over_cache, 0.0)
     want = brute_force(trajs, lambda ctx, i, t: [0] * 3, lambda i, pos, _: trajs[i][3][pos] == 0, 3)
-    real = engine.occupancy
+    real, real_point = engine.occupancy, engine.deterministic_occupancy
     monkeypatch.setattr(engine, "occupancy", lambda table, features, first=0: real(table, features, 0))
+    monkeypatch.setattr(engine, "deterministic_occupancy", lambda length, features, first=0: real_point(length,
+                                                                                                         features, 0))
     row = _row(over_cache, trees=["chain:3"], drafts=["small"], policies=["greedy"])
     assert {c: row[c] for c in COUNTERS} != want
 
@@ -229,3 +231,36 @@ def test_vllm_ngram_specs():
                      ("vllm-ngram:min=2,min=3", "given twice")]:
         with pytest.raises(SpecError, match=why):
             parse_modelfree(bad)
+
+
+def test_suffix_counters_follow_vllms_history(over_cache):
+    """vLLM caches each request's sampled tokens before trimming them, so the global suffix tree of later
+    requests also holds what a request's last step accepted past its end: the brute force keeps that history."""
+    from specsim.sim.suffix import SuffixSpeculator, parse_suffix
+    from specsim.specs import parse_tree
+
+    k = 3
+    tree = parse_tree(f"chain:{k}")
+    spec = SuffixSpeculator(parse_suffix("suffix"))
+    drafts = drafted = 0
+    per_pos = [0] * k
+    for prompt, seq, n, *_ in _trajectories(over_cache, 0.0):
+        spec.start(prompt)
+        t, end = 1, 1
+        while t < n:
+            d = [int(x) for x in spec.propose(np.array(prompt + seq[:t]), tree)[1:] if x >= 0]
+            a = 0
+            while a < len(d) and d[a] == seq[t + a]:
+                a += 1
+            if d:
+                drafts, drafted = drafts + 1, drafted + len(d)
+                for j in range(a):
+                    per_pos[j] += 1
+            t += a + 1
+            end = t
+        spec.finish(prompt + seq[: max(n, end)])
+    row = _row(over_cache, trees=[f"chain:{k}"], drafts=["suffix"], policies=["greedy"])
+    assert {c: row[c] for c in COUNTERS} == {"vllm_num_drafts": drafts, "vllm_num_draft_tokens": drafted,
+                                            "vllm_num_accepted_tokens": sum(per_pos),
+                                            "vllm_num_accepted_tokens_per_pos": per_pos}
+    assert drafts > 20

@@ -104,10 +104,21 @@ def speculative_config(draft: str, tree, policy: str, *, draft_dir: str | None =
         ngram = parse_modelfree(draft)
         return EngineDraft("ngram", {"method": "ngram", "prompt_lookup_min": ngram.n_min,
                                      "prompt_lookup_max": ngram.n, "num_speculative_tokens": k})
+    if kind.name == "suffix":
+        from specsim.sim.suffix import parse_suffix
+
+        s = parse_suffix(draft)
+        if s.offset:
+            raise EngineError(f"draft {draft}: vLLM's suffix method has no max_spec_offset (it is 0)")
+        return EngineDraft("suffix", {"method": "suffix", "num_speculative_tokens": k,
+                                      "suffix_decoding_max_tree_depth": s.depth,
+                                      "suffix_decoding_max_spec_factor": s.factor,
+                                      "suffix_decoding_min_token_prob": s.prob,
+                                      "suffix_decoding_max_cached_requests": s.requests})
     if kind.model_free:
         hint = {"ngram": "SGLang's n-gram rule; vLLM's is vllm-ngram:min=A,max=B",
                 "prompt-lookup": "Hugging Face's prompt lookup; vLLM's n-gram rule is vllm-ngram:min=A,max=B",
-                "suffix": "vLLM's suffix method needs arctic-inference, not part of this check"}.get(kind.name, "")
+                }.get(kind.name, "")
         raise EngineError(f"draft {draft} is not one vLLM runs ({hint})")
     if kind.heads:
         raise EngineError(f"head draft {draft}: not yet written in a layout vLLM's eagle method loads")

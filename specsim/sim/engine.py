@@ -54,6 +54,9 @@ class AcceptanceTable:
     #                                   the output limit proposes at t (vLLM: num_speculative_tokens, or what an
     #                                   n-gram match gives); None: no engine counters for this table
     engine_tail: EngineTail | None = None  # the law past the recorded end at calls near each end (None: capped)
+    engine_length: np.ndarray | None = None  # (N,) the engine's own point-mass lengths (end-capped as `length`)
+    #                                   where its proposals differ from this replay's (suffix decoding: vLLM's
+    #                                   global tree also holds what it accepted past each end); None: `length`
     engine_note: str | None = None  # why the engine counters are not what the engine would report, if they are not
 
     @property
@@ -221,22 +224,26 @@ def engine_totals(table: AcceptanceTable, features) -> EngineTotals | None:
     near the end, where `engine_tail` holds the law past the end."""
     if table.engine_drafted is None:
         return None
-    occ = occupancy(table, features, first=1)  # (N,)
+    length = table.engine_length if table.engine_length is not None else table.length
+    occ = occupancy(table, features, first=1) if length is None else deterministic_occupancy(length, features, 1)
     N, D1 = table.p_len.shape
     bounds = features.traj_start
     per_traj = lambda x: np.add.reduceat(x, bounds, axis=0) if x.shape[0] else x  # noqa: E731
     proposed = np.broadcast_to(np.asarray(table.engine_drafted, dtype=np.float64), (N,))
-    if table.length is not None:
+    if length is not None:
         visited = np.flatnonzero(occ)
         traj_of = np.repeat(np.arange(features.n_traj), features.traj_len)[visited]
-        law = np.bincount(traj_of * D1 + table.length[visited], weights=occ[visited],
+        law = np.bincount(traj_of * D1 + length[visited], weights=occ[visited],
                           minlength=features.n_traj * D1).reshape(features.n_traj, D1)
     else:
         law = per_traj(occ[:, None] * table.p_len)  # (n_traj, D+1)
     reach = np.cumsum(law[:, ::-1], axis=1)[:, ::-1][:, 1:]  # (n_traj, D)
     tail = table.engine_tail
     if tail is not None and tail.rows.size:
-        capped = np.cumsum(table.p_len[tail.rows][:, ::-1], axis=1)[:, ::-1][:, 1:]  # (M, D)
+        if length is not None:
+            capped = (length[tail.rows, None] >= np.arange(1, D1)[None, :]).astype(np.float64)  # (M, D)
+        else:
+            capped = np.cumsum(table.p_len[tail.rows][:, ::-1], axis=1)[:, ::-1][:, 1:]  # (M, D)
         traj_of = np.searchsorted(bounds, tail.rows, side="right") - 1
         np.add.at(reach, traj_of, occ[tail.rows, None] * (tail.reach[:, : D1 - 1] - capped))
     return EngineTotals(drafts=per_traj(occ * (proposed > 0)), drafted=per_traj(occ * proposed),
@@ -304,6 +311,7 @@ def engine_calls(table: AcceptanceTable, features, i_traj: int) -> list[tuple[in
     acceptance past the end from `engine_tail` (`engine_totals`' walk, call by call)."""
     if table.length is None or table.engine_drafted is None:
         raise ValueError("engine_calls follows point-mass tables with engine counters")
+    own = table.engine_length if table.engine_length is not None else table.length
     start, n = int(features.traj_start[i_traj]), int(features.traj_len[i_traj])
     proposed = np.broadcast_to(np.asarray(table.engine_drafted, dtype=np.float64), (features.n_positions,))
     past = {}
@@ -314,7 +322,7 @@ def engine_calls(table: AcceptanceTable, features, i_traj: int) -> list[tuple[in
     calls, t = [], 1
     while t < n:
         row = start + t
-        accepted = past.get(row, int(table.length[row]))
+        accepted = past.get(row, int(own[row]))
         calls.append((t, int(proposed[row]), accepted))
-        t += int(table.length[row]) + 1
+        t += int(own[row]) + 1
     return calls

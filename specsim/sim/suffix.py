@@ -296,31 +296,69 @@ def suffix_table(features: "Features", tree: Tree, spec, rng: np.random.Generato
     from specsim.sim.engine import AcceptanceTable
     from specsim.sim.modelfree import accepted_length
 
+    from specsim.sim.engine import EngineTail
+    from specsim.sim.modelfree import _past_end
+    from specsim.sim.policies import overhang_note
+
     draft = parse_suffix(features.draft)
     if features.parent is not None:  # a subset (cross-fitting folds): the global tree still holds every output
         base, rows = features.parent
         whole = suffix_table(base, tree, spec, rng)
         return AcceptanceTable(p_len=whole.p_len[rows], drafted=whole.drafted[rows], exact=True,
-                               length=whole.length[rows])
-    N = features.n_positions
+                               length=whole.length[rows], engine_drafted=whole.engine_drafted[rows],
+                               engine_note="the engine's counts past each end are not replayed on a subset")
+    N, D = features.n_positions, tree.max_depth
     remaining, room = features.remaining(), features.room()
     length = np.zeros(N, dtype=np.int64)
     drafted = np.zeros(N)
+    proposed = np.zeros(N)  # what an engine drafts: every node with a candidate, whatever the output limit
+    past = _past_end(features, D)
+    tail_rows: list[int] = []
+    tail_len: list[int] = []
     with CacheReader(features.cache_path) as reader:
         prompts = {int(i): reader.prompt_token_ids(int(i)) for i in np.unique(features.traj_prompt)}
     speculator = SuffixSpeculator(draft)
+    # vLLM's own history: each request's output enters its global tree with what the last step accepted past the
+    # end (it caches the sampled tokens before the scheduler trims them), so later requests can propose otherwise
+    engine = SuffixSpeculator(draft) if past else None
+    engine_length = np.zeros(N, dtype=np.int64) if engine is not None else None
     for i in tqdm(range(features.n_traj), desc=f"{draft.name} candidates", unit="traj",
                   leave=False, disable=None if N >= 20_000 else True):
         start, n = int(features.traj_start[i]), int(features.traj_len[i])
         prompt = np.asarray(prompts[int(features.traj_prompt[i])], dtype=np.int64)
+        p = prompt.shape[0]
         seq = np.concatenate([prompt, features.token[start : start + n].astype(np.int64)])
         speculator.start(prompt)
+        beyond = past.get(i)
         for t in range(n):
-            tokens = speculator.propose(seq[: prompt.shape[0] + t], tree)
+            tokens = speculator.propose(seq[: p + t], tree)
             drafted[start + t] = float(((tokens >= 0) & (tree.depths <= room[start + t])).sum())
-            future = seq[prompt.shape[0] + t : prompt.shape[0] + t + int(remaining[start + t])]
-            length[start + t] = accepted_length(tree, tokens, future)
+            length[start + t] = accepted_length(tree, tokens, seq[p + t : p + t + int(remaining[start + t])])
         speculator.finish(seq)
-    p_len = np.zeros((N, tree.max_depth + 1))
+        if engine is None:
+            proposed[start : start + n] = drafted[start : start + n]
+            continue
+        engine.start(prompt)
+        ahead = {}  # row -> accepted past the end
+        for t in range(n):
+            tokens = engine.propose(seq[: p + t], tree)
+            proposed[start + t] = float((tokens >= 0).sum())
+            engine_length[start + t] = accepted_length(tree, tokens, seq[p + t : p + t + int(remaining[start + t])])
+            if beyond is not None and remaining[start + t] < D:  # the engine verifies y_{n-1} and past the end
+                ahead[start + t] = accepted_length(tree, tokens, np.concatenate([seq[p + t :], beyond]))
+        t = 1  # vLLM's walk (the prompt pass emitted y_0): its last step decides what it cached past the end
+        while t < n:
+            last, t = t, t + int(engine_length[start + t]) + 1
+        emitted = ahead.get(start + last, int(engine_length[start + last])) + 1 if n > 1 else 1
+        extra = max(0, (last if n > 1 else 0) + emitted - n)
+        engine.finish(np.concatenate([seq, beyond[:extra]]) if beyond is not None else seq)
+        tail_rows += list(ahead)
+        tail_len += list(ahead.values())
+    p_len = np.zeros((N, D + 1))
     p_len[np.arange(N), length] = 1.0
-    return AcceptanceTable(p_len=p_len, drafted=drafted, exact=True, length=length)
+    tail = None
+    if tail_rows:
+        reach = (np.array(tail_len)[:, None] >= np.arange(1, D + 1)[None, :]).astype(np.float64)  # (M, D)
+        tail = EngineTail(rows=np.array(tail_rows, dtype=np.int64), reach=reach)
+    return AcceptanceTable(p_len=p_len, drafted=drafted, exact=True, length=length, engine_drafted=proposed,
+                           engine_tail=tail, engine_note=overhang_note(features, D), engine_length=engine_length)
