@@ -93,3 +93,40 @@ def test_layers_k_is_written_once_as_a_model_directory_with_the_target_tokenizer
         np.testing.assert_array_equal(written.model(ids).logits.numpy(), derived.model(ids).logits.numpy())
     assert written.info["tokenizer_sha256"] == derived.info["tokenizer_sha256"]
     assert not any(p.name.endswith(".writing") for p in tmp_path.iterdir())
+
+
+def test_vllms_step_times_become_a_profile_the_cache_accepts(tmp_path):
+    """`profile --engine vllm`'s arithmetic, without vLLM: N = k + 1 from the fixed proposer, a draft forward
+    from the draft model's step minus the fixed proposer's at the same k, over k; contexts at the window's mean."""
+    import specsim
+    from specsim.engines.vllm_profile import profile_body
+    from specsim.sim.cost import load_cost_profile
+    from tests.synthetic import random_cache
+
+    cache = random_cache(tmp_path / "c.h5", temperatures=(0.0,), drafts=("small",), max_new_tokens=30)
+    with specsim.cache.store.CacheReader(cache) as r:
+        info = dict(r.meta["target"])
+    plan = {"target": "synthetic-target", "target_info": info, "drafts": {"small": {"name": "small"}},
+            "contexts": [8, 40]}
+    step = lambda base, B, L: base * (1 + 0.1 * B) * (1 + L / 100)  # noqa: E731
+    times = {"plain": {}, "fixed1": {}, "fixed2": {}, "draft:small": {}}
+    for B in (1, 4):
+        for L in (8, 40):
+            for name, base in (("plain", 0.010), ("fixed1", 0.012), ("fixed2", 0.014), ("draft:small", 0.020)):
+                times[name].setdefault(str(B), {})[str(L)] = [base * 0.9 * step(1, B, L), step(base, B, L),
+                                                              base * 1.2 * step(1, B, L)]
+    body = profile_body(plan, {"steps_s": times, "threads": None}, batches=[1, 4], max_tokens=3, steps=16, repeats=3,
+                        warmup=1, version="0.32.0")
+    assert body["contexts"] == [16, 48] and body["sizes"] == [1, 2, 3] and body["widths"] == [1]
+    assert body["target_verify_s"]["4"]["48"]["3"]["median"] == pytest.approx(step(0.014, 4, 40))
+    assert body["draft_step_s"]["small"]["1"]["16"]["1"]["median"] == pytest.approx(
+        (step(0.020, 1, 8) - step(0.014, 1, 8)) / 2)
+    assert body["fit"]["max_relative_error"] == pytest.approx(0.3)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(body))
+    profile = load_cost_profile(path)
+    assert "engine vllm 0.32.0" in profile.describe() and float(profile.plain_s(1, 16)) == pytest.approx(
+        step(0.010, 1, 8))
+    rows = specsim.simulate(cache, trees=["chain:2"], drafts=["vllm-ngram:min=1,max=2"], cost_profile=path, n_boot=0,
+                            by_category=False)
+    assert "engine vllm 0.32.0" in rows["cost_basis"][0] and rows["speedup"][0] > 0

@@ -10,7 +10,13 @@ from specsim.cli import _common as c
 
 
 @c.command("profile")
-@click.option("--target", required=True, help="Target model: packaged short name, GGUF file, HF directory or hub id.")
+@click.option("--engine", type=click.Choice(["specsim", "vllm"]), default="specsim", show_default=True,
+              help="Whose steps to time: specsim's live engine, or vLLM's (needs --for CACHE and `make vllm`): "
+                   "vLLM decoding with plain, fixed-length and draft-model steps, written as a profile of vLLM's "
+                   "costs for that cache's models and contexts.")
+@click.option("--for", "for_cache", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              metavar="CACHE", help="--engine vllm: the cache whose target, drafts and contexts to measure.")
+@click.option("--target", default=None, help="Target model: packaged short name, GGUF file, HF directory or hub id.")
 @click.option("--draft", "drafts", multiple=True, metavar="SPEC", callback=c.names,
               help="Draft model (repeatable): a model spec like --target, layers:K, int8, or heads medusa:DIR / "
                    "eagle:DIR (Medusa: one pass of every head per call; EAGLE: its layer per tree level). "
@@ -31,8 +37,9 @@ from specsim.cli import _common as c
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto",
               show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA.")
-@click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Timed runs per entry (the median is used, quartiles kept).")
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help="Timed runs per entry (the median is used, quartiles kept).  [default: 10; --engine vllm: 3 "
+                   "generate calls of 16 steps]")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs per entry.")
 @c.seed_option
 @click.option("--threads", type=click.IntRange(min=1),
@@ -41,8 +48,8 @@ from specsim.cli import _common as c
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out file.")
 @c.quiet_option
 @c.friendly_errors
-def profile(target, drafts, batches, contexts, max_tokens, draft_widths, device, dtype, repeats, warmup, seed, threads,
-            out, overwrite, quiet):
+def profile(engine, for_cache, target, drafts, batches, contexts, max_tokens, draft_widths, device, dtype, repeats,
+            warmup, seed, threads, out, overwrite, quiet):
     """Measure target verification and draft step times on this machine, for the speedup model.
 
     With the live engine's own code, over B requests whose KV caches hold L random
@@ -59,6 +66,8 @@ def profile(target, drafts, batches, contexts, max_tokens, draft_widths, device,
           --contexts 128,512 --max-tokens 32 --out profiles/cpu.json
       specsim profile --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct \\
           --device cuda --batch 1,4,16,64 --contexts 512,2048,8192 --out profiles/h100.json
+      specsim profile --engine vllm --for cache/v.h5 --draft layers:20 --batch 1,4 --max-tokens 5 \\
+          --repeats 3 --out profiles/vllm.json      # vLLM's own step costs (make vllm)
     """
     import transformers
 
@@ -70,6 +79,13 @@ def profile(target, drafts, batches, contexts, max_tokens, draft_widths, device,
         raise click.BadParameter(f"{out}: use a .json file name", param_hint="--out")
     if out.exists() and not overwrite:
         raise SpecError(f"{out} exists; pass --overwrite to replace it")
+    if engine == "vllm":
+        return _vllm(for_cache, target, drafts, batches, contexts, max_tokens, draft_widths, repeats, warmup, seed,
+                     threads, out, overwrite, quiet)
+    if for_cache is not None:
+        raise SpecError("--for CACHE goes with --engine vllm (specsim's own profile takes --target and --contexts)")
+    if target is None:
+        raise SpecError("give --target (the model whose steps to time)")
     device = resolve_device(device)
     if threads is not None:
         import torch
@@ -80,7 +96,7 @@ def profile(target, drafts, batches, contexts, max_tokens, draft_widths, device,
     config = ProfileConfig(
         batches=tuple(batches) or (1,), contexts=tuple(contexts) or (128, 512),
         max_tokens=max_tokens or (256 if on_cuda else 33), draft_widths=tuple(draft_widths) or tuple(range(1, 9)),
-        repeats=repeats, warmup=warmup, seed=seed,
+        repeats=repeats or 10, warmup=warmup, seed=seed,
     )
     from specsim.specs import is_model_free
 
@@ -124,3 +140,34 @@ def summary(body: dict) -> str:
                     f"w={w}: {c['median'] / unit:.2f}" for w, c in table[str(B)][str(L)].items()))
     lines.append(f"interpolation error (leave-one-out, max): {100 * body['fit']['max_relative_error']:.1f}%")
     return "\n".join(lines)
+
+
+def _vllm(cache, target, drafts, batches, contexts, max_tokens, draft_widths, repeats, warmup, seed, threads, out,
+          overwrite, quiet):
+    """`profile --engine vllm --for CACHE` (specsim.engines.vllm_profile)."""
+    from specsim.attention.profile import write_profile
+    from specsim.engines.vllm_profile import measure_vllm_profile
+    from specsim.errors import SpecError
+
+    if cache is None:
+        raise SpecError("--engine vllm measures what a cache's replay prices: give --for CACHE")
+    if target is not None or contexts or draft_widths:
+        raise SpecError("--engine vllm takes the target and contexts from --for CACHE (and times draft forwards of "
+                        "width 1): drop --target, --contexts and --draft-widths")
+    body = measure_vllm_profile(cache, drafts, batches=batches or (1,), max_tokens=max_tokens or 5,
+                                repeats=repeats or 3, warmup=min(warmup, 1), seed=seed,
+                                threads=threads, echo=(lambda line: None) if quiet else
+                                (lambda line: click.echo(line, err=True)))
+    write_profile(body, out, overwrite=overwrite)
+    lines = [f"{body['device']}: target {body['target']['name']}, drafts {', '.join(body['drafts']) or 'none'} "
+             f"(median of {body['timing']['repeats']} runs of {body['timing']['steps']} steps)"]
+    for B in body["batches"]:
+        for L in body["contexts"]:
+            row = body["target_verify_s"][str(B)][str(L)]
+            lines.append(f"B={B} L={L}: " + "  ".join(f"N={n}: {c['median'] * 1e3:.1f} ms" for n, c in row.items())
+                         + "".join(f"  {d} forward: {t[str(B)][str(L)]['1']['median'] * 1e3:.1f} ms"
+                                   for d, t in body["draft_step_s"].items()))
+    lines.append(f"spread of repeats (max): {100 * body['fit']['max_relative_error']:.1f}%")
+    click.echo("\n".join(lines))
+    click.echo(f"wrote {out}")
+

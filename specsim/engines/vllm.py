@@ -152,7 +152,8 @@ class VllmRun:
     fix_cpu_expand: bool = False  # run vLLM's CPU build with its expand kernel corrected (`vllm_worker.py`)
 
     def request(self, action: str = "run") -> dict:
-        return {"action": action, "model": self.model, "prompts": [list(p) for p in self.prompts], "max_tokens": self.max_tokens,
+        return {"action": action, "model": self.model, "prompts": [list(p) for p in self.prompts],
+                "max_tokens": self.max_tokens,
                 "runs": [{"name": n, "speculative_config": c} for n, c in self.configs.items()],
                 "temperature": self.temperature, "repeats": self.repeats, "batch": self.batch,
                 "rounds": self.rounds, "seed": self.seed, "dtype": self.dtype, "threads": self.threads,
@@ -161,50 +162,54 @@ class VllmRun:
 
 def check_configs(run: VllmRun, *, python: Path | None = None) -> dict:
     """vLLM's own validation of each of `run.configs` (no engine started): name -> None if accepted, else why."""
-    return run_vllm(run, python=python, action="check", timeout=600)["configs"]
+    return run_worker(run.request("check"), python=python, timeout=600)["configs"]
 
 
 def run_vllm(run: VllmRun, *, python: Path | None = None, echo: Callable[[str], None] = lambda line: None,
-             log: Path | None = None, timeout: float | None = None, action: str = "run") -> dict:
-    """Run vLLM (`vllm_worker.py`) on `run`; its result (see the worker's docstring).
+             log: Path | None = None, timeout: float | None = None) -> dict:
+    """Run vLLM (`vllm_worker.py`) on `run`; its result (see the worker's docstring)."""
+    echo(f"running vLLM ({', '.join(run.configs)}; {len(run.prompts)} prompts x {run.repeats} at T="
+         f"{run.temperature:g}, batch {run.batch}{f', {run.rounds} timed rounds' if run.rounds else ''}) "
+         f"with {python or vllm_python()}")
+    started = time.perf_counter()
+    result = run_worker(run.request(), python=python, log=log, timeout=timeout)
+    echo(f"vLLM finished in {time.perf_counter() - started:.0f} s")
+    return result
 
-    vLLM's own log goes to `log` (default: a temporary file whose last lines an error quotes).
-    action "check": only vLLM's validation of each config (`check_configs`).
-    """
+
+def run_worker(request: dict, *, python: Path | None = None, log: Path | None = None,
+               timeout: float | None = None) -> dict:
+    """Run `vllm_worker.py` on one request in vLLM's environment; its result. vLLM's own log goes to `log`
+    (default: a temporary file whose telling line an error quotes)."""
     python = python or vllm_python()
     with tempfile.TemporaryDirectory(prefix="specsim-vllm-") as tmp:
-        request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request.write_text(json.dumps(run.request(action)))
+        request_path, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request_path.write_text(json.dumps(request))
         log_path = log or Path(tmp) / "vllm.log"
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
                "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE":
                    os.environ.get("HF_HUB_OFFLINE", "1")}
-        started = time.perf_counter()
-        if action == "run":
-            echo(f"running vLLM ({', '.join(run.configs)}; {len(run.prompts)} prompts x {run.repeats} at T="
-                 f"{run.temperature:g}, batch {run.batch}{f', {run.rounds} timed rounds' if run.rounds else ''}) "
-                 f"with {python}")
         with open(log_path, "w") as out:
             try:
-                done = subprocess.run([str(python), str(WORKER), str(request), str(result)], stdout=out,
+                done = subprocess.run([str(python), str(WORKER), str(request_path), str(result)], stdout=out,
                                       stderr=subprocess.STDOUT, env=env, timeout=timeout)
             except subprocess.TimeoutExpired:
                 raise EngineError(f"vLLM did not finish within {timeout:.0f} s (log: {log_path})") from None
         if done.returncode != 0 or not result.exists():
             tail = _last_error(log_path)
             raise EngineError(f"vLLM failed (exit {done.returncode}): {tail}" + (f" (log: {log})" if log else ""))
-        if action == "run":
-            echo(f"vLLM finished in {time.perf_counter() - started:.0f} s")
         return json.loads(result.read_text())
 
 
 def _last_error(log: Path) -> str:
     """The most telling line of vLLM's log: its last error or exception line, else its last line."""
     try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        raw = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return "no log"
-    for line in reversed(lines):
+    for i in range(len(raw) - 1, -1, -1):
+        line = raw[i].strip()
         if "Error" in line or "error:" in line or "Exception" in line:
-            return line[-300:]
-    return (lines[-1] if lines else "no output")[-300:]
+            more = raw[i + 1].strip() if i + 1 < len(raw) and raw[i + 1][:1].isspace() else ""
+            return (line + (": " + more if more else ""))[-400:]  # pydantic puts the reason on the next line
+    return (raw[-1].strip() if raw else "no output")[-400:]

@@ -65,6 +65,7 @@ def _request_record(output) -> dict:
               "spec": metrics.to_dict() if metrics is not None else None}
     if stats is not None and getattr(stats, "first_token_ts", 0) and getattr(stats, "last_token_ts", 0):
         record["decode_s"] = float(stats.last_token_ts - stats.first_token_ts)
+        record["first_ts"], record["last_ts"] = float(stats.first_token_ts), float(stats.last_token_ts)
     return record
 
 
@@ -126,6 +127,78 @@ def cpu_expand_broken() -> bool | None:
     return out.tolist() != [0.5, 0.25, 0.25]
 
 
+FIXED_PROPOSER = '''
+class FixedDraft:
+    """Proposes num_speculative_tokens copies of the last token every step: each step then verifies exactly
+    that many drafts per request (vLLM's custom_class method), so its time is vLLM's verification cost."""
+
+    def __init__(self, vllm_config):
+        self.k = vllm_config.speculative_config.num_speculative_tokens
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        return [[int(s[-1])] * self.k if s else [] for s in sampled_token_ids]
+
+    def load_model(self, *args, **kwargs):
+        pass
+'''
+
+
+def profile(request: dict, folder: str) -> dict:
+    """vLLM's own step times: for each run (plain, a fixed k-token proposer, a draft model), batch size B and
+    prompt length L, `repeats` generate calls of B random prompts x `steps` greedy tokens (EOS ignored); a
+    request's step time is its decode time (first to last token, the engine's clock) over its steps."""
+    import gc
+    import random
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    with open(os.path.join(folder, "specsim_fixed_proposer.py"), "w") as f:
+        f.write(FIXED_PROPOSER)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH")) if p)
+    sys.path.insert(0, folder)
+    rng = random.Random(int(request.get("seed", 0)))
+    steps = int(request["steps"])
+    out = {}
+    for run in request["runs"]:
+        config = run.get("speculative_config")
+        if run.get("fixed"):
+            config = {"method": "custom_class", "model": "specsim_fixed_proposer.FixedDraft",
+                      "num_speculative_tokens": int(run["fixed"])}
+        kwargs = dict(model=request["model"], dtype=request.get("dtype", "float32"), enforce_eager=True,
+                      seed=int(request.get("seed", 0)), max_model_len=int(request["max_model_len"]),
+                      max_num_seqs=max(request["batches"]), disable_log_stats=False)
+        if config:
+            kwargs.update(speculative_config=config, per_request_spec_decode_metrics="detailed")
+        llm = LLM(**kwargs)
+        vocab = llm.llm_engine.model_config.get_vocab_size()
+        table = {}
+        for B in request["batches"]:
+            for L in request["contexts"]:
+                times = []
+                for r in range(int(request.get("warmup", 1)) + int(request["repeats"])):
+                    prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(100, vocab - 100) for _ in range(L)])
+                               for _ in range(B)]
+                    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True,
+                                                                detokenize=False), use_tqdm=False)
+                    if r < int(request.get("warmup", 1)):
+                        continue
+                    per = []
+                    for o in outs:
+                        m, c = o.metrics, o.outputs[0]
+                        spec = c.spec_decode_metrics.to_dict() if c.spec_decode_metrics is not None else None
+                        n_steps = len(spec.get("per_step_drafted", [])) if spec else len(c.token_ids) - 1
+                        if m is not None and n_steps > 0:
+                            per.append((m.last_token_ts - m.first_token_ts) / n_steps)
+                    times.append(sorted(per)[len(per) // 2])
+                table.setdefault(str(B), {})[str(L)] = times
+        out[run["name"]] = table
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+    return out
+
+
 def check_configs(request: dict) -> dict:
     """vLLM's own validation of each speculative_config (`EngineArgs.create_engine_config`, no engine started):
     name -> None when vLLM accepts it, else its error."""
@@ -151,6 +224,13 @@ def main(request_path: str, result_path: str) -> None:
 
         _write(result_path, {"vllm": vllm.__version__, "configs": check_configs(request)})
         return
+    if request.get("action") == "profile":
+        import vllm
+
+        folder = os.path.dirname(os.path.abspath(result_path))
+        _write(result_path, {"vllm": vllm.__version__, "threads": os.environ.get("OMP_NUM_THREADS"),
+                             "steps_s": profile(request, folder)})
+        return
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(request.get("kv_cache_space_gib", 2)))
     if request.get("threads"):
         os.environ.setdefault("OMP_NUM_THREADS", str(request["threads"]))
@@ -167,9 +247,9 @@ def main(request_path: str, result_path: str) -> None:
         kwargs = dict(model=request["model"], tokenizer=request.get("tokenizer") or request["model"],
                       dtype=request.get("dtype", "float32"), enforce_eager=True, seed=int(request.get("seed", 0)),
                       max_model_len=int(request["max_model_len"]), max_num_seqs=int(request.get("batch", 1)),
-                      disable_log_stats=False, per_request_spec_decode_metrics="detailed")
-        if run.get("speculative_config"):
-            kwargs["speculative_config"] = run["speculative_config"]
+                      disable_log_stats=False)
+        if run.get("speculative_config"):  # vLLM refuses per-request spec metrics without speculation
+            kwargs.update(speculative_config=run["speculative_config"], per_request_spec_decode_metrics="detailed")
         engines[run["name"]] = LLM(**kwargs)
 
     temperature = float(request.get("temperature", 0.0))
@@ -199,11 +279,20 @@ def main(request_path: str, result_path: str) -> None:
             generate(name, 0)
         for r in range(rounds):
             order = list(engines) if r % 2 == 0 else list(reversed(engines))
-            result["timings"].append({name: generate(name, 0)["seconds"] for name in order})
+            result["timings"].append({name: _timing(generate(name, 0)) for name in order})
     for name in engines:
         for repeat in range(repeats):
             result["runs"][name].append(generate(name, repeat))
     _write(result_path, result)
+
+
+def _timing(run: dict) -> dict:
+    """A timed generate call: its wall seconds (prefill included), the sum of its requests' decode times (first
+    to last token: the decode steps, at batch 1 one after another) and its decode window (the first request's
+    first token to the last request's last: what B requests decoding together take)."""
+    reqs = [r for r in run["requests"] if "first_ts" in r]
+    return {"seconds": run["seconds"], "decode_s": sum(r["decode_s"] for r in reqs),
+            "window_s": (max(r["last_ts"] for r in reqs) - min(r["first_ts"] for r in reqs)) if reqs else None}
 
 
 def _write(path: str, result: dict) -> None:

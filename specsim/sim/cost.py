@@ -159,6 +159,7 @@ class ProfileCost:
     measured: bool = True
     unit: str = "seconds"
     notes: tuple[str, ...] = field(default=())
+    engine: str = "specsim"  # whose steps were timed: "specsim" (its live engine) or e.g. "vllm 0.32.0"
 
     def verify_s(self, batch, tokens, context) -> np.ndarray:
         """Seconds of one target forward over `tokens` (N) per request for `batch` requests at `context`."""
@@ -176,7 +177,8 @@ class ProfileCost:
 
     def describe(self) -> str:
         err = f", interpolation error <= {100 * self.fit_error:.0f}%" if self.fit_error is not None else ""
-        return (f"MEASURED profile {self.path.name} ({self.device}, {self.dtype}; target {self.target.name}; "
+        engine = "" if self.engine == "specsim" else f"engine {self.engine}: "
+        return (f"MEASURED profile {self.path.name} ({engine}{self.device}, {self.dtype}; target {self.target.name}; "
                 f"batch {_span(self.batches)}, context {_span(self.contexts)}{err})")
 
     def draft_for(self, name: str, info: Mapping | None) -> str:
@@ -273,6 +275,7 @@ def load_cost_profile(path) -> ProfileCost:
         drafts={name: ModelId.from_info(name, meta) for name, meta in drafts_meta.items()},
         batches=grid["batches"], contexts=grid["contexts"], sizes=grid["sizes"], widths=grid["widths"],
         verify=verify, draft=draft, fit_error=float(fit) if fit is not None else None,
+        engine=str(data.get("engine", "specsim")),
     )
 
 
