@@ -6,11 +6,10 @@ speculative-decoding papers: 13 categories (translation, summarization, qa,
 math_reasoning, rag and the eight MT-bench ones). Acceptance varies a lot by
 category, so selection is category-aware and every prompt keeps its category.
 
-``spec-bench`` resolves to the first of: ``$SPECSIM_PROMPTS`` (a file, or a
-directory holding ``spec_bench_questions.jsonl``), ``../shared/data/`` from the
-current directory or from the project root, and the small sample shipped in
-``specsim/data/spec_bench_sample.jsonl`` (two prompts per category) so that an
-installed specsim works anywhere. Only the first turn of a prompt is used.
+``spec-bench`` is the full set (480 prompts, Apache-2.0; attribution and licence in
+``specsim/data/SPEC_BENCH.md``), shipped inside the package so that a clone or an install
+needs nothing beside it; ``$SPECSIM_PROMPTS`` (a file, or a directory holding
+``spec_bench_questions.jsonl``) points it elsewhere. Only the first turn of a prompt is used.
 
 No torch here: tokenisation takes any tokenizer object with the Hugging Face
 interface (``apply_chat_template``, ``__call__``).
@@ -29,7 +28,7 @@ from specsim.errors import PromptError
 
 SPEC_BENCH = "spec-bench"
 SPEC_BENCH_FILE = "spec_bench_questions.jsonl"
-SAMPLE = Path(__file__).parent / "data" / "spec_bench_sample.jsonl"
+SHIPPED = Path(__file__).parent / "data" / SPEC_BENCH_FILE  # the full Spec-Bench question set
 TEXT_FIELDS = ("turns", "prompt", "text")  # first one present wins
 
 
@@ -65,12 +64,7 @@ def spec_bench_path() -> Path:
         if not p.is_file():
             raise PromptError(f"$SPECSIM_PROMPTS={env}: no such file (nor a directory holding {SPEC_BENCH_FILE})")
         return p
-    project_root = Path(__file__).resolve().parents[1]
-    for base in (Path.cwd(), project_root):
-        p = base.parent / "shared" / "data" / SPEC_BENCH_FILE
-        if p.is_file():
-            return p
-    return SAMPLE
+    return SHIPPED
 
 
 def _read_jsonl(path: Path) -> list[Prompt]:

@@ -5,7 +5,9 @@ import json
 import pytest
 
 from specsim.errors import PromptError
-from specsim.prompts import SAMPLE, encode, load_prompts, spec_bench_path
+from pathlib import Path
+
+from specsim.prompts import SHIPPED, encode, load_prompts, spec_bench_path
 
 SPEC_BENCH_CATEGORIES = {
     "translation", "summarization", "qa", "math_reasoning", "rag",
@@ -18,10 +20,21 @@ def _jsonl(path, rows):
     return path
 
 
-def test_shipped_sample_covers_every_spec_bench_category_in_the_same_layout():
-    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
-    assert {r["category"] for r in rows} == SPEC_BENCH_CATEGORIES
+def test_the_full_spec_bench_ships_in_the_package_with_its_licence(monkeypatch):
+    monkeypatch.delenv("SPECSIM_PROMPTS", raising=False)
+    assert spec_bench_path() == SHIPPED and SHIPPED.parent.name == "data"
+    rows = [json.loads(line) for line in SHIPPED.read_text().splitlines()]
+    counts = {c: sum(r["category"] == c for r in rows) for c in SPEC_BENCH_CATEGORIES}
+    assert len(rows) == 480 and sum(counts.values()) == 480
+    assert all(counts[c] == 80 for c in ("translation", "summarization", "qa", "math_reasoning", "rag"))
+    assert all(n == 10 for c, n in counts.items() if c not in ("translation", "summarization", "qa",
+                                                               "math_reasoning", "rag"))
     assert all({"question_id", "category", "turns"} <= set(r) for r in rows)
+    assert "Apache License" in (SHIPPED.parent / "SPEC_BENCH_LICENSE.txt").read_text()
+    assert "hemingkx/Spec-Bench" in (SHIPPED.parent / "SPEC_BENCH.md").read_text()
+    reference = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench_questions.jsonl"
+    if reference.is_file():  # the project's reference copy, where the checkout sits beside it
+        assert SHIPPED.read_bytes() == reference.read_bytes()
 
 
 def test_specsim_prompts_env_overrides_the_spec_bench_location(tmp_path, monkeypatch):
