@@ -40,7 +40,7 @@ import zlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import h5py
 import numpy as np
@@ -174,6 +174,41 @@ class TrajectoryRow:
     def end(self) -> int:
         """One past the trajectory's last position row, its overhang included."""
         return self.start + self.length + self.overhang
+
+
+def dataset_names(spec: CacheSpec) -> list[str]:
+    """Every per-position dataset of a layout, in the order a row's digest covers them."""
+    names = ["positions/token"]
+    for c in spec.columns:
+        g = f"columns/{_group_name(c)}"
+        if c == TARGET:
+            names += [f"{g}/hidden/{layer}" for layer in spec.hidden]
+        if spec.keeps_logits(c):
+            names += {"full": [f"{g}/logits"], "topk": [f"{g}/topk_ids", f"{g}/topk_logits", f"{g}/tail_lse"],
+                      "stats": []}[spec.storage]
+        names += [f"{g}/stats/{name}" for name in spec.stat_shapes(c)]
+    return names
+
+
+def row_digest(previous: bytes, prompt_index: int, n: int, temperature: float, overhang: int, version: int,
+               arrays) -> bytes:
+    """A committed row's chained digest (version >= 3) from the previous row's and its arrays, in
+    `dataset_names` order: what `_commit` writes and `CacheReader.verify` recomputes."""
+    digest = hashlib.blake2b(previous, digest_size=16)
+    head = [prompt_index, n, overhang] if version >= 4 else [prompt_index, n]
+    digest.update(np.array(head, dtype=np.int64).tobytes() + np.float32(temperature).tobytes())
+    for values in arrays:
+        digest.update(values.tobytes())
+    return digest.digest()
+
+
+def prompts_digest(prompts: Sequence[PromptRecord]) -> str:
+    """sha256 of every stored prompt field (ids, categories, texts, token ids), kept in the header (version 4)."""
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(json.dumps([int(p.question_id), p.category, p.text], ensure_ascii=False).encode())
+        h.update(np.asarray(p.token_ids, dtype=np.int32).tobytes())
+    return h.hexdigest()
 
 
 def _group_name(column: str) -> str:
@@ -364,8 +399,10 @@ class CacheWriter:
         ids = g.create_dataset("token_ids", (len(prompts),), dtype=h5py.vlen_dtype(np.int32))
         for i, p in enumerate(prompts):
             ids[i] = np.asarray(p.token_ids, dtype=np.int32)
+        f.attrs["prompts_sha256"] = prompts_digest(prompts)
         fill = np.zeros((), dtype=_TRAJ_DTYPE)
-        f.create_dataset("trajectories", (0,), maxshape=(None,), dtype=_TRAJ_DTYPE, chunks=(256,), fillvalue=fill)
+        f.create_dataset("trajectories", (0,), maxshape=(None,), dtype=_TRAJ_DTYPE, chunks=(256,), fillvalue=fill,
+                         fletcher32=True)
         pos = f.create_group("positions")
         pos.create_dataset("token", (0,), maxshape=(None,), dtype=np.int32, chunks=(1024,), fletcher32=True)
         cols = f.create_group("columns")
@@ -525,16 +562,7 @@ class CacheWriter:
 
     def dataset_names(self) -> list[str]:
         """Every per-position dataset, in the order a row's digest covers them."""
-        names = ["positions/token"]
-        for c in self.spec.columns:
-            g = f"columns/{_group_name(c)}"
-            if c == TARGET:
-                names += [f"{g}/hidden/{layer}" for layer in self.spec.hidden]
-            if self.spec.keeps_logits(c):
-                names += {"full": [f"{g}/logits"], "topk": [f"{g}/topk_ids", f"{g}/topk_logits", f"{g}/tail_lse"],
-                          "stats": []}[self.spec.storage]
-            names += [f"{g}/stats/{name}" for name in self.spec.stat_shapes(c)]
-        return names
+        return dataset_names(self.spec)
 
     def append_copy(self, reader: "CacheReader", row: "TrajectoryRow") -> None:
         """Append a committed trajectory of another cache with the same layout, byte for byte (`specsim merge`)."""
@@ -549,15 +577,14 @@ class CacheWriter:
         if list(arrays) != names:
             raise CacheError(f"datasets {sorted(set(names) ^ set(arrays))} missing or unexpected for this layout")
         f, start, stop = self._f, self._n_positions, self._n_positions + n + overhang
-        digest = hashlib.blake2b(self._last_digest, digest_size=16)
-        digest.update(np.array([prompt_index, n, overhang], dtype=np.int64).tobytes()
-                      + np.float32(temperature).tobytes())
+        written = []
         for name in names:
             values = np.ascontiguousarray(arrays[name], dtype=f[name].dtype)
             ds = f[name]
             ds.resize((stop, *ds.shape[1:]))
             ds[start:stop] = values
-            digest.update(values.tobytes())
+            written.append(values)
+        digest = row_digest(self._last_digest, prompt_index, n, temperature, overhang, FORMAT_VERSION, written)
         f.flush()  # positions reach the file before the row that makes them visible
 
         rows = f["trajectories"]
@@ -565,12 +592,12 @@ class CacheWriter:
         row = np.zeros((), dtype=_TRAJ_DTYPE)
         row["prompt_index"], row["temperature"], row["seed"] = prompt_index, temperature, seed
         row["start"], row["length"], row["stop_reason"] = start, n, STOP_REASONS.index(stop_reason)
-        row["digest"], row["overhang"] = digest.digest(), overhang
+        row["digest"], row["overhang"] = digest, overhang
         rows[self._n_rows] = row
         f.flush()
         self._n_rows += 1
         self._n_positions = stop
-        self._last_digest = digest.digest()
+        self._last_digest = digest
         self._done.add((prompt_index, float(np.float32(temperature))))
 
     def close(self) -> None:
@@ -582,6 +609,22 @@ class CacheWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What `CacheReader.verify` read and found."""
+
+    rows: int  # committed trajectories
+    positions: int  # position rows read (overhangs included)
+    datasets: int  # per-position datasets read for each
+    digests: bool  # rows carry content digests (format 3+) and were recomputed
+    prompts_checked: bool  # the prompts were checked against their recorded sha256 (format 4)
+    damaged: tuple[str, ...]  # one line per damaged chunk, row or table
+
+    @property
+    def ok(self) -> bool:
+        return not self.damaged
 
 
 def topk_compress(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -609,7 +652,9 @@ def topk_expand(ids: np.ndarray, top: np.ndarray, tail: np.ndarray, vocab_size: 
 class CacheReader:
     """Read-only view of a cache; safe to open while a recording is running (SWMR)."""
 
-    def __init__(self, path) -> None:
+    def __init__(self, path, *, probe: bool = True) -> None:
+        """probe: read the last committed row of every dataset at once, so that a truncated or damaged file
+        fails here, not halfway through a simulation (`verify` opens without it and reads everything)."""
         self.path = Path(path)
         self._f = _open_h5(self.path, "r")
         try:
@@ -624,7 +669,8 @@ class CacheReader:
             self.spec = _read_spec(self._f, self.path)
             self.meta: dict = dict(self.spec.meta)
             rows = _committed_rows(self._f)
-            self._probe(rows)
+            if probe:
+                self._probe(rows)
         except CacheError:
             self._f.close()
             raise
@@ -689,8 +735,16 @@ class CacheReader:
             for ds in datasets:
                 if ds.shape[0] < n:
                     raise CacheError(f"{self.path}: column {c!r} has {ds.shape[0]} positions, trajectories need {n}")
-                ds[n - 1]
-        self._f["positions/token"][n - 1]
+                try:
+                    ds[n - 1]
+                except OSError as exc:
+                    raise CacheError(f"{self.path}: damaged data in {ds.name.lstrip('/')} ({_why(exc)}); "
+                                     f"`specsim inspect {self.path} --verify` lists every damaged part") from None
+        try:
+            self._f["positions/token"][n - 1]
+        except OSError as exc:
+            raise CacheError(f"{self.path}: damaged data in positions/token ({_why(exc)}); `specsim inspect "
+                             f"{self.path} --verify` lists every damaged part") from None
 
     # -- metadata ------------------------------------------------------------------------------
     @property
@@ -768,6 +822,50 @@ class CacheReader:
     def has_distributions(self) -> bool:
         """Whether the file keeps the models' distributions (full or top-k logits), not only statistics."""
         return self.spec.storage != "stats"
+
+    def verify(self, on_rows: Callable[[int], None] = lambda n: None) -> "Verification":
+        """Read every committed position of every dataset and the prompts, and recompute each row's digest.
+
+        A chunk whose checksum fails, a row whose content no longer hashes to its digest (format 3+), or
+        prompts that no longer match their recorded sha256 (format 4) is reported with the trajectory and
+        dataset it belongs to; reading goes on past it. Each row is checked against its own predecessor's
+        stored digest, so one damaged trajectory does not condemn the ones after it.
+        """
+        version = int(self._f.attrs.get("format_version", -1))
+        names = dataset_names(self.spec)
+        damaged: list[str] = []
+        positions = 0
+        chained = "digest" in self._rows.dtype.names
+        previous = b""
+        for row in self.iter_trajectories():
+            where = f"prompt {row.prompt_index} at T={row.temperature:g} (trajectory {row.traj_index}, positions " \
+                    f"{row.start}:{row.end})"
+            values, broken = [], False
+            for name in names:
+                try:
+                    values.append(np.ascontiguousarray(self._f[name][row.start : row.end], dtype=self._f[name].dtype))
+                except (OSError, KeyError) as exc:
+                    damaged.append(f"{name} of {where}: unreadable ({_why(exc)})")
+                    broken = True
+            stored = bytes(self._rows["digest"][row.traj_index]) if chained else b""
+            if chained and not broken and version >= 3:
+                got = row_digest(previous, row.prompt_index, row.length, row.temperature, row.overhang, version,
+                                 values)
+                if got != stored:
+                    damaged.append(f"{where}: its data no longer hashes to the digest it was committed with")
+            previous = stored
+            positions += row.end - row.start
+            on_rows(row.end - row.start)
+        try:
+            prompts = _read_prompts(self._f)
+        except (OSError, KeyError, ValueError) as exc:
+            damaged.append(f"prompts: unreadable ({_why(exc)})")
+        else:
+            want = self._f.attrs.get("prompts_sha256")
+            if want is not None and prompts_digest(prompts) != want:
+                damaged.append("prompts: their ids, categories, texts or token ids no longer match their sha256")
+        return Verification(rows=len(self._rows), positions=positions, datasets=len(names), digests=chained,
+                            prompts_checked=self._f.attrs.get("prompts_sha256") is not None, damaged=tuple(damaged))
 
     @property
     def fingerprint(self) -> str | None:

@@ -30,25 +30,34 @@ def _model_line(info: dict) -> str:
 
 @c.command("inspect")
 @click.argument("file", type=click.Path(path_type=Path))
+@click.option("--verify", is_flag=True,
+              help="Read every position of every dataset and the prompts, recompute each trajectory's content "
+                   "digest, and report each damaged chunk, trajectory or table with where it is; exit 1 if any.")
 @c.quiet_option
 @c.friendly_errors
-def inspect(file: Path, quiet: bool) -> None:
+def inspect(file: Path, verify: bool, quiet: bool) -> None:
     """Summarise a cache: models, prompts, trajectories, storage, and per draft x
     temperature the top-1 agreement with the target and mean α = 1 − TV(p, q).
 
     Reads the file in bounded memory and works while `specsim cache` is still
     writing it (it sees the trajectories committed so far).
 
+    --verify reads everything (simulate and inspect read only what they need, so bytes flipped in
+    logits they never touch would otherwise go unseen) and exits 1 when anything is damaged.
+
     \b
     Examples:
       specsim inspect cache/demo.h5
       specsim inspect cache/demo.h5 --quiet
+      specsim inspect cache/demo.h5 --verify
     """
     from tqdm.auto import tqdm
 
     from specsim.cache.inspect import agreement_stats
     from specsim.cache.store import CacheReader
 
+    if verify:
+        return _verify(file, quiet)
     with CacheReader(file) as reader:
         meta, spec = reader.meta, reader.spec
         storage = {"full": "full float16 logits", "topk": f"top-{spec.top_k} logits + tail log-sum-exp",
@@ -112,3 +121,26 @@ def inspect(file: Path, quiet: bool) -> None:
             click.echo("  * at T=0 (greedy) α is computed from the T=1 distributions; top-1 agreement is the greedy rate")
         if spec.storage == "topk":
             click.echo(f"  top-{spec.top_k} storage: α treats the non-top-K mass as spread evenly (approximate)")
+
+
+def _verify(file: Path, quiet: bool) -> None:
+    """`inspect --verify`: every chunk, every digest, the prompts; one line per damaged thing, exit 1 if any."""
+    from tqdm.auto import tqdm
+
+    from specsim.cache.store import CacheReader
+
+    with CacheReader(file, probe=False) as reader:  # read everything below, reporting damage instead of refusing
+        with tqdm(total=reader.n_positions, unit="pos", desc="verifying", disable=quiet, leave=False) as bar:
+            found = reader.verify(on_rows=bar.update)
+    checked = (f"{found.rows} trajectories, {found.positions:,} position rows x {found.datasets} datasets read"
+               + (", every content digest recomputed" if found.digests else ", no digests (written before format 3)")
+               + (", prompts against their sha256" if found.prompts_checked else
+                  ", prompts read (the file records no sha256 of them)"))
+    if found.ok:
+        click.echo(f"{file}: intact ({checked})")
+        return
+    for line in found.damaged:
+        click.echo(f"damaged: {line}")
+    click.echo(f"{file}: {len(found.damaged)} damaged ({checked})", err=True)
+    raise SystemExit(1)
+
