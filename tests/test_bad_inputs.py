@@ -114,3 +114,10 @@ def test_unwritable_report_output_fails_before_simulating(cache):
 def test_garbage_profile_and_optimize_arguments(cache, value):
     clean(run("optimize", cache, "--budget", "2", "--batch", value))
     clean(run("profile", "--target", value, "--batch", value, "--out", "p.txt"))
+
+
+def test_an_attention_context_no_memory_holds_is_one_line_before_any_allocation():
+    result = CliRunner().invoke(main, ["bench-attention", "--contexts", "100000000", "--tree-sizes", "4"])
+    clean(result)
+    assert result.exit_code != 0 and "GiB for q, k, v and the attention scores" in result.output
+    assert "lower --contexts" in result.output

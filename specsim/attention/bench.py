@@ -13,6 +13,7 @@ every row names the device, dtype and statistic.
 from __future__ import annotations
 
 import math
+import os
 import platform
 import time
 from dataclasses import dataclass, replace
@@ -220,6 +221,27 @@ def _validate(config: SweepConfig) -> None:
         raise SpecError(f"repeats must be >= 1 and warmup >= 0, got {config.repeats} and {config.warmup}")
 
 
+def _check_memory(config: SweepConfig, device: torch.device, largest_tree: int) -> None:
+    """SpecError, before anything is allocated, when the largest point's q, k, v and attention scores (float32,
+    the reference's) cannot fit in this device's memory (a 10^8-token context on a CPU used to end in a traceback)."""
+    B, L, N = max(config.batch_sizes), max(config.context_lens), largest_tree
+    itemsize = torch.empty((), dtype=DTYPES[config.dtype]).element_size()
+    tensors = B * (config.heads * N + 2 * config.kv_heads * (L + N)) * config.head_dim * itemsize
+    scores = 2 * B * config.heads * N * (L + N) * 4  # scores and their softmax, float32
+    need = tensors + scores
+    if device.type == "cuda":
+        have = torch.cuda.mem_get_info(device)[0]
+    else:
+        try:
+            have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return
+    if need > have:
+        raise SpecError(f"batch {B} x context {L:,} x {N} tree tokens needs about {need / 2**30:,.1f} GiB for q, k, v "
+                        f"and the attention scores; this {device.type} has {have / 2**30:,.1f} GiB free: lower "
+                        "--contexts, --batch-sizes or --tree-sizes")
+
+
 def run_sweep(config: SweepConfig, *, progress: bool = True) -> pl.DataFrame:
     """Check, then time, every implementation at every sweep point; one row each."""
     _validate(config)
@@ -229,6 +251,7 @@ def run_sweep(config: SweepConfig, *, progress: bool = True) -> pl.DataFrame:
     dtype = DTYPES[config.dtype]
     label = device_label(device)
     trees = sweep_trees(config)
+    _check_memory(config, device, max(tree.n_nodes for _, tree in trees) if trees else 1)
     points = [(b, L, shape, tree) for b in config.batch_sizes for L in config.context_lens for shape, tree in trees]
     rows: list[dict] = []
     bar = tqdm(total=len(points) * len(config.impls), desc="bench-attention", unit="impl", disable=not progress)
