@@ -216,3 +216,21 @@ def test_assumed_cost_is_flat_and_says_so():
     model = AssumedCost(0.3)
     assert float(model.verify_s(4, 17, 999)) == 1.0 and float(model.draft_s("any", 8, 3, 1)) == 0.3
     assert "ASSUMED" in model.describe() and not model.measured
+
+
+def test_extrapolation_never_drops_below_the_grids_edge_and_rows_say_when_it_was_used(tmp_path):
+    """Noisy last points can slope down (the H100 profile priced N = 14 below its plain step): past the grid a
+    time is at least the edge's. Rows priced past the grid carry cost_extrapolated."""
+    body = profile_body()
+    for L in ("128", "512"):  # N = 8 measured faster than N = 4: a downward last segment
+        body["target_verify_s"]["1"][L]["8"]["median"] = 0.5 * body["target_verify_s"]["1"][L]["4"]["median"]
+    model = load_cost_profile(write(tmp_path / "down.json", body))
+    edge = float(model.verify_s(1, 8, 128))
+    assert float(model.verify_s(1, 12, 128)) == pytest.approx(edge)  # linear would go below it
+    assert model.extrapolates(tokens=9) and not model.extrapolates(tokens=8, batch=4, context=512)
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0,), drafts=("d",), n_prompts=3, length=20)
+    rows = specsim.simulate(path, trees=["chain:4", "chain:9"], drafts=["d"], by_category=False, n_boot=0,
+                            cost_profile=write(tmp_path / "p.json", profile_body()))
+    flags = dict(zip(rows["tree"], rows["cost_extrapolated"]))
+    assert flags == {"chain:4": False, "chain:9": True}  # 10 tokens verified, 8 measured
+    assert "cost_extrapolated" not in specsim.simulate(path, trees=["chain:4"], drafts=["d"], n_boot=0).columns

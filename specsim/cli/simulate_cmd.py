@@ -227,6 +227,11 @@ def footer(df) -> str:
     if "speedup" in df.columns:
         lines.append(f"speed: {first['cost_basis']}; speedup = plain decoding time / speculative decoding time of the "
                      "same trajectories, each call priced at its own context and tree size")
+        outside = int(df.filter(df["category"] == "all")["cost_extrapolated"].fill_null(False).sum()) \
+            if "cost_extrapolated" in df.columns else 0
+        if outside:
+            lines.append(f"{outside} configuration row(s) priced past what the profile measured (batch, tokens, draft "
+                         "width or context; linear, never below the grid's edge, at most 2x): cost_extrapolated in --out")
         if (df["batch"] > 1).any():
             lines.append(f"batch rows: {df['batching'].drop_nulls()[0]} batching on a timeline of engine steps; speedup "
                          "over plain batched decoding at the same batch size; CIs "

@@ -299,6 +299,20 @@ class Pricing:
             for a in range(1, tree.max_depth + 1) if every else [tree.max_depth]:
                 model.draft_s(key, 1, 1 + a if every else 2, L)
 
+    def extrapolated(self, source, tree: Tree, batch: int = 1) -> bool | None:
+        """Whether pricing `tree` on `source` at `batch` reads the profile past what it measured (None: no profile)."""
+        if self.model is None or not getattr(self.model, "measured", False):
+            return None
+        from specsim.sim.cost import tree_by_room
+
+        shape = tree_by_room(tree, model_draft=self.draft_key is not None, one_pass=drafts_in_one_pass(source.draft))[-1]
+        widths = list(shape.draft_levels) + ([2] if self.draft_key is not None and tree.budget else [])
+        if self.draft_key is not None and feeds_accepted(source.draft):
+            widths.append(1 + tree.max_depth)
+        high = source.context_range()[1] if hasattr(source, "context_range") else float(source.contexts().max())
+        return self.model.extrapolates(batch=batch, tokens=shape.verify_tokens, width=max(widths, default=1),
+                                       context=high)
+
     def priced(self, features: Features, tree: Tree, batch: int = 1,
                drafted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(call cost, plain step cost, extra cost of the next call's root feed by accepted length) at every
@@ -803,7 +817,8 @@ def _head(source: FeatureSource, tree: Tree, policy: PolicySpec, pricing: Pricin
     }
     tail = {
         "lossless": policy.lossless, "storage": storage + (f":{reader.spec.top_k}" if storage == "topk" else ""),
-        "approximate": bool(approximate), "cost_basis": pricing.basis, "fit": fit,
+        "approximate": bool(approximate), "cost_basis": pricing.basis,
+        "cost_extrapolated": pricing.extrapolated(source, tree), "fit": fit,
         "context": round(source.mean_context(), 1),
         "cache": str(reader.path), "n_boot": n_boot, "seed": seed,
         "samples": policy.samples if not stats.exact else None,
@@ -885,6 +900,7 @@ def _batch_rows(rows_b1: list[dict], tables: list, features: Features, pricing: 
             "latency_per_token_ms": est.latency_per_token_ms,
             "plain_latency_per_token_ms": est.plain_latency_per_token_ms,
             "mean_batch": est.mean_batch, "mc_se_speedup": est.mc_se_speedup,
+            "cost_extrapolated": pricing.extrapolated(features, tree, batch),
             "n_boot": min(n_boot, BATCH_BOOT),
             "estimate": row["estimate"] if est.exact else "monte-carlo",
         })
@@ -896,11 +912,11 @@ def _finish_columns(df: pl.DataFrame, cost_model) -> pl.DataFrame:
     speed = [c for c in df.columns if c.startswith(("speedup", "tokens_per_s", "plain_tokens_per_s", "latency",
                                                     "plain_latency", "mc_se_speedup", "mean_batch"))]
     if cost_model is None:
-        return df.drop(speed + ["call_cost"])
+        return df.drop(speed + ["call_cost", "cost_extrapolated"])
     if "cost_basis" in df.columns:  # configurations the model could not price (unpriced="keep"): no speed
         unpriced = pl.col("cost_basis").str.starts_with("none")
         df = df.with_columns([pl.when(unpriced).then(None).otherwise(pl.col(c)).alias(c)
-                              for c in speed + ["call_cost"] if c in df.columns])
+                              for c in speed + ["call_cost", "cost_extrapolated"] if c in df.columns])
     if not cost_model.measured:
         keep = {"speedup": "speedup_assumed", "speedup_lo": "speedup_assumed_lo", "speedup_hi": "speedup_assumed_hi"}
         return df.drop([c for c in speed if c not in keep]).rename({**keep, "call_cost": "call_cost_assumed"})

@@ -8,9 +8,12 @@ B, contexts L, token counts N and draft widths w, and writes a cost profile (JSO
 
 `ProfileCost` reads it and answers the time of any (B, N, w, L) by multilinear
 interpolation between measured grid points. Beyond the grid it extrapolates linearly from
-the last two points along each axis, up to `EXTRAPOLATION` (2x) past the largest measured
-B, N, w or L; further out it refuses with an error naming the measured range. Below the
-smallest measured context it uses that context's time (attention only gets cheaper).
+the last two points along each axis, never below the time at the grid's edge (a step past
+the largest measured B, N, w or L does not cost less than the largest one measured: noisy
+last points could otherwise slope downwards), up to `EXTRAPOLATION` (2x) past the largest;
+further out it refuses with an error naming the measured range. `extrapolates` says whether a
+query left the grid, so rows can flag it. Below the smallest measured context it uses that
+context's time (attention only gets cheaper).
 
 `AssumedCost` is Leviathan et al.'s (2023) flat model — a draft step costs c target
 steps, verification costs one step whatever the tree — kept for what-if questions. Its
@@ -175,6 +178,11 @@ class ProfileCost:
         """Seconds of one plain decode step (N = 1) of `batch` requests: the speedup's baseline."""
         return self.verify_s(batch, 1, context)
 
+    def extrapolates(self, *, batch: float = 1, tokens: float = 1, width: float = 1, context: float = 0) -> bool:
+        """Whether a time at these (largest) values lies past what the profile measured on some axis."""
+        return bool(batch > self.batches[-1] or tokens > self.sizes[-1] or width > self.widths[-1]
+                    or context > self.contexts[-1])
+
     def describe(self) -> str:
         err = f", interpolation error <= {100 * self.fit_error:.0f}%" if self.fit_error is not None else ""
         engine = "" if self.engine == "specsim" else f"engine {self.engine}: "
@@ -226,18 +234,31 @@ def _axis(x: np.ndarray, grid: np.ndarray, name: str, path: Path, *, clamp_below
 def _interpolate(table: np.ndarray, grids: Sequence[np.ndarray], points: Sequence, names: Sequence[str],
                  path: Path) -> np.ndarray:
     """Multilinear interpolation (linear extrapolation up to the limit) of a 3-D table at broadcast points."""
-    pts = np.broadcast_arrays(*[np.asarray(p, dtype=np.float64) for p in points])
-    axes = [_axis(p.ravel(), g, n, path, clamp_below=(n == "context")) for p, g, n in zip(pts, grids, names)]
-    out = np.zeros(pts[0].size)
+    pts = [p.ravel() for p in np.broadcast_arrays(*[np.asarray(p, dtype=np.float64) for p in points])]
+    shape = np.broadcast(*[np.asarray(p) for p in points]).shape
+    out = _corners(table, [_axis(p, g, n, path, clamp_below=(n == "context")) for p, g, n in zip(pts, grids, names)])
+    beyond = np.zeros(out.shape, dtype=bool)
+    for p, g in zip(pts, grids):
+        beyond |= p > g[-1]
+    if beyond.any():  # past the grid: never below the time at its edge
+        edge = _corners(table, [_axis(np.minimum(p, g[-1]), g, n, path, clamp_below=True)
+                                for p, g, n in zip(pts, grids, names)])
+        out = np.where(beyond, np.maximum(out, edge), out)
+    return out.reshape(shape)
+
+
+def _corners(table: np.ndarray, axes: Sequence) -> np.ndarray:
+    """The multilinear combination of a 3-D table's corners for (lower index, upper index, fraction) per axis."""
+    out = np.zeros(axes[0][0].shape)
     for corner in range(8):
-        weight = np.ones(pts[0].size)
+        weight = np.ones(out.shape)
         index = []
         for k, (lo, hi, frac) in enumerate(axes):
             upper = (corner >> k) & 1
             weight = weight * (frac if upper else 1.0 - frac)
             index.append(hi if upper else lo)
         out += weight * table[tuple(index)]
-    return np.maximum(out, table.min()).reshape(pts[0].shape)
+    return out
 
 
 def load_cost_profile(path) -> ProfileCost:
