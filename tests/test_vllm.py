@@ -89,7 +89,8 @@ def test_vllm_outputs_counters_and_steps_equal_the_replay(which, ngram_run, draf
     assert checks["trajectories"].passed, checks["trajectories"].comparison
     assert checks["counters"].passed, checks["counters"].detail
     assert checks["steps"].passed, checks["steps"].detail
-    counters = result["runs"]["spec"][0]["counters"]
+    counters = result["runs"]["spec"][0]["counters"]  # sums of vLLM's per-request counters
+    assert result["runs"]["spec"][0]["metrics"] == counters  # what vLLM's get_metrics() reports
     assert counters["num_drafts"] >= (3 if which == "ngram" else 40)  # a check of something, not of nothing
     if which == "draft_model":  # vLLM drafts k every step, whatever the output limit
         assert counters["num_draft_tokens"] == 3 * counters["num_drafts"]

@@ -32,7 +32,7 @@ import numpy as np
 
 from specsim.cache.store import CacheReader
 from specsim.checks import Check
-from specsim.errors import CacheError, EngineError
+from specsim.errors import CacheError
 from specsim.specs import parse_tree
 
 NEAR_TIE_ABS = 1e-3  # as `specsim.live.validate`: float32 noise between engines, in logits
@@ -272,13 +272,16 @@ def _greedy_checks(head: dict, cache: _Cache, draft: str, tree, run: dict, repla
     if left:  # counters over the requests both decoded alike, summed per request on both sides
         ours = _counts([c for i in same for c in engine_calls(table, features, i)], tree.max_depth)
         theirs = _vllm_counters([run["requests"][int(features.traj_prompt[i])] for i in same], tree.max_depth)
-    else:  # what `simulate` prints against what vLLM's metrics report
+    else:  # what `simulate` prints against what vLLM counted
         ours = {k: replay.row[f"vllm_{k}"] for k in COUNTERS}
         theirs = {k: run["counters"][k] for k in COUNTERS}
     exact = replay.row.get("vllm_counts")
     equal = ours == theirs
+    metrics = run.get("metrics")
+    agrees = ("; vLLM's metrics (get_metrics) report the same" if metrics == run["counters"] else
+              f"; vLLM's metrics (get_metrics) report {_fmt(metrics)}") if metrics else ""
     detail = (f"replay {_fmt(ours)}; vLLM {_fmt(theirs)}" + (f" over the {len(same)} identical outputs"
-                                                                 if left else "") + f"; replay: {exact}")
+                                                                 if left else "") + f"; replay: {exact}{agrees}")
     if not equal and exact != "exact":
         detail += " (the replay's counts are not exact here: see vllm_counts)"
     checks.append(Check(**head, kind="counters", comparison=("equal" if equal else "DIFFER")

@@ -9,10 +9,13 @@ file there, by path, with that environment's Python:
 It imports the standard library and vLLM only (never specsim). The request names the model,
 the prompts as token ids (so vLLM sees exactly the cache's inputs), the sampling settings and
 one or more runs, each with its own `speculative_config` (or none: plain decoding); the result
-holds, per run and repeat, every request's output tokens, vLLM's spec-decode counters over the
-run (the `vllm:spec_decode_*` metrics of `LLM.get_metrics()`, as differences across the run),
-each request's own per-step accepted and proposed counts (`per_request_spec_decode_metrics=
-"detailed"`), and the wall time of the `generate` call. With `rounds` > 1 every run is timed that
+holds, per run and repeat, every request's output tokens, each request's own per-step accepted
+and proposed counts (`per_request_spec_decode_metrics="detailed"`), vLLM's spec-decode counters
+over the run as their sums, and, where one engine runs in the process, the same counters as
+vLLM's metrics report them (`vllm:spec_decode_*` of `LLM.get_metrics()`, differences across the
+run; a second engine in one process replaces the first's metrics), and the wall time of the
+`generate` call. Prefix caching is off, so a repeated prompt decodes as a fresh one (with it, a
+fully cached prompt's first step is padded with rejected placeholder drafts, which vLLM counts). With `rounds` > 1 every run is timed that
 many times, the runs alternating, after one untimed warm-up each, so that their speed compares
 within one process on the same machine state.
 
@@ -55,6 +58,20 @@ def _minus(after: dict, before: dict) -> dict:
     b = list(b) + [0] * (len(a) - len(b))
     out[COUNTERS[3]] = [x - y for x, y in zip(a, b)]
     return {name.removeprefix("vllm:spec_decode_"): value for name, value in out.items()}
+
+
+def _summed(requests: list[dict]) -> dict:
+    """vLLM's spec-decode counters of a run as the sums of its requests' own (per_request_spec_decode_metrics)."""
+    depth = max([len((r["spec"] or {}).get("acceptance_histogram", [0])) - 1 for r in requests] + [0])
+    hist = [0] * (depth + 1)
+    drafted = 0
+    for r in requests:
+        for j, c in enumerate((r["spec"] or {}).get("acceptance_histogram", [])):
+            hist[j] += c
+        drafted += (r["spec"] or {}).get("num_draft_tokens", 0)
+    return {"num_drafts": sum(hist), "num_draft_tokens": drafted,
+            "num_accepted_tokens": sum(j * c for j, c in enumerate(hist)),
+            "num_accepted_tokens_per_pos": [sum(hist[d:]) for d in range(1, depth + 1)]}
 
 
 def _request_record(output) -> dict:
@@ -247,7 +264,7 @@ def main(request_path: str, result_path: str) -> None:
         kwargs = dict(model=request["model"], tokenizer=request.get("tokenizer") or request["model"],
                       dtype=request.get("dtype", "float32"), enforce_eager=True, seed=int(request.get("seed", 0)),
                       max_model_len=int(request["max_model_len"]), max_num_seqs=int(request.get("batch", 1)),
-                      disable_log_stats=False)
+                      disable_log_stats=False, enable_prefix_caching=False)
         if run.get("speculative_config"):  # vLLM refuses per-request spec metrics without speculation
             kwargs.update(speculative_config=run["speculative_config"], per_request_spec_decode_metrics="detailed")
         engines[run["name"]] = LLM(**kwargs)
@@ -269,8 +286,9 @@ def main(request_path: str, result_path: str) -> None:
         started = time.perf_counter()
         outputs = llm.generate(prompts, params(repeat), use_tqdm=False)
         seconds = time.perf_counter() - started
-        return {"repeat": repeat, "seconds": seconds, "counters": _minus(_counters(llm), before),
-                "requests": [_request_record(o) for o in outputs]}
+        requests = [_request_record(o) for o in outputs]
+        return {"repeat": repeat, "seconds": seconds, "counters": _summed(requests),
+                "metrics": _minus(_counters(llm), before) if len(engines) == 1 else None, "requests": requests}
 
     result = {"vllm": vllm.__version__, "runs": {run["name"]: [] for run in request["runs"]}, "timings": [],
               "cpu_expand_broken": broken, "fix_cpu_expand": bool(request.get("fix_cpu_expand"))}
