@@ -22,9 +22,39 @@ from specsim.errors import SpecError
 from specsim.trees import Tree, chain, file, kary, kary_prefix, medusa, widths
 
 
-def _call(target: str, *args, **kwargs):
+def load(target: str):
+    """The object a "module:attribute" registry entry names, imported on first use (the one import-by-string)."""
     module, attr = target.split(":")
-    return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+    return getattr(importlib.import_module(module), attr)
+
+
+# -- small vocabularies: name -> what it means (the click choices and their --help are made from these) ----------
+
+MULTI_DRAFT = {  # how a sampling tree's node draws its k candidates from q
+    "iid": "i.i.d. draws (SpecInfer)",
+    "swor": "draws without replacement",
+}
+BATCHING = {  # how B requests share engine steps
+    "lockstep": "a batch runs until its last request finishes (static batching)",
+    "continuous": "a finished request's place goes to the next prompt at once",
+}
+ENGINES = {  # what decodes for real, as ground truth or as the priced engine
+    "specsim": "specsim's own live engine",
+    "vllm": "vLLM, in its own environment (make vllm)",
+}
+EMIT_TARGETS = {  # engines `optimize --emit` writes a configuration for
+    "vllm": "its speculative_config JSON (a length per batch size)",
+    "sglang": "its launch flags",
+}
+HEAD_KINDS = {  # heads `train-draft` trains
+    "medusa": "K residual-block heads on the target's last hidden state, sharing its LM head",
+    "eagle": "one decoder layer fed the target's feature and the next token's embedding",
+}
+
+
+def vocab_help(vocab: dict) -> str:
+    """'a: what a means; b: ...' for a --help text."""
+    return "; ".join(f"{name}: {meaning}" for name, meaning in vocab.items())
 
 
 # -- trees ---------------------------------------------------------------------------------------
@@ -248,7 +278,7 @@ def feeds_accepted(spec: str | None) -> bool:
 
 def model_free_drafter(spec: str):
     """The live drafter of a model-free draft spec (`specsim.live.drafting`)."""
-    return _call(draft_kind(spec).live, spec)
+    return load(draft_kind(spec).live)(spec)
 
 
 def check_batch(spec: str, batch: int) -> None:
@@ -258,22 +288,11 @@ def check_batch(spec: str, batch: int) -> None:
         raise SpecError(f"{spec} drafts decode one request at a time (--batch 1): {why}")
 
 
-def parse_draft(spec: str):
-    """The object of a model-free draft spec (`specsim.sim.modelfree.ModelFreeDraft`); SpecError if malformed."""
-    kind = draft_kind(spec)
-    if kind.parse is None:
-        raise SpecError(f"{spec!r} is a model draft: it is a column of the cache, not built from its spec")
-    return _call(kind.parse, spec)
-
-
 def model_free_help() -> str:
     return ", ".join(k.grammar for k in DRAFT_KINDS.values() if k.model_free)
 
 
 # -- policies ------------------------------------------------------------------------------------
-
-MULTI_DRAFT = ("iid", "swor")  # how a node's k candidates are drawn from q: i.i.d. (SpecInfer) or without replacement
-
 
 @dataclass(frozen=True)
 class PolicyKind:
@@ -289,18 +308,36 @@ class PolicyKind:
     function: str  # "module:function" computing its acceptance table
     ranked: bool = False  # the draft proposes its top-ranked tokens (no sampling), verified as point masses: a
     #                       node is accepted iff its rank path matches the trajectory's ranks, at any T
+    by_default: str | None = None  # the recorded temperatures it runs on when none are named ("0", ">0" or "any";
+    #                                None: `temperature`)
+    adaptive: bool = False  # its chain length changes call by call (a walk of its own, not one acceptance table)
+    live: bool = False  # specsim's live engine decodes with it (live, validate)
+    fitted: bool = False  # optimize fits trees for it
+    vllm: bool = False  # vLLM verifies with it (validate --engine vllm): its rejection sampler's rule
+
+    @property
+    def default_temperatures(self) -> str:
+        return self.by_default or self.temperature
+
+    def runs_at(self, temperature: float, *, default: bool = False) -> bool:
+        """Whether it runs on trajectories of this temperature (default: whether it does when none are named)."""
+        rule = self.default_temperatures if default else self.temperature
+        return rule == "any" or (rule == "0") == (temperature == 0)
 
 
 POLICY_KINDS: dict[str, PolicyKind] = {
     "greedy": PolicyKind("greedy", "greedy", "accept the draft token equal to the target's argmax", (0,), True,
-                         "exact", "0", "specsim.sim.policies:greedy_table", ranked=True),
+                         "exact", "0", "specsim.sim.policies:greedy_table", ranked=True, live=True, fitted=True,
+                         vllm=True),
     "greedy-draft": PolicyKind("greedy-draft", "greedy-draft",
                                "the draft proposes its top-ranked tokens, verified as point masses (accepted with "
                                "probability p(x)): vLLM's default draft_sample_method='greedy' at T>0", (0,), True,
-                               "exact", "any", "specsim.sim.policies:greedy_table", ranked=True),
+                               "exact", "any", "specsim.sim.policies:greedy_table", ranked=True, by_default=">0",
+                               fitted=True, vllm=True),
     "sample": PolicyKind("sample", "sample", "speculative sampling (chains) and multi-draft sampling (trees)", (0,),
                          True, "exact for chains and iid trees; Monte-Carlo with a standard error for swor trees",
-                         ">0", "specsim.sim.policies:sample_table"),
+                         ">0", "specsim.sim.policies:sample_table", live=True, fitted=True,
+                         vllm=True),
     "p>=q": PolicyKind("p>=q", "p>=q", "accept x when p(x) >= q(x) (lossy)", (0,), False,
                        "along target trajectories (approximate), with the TV distortion", ">0",
                        "specsim.sim.lossy:lossy_table"),
@@ -311,10 +348,10 @@ POLICY_KINDS: dict[str, PolicyKind] = {
                           False, "along target trajectories (approximate), with the TV distortion", ">0",
                           "specsim.sim.lossy:lossy_table"),
     "adaptive-hf": PolicyKind("adaptive-hf", "adaptive-hf", "Hugging Face's heuristic chain length schedule", (0,),
-                              True, "exact", "any", "specsim.sim.adaptive:adaptive_stats"),
+                              True, "exact", "any", "specsim.sim.adaptive:adaptive_stats", adaptive=True),
     "adaptive-history": PolicyKind("adaptive-history", "adaptive-history:0.8,0.4",
                                    "chain length grows/shrinks with the last call's acceptance rate", (0, 2), True,
-                                   "exact", "any", "specsim.sim.adaptive:adaptive_stats"),
+                                   "exact", "any", "specsim.sim.adaptive:adaptive_stats", adaptive=True),
 }
 
 
@@ -366,9 +403,13 @@ def parse_policy(text: str, *, multi_draft: str = "iid", samples: int = 64) -> P
                       samples=int(samples))
 
 
-def policy_help() -> str:
-    return " | ".join(k.example for k in POLICY_KINDS.values())
+def policy_names(**flags) -> list[str]:
+    """The policies with every given PolicyKind flag set (e.g. live=True), in registry order."""
+    return [name for name, kind in POLICY_KINDS.items() if all(getattr(kind, f) == v for f, v in flags.items())]
 
 
-def tree_help() -> str:
-    return ", ".join(k.example for k in TREE_KINDS.values())
+def fitted_budget(spec: str) -> int:
+    """N of a tree spec fitted on a cache (`optimal:N`)."""
+    if not needs_fit(spec):
+        raise SpecError(f"{spec!r} is not fitted on a cache")
+    return _one_int(spec.partition(":")[2], f"{spec.partition(':')[0]}:N budget")

@@ -35,6 +35,7 @@ from typing import Iterator
 import numpy as np
 
 from specsim.errors import SpecError
+from specsim.specs import MULTI_DRAFT, policy_names
 
 _NO_MASS = 1e-12  # a residual with less total mass than this is rounding noise of p == q
 _MAX_ENUMERATED = 2_000_000  # candidate tuples output_joint will enumerate
@@ -327,10 +328,10 @@ def output_joint(
     q = _dist(q_draft, "q_draft", like=p)
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
-    if scheme not in ("iid", "swor"):
-        raise ValueError(f"scheme must be 'iid' or 'swor', got {scheme!r}")
-    if not (rule in ("greedy", "sample") or isinstance(rule, LossyRule)):
-        raise ValueError(f"rule must be 'greedy', 'sample' or a LossyRule, got {rule!r}")
+    if scheme not in MULTI_DRAFT:
+        raise ValueError(f"scheme must be one of {', '.join(MULTI_DRAFT)}, got {scheme!r}")
+    if not (rule in policy_names(live=True) or isinstance(rule, LossyRule)):  # the rules live decoding verifies with
+        raise ValueError(f"rule must be one of {', '.join(policy_names(live=True))} or a LossyRule, got {rule!r}")
     q = q / q.sum()
     vocab = p.shape[0]
     joint = np.zeros((vocab, k + 1))  # (V, k + 1)

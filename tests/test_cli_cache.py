@@ -15,7 +15,6 @@ from click.testing import CliRunner
 from specsim.cache.store import CacheReader
 from specsim.cli import main
 from tests.conftest import build_tiny_model, write_prompts
-from tests.cli_helpers import one_line_error
 
 RESUME_PROMPTS = [{"question_id": i, "category": ["a", "b"][i % 2], "prompt": f"Question number {i}: what is {i} + {i}?"}
                   for i in range(8)]

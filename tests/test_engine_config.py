@@ -2,7 +2,6 @@
 what it refuses, and the layers:K draft written out as a model directory."""
 
 import json
-import os
 import stat
 
 import numpy as np

@@ -13,7 +13,6 @@ from hypothesis import given, settings, strategies as st
 
 import specsim
 from specsim.cache.store import CacheReader
-from specsim.sim.features import load_features
 from tests.synthetic import random_cache
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import h5py
-import numpy as np
 import pytest
 from click.testing import CliRunner
 

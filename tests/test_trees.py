@@ -8,7 +8,6 @@ import random
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from specsim.errors import SpecError
 from specsim.trees import Tree, draw_tree

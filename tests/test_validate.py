@@ -7,7 +7,6 @@ SmolLM2 check is marked slow.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import polars as pl

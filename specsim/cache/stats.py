@@ -95,7 +95,7 @@ def lossy_rule(label: str):
     from specsim.verify import LossyRule
 
     spec = parse_policy(label)
-    if spec.lossless or spec.name.startswith("adaptive"):
+    if spec.lossless or spec.kind.adaptive:
         raise SpecError(f"{label!r} is not a lossy rule; use p>=q, p>=lq:0.5 or typical[:eps,delta]")
     if spec.name == "p>=q":
         return LossyRule("p>=q")

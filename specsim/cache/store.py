@@ -47,7 +47,6 @@ import numpy as np
 import polars as pl
 
 from specsim.cache.stats import (
-    STATS_TOP_K,
     TARGET_STAT_SHAPES,
     StatsSpec,
     expansion_shapes,

@@ -142,16 +142,9 @@ def numbers(kind: type, *, minimum: float | None = None) -> Callable:
     return convert
 
 
-def comma_ints(value: str, flag: str, *, example: str) -> tuple[int, ...]:
-    """Parse a flag like --contexts 128,512 into a tuple of ints (click error otherwise)."""
-    try:
-        out = tuple(int(x) for x in value.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers such as {example}, got {value!r}",
-                                 param_hint=flag) from None
-    if not out:
-        raise click.BadParameter("give at least one value", param_hint=flag)
-    return out
+def choice(vocab) -> click.Choice:
+    """A click choice of a registry vocabulary (`specsim.specs`): the CLI never spells a vocabulary itself."""
+    return click.Choice(list(vocab))
 
 
 def human_bytes(n: float) -> str:

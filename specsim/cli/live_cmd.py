@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import click
 
+from specsim import specs as registry
 from specsim.cli import _common as c
 
 
@@ -58,18 +58,18 @@ def footer(df, run) -> str:
 @click.option("--per-category", type=click.IntRange(min=1), default=None, help="Take the first N prompts of each category.")
 @click.option("--tree", default="chain:4", show_default=True, metavar="SPEC",
               help="Draft tree: chain:4, kary:2,3, widths:4,2,1, medusa:[[0],[1]], file:t.json.")
-@click.option("--policy", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True,
+@click.option("--policy", type=c.choice(registry.policy_names(live=True)), default="greedy", show_default=True,
               help="greedy (argmax, T=0) or sample (lossless speculative sampling at --temperature).")
 @click.option("--temperature", type=click.FloatRange(min=0), default=None,
               help="Sampling temperature  [default: 0 for greedy, 1 for sample]")
-@click.option("--multi-draft", type=click.Choice(["iid", "swor"]), default="iid", show_default=True,
-              help="How a sampling tree draws a node's k candidates: i.i.d. (SpecInfer) or without replacement.")
+@click.option("--multi-draft", type=c.choice(registry.MULTI_DRAFT), default="iid", show_default=True,
+              help="How a sampling tree draws a node's k candidates from q. "
+                   + registry.vocab_help(registry.MULTI_DRAFT) + ".")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Requests decoded together (one draft and one target forward per step for all of them).")
-@click.option("--batching", type=click.Choice(["lockstep", "continuous"]), default="lockstep", show_default=True,
-              help="lockstep: a batch runs until its last request finishes; continuous: a finished request's "
-                   "place goes to the next prompt at once.")
+@click.option("--batching", type=c.choice(registry.BATCHING), default="lockstep", show_default=True,
+              help="How B requests share engine steps. " + registry.vocab_help(registry.BATCHING) + ".")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Speculative decodes per prompt, each with its own seed (sampling: tighter CIs).")
 @c.seed_option

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from specsim import specs as registry
 from specsim.cli import _common as c
 
 
@@ -15,13 +16,14 @@ from specsim.cli import _common as c
 @click.option("--budget", type=click.IntRange(min=1), required=True, metavar="N",
               help="Most draft tokens per target call (tree nodes besides the root).")
 @click.option("--draft", default=None, metavar="NAME", help="Recorded draft column. Default: the first recorded.")
-@click.option("--policy", type=click.Choice(["greedy", "sample", "greedy-draft"]), default="greedy", show_default=True,
+@click.option("--policy", type=c.choice(registry.policy_names(fitted=True)), default="greedy", show_default=True,
               help="greedy: most frequent rank paths (T=0). sample: multi-draft sampling trees (T>0). greedy-draft "
                    "(with --emit): the draft's argmax verified as a point mass, vLLM's default at T>0.")
 @click.option("--temperature", type=float, default=None, metavar="T",
               help="Recorded temperature. Default: 0 for greedy, the first recorded T>0 for sample.")
-@click.option("--multi-draft", type=click.Choice(["iid", "swor"]), default="iid", show_default=True,
-              help="How a sampling tree draws a node's candidates.")
+@click.option("--multi-draft", type=c.choice(registry.MULTI_DRAFT), default="iid", show_default=True,
+              help="How a sampling tree draws a node's k candidates from q. "
+                   + registry.vocab_help(registry.MULTI_DRAFT) + ".")
 @click.option("--max-depth", type=click.IntRange(min=1), default=None, metavar="D", help="Deepest tree allowed.")
 @click.option("--cost-profile", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Measured costs from `specsim profile`: choose the budget (1..--budget) with the best speedup.")
@@ -29,8 +31,8 @@ from specsim.cli import _common as c
               help="An ASSUMED draft/target step cost ratio instead of a profile (labelled as an assumption).")
 @click.option("--batch", "batches", multiple=True, metavar="B", callback=c.numbers(int, minimum=1),
               help="Batch sizes to choose for (needs --cost-profile): the best budget and tree at each.")
-@click.option("--batching", type=click.Choice(["lockstep", "continuous"]), default="lockstep", show_default=True,
-              help="How batches run in the prediction.")
+@click.option("--batching", type=c.choice(registry.BATCHING), default="lockstep", show_default=True,
+              help="How B requests share engine steps. " + registry.vocab_help(registry.BATCHING) + ".")
 @click.option("--n-boot", type=click.IntRange(0, c.MAX_BOOT), default=1000, show_default=True,
               help="Bootstrap resamples for the speedup CIs.")
 @click.option("--acceptance-vector", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
@@ -42,7 +44,7 @@ from specsim.cli import _common as c
               help="Write the tree as JSON, usable as --tree file:PATH.")
 @click.option("--max-lines", type=click.IntRange(min=2), default=60, show_default=True,
               help="Cut the drawing after this many lines.")
-@click.option("--emit", type=(click.Choice(["vllm", "sglang"]), click.Path(dir_okay=False, path_type=Path)),
+@click.option("--emit", type=(c.choice(registry.EMIT_TARGETS), click.Path(dir_okay=False, path_type=Path)),
               default=None, metavar="ENGINE FILE",
               help="Choose among what the engine runs (chains of 1..--budget drafts, per --batch) and write the "
                    "choice in its terms: vllm -> its speculative_config JSON (a length per batch size), sglang -> "

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import click
 
+from specsim import specs as registry
 from specsim.cli import _common as c
 
 
 @c.command("profile")
-@click.option("--engine", type=click.Choice(["specsim", "vllm"]), default="specsim", show_default=True,
+@click.option("--engine", type=c.choice(registry.ENGINES), default="specsim", show_default=True,
               help="Whose steps to time: specsim's live engine, or vLLM's (needs --for CACHE and `make vllm`): "
                    "vLLM decoding with plain, fixed-length and draft-model steps, written as a profile of vLLM's "
                    "costs for that cache's models and contexts.")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from specsim import specs as registry
 from specsim.cli import _common as c
 
 
@@ -36,8 +37,9 @@ from specsim.cli import _common as c
                    "the cache's full distributions once: add kary:2,widths when you can wait).")
 @click.option("--model-free", default="ngram:3,prompt-lookup:2,suffix", show_default=True, callback=c.names,
               help="Model-free drafts simulated as chains at T=0 ('' for none).")
-@click.option("--multi-draft", type=click.Choice(["iid", "swor"]), default="iid", show_default=True,
-              help="How sampling trees draw sibling candidates.")
+@click.option("--multi-draft", type=c.choice(registry.MULTI_DRAFT), default="iid", show_default=True,
+              help="How a sampling tree draws a node's k candidates from q. "
+                   + registry.vocab_help(registry.MULTI_DRAFT) + ".")
 @click.option("--samples", type=click.IntRange(min=2), default=64, show_default=True,
               help="Monte-Carlo samples per position where needed.")
 @click.option("--title", default="Draft-strategy study", show_default=True, help="Report title.")

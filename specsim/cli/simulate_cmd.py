@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from specsim import specs as registry
 from specsim.cli import _common as c
 
 
@@ -25,8 +26,9 @@ from specsim.cli import _common as c
               help="Draft tokens per call for family names (chain, optimal, kary:W). Repeatable or comma-separated.")
 @click.option("--temperature", "temperatures", multiple=True, metavar="T", callback=c.numbers(float, minimum=0),
               help="Recorded temperature to simulate. Default: each policy's usable recorded temperatures.")
-@click.option("--multi-draft", type=click.Choice(["iid", "swor"]), default="iid", show_default=True,
-              help="How sampling trees draw a node's candidates: i.i.d. (SpecInfer) or without replacement.")
+@click.option("--multi-draft", type=c.choice(registry.MULTI_DRAFT), default="iid", show_default=True,
+              help="How a sampling tree draws a node's k candidates from q. "
+                   + registry.vocab_help(registry.MULTI_DRAFT) + ".")
 @click.option("--cost-profile", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Measured costs from `specsim profile` (JSON): speedup and tokens/s columns. Refused when it "
                    "was not measured for the cache's target and drafts.")
@@ -36,9 +38,8 @@ from specsim.cli import _common as c
 @click.option("--batch", "batches", multiple=True, metavar="B", callback=c.numbers(int, minimum=1),
               help="Batch size (repeatable or comma-separated; needs --cost-profile): rows with throughput, "
                    "latency and speedup over plain batched decoding when B requests decode together.")
-@click.option("--batching", type=click.Choice(["lockstep", "continuous"]), default="lockstep", show_default=True,
-              help="How batches run: lockstep (static: a batch runs until its last request ends) or continuous "
-                   "(a finished request's place is refilled at once).")
+@click.option("--batching", type=c.choice(registry.BATCHING), default="lockstep", show_default=True,
+              help="How B requests share engine steps. " + registry.vocab_help(registry.BATCHING) + ".")
 @click.option("--by-category", is_flag=True,
               help="Also show one row per prompt category (the 'all' row is always shown; --out always has both).")
 @click.option("--samples", type=click.IntRange(min=2), default=64, show_default=True,

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import click
 
+from specsim import specs as registry
 from specsim.cli import _common as c
 
 
 @c.command("train-draft")
-@click.option("--kind", type=click.Choice(["medusa", "eagle"]), required=True,
-              help="medusa: K residual-block heads on the target's last hidden state, sharing its LM head; "
-                   "eagle: one decoder layer fed the target's feature and the next token's embedding.")
+@click.option("--kind", type=c.choice(registry.HEAD_KINDS), required=True,
+              help=registry.vocab_help(registry.HEAD_KINDS) + ".")
 @click.option("--target", required=True, help="The cache's target model (its LM head gives the training targets).")
 @click.option("--from", "cache", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
               help="A cache recorded with --hidden-states last.")

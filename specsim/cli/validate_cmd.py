@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from specsim import specs as registry
 from specsim.cli import _common as c
 
 
@@ -13,10 +14,11 @@ from specsim.cli import _common as c
 @click.argument("cache", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--tree", "trees", multiple=True, default=("chain:4",), show_default=True, metavar="SPEC",
               help="Draft tree to check (repeatable): chain:4, kary:2,3, widths:4,2,1, ...")
-@click.option("--engine", type=click.Choice(["specsim", "vllm"]), default="specsim", show_default=True,
+@click.option("--engine", type=c.choice(registry.ENGINES), default="specsim", show_default=True,
               help="Ground truth: specsim's own live decoding, or vLLM (run in its own environment, `make vllm`) "
                    "with its spec-decode counters compared to the replay's.")
-@click.option("--policy", "policies", multiple=True, callback=c.names, metavar="greedy|sample|greedy-draft",
+@click.option("--policy", "policies", multiple=True, callback=c.names,
+              metavar="|".join(registry.policy_names(vllm=True)),
               help="greedy: per-call agreement on the T=0 trajectories; sample: CI overlap at each recorded T>0; "
                    "greedy-draft (--engine vllm): the draft's argmax verified as a point mass, vLLM's default "
                    "draft_sample_method at T>0. Repeatable or comma-separated.  [default: greedy]")
@@ -26,8 +28,9 @@ from specsim.cli import _common as c
                    "Default: every recorded draft.")
 @click.option("--temperature", "temperatures", multiple=True, metavar="T", callback=c.numbers(float, minimum=0),
               help="Recorded T>0 to check under --policy sample. Default: every recorded T>0.")
-@click.option("--multi-draft", type=click.Choice(["iid", "swor"]), default="iid", show_default=True,
-              help="Candidate drawing of sampling trees.")
+@click.option("--multi-draft", type=c.choice(registry.MULTI_DRAFT), default="iid", show_default=True,
+              help="How a sampling tree draws a node's k candidates from q. "
+                   + registry.vocab_help(registry.MULTI_DRAFT) + ".")
 @click.option("--repeats", type=click.IntRange(min=1), default=4, show_default=True,
               help="Sampling: live decodes per prompt, each with its own seed.")
 @click.option("--min-agreement", type=click.FloatRange(0, 1), default=0.99, show_default=True,
@@ -37,8 +40,8 @@ from specsim.cli import _common as c
                    "(plain decoding of the same requests runs in the same run).")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Requests decoded together live, and the batch size the prediction is made for.")
-@click.option("--batching", type=click.Choice(["lockstep", "continuous"]), default="lockstep", show_default=True,
-              help="How live batches (and the prediction) run.")
+@click.option("--batching", type=c.choice(registry.BATCHING), default="lockstep", show_default=True,
+              help="How B requests share engine steps. " + registry.vocab_help(registry.BATCHING) + ".")
 @click.option("--speed-tolerance", type=click.FloatRange(0, 10), default=0.10, show_default=True,
               help="A speedup check passes when predicted / live is within 1 ± this.")
 @click.option("--rounds", type=click.IntRange(min=0), default=0, show_default=True,
@@ -121,9 +124,10 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
     if rounds or engine_log is not None or fix_vllm_cpu:
         raise SpecError("--rounds, --engine-log and --fix-vllm-cpu go with --engine vllm")
     from specsim.live.validate import ValidateConfig, run_validation
-    bad = [p for p in policies if p not in ("greedy", "sample")]
+    bad = [p for p in policies if p not in registry.policy_names(live=True)]
     if bad:
-        raise SpecError(f"--policy {bad[0]!r}: validate checks greedy and sample")
+        raise SpecError(f"--policy {bad[0]!r}: specsim's live engine decodes with "
+                        f"{', '.join(registry.policy_names(live=True))} (--engine vllm also checks greedy-draft)")
     config = ValidateConfig(trees=tuple(trees), policies=tuple(policies) or ("greedy",), drafts=tuple(drafts),
                             temperatures=tuple(temperatures), multi_draft=multi_draft, repeats=repeats,
                             min_agreement=min_agreement, seed=seed,
@@ -170,9 +174,9 @@ def _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_p
     from specsim.engines.check import EngineValidateConfig, validate_with_vllm
     from specsim.errors import SpecError
 
-    bad = [p for p in policies if p not in ("greedy", "greedy-draft", "sample")]
+    bad = [p for p in policies if p not in registry.policy_names(vllm=True)]
     if bad:
-        raise SpecError(f"--policy {bad[0]!r}: vLLM verifies chains with greedy, greedy-draft or sample")
+        raise SpecError(f"--policy {bad[0]!r}: vLLM verifies chains with {', '.join(registry.policy_names(vllm=True))}")
     config = EngineValidateConfig(trees=tuple(trees), policies=tuple(policies) or ("greedy",), drafts=tuple(drafts),
                                   temperatures=tuple(temperatures), repeats=repeats, batch=batch, rounds=rounds,
                                   seed=seed, cost_profile=None if cost_profile is None else str(cost_profile),

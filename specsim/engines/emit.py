@@ -29,8 +29,6 @@ from typing import Mapping, Sequence
 from specsim.errors import EngineError, SpecError
 from specsim.specs import draft_kind
 
-ENGINES = ("vllm", "sglang")
-
 
 def batch_schedule(k_at: Mapping[int, int]) -> list[list[int]]:
     """vLLM's num_speculative_tokens_per_batch_size from the best k at some batch sizes: the choice at batch

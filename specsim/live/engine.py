@@ -45,12 +45,11 @@ import torch
 from specsim.errors import SpecError
 from specsim.live.drafting import Drafter, Proposal, probabilities
 from specsim.live.kv import SlotKV
+from specsim.specs import BATCHING, MULTI_DRAFT, policy_names
 from specsim.trees import Tree
 from specsim.verify import verify_multi_iid, verify_multi_swor, verify_point_mass, verify_single
 
-POLICIES = ("greedy", "sample")
-MULTI_DRAFT = ("iid", "swor")
-BATCHING = ("lockstep", "continuous")
+POLICIES = tuple(policy_names(live=True))  # what this engine verifies with
 ROOT_ONLY = Tree(np.array([-1]), np.array([-1]), name="plain")  # plain decoding: verify the root, draft nothing
 
 

@@ -159,7 +159,7 @@ def generate(
     """
     import torch
 
-    model, device = target.model, target.info["device"]
+    model = target.model
     eos = eos_token_ids(target)
     start = start if start is not None else prefill(target, prompts)
     generators = [torch.Generator(device="cpu").manual_seed(s) for s in seeds]

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from specsim.errors import CacheError, ModelError
+from specsim.specs import HEAD_KINDS
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,8 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
 
     from specsim.record.heads import build, head_config_for, save_heads
 
-    if config.kind not in ("medusa", "eagle"):
-        raise ModelError(f"--kind {config.kind!r}: medusa or eagle")
+    if config.kind not in HEAD_KINDS:
+        raise ModelError(f"--kind {config.kind!r}: one of {', '.join(HEAD_KINDS)}")
     torch.manual_seed(config.seed)
     train_seqs, held = split(load_sequences(cache, target), config.holdout_every)
     head_config = head_config_for(config.kind, target, heads=config.heads)

@@ -25,14 +25,13 @@ import polars as pl
 
 from specsim.cache.store import CacheReader
 from specsim.errors import CacheError, SpecError
-from specsim.sim.batch import BATCHING
 from specsim.sim.cost import load_cost_profile, parse_cost
 from specsim.sim.engine import AcceptanceTable, EngineTotals, TrajectoryStats, walk
 from specsim.sim.features import Features, FeatureSource, feature_source, target_name
 from specsim.sim.metrics import ALL, summarize_many
 from specsim.sim.policies import check_temperature, run_adaptive, run_policy
-from specsim.specs import (PolicySpec, drafts_in_one_pass, expand_trees, feeds_accepted, is_model_free, model_free_help,
-                           needs_fit, parse_policy, parse_tree)
+from specsim.specs import (BATCHING, PolicySpec, drafts_in_one_pass, expand_trees, feeds_accepted, fitted_budget,
+                           is_model_free, model_free_help, needs_fit, parse_policy, parse_tree)
 from specsim.trees import Tree
 
 def resolve_tree(spec: str, features: Features | None = None, policy: PolicySpec | None = None) -> Tree:
@@ -58,8 +57,8 @@ def _temperature_plan(reader: CacheReader, policies: list[PolicySpec], temperatu
                                                                 else temperatures)]
     plan = []
     for policy in policies:
-        candidates = wanted if wanted is not None else [t for t in recorded if (t == 0) == (policy.name == "greedy")
-                                                         or policy.name.startswith("adaptive")]
+        candidates = wanted if wanted is not None else [t for t in recorded
+                                                         if policy.kind.runs_at(t, default=True)]
         ok = []
         for t in candidates:
             try:
@@ -68,8 +67,8 @@ def _temperature_plan(reader: CacheReader, policies: list[PolicySpec], temperatu
             except SpecError:
                 pass
         if not ok:
-            if wanted is None and policy.name == "greedy":
-                raise CacheError(f"{reader.path}: policy greedy needs greedy (T=0) trajectories; recorded: "
+            if wanted is None and policy.kind.default_temperatures == "0":
+                raise CacheError(f"{reader.path}: policy {policy.label} needs greedy (T=0) trajectories; recorded: "
                                  + ", ".join(f"{t:g}" for t in recorded))
             if wanted is None:
                 raise CacheError(f"{reader.path}: policy {policy.label} needs trajectories at T>0; recorded: "
@@ -388,7 +387,7 @@ def _trees_for(features: Features, policy: PolicySpec, specs: list[str], fixed: 
     out: dict[str, Tree | None] = {s: fixed[s] for s in specs if s in fixed}
     wanted = [s for s in specs if s not in fixed]
     if wanted:
-        budgets = [int(s.split(":", 1)[1]) for s in wanted]
+        budgets = [fitted_budget(s) for s in wanted]
         try:
             from specsim.sim.optimize import optimal_trees
 
@@ -540,7 +539,7 @@ def _warm_width(specs: list[str], fixed: dict[str, Tree]) -> int:
     from specsim.sim.optimize import fit_width
 
     widths = [int(t.n_children.max()) for s, t in fixed.items() if s in specs and t.budget and t.dynamic is None]
-    budgets = [int(s.split(":", 1)[1]) for s in specs if s not in fixed]
+    budgets = [fitted_budget(s) for s in specs if s not in fixed]
     return max(widths + ([fit_width(budgets)] if budgets else []) + [1])
 
 
@@ -620,7 +619,7 @@ def _plan(fit: Features | None, where, policy: PolicySpec, specs: list[str], fix
 
         k, of_traj = fold_of
         fit_fold = _folds_of(fit, where, of_traj)
-        budgets = [int(s.split(":", 1)[1]) for s in fitted]
+        budgets = [fitted_budget(s) for s in fitted]
         folds = [(f, optimal_trees(fit.subset(np.flatnonzero(fit_fold != f)), budgets, policy=policy, seed=seed))
                  for f in range(k)]
     prices = {}
@@ -690,7 +689,7 @@ def _adaptive_together(features: Features, state: _Policy, specs: list[str]) -> 
     share a pass over the positions). Empty for other rules, or when any chain would fail: each is then
     walked alone, to fail alone."""
     todo = [s for s in specs if state.trees.get(s) is not None and s not in state.failed and s not in state.fitted]
-    if not state.policy.name.startswith("adaptive") or len(todo) < 2:
+    if not state.policy.kind.adaptive or len(todo) < 2:
         return {}
     pricings = [state.pricing[s] if state.pricing[s].model is not None else None for s in todo]
     try:

@@ -33,9 +33,9 @@ import numpy as np
 
 from specsim.sim.cost import StepShape, tree_by_room
 from specsim.sim.engine import AcceptanceTable
+from specsim.specs import BATCHING
 from specsim.trees import Tree
 
-BATCHING = ("lockstep", "continuous")
 CI_LEVEL = 0.95
 
 
@@ -105,7 +105,6 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
     nxt = np.zeros(R, dtype=np.int64)  # next request in each replicate's order
     clock, tokens, steps, lane_steps = np.zeros(R), np.zeros(R), np.zeros(R), np.zeros(R)
     latency_sum, finished = np.zeros(R), np.zeros(R)
-    rows = np.arange(R)
     while True:
         # admissions: lockstep refills a replicate only when it is empty, continuous any empty lane
         empty = traj < 0
@@ -175,7 +174,7 @@ def simulate_batch(table: AcceptanceTable, features, tree: Tree, cost_model, dra
     order: the point estimate. `n_boot` bootstrap replicates resample trajectories (and coins), each
     decoded in cache order too: the 95% CI.
     """
-    rng = np.random.default_rng([seed, batch, BATCHING.index(batching)])
+    rng = np.random.default_rng([seed, batch, list(BATCHING).index(batching)])
     deterministic = table.length is not None
     lengths = table.length if deterministic else table.law()
     n = features.n_traj

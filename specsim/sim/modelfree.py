@@ -58,6 +58,7 @@ class ModelFreeDraft:
 
 
 VLLM_NGRAM_EXAMPLE = "vllm-ngram:min=2,max=3"
+RULES = ("ngram", "prompt-lookup", "vllm-ngram")  # the draft kinds whose continuations this module computes
 
 
 def parse_modelfree(text: str) -> ModelFreeDraft:
@@ -66,7 +67,7 @@ def parse_modelfree(text: str) -> ModelFreeDraft:
 
     kind, sep, arg = str(text).strip().partition(":")
     kind = kind.strip().lower()
-    if draft_kind(kind).table != "specsim.sim.modelfree:modelfree_table":
+    if draft_kind(kind).name not in RULES:
         raise SpecError(f"{text!r} is not an n-gram or prompt-lookup draft; model-free drafts: {model_free_help()}")
     if kind == "vllm-ngram":
         return _parse_vllm_ngram(text, arg if sep else "")

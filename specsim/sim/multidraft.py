@@ -38,6 +38,7 @@ import numpy as np
 from specsim.cache.stats import acceptance_iid, acceptance_swor
 from specsim.errors import SpecError
 from specsim.sim.engine import EndCap, at_depth
+from specsim.specs import MULTI_DRAFT
 from specsim.trees import Tree
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,7 +49,6 @@ _BLOCK_ELEMENTS = 1 << 19  # (positions × vocab) floats per block: CPU-cache si
 #                            5x faster at V = 49k than 256-position blocks (measured)
 _MIN_WIDTH = 4  # candidates estimated per position at least, so a sweep's trees share one pass
 _MEMO_ELEMENTS = 1 << 25  # Monte-Carlo replicates kept for reuse up to this many floats (256 MB)
-SCHEMES = ("iid", "swor")
 _memo: dict[int, tuple] = {}  # id(features) -> (weakref, scheme, samples, pi, reps)
 
 
@@ -202,8 +202,8 @@ def candidate_acceptance(
     replicates=False: π only, where nothing needs a standard error (tree fitting); recorded
     replicates are then not read.
     """
-    if scheme not in SCHEMES:
-        raise SpecError(f"multi-draft scheme {scheme!r} is not one of {', '.join(SCHEMES)}")
+    if scheme not in MULTI_DRAFT:
+        raise SpecError(f"multi-draft scheme {scheme!r} is not one of {', '.join(MULTI_DRAFT)}")
     if k == 1 and features.logp is not None and features.logq is not None:
         return features.acceptance()[..., None], None
     recorded = features.recorded_stats

@@ -19,14 +19,12 @@ numpy only.
 
 from __future__ import annotations
 
-import importlib
-from typing import Callable
 
 import numpy as np
 
 from specsim.errors import SpecError
 from specsim.sim.engine import AcceptanceTable, EngineTail, at_depth, drafted_per_call
-from specsim.specs import PolicySpec
+from specsim.specs import PolicySpec, load
 from specsim.trees import Tree
 
 
@@ -129,7 +127,7 @@ def sample_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generato
     """Speculative sampling: exact for chains; trees with branching go to the multi-draft estimator."""
     features.check_depth(tree.max_depth, f"tree {tree.name or 'of this call'}")
     if tree.budget and int(tree.n_children.max()) > 1:
-        return _function("specsim.sim.multidraft:sample_tree_table")(features, tree, spec, rng)
+        return load("specsim.sim.multidraft:sample_tree_table")(features, tree, spec, rng)
     p_len = chain_table(features.acceptance(), features.remaining(), tree.max_depth)
     return AcceptanceTable(p_len=p_len, drafted=drafted_per_call(tree, features.room()), exact=True)
 
@@ -144,20 +142,20 @@ def run_policy(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator,
     candidate trie of `specsim.sim.modelfree` (point masses) under any lossless policy.
     """
     _check(features, tree, spec)
-    if spec.name.startswith("adaptive"):
-        return _function(spec.kind.function)(features, tree, spec, rng, pricing)
+    if spec.kind.adaptive:
+        return load(spec.kind.function)(features, tree, spec, rng, pricing)
     if tree.dynamic is not None:
         if features.model_free:
             raise SpecError(f"a dynamic tree grows from a draft model's expansion; {features.draft} is model-free")
-        fn = _function("specsim.sim.dynamic:dynamic_table")
+        fn = load("specsim.sim.dynamic:dynamic_table")
     elif features.model_free:
         if not spec.lossless:
             raise SpecError(f"policy {spec.label} compares p with q; model-free draft {features.draft} has no q")
         from specsim.specs import draft_kind
 
-        return _function(draft_kind(features.draft).table)(features, tree, spec, rng)  # counts its own tail
+        return load(draft_kind(features.draft).table)(features, tree, spec, rng)  # counts its own tail
     else:
-        fn = _function(spec.kind.function)
+        fn = load(spec.kind.function)
     table = fn(features, tree, spec, rng)
     return with_engine_counts(table, features, tree, lambda tail: fn(tail, tree, spec, rng.spawn(1)[0]))
 
@@ -200,7 +198,7 @@ def run_adaptive(features, trees: list[Tree], spec: PolicySpec, pricings: list) 
     """`run_policy`'s totals for several chains under one adaptive rule (pricings[i] prices trees[i]),
     walked together: chains of the same cap share one pass over the positions. The totals are
     run_policy's, chain by chain."""
-    if not spec.name.startswith("adaptive"):
+    if not spec.kind.adaptive:
         raise SpecError(f"{spec.label} is not an adaptive rule")
     for tree in trees:
         _check(features, tree, spec)
@@ -213,14 +211,9 @@ def _check(features, tree: Tree, spec: PolicySpec) -> None:
     """What every replay of `spec` on `features` needs: a temperature it accepts; head drafts replay
     static trees under lossless non-adaptive rules only."""
     check_temperature(spec, features.temperature)
-    if features.depth is not None and (spec.name.startswith("adaptive") or not spec.lossless
-                                       or tree.dynamic is not None):
-        what = "an adaptive rule" if spec.name.startswith("adaptive") else (
+    if features.depth is not None and (spec.kind.adaptive or not spec.lossless or tree.dynamic is not None):
+        what = "an adaptive rule" if spec.kind.adaptive else (
             "a dynamic tree" if tree.dynamic is not None else f"lossy rule {spec.label}")
         raise SpecError(f"{what} is not replayed for head draft {features.draft} (its laws are keyed by depth); "
                         "use greedy or sample with static trees")
 
-
-def _function(target: str) -> Callable:
-    module, attr = target.split(":")
-    return getattr(importlib.import_module(module), attr)
