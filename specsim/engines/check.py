@@ -117,8 +117,9 @@ def validate_with_vllm(cache, config: EngineValidateConfig, *, echo: Callable[[s
                        progress: bool = False) -> EngineReport:
     """Run every configuration of `config` in vLLM and replay it on `cache` (the module docstring)."""
     from specsim.engines.export import draft_directory, model_directory
-    from specsim.engines.vllm import VllmRun, run_vllm, speculative_config, vllm_python, vllm_version
-    from specsim.specs import is_model_free
+    from specsim.engines.vllm import (VllmRun, run_vllm, speculative_config, vllm_has_suffix, vllm_python,
+                                      vllm_version)
+    from specsim.specs import draft_kind, is_model_free
 
     data = read_cache(cache)
     drafts = list(config.drafts) or list(data.drafts)
@@ -135,6 +136,8 @@ def validate_with_vllm(cache, config: EngineValidateConfig, *, echo: Callable[[s
                 speculative_config(d, tree, policy, draft_dir="?" if not is_model_free(d) else None)
     python = vllm_python()
     report = EngineReport(vllm_version=vllm_version(python))
+    if any(draft_kind(d).name == "suffix" for d in drafts):
+        vllm_has_suffix(python)
     report.setup = {"target": data.target, "prompts": len(data.prompts), "max_new_tokens": data.max_new_tokens}
     target_dir = model_directory(data.target, data.target_info)
     longest = max(len(p) for p in data.prompts)

@@ -75,6 +75,16 @@ def vllm_version(python: Path | None = None) -> str:
     return done.stdout.split()[0]
 
 
+def vllm_has_suffix(python: Path | None = None) -> None:
+    """EngineError unless vLLM's environment imports arctic_inference (its suffix method's suffix trees)."""
+    python = python or vllm_python()
+    done = subprocess.run([str(python), "-c", "import arctic_inference.suffix_decoding"], capture_output=True,
+                          text=True, timeout=300)
+    if done.returncode != 0:
+        raise EngineError(f"vLLM's suffix method needs arctic-inference, which {python} does not import; "
+                          "build it into vLLM's environment with `make vllm-suffix`")
+
+
 @dataclass(frozen=True)
 class EngineDraft:
     """What vLLM runs for one specsim draft and chain."""

@@ -5,26 +5,29 @@ The rule, as ArcticInference implements it (csrc/suffix_decoding/suffix_tree.cc:
 (vllm/v1/spec_decode/suffix_decoding.py, `SuffixDecodingProposer.propose`):
 
 * two trees of token suffixes, each truncated at `depth` tokens (vLLM's
-  `suffix_decoding_max_tree_depth`, default 24): the request's **prompt** tree, and a
-  **global** tree of responses: earlier requests' outputs (the last `requests` of them,
-  `suffix_decoding_max_cached_requests`, FIFO) plus this request's output so far;
+  `suffix_decoding_max_tree_depth`, default 24): the request's **local** tree (its prompt,
+  then its output so far, as one sequence), and a **global** tree of outputs: the last
+  `requests` requests' (`suffix_decoding_max_cached_requests`, FIFO, this request's included;
+  its slot is taken when it starts);
 * a node's count is the number of suffixes through it, i.e. the occurrences of its string;
-  a child's estimated probability is its parent's times count(child) / count(parent);
-* the pattern is the last `depth` tokens of prompt + output. For every suffix of it,
-  longest first, that the tree holds (match length m), speculate at most
+  a child's estimated probability is its parent's times count(child) / count(parent), in
+  float32 as there;
+* the pattern is the last `depth` tokens of prompt + output. For each match length
+  m = 1, 2, … below the pattern's length that the tree holds, speculate at most
   min(budget, ⌊factor·m + offset⌋) tokens (`max_spec_factor`, `max_spec_offset`), best
   first by estimated probability, keeping only tokens with probability ≥ `prob`
   (`min_token_prob`, default 0.1); the candidate's score is the sum of its tokens'
   probabilities. The best-scoring match wins (ties: the longer match), then the global
-  tree's candidate replaces the prompt tree's when it scores strictly higher.
+  tree's candidate replaces the local tree's when it scores strictly higher.
 
 The draft tree's shape is the `--tree` given (its rank paths, as for every draft): a
-node's r-th child proposes the r-th most frequent continuation (ties: the lower token id),
-and the best-first expansion only grows nodes of that tree. `chain:N` is vLLM's suffix
-decoding with num_speculative_tokens = N (ArcticInference's path mode); a branching tree
-is ArcticInference's tree mode within that shape. Probabilities are float64 here (float32
-there): a threshold or a tie decided by the last bit can differ from ArcticInference, but
-replay and `specsim live` share this code, so they agree exactly.
+node's r-th child proposes its r-th child in ArcticInference's sibling order (most frequent
+first; equal counts in the order its linked lists keep, `SuffixTrie`), and the best-first
+expansion only grows nodes of that tree. `chain:N` is vLLM's suffix decoding with
+num_speculative_tokens = N (ArcticInference's path mode); a branching tree is
+ArcticInference's tree mode within that shape (its heap's order among equal probabilities is
+its own; here the lower tree node goes first). tests/test_suffix.py checks every proposal of
+ArcticInference itself in 300 recorded runs (tests/data/arctic_suffix.json).
 
 Exactness: the proposal is a function of the tokens only (the prompt, this request's
 output so far and the earlier requests' outputs in cache order), a point mass per node,
@@ -39,6 +42,7 @@ numpy only.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import re
 from collections import deque
@@ -64,7 +68,7 @@ class SuffixDraft:
     factor: float = 1.0  # tokens speculated per matched token
     offset: float = 0.0  # tokens speculated beyond factor × match length
     prob: float = 0.1  # least estimated probability of a speculated token
-    requests: int = 10_000  # earlier outputs the global tree keeps (FIFO); 0: none
+    requests: int = 10_000  # outputs the global tree holds, this request's included (FIFO); 0: no global tree
 
     @property
     def name(self) -> str:
@@ -102,24 +106,57 @@ def parse_suffix(text: str) -> SuffixDraft:
     return draft
 
 
+F32 = np.float32  # ArcticInference computes probabilities and scores in float32: so does the replay
+
+
 class SuffixTrie:
     """Counts of every token string of length ≤ depth in a set of sequences (an uncompressed suffix tree).
 
     Node 0 is the root (the empty string; its count is the number of tokens appended). Each
     sequence keeps its last `depth` suffixes open and extends them by every appended token.
+
+    Children keep ArcticInference's sibling order (suffix_tree.cc: `_increment_count`,
+    `_decrement_count`, new children at the tail): most frequent first, and among equal counts
+    the order its linked lists leave. A child whose count rises from c to c + 1 goes first among
+    the c + 1 siblings when it was first among the c ones, else last among the c + 1; one whose
+    count falls from c to c − 1 goes first among the c − 1; a child counted 0 is dropped (a later
+    occurrence starts it again at the tail). vLLM's suffix proposals are its head children, so
+    this order decides them where counts tie.
     """
 
     def __init__(self, depth: int):
         self.depth = depth
         self.count: list[int] = [0]
         self.token: list[int] = [-1]
-        self._child: dict[tuple[int, int], int] = {}  # (node, token) -> child
-        self._kids: list[list[int]] = [[]]  # node -> children, in creation order
+        self._child: dict[tuple[int, int], int] = {}  # (node, token) -> child counted > 0
+        self._kids: list[list[int]] = [[]]  # node -> children counted > 0, in sibling order
         self._open: dict[int, deque[int]] = {}  # sequence -> nodes of its open suffixes
         self._seqs: dict[int, list[int]] = {}
 
     def __len__(self) -> int:
         return len(self._seqs)
+
+    def _first_at_most(self, kids: list[int], c: int, lo: int = 0, hi: int | None = None) -> int:
+        """Index of the first child counted ≤ c (counts fall along `kids`)."""
+        return bisect.bisect_left(kids, -c, lo, len(kids) if hi is None else hi, key=lambda k: -self.count[k])
+
+    def _increment(self, parent: int, node: int) -> None:
+        kids, count = self._kids[parent], self.count
+        c = count[node]
+        i = kids.index(node)
+        if i and count[kids[i - 1]] <= c + 1:  # it moves: first of the c + 1 siblings, or last of them
+            j = self._first_at_most(kids, c + 1 if count[kids[i - 1]] == c + 1 else c, 0, i)
+            kids.insert(j, kids.pop(i))
+        count[node] = c + 1
+
+    def _decrement(self, parent: int, node: int) -> None:
+        kids, count = self._kids[parent], self.count
+        c = count[node]
+        i = kids.index(node)
+        if i + 1 < len(kids) and count[kids[i + 1]] == c:  # it moves: first of the c − 1 siblings
+            j = self._first_at_most(kids, c - 1, i + 1)
+            kids.insert(j - 1, kids.pop(i))
+        count[node] = c - 1
 
     def extend(self, seq: int, tokens: Sequence[int]) -> None:
         """Append tokens to sequence `seq` (a new one starts empty)."""
@@ -134,48 +171,53 @@ class SuffixTrie:
             count[0] += 1
             for i, node in enumerate(opened):
                 nxt = child.get((node, tok))
-                if nxt is None:
+                if nxt is None:  # a new child, at the tail of its siblings
                     nxt = len(count)
                     child[(node, tok)] = nxt
                     kids[node].append(nxt)
-                    count.append(0)
+                    count.append(1)
                     token_of.append(tok)
                     kids.append([])
-                count[nxt] += 1
+                else:
+                    self._increment(node, nxt)
                 opened[i] = nxt
             stored.append(tok)
 
     def remove(self, seq: int) -> None:
-        """Forget sequence `seq`: every suffix of it leaves the counts."""
+        """Forget sequence `seq`: every suffix of it leaves the counts (ArcticInference's `remove` order)."""
         tokens = self._seqs.pop(seq)
         self._open.pop(seq, None)
         for start in range(len(tokens)):
             self.count[0] -= 1
             node = 0
             for tok in tokens[start : start + self.depth]:
-                node = self._child[(node, tok)]
-                self.count[node] -= 1
+                nxt = self._child[(node, tok)]
+                if self.count[nxt] == 1:  # the last occurrence: the child and everything under it go
+                    del self._child[(node, tok)]
+                    self._kids[node].remove(nxt)
+                    self.count[nxt] = 0
+                    break
+                self._decrement(node, nxt)
+                node = nxt
 
     def match(self, pattern: Sequence[int]) -> int:
         """The node of `pattern` (−1 when the sequences do not hold it)."""
         node = 0
         for tok in pattern:
             node = self._child.get((node, int(tok)), -1)
-            if node < 0 or self.count[node] == 0:
+            if node < 0:
                 return -1
         return node
 
     def ranked(self, node: int) -> list[int]:
-        """The children of `node` still counted, most frequent first (ties: the lower token id)."""
-        kids = [c for c in self._kids[node] if self.count[c] > 0]
-        kids.sort(key=lambda c: (-self.count[c], self.token[c]))
-        return kids
+        """The children of `node`, in sibling order (most frequent first; ties: ArcticInference's order)."""
+        return self._kids[node]
 
 
 @dataclass(frozen=True)
 class Speculation:
     tokens: np.ndarray  # (n_nodes,) int64 token per tree node, −1: not speculated (and the root)
-    score: float  # sum of the speculated tokens' estimated probabilities
+    score: float  # sum of the speculated tokens' estimated probabilities (float32 sums, as ArcticInference)
     match_len: int  # tokens of the pattern matched (0: no match)
 
 
@@ -193,99 +235,114 @@ def _grow(trie: SuffixTrie, node: int, tree: Tree, limit: int, prob: float) -> t
 
     Pops in (probability desc, tree node id asc) order. A child's probability never exceeds its
     parent's and its id is larger, so the grown set is the `limit` smallest keys among the nodes
-    whose path qualifies: prefix-closed, and independent of the heap's internals.
+    whose path qualifies: prefix-closed, and independent of the heap's internals. A chain is
+    ArcticInference's path mode (probability × (count / parent count)), a branching tree its tree
+    mode ((probability × count) / parent count), each in float32 as there.
     """
     tokens = np.full(tree.n_nodes, -1, dtype=np.int64)
-    score, grown = 0.0, 0
+    score, grown = F32(0), 0
     heap: list[tuple[float, int, int]] = []  # (−probability, tree node, trie node)
     children = _children(tree)
     count = trie.count
+    path = tree.n_nodes == tree.max_depth + 1  # one path: path mode
+    least = F32(prob)
 
-    def push(v: int, at: int, p: float) -> None:
+    def push(v: int, at: int, p) -> None:
         kids = children[v]
         if not kids:
             return
         ranked = trie.ranked(at)
         for c, r in kids:
             if r < len(ranked):
-                q = p * count[ranked[r]] / count[at]
-                if q >= prob:
+                n = F32(count[ranked[r]])
+                q = p * (n / F32(count[at])) if path else (p * n) / F32(count[at])
+                if q >= least:
                     heapq.heappush(heap, (-q, c, ranked[r]))
 
-    push(0, node, 1.0)
+    push(0, node, F32(1))
     while heap and grown < limit:
         q, v, at = heapq.heappop(heap)
         tokens[v] = trie.token[at]
-        score -= q
+        score = score - q
         grown += 1
         push(v, at, -q)
-    return tokens, score
+    return tokens, float(score)
 
 
 def speculate_in(trie: SuffixTrie, pattern: np.ndarray, tree: Tree, draft: SuffixDraft) -> Speculation:
-    """The best speculation of one tree over every suffix of `pattern` it holds (ArcticInference's `speculate`)."""
+    """The best speculation of one tree over the suffixes of `pattern` (ArcticInference's `SuffixTree::speculate`).
+
+    Match lengths 1, 2, … below the pattern's length (it stops at the first the tree does not hold);
+    a later (longer) match replaces the best on an equal score.
+    """
     best = NOTHING
     n = pattern.shape[0]
-    for start in range(max(0, n - draft.depth), n):
-        node = trie.match(pattern[start:])
+    factor, offset = F32(draft.factor), F32(draft.offset)
+    for m in range(1, n):
+        node = trie.match(pattern[n - m :])
         if node < 0:
-            continue
-        m = n - start
-        limit = min(tree.budget, max(0, int(m * draft.factor + draft.offset + 1e-6)))
+            break
+        limit = min(tree.budget, max(0, int(float(F32(m) * factor + offset) + 1e-6)))
         tokens, score = _grow(trie, node, tree, limit, draft.prob)
-        if score > best.score:
+        if score >= best.score:
             best = Speculation(tokens, score, m)
     return best
 
 
 class SuffixSpeculator:
-    """The state SuffixDecoding keeps across requests: one prompt tree, one global tree of outputs.
+    """The state SuffixDecoding keeps across requests, as ArcticInference's `SuffixDecodingCache` keeps it.
 
-    Requests run one at a time: `start(prompt)`, then `propose(context, tree)` with
-    context = prompt + output so far (the output's new tokens enter the global tree
-    first), then `finish(output)` with the whole output.
+    A local tree per request holds its prompt and, appended to it, its output so far; the global
+    tree holds the outputs of the last `requests` requests, this one's included (a request's slot
+    is taken when it starts, evicting the oldest, FIFO; requests=0: no global tree). Requests run
+    one at a time: `start(prompt)`, then `propose(context, tree)` with context = prompt + output so
+    far (the output's new tokens enter both trees first), then `finish(output)` with the whole output.
     """
 
     def __init__(self, draft: SuffixDraft):
         self.draft = draft
         self.global_trie = SuffixTrie(draft.depth)
-        self._prompt_trie: SuffixTrie | None = None
+        self._local: SuffixTrie | None = None
         self._prompt_len = 0
         self._request = -1
-        self._seen = 0  # output tokens of the current request already in the global tree
-        self._finished: deque[int] = deque()  # earlier requests still held, oldest first
+        self._seen = 0  # output tokens of the current request already in the trees
+        self._held: deque[int] = deque()  # requests whose outputs the global tree holds, oldest first
 
     def start(self, prompt: Sequence[int]) -> None:
-        if self._prompt_trie is not None:
+        if self._local is not None:
             raise SpecError("suffix draft: a request is already decoding (requests run one at a time)")
         self._request += 1
-        self._prompt_trie = SuffixTrie(self.draft.depth)
-        self._prompt_trie.extend(0, prompt)
+        self._local = SuffixTrie(self.draft.depth)
+        self._local.extend(0, prompt)
         self._prompt_len, self._seen = len(prompt), 0
+        if self.draft.requests:
+            self._held.append(self._request)
+            while len(self._held) > self.draft.requests:
+                gone = self._held.popleft()
+                if gone in self.global_trie._seqs:  # an output of no tokens never entered it
+                    self.global_trie.remove(gone)
 
     def _catch_up(self, context: Sequence[int]) -> None:
         new = context[self._prompt_len + self._seen :]
         if len(new):
-            self.global_trie.extend(self._request, new)
+            self._local.extend(0, new)
+            if self.draft.requests:
+                self.global_trie.extend(self._request, new)
             self._seen += len(new)
 
     def propose(self, context: np.ndarray, tree: Tree) -> np.ndarray:
         """(n_nodes,) token per node of `tree` after `context`; −1 where nothing is speculated."""
         self._catch_up(context)
         pattern = np.asarray(context[-self.draft.depth :], dtype=np.int64)
-        mine = speculate_in(self._prompt_trie, pattern, tree, self.draft)
+        mine = speculate_in(self._local, pattern, tree, self.draft)
         held = speculate_in(self.global_trie, pattern, tree, self.draft)
-        best = held if held.score > mine.score else mine
-        return best.tokens if best.match_len else np.full(tree.n_nodes, -1, dtype=np.int64)
+        best = mine if mine.score >= held.score else held
+        return best.tokens if best.tokens.size else np.full(tree.n_nodes, -1, dtype=np.int64)
 
     def finish(self, context: Sequence[int]) -> None:
         """The request ended with prompt + output = `context`: its output stays in the global tree."""
         self._catch_up(context)
-        if self._seen:
-            self._finished.append(self._request)
-        while len(self._finished) > self.draft.requests:
-            self.global_trie.remove(self._finished.popleft())
-        self._prompt_trie = None
+        self._local = None
 
 
 def suffix_table(features: "Features", tree: Tree, spec, rng: np.random.Generator) -> "AcceptanceTable":
