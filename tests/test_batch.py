@@ -109,8 +109,6 @@ def test_batch_one_equals_the_exact_walk(setup):
     path, model = setup
     df = specsim.simulate(path, trees=["chain:3", "kary:2,2"], cost_profile=model.path, n_boot=0, by_category=False)
     features = load_features(path, "d", 0.0, progress=False)
-    from specsim.sim.api import Pricing
-
     for tree_spec in ("chain:3", "kary:2,2"):
         tree = parse_tree(tree_spec)
         table = run_policy(features, tree, parse_policy("greedy"), np.random.default_rng(0))
@@ -118,7 +116,6 @@ def test_batch_one_equals_the_exact_walk(setup):
         row = df.filter(df["tree"] == tree_spec).row(0, named=True)
         assert est.speedup[0] == pytest.approx(row["speedup"], rel=1e-12) and est.exact
         assert est.tokens_per_s[0] == pytest.approx(row["tokens_per_s"], rel=1e-12)
-    assert Pricing  # imported for the reader: the walk prices calls through it
 
 
 def test_sampling_at_batch_one_agrees_with_the_walk_within_its_error(setup):
@@ -176,3 +173,30 @@ def test_the_interval_holds_the_point_estimate_when_cache_order_groups_requests(
         est = simulate_batch(table, features, tree, model, "d", batch=4, n_boot=200)
         value, lo, hi = est.speedup
         assert lo <= value <= hi, (spec, est.speedup)
+
+
+@pytest.mark.parametrize("batching", ["lockstep", "continuous"])
+def test_model_free_steps_verify_only_what_was_proposed(tmp_path, batching):
+    """A model-free draft sends the target only its match's tokens: where nothing ever matches, every step
+    verifies one token per request, exactly a plain step, so the batched speedup is 1 (the whole tree priced
+    instead made it 0.84 here). And where matches happen, steps cost no more than the full tree."""
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0,), n_prompts=6, length=24, vocab=4096)
+    model = load_cost_profile(tmp_path.joinpath("p.json").write_text(json.dumps(profile_body())) and tmp_path / "p.json")
+    tree = parse_tree("chain:3")
+    never = load_features(path, "ngram:12", 0.0, progress=False)  # 12-token repeats of random text: none
+    table = run_policy(never, tree, parse_policy("greedy"), np.random.default_rng(0))
+    assert table.drafted.sum() == 0
+    est = simulate_batch(table, never, tree, model, None, batch=2, batching=batching, n_boot=0)
+    assert est.speedup[0] == pytest.approx(1.0, rel=1e-12)
+    some = load_features(path, "ngram:1", 0.0, progress=False)  # one-token matches: often
+    table = run_policy(some, tree, parse_policy("greedy"), np.random.default_rng(0))
+    assert 0 < table.drafted.sum() < 3 * some.n_positions
+    est = simulate_batch(table, some, tree, model, None, batch=2, batching=batching, n_boot=0)
+    whole = timeline(table.length, some, tree, model, None, batch=2, batching=batching,
+                     orders=np.arange(some.n_traj)[None, :])  # every step priced at the full chain
+    part = timeline(table.length, some, tree, model, None, batch=2, batching=batching,
+                    orders=np.arange(some.n_traj)[None, :], proposed=table.drafted)
+    assert part.tokens[0] == whole.tokens[0] and part.seconds[0] < whole.seconds[0]
+    plain = timeline(None, some, tree, model, None, batch=2, batching=batching, orders=np.arange(some.n_traj)[None, :],
+                     plain=True)
+    assert est.speedup[0] == pytest.approx(plain.seconds[0] / part.seconds[0], rel=1e-12)

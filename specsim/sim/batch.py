@@ -14,8 +14,9 @@ uniform coin per call (Monte-Carlo). Two schedules, as serving engines run them:
 A step pays: the draft's root feed (width 1, or 2 for a request whose last call accepted
 a leaf the draft never fed) and one draft forward per tree level needed by the deepest
 request (a request drafts no deeper than its room before the output limit), plus one
-target forward over the widest request's nodes; at the longest context in the batch (rows
-are padded to it, as in the live engine's slot cache). Plain decoding runs the same
+target forward over the widest request's nodes — for a model-free draft, over what each
+request's match proposed (`timeline`'s `proposed`) — at the longest context in the batch
+(rows are padded to it, as in the live engine's slot cache). Plain decoding runs the same
 schedule with one token per request per step. Prompt passes are outside both (speculation
 does not change them).
 
@@ -81,11 +82,17 @@ class _Shapes:
 
 
 def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *, batch: int, batching: str,
-             orders: np.ndarray, coins: np.random.Generator | None = None, plain: bool = False) -> Timeline:
+             orders: np.ndarray, coins: np.random.Generator | None = None, plain: bool = False,
+             proposed: np.ndarray | None = None, ragged: bool = False) -> Timeline:
     """Run the schedule for every replicate (a row of `orders`: trajectory indices in decoding order).
 
     lengths: (N,) int accepted length per position (point masses), or an (N, D+1) law to draw from
     with `coins`. plain=True: plain decoding (one token per request per step, no draft).
+    proposed: (N,) drafts each position's call proposed, for a model-free draft: a step verifies
+    1 + proposed tokens of each request, not the whole tree (an n-gram or suffix match fills part
+    of the tree, or none of it). Padded to the step's widest request (specsim's live engine), or,
+    with ragged=True, the step's tokens spread evenly over its requests (vLLM flattens a batch's
+    tokens into one forward: Σ (1 + proposed) tokens, priced as B requests of their mean).
     """
     if batching not in BATCHING:
         raise ValueError(f"batching {batching!r} is not one of {BATCHING}")
@@ -130,7 +137,13 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
             accepted = np.zeros((R, batch), dtype=np.int64)
         else:
             m = np.where(active, room[g], 0).max(axis=1)  # the deepest cut any request needs
-            step_s = cost_model.verify_s(np.maximum(b_act, 1), shapes.verify[m], ctx)
+            if proposed is None:
+                n_verify = shapes.verify[m]
+            else:  # only what was proposed goes to the target
+                n_req_tokens = np.where(active, 1.0 + np.asarray(proposed)[g], 0.0)  # (R, B)
+                n_verify = np.maximum(n_req_tokens.sum(axis=1) / np.maximum(b_act, 1) if ragged
+                                      else n_req_tokens.max(axis=1), 1.0)  # (a finished replicate: 1, unused)
+            step_s = cost_model.verify_s(np.maximum(b_act, 1), n_verify, ctx)
             for k in range(shapes.levels.shape[1]):
                 w = shapes.levels[m, k]
                 if k == 0 and accepted_feed:  # root feed: 1 + the most any lane accepted last call (padded)
@@ -184,8 +197,10 @@ def simulate_batch(table: AcceptanceTable, features, tree: Tree, cost_model, dra
     # their percentile interval missed the point estimate (measured: 0.641, CI 0.650-0.702)
     orders = np.concatenate([np.tile(np.arange(n), (n_point, 1)),
                              np.sort(rng.integers(0, n, size=(max(int(n_boot), 0), n)), axis=1)])
+    proposed = table.drafted if features.model_free else None  # what each call sends the target
+    ragged = getattr(cost_model, "engine", "specsim") != "specsim"  # an engine profile: vLLM flattens a step's tokens
     spec = timeline(lengths, features, tree, cost_model, draft_key, batch=batch, batching=batching, orders=orders,
-                    coins=rng)
+                    coins=rng, proposed=proposed, ragged=ragged)
     base = timeline(None, features, tree, cost_model, draft_key, batch=batch, batching=batching, orders=orders,
                     plain=True)
     rate, plain_rate = spec.tokens / spec.seconds, base.tokens / base.seconds
