@@ -228,3 +228,21 @@ def test_replicate_means_in_blocks_equal_one_pass(tree, n, chunk, seed):
     finally:
         md.REPLICATE_CHUNK = saved
     np.testing.assert_allclose(blocks, whole, rtol=1e-12, atol=1e-12)
+
+
+def test_rows_report_the_samples_the_swor_estimate_used(tmp_path):
+    """Where the recording holds π for the tree's fan-out, its own samples are used, not --samples: rows say so."""
+    import specsim
+    from specsim.cache.store import CacheReader
+
+    path = random_cache(tmp_path / "c.h5", storage="stats", temperatures=(1.0,), n_prompts=3, length=10)
+    with CacheReader(path) as reader:
+        recorded = reader.spec.stats
+    within = specsim.simulate(path, trees=["kary:3,1"], policies=["sample"], multi_draft="swor", samples=8, n_boot=0,
+                              by_category=False)
+    assert within["samples"].to_list() == [recorded.swor_samples] and recorded.swor_samples != 8
+    full = random_cache(tmp_path / "f.h5", storage="full", temperatures=(1.0,), n_prompts=3, length=10)
+    wide = f"kary:{recorded.candidates + 1},1"  # beyond what was recorded: streamed from the distributions
+    beyond = specsim.simulate(full, trees=[wide], policies=["sample"], multi_draft="swor", samples=8, n_boot=0,
+                              by_category=False)
+    assert beyond["samples"].to_list() == [8]

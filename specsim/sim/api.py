@@ -799,6 +799,16 @@ def _walk_one(features: Features, tree: Tree, policy: PolicySpec, pricing: Prici
     return walk(table, features), table
 
 
+def _samples_used(source: FeatureSource, tree: Tree, policy: PolicySpec) -> int:
+    """Monte-Carlo samples per position behind a swor estimate: the recording's own where it recorded π for the
+    tree's fan-out (`multidraft.candidate_acceptance` reads those, not --samples), else `policy.samples`."""
+    recorded = getattr(source, "recorded_stats", None)
+    fan_out = int(tree.n_children.max()) if tree.budget else 0
+    if recorded is not None and not source.model_free and fan_out <= getattr(recorded, "candidates", 0):
+        return int(recorded.swor_samples)
+    return policy.samples
+
+
 def _head(source: FeatureSource, tree: Tree, policy: PolicySpec, pricing: Pricing, reader: CacheReader,
           stats: TrajectoryStats, *, fit: str | None, n_boot: int, seed: int) -> dict:
     """The row's description columns of one configuration."""
@@ -820,7 +830,7 @@ def _head(source: FeatureSource, tree: Tree, policy: PolicySpec, pricing: Pricin
         "cost_extrapolated": pricing.extrapolated(source, tree), "fit": fit,
         "context": round(source.mean_context(), 1),
         "cache": str(reader.path), "n_boot": n_boot, "seed": seed,
-        "samples": policy.samples if not stats.exact else None,
+        "samples": _samples_used(source, tree, policy) if not stats.exact else None,
         **dict(stats.extra or {}),
     }
     return {"config": config, "tail": tail}
