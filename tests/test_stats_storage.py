@@ -86,3 +86,13 @@ def test_what_was_not_recorded_is_refused_saying_what_to_record(pair):
     inspected = runner.invoke(main, ["inspect", str(stats)])  # agreement and α come from the statistics
     assert inspected.exit_code == 0, inspected.output
     assert "layers:2" in inspected.output and "int8" in inspected.output
+
+
+def test_optimize_says_when_the_recorded_candidates_cap_a_sampling_tree(pair):
+    """The stats cache recorded π for 4 candidates: a budget-8 sampling tree may not fan out wider, and says so."""
+    _, stats = pair
+    out = CliRunner().invoke(main, ["optimize", str(stats), "--budget", "8", "--policy", "sample",
+                                    "--multi-draft", "swor", "--temperature", "1", "--draft", "layers:2", "--samples", "8"])
+    assert out.exit_code == 0, out.output
+    assert "fan-out capped at the 4 candidates per node this cache recorded" in out.output
+    assert "Monte-Carlo, 64 samples/position" in out.output  # the recording's 64 swor samples, not --samples 8

@@ -369,7 +369,11 @@ def _sample_trees(features: "Features", budgets: Sequence[int], max_depth: int, 
     if features.rank is None:
         raise SpecError(f"draft {features.draft!r} is model-free: its proposals are not sampled from a q")
     width = fit_width(budgets)
+    cap = ""
     if not features.has_distributions and features.recorded_stats is not None:  # π only as recorded
+        if features.recorded_stats.candidates < width:
+            cap = (f"; fan-out capped at the {features.recorded_stats.candidates} candidates per node this cache "
+                   f"recorded (re-record with --candidates {width} or --store full for wider)")
         width = min(width, features.recorded_stats.candidates)
     pi, _ = candidate_acceptance(features, width, scheme=scheme, samples=samples, rng=rng, replicates=False)
     if pi.ndim == 2:
@@ -380,7 +384,11 @@ def _sample_trees(features: "Features", budgets: Sequence[int], max_depth: int, 
     if vector[1:].sum() > 1:
         vector[1:] /= vector[1:].sum()
     n_pos = int(pi.shape[0])
-    mc = "exact" if scheme == "iid" else f"Monte-Carlo, {samples} samples/position"
+    # folds share the whole set's scores only where their π is the whole set's, sliced: the recorded statistics
+    recorded = (features.recorded_stats is not None and width <= features.recorded_stats.candidates
+                and features.recorded("pi_iid" if scheme == "iid" else "pi_swor") is not None)
+    used = features.recorded_stats.swor_samples if recorded else samples  # the recording's samples, if it has π
+    mc = ("exact" if scheme == "iid" else f"Monte-Carlo, {used} samples/position") + cap
 
     def walk(f: "Features", tree: Tree):
         pi_f, remaining_f = (pi, remaining) if f is features else (_fit_pi(f), f.remaining())
@@ -392,9 +400,6 @@ def _sample_trees(features: "Features", budgets: Sequence[int], max_depth: int, 
         got, _ = candidate_acceptance(f, width, scheme=scheme, samples=samples, rng=rng, replicates=False)
         return np.asfortranarray(got) if got.ndim == 2 else got
 
-    # folds share the whole set's scores only where their π is the whole set's, sliced: the recorded statistics
-    recorded = (features.recorded_stats is not None and width <= features.recorded_stats.candidates
-                and features.recorded("pi_iid" if scheme == "iid" else "pi_swor") is not None)
     score = _Scores(features, ("sample", scheme, samples, width), walk, shared=recorded)
 
     shared = _best_first_exact(pi, remaining, max(budgets), max_depth)  # unweighted: one order for all budgets
