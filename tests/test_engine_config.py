@@ -22,6 +22,9 @@ def test_the_mapping_to_vllms_speculative_config():
                               draft_dir="/m/d").config["draft_sample_method"] == "greedy"
     assert speculative_config("layers:20", parse_tree("chain:3"), "sample",
                               draft_dir="/m/d").config["draft_sample_method"] == "probabilistic"
+    # an EAGLE head: vLLM's eagle method on the head's directory in its layout (engines.export.export_eagle)
+    assert speculative_config("eagle:heads/e", parse_tree("chain:2"), "greedy", draft_dir="/m/e").config == {
+        "method": "eagle", "model": "/m/e", "num_speculative_tokens": 2}
 
 
 @pytest.mark.parametrize("draft,tree,policy,why", [
@@ -31,7 +34,7 @@ def test_the_mapping_to_vllms_speculative_config():
     ("layers:20", "kary:2,2", "greedy", "vLLM drafts chains"),
     ("layers:20", "widths:1,1,2", "greedy", "vLLM drafts chains"),
     ("layers:20", "chain:3", "p>=q", "not lossy or adaptive rules"),
-    ("eagle:heads/e", "chain:3", "greedy", "not yet written in a layout vLLM's eagle method loads"),
+    ("medusa:heads/m", "chain:3", "greedy", "specsim checks EAGLE heads against vLLM"),
 ])
 def test_what_vllm_cannot_run_is_refused_with_the_reason(draft, tree, policy, why):
     with pytest.raises(EngineError, match=why):

@@ -345,3 +345,38 @@ def test_batched_eagle_laws_equal_one_request_at_a_time(heads_cache):
     assert len(common) >= 10
     worst = max(float(np.abs(runs[0][k][v] - runs[1][k][v]).max()) for k in common for v in runs[0][k])
     assert worst < 1e-5, worst
+
+
+def test_eagle_heads_are_written_in_the_layout_vllm_loads(tiny_model_dir, tmp_path):
+    """`export_eagle`: a trained head's directory as vLLM's eagle method reads it (a one-layer Llama config,
+    EAGLE's weight names); specsim reads that directory back as a published checkpoint: the same head."""
+    from dataclasses import asdict
+
+    import torch
+
+    from specsim.engines.export import export_eagle
+    from specsim.errors import EngineError
+    from specsim.record.heads import build, head_config_for, load_heads, save_heads
+    from specsim.record.models import load_model
+
+    target = load_model(str(tiny_model_dir))
+    config = head_config_for("eagle", target)
+    torch.manual_seed(0)
+    save_heads(tmp_path / "ours", config, build(config))
+    out = export_eagle(f"eagle:{tmp_path / 'ours'}", str(tiny_model_dir), out=tmp_path / "vllm")
+    raw = json.loads((out / "config.json").read_text())
+    c = target.model.config
+    assert raw["architectures"] == ["LlamaForCausalLM"] and raw["model_type"] == "llama"  # vLLM: EagleLlama...
+    assert (raw["num_hidden_layers"], raw["hidden_size"], raw["num_key_value_heads"]) == (
+        1, c.hidden_size, c.num_key_value_heads)
+    ours, published = load_heads(f"eagle:{tmp_path / 'ours'}", target), load_heads(f"eagle:{out}", target)
+    strip = lambda h: {k: v for k, v in asdict(h.config).items() if k != "target"}  # noqa: E731
+    assert strip(published) == strip(ours)
+    for (name, a), (_, b) in zip(sorted(ours.module.state_dict().items()), sorted(published.module.state_dict().items())):
+        assert torch.equal(a, b), name
+    assert export_eagle(f"eagle:{tmp_path / 'ours'}", str(tiny_model_dir), out=tmp_path / "vllm") == out  # reused
+    assert export_eagle(f"eagle:{out}", str(tiny_model_dir)) == out.resolve()  # a published layout goes as it is
+    medusa = head_config_for("medusa", target)
+    save_heads(tmp_path / "medusa", medusa, build(medusa))
+    with pytest.raises(EngineError, match="medusa heads"):
+        export_eagle(f"eagle:{tmp_path / 'medusa'}", str(tiny_model_dir), out=tmp_path / "x")

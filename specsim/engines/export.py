@@ -56,7 +56,86 @@ def draft_directory(draft: str, target: str, *, target_info: dict | None = None,
     if draft == "int8":
         raise EngineError("draft int8 is specsim's batch-invariant W8A8 module; no engine loads it: use layers:K or "
                           "a draft model directory")
+    if draft.startswith("eagle:"):
+        return str(export_eagle(draft, target, target_info=target_info, echo=echo))
     return model_directory(draft, draft_info)
+
+
+def eagle_config(head: dict, target_config: dict) -> dict:
+    """config.json of an EAGLE-1 head as vLLM's `eagle` method reads it (vllm/transformers_utils/configs/eagle.py
+    renames the architecture LlamaForCausalLM to EagleLlamaForCausalLM, model_executor/models/llama_eagle.py):
+    a one-layer Llama of the target's shape. `head` is the head's HeadConfig (specsim's config.json "specsim")."""
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": head["hidden_size"], "intermediate_size": head["intermediate_size"],
+            "num_attention_heads": head["num_attention_heads"], "num_key_value_heads": head["num_key_value_heads"],
+            "head_dim": head["head_dim"], "num_hidden_layers": head["layers"], "rms_norm_eps": head["rms_norm_eps"],
+            "rope_theta": head["rope_theta"], "rope_scaling": None, "vocab_size": head["vocab_size"],
+            "attention_bias": head["attention_bias"], "mlp_bias": False, "hidden_act": "silu",
+            "max_position_embeddings": int(target_config.get("max_position_embeddings", 8192)),
+            "tie_word_embeddings": False, "torch_dtype": "float32",
+            "bos_token_id": target_config.get("bos_token_id"), "eos_token_id": target_config.get("eos_token_id")}
+
+
+def export_eagle(draft: str, target: str, *, target_info: dict | None = None, out: Path | None = None,
+                 echo: Callable[[str], None] = lambda line: None) -> Path:
+    """`eagle:DIR` as the directory vLLM's eagle method loads; its path.
+
+    A published EAGLE-1/2 checkpoint (a config.json with a model_type) is given as it is. A head
+    `specsim train-draft` wrote (config.json {"specsim": ...}) is written out once, into the model
+    store, with the weights as they are (fc.weight, layers.0.*: EAGLE's own names, which vLLM's
+    loader prefixes with "model.") and a Llama config (`eagle_config`); vLLM shares the target's
+    embeddings and LM head where the head has none, as specsim does.
+    """
+    import hashlib
+
+    from specsim.record import packaged
+    from specsim.record.heads import WEIGHTS
+
+    where = Path(draft.partition(":")[2]).expanduser()
+    if not where.is_dir():
+        return model_directory(draft.partition(":")[2])  # a hub id: vLLM resolves it
+    try:
+        raw = json.loads((where / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"{where / 'config.json'}: not readable ({exc})") from None
+    if "specsim" not in raw:
+        if "model_type" not in raw:
+            raise EngineError(f"{where}: its config.json has no model_type; vLLM's eagle method cannot load it")
+        return where.resolve()
+    head = raw["specsim"]
+    if head.get("kind") != "eagle":
+        raise EngineError(f"{where} holds {head.get('kind')} heads: vLLM's eagle method loads EAGLE heads")
+    if head.get("fc_bias"):
+        raise EngineError(f"{where}: its fc has a bias, which vLLM's EAGLE (llama_eagle.py) does not load")
+    weights = where / WEIGHTS["eagle"]
+    sha = hashlib.sha256(weights.read_bytes()).hexdigest()
+    out = Path(out) if out is not None else packaged.model_store() / "exported" / f"{_safe(target)}-eagle-{sha[:12]}"
+    want = {"head": str(where.resolve()), "weights_sha256": sha, "target": target}
+    if (out / MARKER).is_file():
+        try:
+            if json.loads((out / MARKER).read_text()) == want:
+                return out
+        except (OSError, ValueError):
+            pass
+    echo(f"writing EAGLE head {where} as vLLM's eagle layout: {out}")
+    target_dir = Path(model_directory(target, target_info))
+    try:
+        target_config = json.loads((target_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        target_config = {}
+    tmp = out.with_name(out.name + ".writing")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        shutil.copyfile(weights, tmp / "model.safetensors")
+        (tmp / "config.json").write_text(json.dumps(eagle_config(head, target_config), indent=2) + "\n")
+        (tmp / MARKER).write_text(json.dumps(want))
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise EngineError(f"cannot write {out} ({exc.strerror or exc})") from None
+    return out
 
 
 def export_layers(target: str, k: int, *, target_info: dict | None = None, out: Path | None = None,

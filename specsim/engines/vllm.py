@@ -16,9 +16,14 @@ A configuration maps to vLLM's `speculative_config` (vLLM 0.32, `vllm/config/spe
   the argmax; at T > 0 policy `greedy-draft` is vLLM's default "greedy" (the draft's argmax,
   verified as a point mass: accepted with probability p(x)), policy `sample` is "probabilistic"
   (drawn from q, accepted with min(1, p/q)). `rejection_sample_method` stays "standard".
+* `eagle:DIR` (an EAGLE-1/2 head, `specsim train-draft --kind eagle` or a published one) +
+  `chain:k` -> method "eagle" on the head's directory in vLLM's layout (`export_eagle`), with
+  the same draft_sample_method;
+* `suffix[:...]` + `chain:k` -> method "suffix" with its suffix_decoding_* settings (vLLM's
+  SuffixDecodingProposer over arctic-inference: `make vllm-suffix`).
 
 vLLM drafts chains: any other tree, `int8` (specsim's batch-invariant W8A8 copy, which vLLM
-cannot load), SGLang's `ngram:N`, Hugging Face's `prompt-lookup:N` and head drafts are refused
+cannot load), SGLang's `ngram:N`, Hugging Face's `prompt-lookup:N` and Medusa heads are refused
 with the reason.
 """
 
@@ -130,17 +135,19 @@ def speculative_config(draft: str, tree, policy: str, *, draft_dir: str | None =
                 "prompt-lookup": "Hugging Face's prompt lookup; vLLM's n-gram rule is vllm-ngram:min=A,max=B",
                 }.get(kind.name, "")
         raise EngineError(f"draft {draft} is not one vLLM runs ({hint})")
-    if kind.heads:
-        raise EngineError(f"head draft {draft}: not yet written in a layout vLLM's eagle method loads")
+    if kind.name == "medusa":
+        raise EngineError(f"head draft {draft}: vLLM's medusa method takes Medusa's own checkpoints with a "
+                          "speculator config; specsim checks EAGLE heads against vLLM (eagle:DIR)")
     if draft == "int8":
         raise EngineError("draft int8 is specsim's batch-invariant W8A8 copy of the target, which vLLM cannot load; "
                           "use layers:K or a draft model directory")
     if draft_dir is None:
         raise EngineError(f"draft {draft}: no model directory for vLLM to load")
-    config = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": k}
+    method = "eagle" if kind.name == "eagle" else "draft_model"
+    config = {"method": method, "model": str(draft_dir), "num_speculative_tokens": k}
     if name != "greedy":
         config["draft_sample_method"] = "greedy" if name == "greedy-draft" else "probabilistic"
-    return EngineDraft("draft_model", config)
+    return EngineDraft(method, config)
 
 
 @dataclass(frozen=True)
