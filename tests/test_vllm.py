@@ -3,7 +3,8 @@
 Runs vLLM in its own environment (`make vllm`, which `make test` runs first). Where that
 environment is missing the tests skip, except under CI ($CI set), where they fail: the check
 must never be silently skipped where it counts. One short recording (4 Spec-Bench prompts x 48
-tokens, greedy, overhang 8) and one vLLM run per draft (ngram, draft_model) are shared.
+tokens, greedy, overhang 8) and one vLLM run per draft (ngram, draft_model) are shared; the EAGLE
+check trains a head for a few steps on other prompts first.
 """
 
 import os
@@ -73,6 +74,30 @@ def draft_model_run(cache, python):
     return _run(cache, "layers:20", python)
 
 
+EAGLE_STEPS = 40  # a short training: enough for the head to agree with the target now and then
+
+
+@pytest.fixture(scope="module")
+def eagle_run(python, tmp_path_factory):
+    """An EAGLE head `train-draft` makes (briefly, on other categories' prompts), recorded on the check's prompts,
+    then run by vLLM's eagle method from the directory specsim writes for it."""
+    from specsim.record.models import load_model
+    from specsim.record.run import RecordRequest, record_cache
+    from specsim.record.train import TrainConfig, train
+
+    folder = tmp_path_factory.mktemp("eagle")
+    record_cache(folder / "train.h5", RecordRequest(target="smollm2-135m", categories=("writing", "qa", "stem"),
+                                                   per_category=2, max_new_tokens=48, store="stats", hidden=("last",)),
+                 progress=False)
+    train(folder / "train.h5", load_model("smollm2-135m"), folder / "head",
+          TrainConfig(kind="eagle", steps=EAGLE_STEPS, lr=3e-3, batch=2, holdout_every=3), progress=False)
+    draft = f"eagle:{folder / 'head'}"
+    cache = folder / "eagle.h5"
+    record_cache(cache, RecordRequest(target="smollm2-135m", drafts=(draft,), categories=tuple(CATEGORIES.split(",")),
+                                      per_category=1, max_new_tokens=48, store="stats", overhang=8), progress=False)
+    return draft, *_run(cache, draft, python)
+
+
 def _checks(data, draft, result):
     from specsim.engines.check import EngineReport, EngineValidateConfig, compare
     from specsim.specs import parse_tree
@@ -80,6 +105,17 @@ def _checks(data, draft, result):
     report = EngineReport()
     compare(data, draft, parse_tree(CHAIN), "greedy", 0.0, EngineValidateConfig(), result, report)
     return {c.kind: c for c in report.checks}
+
+
+def test_an_eagle_head_counts_the_same_in_vllm_and_in_the_replay(eagle_run):
+    draft, data, result = eagle_run
+    checks = _checks(data, draft, result)
+    assert checks["trajectories"].passed, checks["trajectories"].comparison
+    assert checks["counters"].passed, checks["counters"].detail
+    assert checks["steps"].passed, checks["steps"].detail
+    counters = result["runs"]["spec"][0]["counters"]
+    assert counters["num_drafts"] >= 40 and counters["num_draft_tokens"] == 3 * counters["num_drafts"]
+    assert counters["num_accepted_tokens"] > 0, counters  # the head agrees sometimes: equal counts are not zeros
 
 
 @pytest.mark.parametrize("which", ["ngram", "draft_model"])
