@@ -111,31 +111,20 @@ def export_eagle(draft: str, target: str, *, target_info: dict | None = None, ou
     sha = hashlib.sha256(weights.read_bytes()).hexdigest()
     out = Path(out) if out is not None else packaged.model_store() / "exported" / f"{_safe(target)}-eagle-{sha[:12]}"
     want = {"head": str(where.resolve()), "weights_sha256": sha, "target": target}
-    if (out / MARKER).is_file():
-        try:
-            if json.loads((out / MARKER).read_text()) == want:
-                return out
-        except (OSError, ValueError):
-            pass
+    if _reusable(out, want):
+        return out
     echo(f"writing EAGLE head {where} as vLLM's eagle layout: {out}")
     target_dir = Path(model_directory(target, target_info))
     try:
         target_config = json.loads((target_dir / "config.json").read_text())
     except (OSError, ValueError):
         target_config = {}
-    tmp = out.with_name(out.name + ".writing")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+
+    def fill(tmp: Path) -> None:
         shutil.copyfile(weights, tmp / "model.safetensors")
         (tmp / "config.json").write_text(json.dumps(eagle_config(head, target_config), indent=2) + "\n")
-        (tmp / MARKER).write_text(json.dumps(want))
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise EngineError(f"cannot write {out} ({exc.strerror or exc})") from None
-    return out
+
+    return _write_directory(out, want, fill)
 
 
 def export_layers(target: str, k: int, *, target_info: dict | None = None, out: Path | None = None,
@@ -145,25 +134,38 @@ def export_layers(target: str, k: int, *, target_info: dict | None = None, out: 
 
     sha = (target_info or {}).get("sha256") or _weights_sha(target)
     out = Path(out) if out is not None else packaged.model_store() / "exported" / f"{_safe(target)}-layers-{k}"
-    marker = out / MARKER
     want = {"target": target, "layers": k, "target_sha256": sha}
-    if marker.is_file():
-        try:
-            if json.loads(marker.read_text()) == want:
-                return out
-        except (OSError, ValueError):
-            pass
+    if _reusable(out, want):
+        return out
     echo(f"writing draft layers:{k} of {target} as a model directory: {out}")
     from specsim.record.models import load_draft, load_model
 
     loaded = load_model(target, device="cpu", dtype="float32")
     draft = load_draft(f"layers:{k}", loaded)
+
+    def fill(tmp: Path) -> None:
+        draft.model.save_pretrained(tmp)
+        loaded.tokenizer.save_pretrained(tmp)
+
+    return _write_directory(out, want, fill)
+
+
+def _reusable(out: Path, want: dict) -> bool:
+    """Whether `out` holds an export of exactly `want` (its marker file says so)."""
+    try:
+        return json.loads((out / MARKER).read_text()) == want
+    except (OSError, ValueError):
+        return False
+
+
+def _write_directory(out: Path, want: dict, fill: Callable[[Path], None]) -> Path:
+    """Write a model directory: `fill` a temporary one, add the marker, rename it into place (no half-written
+    directory is ever left under `out`)."""
     tmp = out.with_name(out.name + ".writing")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        draft.model.save_pretrained(tmp)
-        loaded.tokenizer.save_pretrained(tmp)
+        fill(tmp)
         (tmp / MARKER).write_text(json.dumps(want))
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
