@@ -200,3 +200,19 @@ def test_model_free_steps_verify_only_what_was_proposed(tmp_path, batching):
     plain = timeline(None, some, tree, model, None, batch=2, batching=batching, orders=np.arange(some.n_traj)[None, :],
                      plain=True)
     assert est.speedup[0] == pytest.approx(plain.seconds[0] / part.seconds[0], rel=1e-12)
+
+
+def test_drafts_live_decodes_one_request_at_a_time_get_no_batch_rows(tmp_path):
+    """suffix's global tree holds the earlier requests' outputs in cache order: live decoding refuses batches,
+    and the replay does not price a batch it cannot replay (a skip line with the reason, not a row)."""
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0,), n_prompts=4, length=16, vocab=6)
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(profile_body()))
+    skipped = []
+    from specsim.sim.api import sweep
+
+    df = sweep(path, ["chain:2"], drafts=["suffix", "ngram:1"], cost_profile=profile, batches=[1, 2], n_boot=0,
+               by_category=False, on_skip=skipped.append).rows
+    assert sorted(df.filter(df["draft"] == "suffix")["batch"].to_list()) == [1]
+    assert sorted(df.filter(df["draft"] == "ngram:1")["batch"].to_list()) == [1, 2]  # other model-free drafts batch
+    assert any("suffix" in line and "one request at a time" in line for line in skipped), skipped

@@ -30,8 +30,8 @@ from specsim.sim.engine import AcceptanceTable, EngineTotals, TrajectoryStats, w
 from specsim.sim.features import Features, FeatureSource, feature_source, target_name
 from specsim.sim.metrics import ALL, summarize_many
 from specsim.sim.policies import check_temperature, run_adaptive, run_policy
-from specsim.specs import (BATCHING, PolicySpec, drafts_in_one_pass, expand_trees, feeds_accepted, fitted_budget,
-                           is_model_free, model_free_help, needs_fit, parse_policy, parse_tree)
+from specsim.specs import (BATCHING, PolicySpec, check_batch, drafts_in_one_pass, expand_trees, feeds_accepted,
+                           fitted_budget, is_model_free, model_free_help, needs_fit, parse_policy, parse_tree)
 from specsim.trees import Tree
 
 def resolve_tree(spec: str, features: Features | None = None, policy: PolicySpec | None = None) -> Tree:
@@ -893,6 +893,8 @@ def _batch_rows(rows_b1: list[dict], tables: list, features: Features, pricing: 
                 "adaptive rules are replayed at batch 1 only (their γ differs per request)")))
             continue
         try:
+            check_batch(features.draft, batch)  # a draft the live engine decodes one request at a time is not
+            #                                     replayed in batches either: its history would not be the cache's
             est = simulate_batch(table, features, tree, pricing.model, pricing.draft_key, batch=batch,
                                  batching=batching, n_boot=min(n_boot, BATCH_BOOT), seed=seed)
         except SpecError as exc:
