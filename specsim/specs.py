@@ -89,7 +89,7 @@ def _one_int(text: str, what: str) -> int:
 
 
 def _dynamic(arg: str) -> Tree:
-    from specsim.sim.dynamic import envelope, parse_dynamic
+    from specsim.expansion import envelope, parse_dynamic
 
     shape = parse_dynamic(arg)
     return replace(envelope(shape), dynamic=shape)

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from specsim.cli import main
 from specsim.live.drafting import ModelDrafter, ModelFreeDrafter, top_ranked
 from specsim.live.engine import LiveConfig, Target, decode, plain_decode, speculative_decode, verify_tree
-from specsim.live.kv import SlotKV
+from specsim.record.kv import SlotKV
 from specsim.record.models import eos_token_ids, load_draft, load_model
 from specsim.specs import parse_tree
 from tests.cli_helpers import one_line_error

@@ -66,7 +66,7 @@ def test_int8_draft_is_a_separate_quantised_copy_close_to_the_target(target):
 
 def _batching_gap(model, ids) -> float:
     """max |logit| difference between one teacher-forced pass, one-token steps and a tree level."""
-    from specsim.live.kv import SlotKV
+    from specsim.record.kv import SlotKV
     from specsim.specs import parse_tree
 
     ids = np.asarray(ids)

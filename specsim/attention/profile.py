@@ -3,7 +3,7 @@
 The speedup of speculative decoding is (tokens per step) / (time per step) over the
 plain step's rate (Leviathan et al. 2023, sec. 3; Sequoia, Chen et al. 2024, for the
 width-dependence of verification; serving engines for its dependence on batch size).
-This module times, with the live engine's own code (`specsim.live.kv.SlotKV`, the same
+This module times, with the live engine's own code (`specsim.record.kv.SlotKV`, the same
 masks and the same post-processing), over B requests whose KV caches hold L random
 tokens each:
 
@@ -124,7 +124,7 @@ class _Bench:
     """One model with B rows of L random tokens in a slot cache; forwards are timed and never committed."""
 
     def __init__(self, model, batch: int, context: int, rng: np.random.Generator):
-        from specsim.live.kv import SlotKV
+        from specsim.record.kv import SlotKV
 
         self.kv = SlotKV(model)
         self.vocab = int(model.config.vocab_size)
@@ -186,7 +186,7 @@ def tree_mask_honoured(model, seed: int = 0) -> bool:
     Root r with children a and b: b's logits under the tree mask must equal b's logits
     when the input is just (r, b). Any exception from the 4-D path counts as "not honoured".
     """
-    from specsim.live.kv import SlotKV
+    from specsim.record.kv import SlotKV
 
     rng = np.random.default_rng(seed)
     vocab = int(model.config.vocab_size)

@@ -65,7 +65,7 @@ class StatsSpec:
         for rule in self.lossy:
             lossy_rule(rule)  # refuses a malformed rule before any recording
         if self.expand is not None:
-            from specsim.sim.dynamic import Expansion
+            from specsim.expansion import Expansion
 
             object.__setattr__(self, "expand", tuple(int(x) for x in self.expand))
             Expansion(*self.expand)  # refuses K < 1, D < 1, too many candidates
@@ -80,10 +80,10 @@ class StatsSpec:
 
     @property
     def expansion(self):
-        """The recorded `specsim.sim.dynamic.Expansion`, or None."""
+        """The recorded `specsim.expansion.Expansion`, or None."""
         if self.expand is None:
             return None
-        from specsim.sim.dynamic import Expansion
+        from specsim.expansion import Expansion
 
         return Expansion(*self.expand)
 

@@ -31,7 +31,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
-from specsim.live.kv import SlotKV
+from specsim.record.kv import SlotKV
 from specsim.trees import Tree
 from specsim.verify import sample_candidates
 

@@ -8,7 +8,7 @@ for every request in the batch together:
    level, one row per request; a request drafts no deeper than it can still accept);
 2. the target runs ONE forward over the nodes any request drafted (root = each request's
    last committed token), a 4-D tree mask per request and positions context + depth
-   (`specsim.live.kv`);
+   (`specsim.record.kv`);
 3. `verify_tree` walks down each request's tree from the root with the rules of
    `specsim.verify` (greedy: the child equal to the target's argmax; sampling:
    `verify_single` for one child, `verify_multi_iid` / `verify_multi_swor` for k, point
@@ -44,7 +44,7 @@ import torch
 
 from specsim.errors import SpecError
 from specsim.live.drafting import Drafter, Proposal, probabilities
-from specsim.live.kv import SlotKV
+from specsim.record.kv import SlotKV
 from specsim.specs import BATCHING, MULTI_DRAFT, policy_names
 from specsim.trees import Tree
 from specsim.verify import verify_multi_iid, verify_multi_swor, verify_point_mass, verify_single

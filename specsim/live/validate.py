@@ -142,7 +142,7 @@ class GreedyAgreement:
 
 def stepwise_draft_logits(draft_model, prompt_ids: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """(n, V) the draft's logits along a trajectory, fed one token at a time over its KV cache."""
-    from specsim.live.kv import SlotKV
+    from specsim.record.kv import SlotKV
 
     kv = SlotKV(draft_model)
     kv.start([np.asarray(prompt_ids[:-1], dtype=np.int64)])

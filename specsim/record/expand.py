@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specsim.live.kv import SlotKV
+from specsim.record.kv import SlotKV
 
 QUERIES_PER_FORWARD = 512  # beam tokens fed per draft forward while recording (bounds the mask and logits)
 
