@@ -47,11 +47,14 @@ def _trajectories(cache, T):
     return out
 
 
-def brute_force(trajectories, propose, verify, k):
-    """vLLM's counters over `trajectories`, step by step: propose(context) -> drafts, verify(i, t, d) -> bool."""
+def brute_force(trajectories, propose, verify, k, *, begin=None, end=None):
+    """vLLM's counters over `trajectories`, step by step: propose(context, i, t) -> drafts, verify(i, t, d) -> bool;
+    begin(i) before trajectory i's first step and end(i, t) after its last (t: where its walk stopped), if given."""
     drafts = drafted = 0
     per_pos = [0] * k
     for i, (prompt, seq, n, *_rest) in enumerate(trajectories):
+        if begin is not None:
+            begin(i)
         t = 1  # the prompt pass emitted y_0
         while t < n:
             d = propose(prompt + seq[:t], i, t)
@@ -63,6 +66,8 @@ def brute_force(trajectories, propose, verify, k):
                 for j in range(a):
                     per_pos[j] += 1
             t += a + 1
+        if end is not None:
+            end(i, t)
     return {"vllm_num_drafts": drafts, "vllm_num_draft_tokens": drafted,
             "vllm_num_accepted_tokens": sum(per_pos), "vllm_num_accepted_tokens_per_pos": per_pos}
 
@@ -241,25 +246,11 @@ def test_suffix_counters_follow_vllms_history(over_cache):
     k = 3
     tree = parse_tree(f"chain:{k}")
     spec = SuffixSpeculator(parse_suffix("suffix"))
-    drafts = drafted = 0
-    per_pos = [0] * k
-    for prompt, seq, n, *_ in _trajectories(over_cache, 0.0):
-        spec.start(prompt)
-        t, end = 1, 1
-        while t < n:
-            d = [int(x) for x in spec.propose(np.array(prompt + seq[:t]), tree)[1:] if x >= 0]
-            a = 0
-            while a < len(d) and d[a] == seq[t + a]:
-                a += 1
-            if d:
-                drafts, drafted = drafts + 1, drafted + len(d)
-                for j in range(a):
-                    per_pos[j] += 1
-            t += a + 1
-            end = t
-        spec.finish(prompt + seq[: max(n, end)])
+    trajectories = list(_trajectories(over_cache, 0.0))
+    expected = brute_force(
+        trajectories, lambda context, i, t: [int(x) for x in spec.propose(np.array(context), tree)[1:] if x >= 0],
+        lambda i, t, d: d == trajectories[i][1][t], k, begin=lambda i: spec.start(trajectories[i][0]),
+        end=lambda i, t: spec.finish(trajectories[i][0] + trajectories[i][1][: max(trajectories[i][2], t)]))
     row = _row(over_cache, trees=[f"chain:{k}"], drafts=["suffix"], policies=["greedy"])
-    assert {c: row[c] for c in COUNTERS} == {"vllm_num_drafts": drafts, "vllm_num_draft_tokens": drafted,
-                                            "vllm_num_accepted_tokens": sum(per_pos),
-                                            "vllm_num_accepted_tokens_per_pos": per_pos}
-    assert drafts > 20
+    assert {c: row[c] for c in COUNTERS} == expected
+    assert expected["vllm_num_drafts"] > 20
