@@ -136,6 +136,9 @@ class SuffixTrie:
     def __len__(self) -> int:
         return len(self._seqs)
 
+    def __contains__(self, seq: int) -> bool:
+        return seq in self._seqs
+
     def _first_at_most(self, kids: list[int], c: int, lo: int = 0, hi: int | None = None) -> int:
         """Index of the first child counted ≤ c (counts fall along `kids`)."""
         return bisect.bisect_left(kids, -c, lo, len(kids) if hi is None else hi, key=lambda k: -self.count[k])
@@ -319,7 +322,7 @@ class SuffixSpeculator:
             self._held.append(self._request)
             while len(self._held) > self.draft.requests:
                 gone = self._held.popleft()
-                if gone in self.global_trie._seqs:  # an output of no tokens never entered it
+                if gone in self.global_trie:  # an output of no tokens never entered it
                     self.global_trie.remove(gone)
 
     def _catch_up(self, context: Sequence[int]) -> None:
