@@ -132,3 +132,25 @@ def test_vllms_step_times_become_a_profile_the_cache_accepts(tmp_path):
     rows = specsim.simulate(cache, trees=["chain:2"], drafts=["vllm-ngram:min=1,max=2"], cost_profile=path, n_boot=0,
                             by_category=False)
     assert "engine vllm 0.32.0" in rows["cost_basis"][0] and rows["speedup"][0] > 0
+
+
+def test_the_speed_check_takes_the_tolerance_given_and_reads_the_profiles_engine(tmp_path):
+    """--speed-tolerance reaches the vLLM speed check (it was a fixed 15%), and whose step costs priced the
+    prediction is read from the profile's `engine` field, not from its description."""
+    from specsim.engines.check import EngineValidateConfig, _Replay, _speed_check
+    from tests.test_cost import profile_body
+
+    vllm, ours = tmp_path / "vllm.json", tmp_path / "ours.json"
+    vllm.write_text(json.dumps(profile_body(engine="vllm 0.32.0")))
+    ours.write_text(json.dumps(profile_body()))
+    times = {"plain": {"decode_s": 1.2, "window_s": 1.2, "seconds": 1.3},
+             "spec": {"decode_s": 1.0, "window_s": 1.0, "seconds": 1.1}}  # vLLM's speedup 1.2
+    result = {"timings": [times, times]}
+    replay = _Replay(row={"speedup": 1.32, "speedup_lo": 1.2, "speedup_hi": 1.4, "cost_basis": "a profile"},
+                     requests=None, features=None, table=None)  # predicted / live = 1.10
+    head = dict(draft="d", tree="chain:2", policy="greedy", temperature=0.0, batch=1)
+    assert _speed_check(head, result, replay, EngineValidateConfig(cost_profile=str(vllm))).passed  # ±15% default
+    strict = _speed_check(head, result, replay, EngineValidateConfig(cost_profile=str(vllm), speed_tolerance=0.05))
+    assert strict.passed is False and "±5%" in strict.detail
+    other = _speed_check(head, result, replay, EngineValidateConfig(cost_profile=str(ours)))
+    assert other.passed is None and "informational" in other.detail  # specsim's own engine's costs

@@ -42,8 +42,9 @@ from specsim.cli import _common as c
               help="Requests decoded together live, and the batch size the prediction is made for.")
 @click.option("--batching", type=c.choice(registry.BATCHING), default="lockstep", show_default=True,
               help="How B requests share engine steps. " + registry.vocab_help(registry.BATCHING) + ".")
-@click.option("--speed-tolerance", type=click.FloatRange(0, 10), default=0.10, show_default=True,
-              help="A speedup check passes when predicted / live is within 1 ± this.")
+@click.option("--speed-tolerance", type=click.FloatRange(0, 10), default=None,
+              help="A speedup check passes when predicted / live is within 1 ± this.  [default: 0.10; with --engine "
+                   "vllm 0.15, the prediction priced from a profile of vLLM's own steps]")
 @click.option("--rounds", type=click.IntRange(min=0), default=0, show_default=True,
               help="--engine vllm: also time vLLM's speculative against its plain decoding of the same requests, "
                    "this many rounds each, alternating (0: no speed check).")
@@ -120,7 +121,8 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
     if engine == "vllm":
         with sigterm_as_interrupt():
             return _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_profile, batch, rounds,
-                                  engine_log, fix_vllm_cpu, seed, threads, target, fmt, steps_target, quiet)
+                                  speed_tolerance, engine_log, fix_vllm_cpu, seed, threads, target, fmt, steps_target,
+                                  quiet)
     if rounds or engine_log is not None or fix_vllm_cpu:
         raise SpecError("--rounds, --engine-log and --fix-vllm-cpu go with --engine vllm")
     from specsim.live.validate import ValidateConfig, run_validation
@@ -132,7 +134,7 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
                             temperatures=tuple(temperatures), multi_draft=multi_draft, repeats=repeats,
                             min_agreement=min_agreement, seed=seed,
                             cost_profile=None if cost_profile is None else str(cost_profile), batch=batch,
-                            batching=batching, speed_tolerance=speed_tolerance)
+                            batching=batching, **_tolerance(speed_tolerance))
     try:
         with sigterm_as_interrupt():
             report = run_validation(cache, config, device=device, threads=threads, progress=not quiet,
@@ -166,8 +168,13 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
          f"no check failed ({sum(ch.passed is None for ch in report.checks)} inconclusive)")
 
 
-def _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_profile, batch, rounds, engine_log,
-                   fix_vllm_cpu, seed, threads, target, fmt, steps_target, quiet):
+def _tolerance(value: float | None) -> dict:
+    """--speed-tolerance as a config field: given, or the config's own default (each engine has one)."""
+    return {} if value is None else {"speed_tolerance": value}
+
+
+def _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_profile, batch, rounds,
+                   speed_tolerance, engine_log, fix_vllm_cpu, seed, threads, target, fmt, steps_target, quiet):
     """`validate --engine vllm` (see the command's help)."""
     import polars as pl
 
@@ -181,7 +188,7 @@ def _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_p
                                   temperatures=tuple(temperatures), repeats=repeats, batch=batch, rounds=rounds,
                                   seed=seed, cost_profile=None if cost_profile is None else str(cost_profile),
                                   threads=threads, log_dir=None if engine_log is None else str(engine_log),
-                                  fix_cpu_expand=fix_vllm_cpu)
+                                  fix_cpu_expand=fix_vllm_cpu, **_tolerance(speed_tolerance))
     try:
         report = validate_with_vllm(cache, config, echo=(lambda line: None) if quiet else
                                     (lambda line: click.echo(line, err=True)))

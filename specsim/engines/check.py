@@ -33,6 +33,7 @@ import numpy as np
 from specsim.cache.store import CacheReader
 from specsim.checks import Check
 from specsim.errors import CacheError
+from specsim.sim.cost import load_cost_profile
 from specsim.specs import parse_tree
 
 NEAR_TIE_ABS = 1e-3  # as `specsim.live.validate`: float32 noise between engines, in logits
@@ -55,6 +56,7 @@ class EngineValidateConfig:
     threads: int | None = None  # OMP threads of vLLM's CPU worker
     log_dir: str | None = None  # keep vLLM's logs here
     fix_cpu_expand: bool = False  # run vLLM's CPU build with its T>0 temperature expand corrected (vllm_worker.py)
+    speed_tolerance: float = 0.15  # |predicted / vLLM - 1| allowed when the prediction is priced with vLLM's costs
 
 
 @dataclass
@@ -174,7 +176,7 @@ def compare(data: "_Cache", draft: str, tree, policy: str, T: float, config: Eng
     else:
         report.checks.append(_sampling_check(head, result, replay, config.seed))
     if config.rounds:
-        report.checks.append(_speed_check(head, result, replay))
+        report.checks.append(_speed_check(head, result, replay, config))
 
 
 def _slug(text: str) -> str:
@@ -381,10 +383,7 @@ def _sampling_check(head: dict, result: dict, replay: _Replay, seed: int) -> Che
 # -- speed -------------------------------------------------------------------------------------------------
 
 
-SPEED_TOLERANCE = 0.15  # |predicted / vLLM - 1| allowed when the prediction is priced with vLLM's own step costs
-
-
-def _speed_check(head: dict, result: dict, replay: _Replay) -> Check:
+def _speed_check(head: dict, result: dict, replay: _Replay, config: EngineValidateConfig) -> Check:
     """vLLM's own speedup over its plain decoding of the same requests, beside specsim's prediction. What is
     timed: at batch 1 the requests' decode steps (first to last token, one request after another), at B > 1 the
     decode window of the whole run (B requests at a time); whole generate calls (prefill included) beside."""
@@ -397,15 +396,15 @@ def _speed_check(head: dict, result: dict, replay: _Replay) -> Check:
     row = replay.row
     predicted = row.get("speedup")
     basis = str(row.get("cost_basis"))
-    vllm_costs = "engine vllm" in basis
+    vllm_costs = bool(config.cost_profile) and load_cost_profile(config.cost_profile).engine.startswith("vllm")
     passed = None
     if predicted is not None and predicted == predicted:
         ratio = predicted / speedup
         comparison = (f"vLLM {speedup:.3f} (rounds {spread}) vs specsim predicted {predicted:.3f} "
                       f"[{row['speedup_lo']:.3f}, {row['speedup_hi']:.3f}]: ratio {ratio:.3f}")
         if vllm_costs:
-            passed = abs(ratio - 1) <= SPEED_TOLERANCE
-            basis = f"predicted from vLLM's own step costs ({basis}); tolerance ±{SPEED_TOLERANCE:.0%}"
+            passed = abs(ratio - 1) <= config.speed_tolerance
+            basis = f"predicted from vLLM's own step costs ({basis}); tolerance ±{config.speed_tolerance:.0%}"
         else:
             basis = f"predicted from {basis} (another engine's step costs: informational)"
     else:
