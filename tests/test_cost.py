@@ -234,3 +234,73 @@ def test_extrapolation_never_drops_below_the_grids_edge_and_rows_say_when_it_was
     flags = dict(zip(rows["tree"], rows["cost_extrapolated"]))
     assert flags == {"chain:4": False, "chain:9": True}  # 10 tokens verified, 8 measured
     assert "cost_extrapolated" not in specsim.simulate(path, trees=["chain:4"], drafts=["d"], n_boot=0).columns
+
+
+def with_rounds(body: dict, factors, noise: float = 0.0, seed: int = 0) -> dict:
+    """`body` with `runs` per entry: round k times every entry at factors[k] x its median, times independent
+    noise (lognormal, sigma `noise`) per entry and round."""
+    rng = np.random.default_rng(seed)
+
+    def cells(table):
+        for b in table.values():
+            for row in b.values():
+                yield from row.values()
+
+    for cell in [*cells(body["target_verify_s"]), *(c for t in body["draft_step_s"].values() for c in cells(t))]:
+        cell["runs"] = [cell["median"] * f * float(np.exp(noise * rng.normal())) for f in factors]
+    return body
+
+
+def test_profile_replicas_resample_rounds_jointly(tmp_path):
+    """A slow round slows every entry it timed: replicas draw whole rounds, so ratios between entries survive a
+    round-wide slowdown (resampling each entry on its own would scatter them)."""
+    from specsim.sim.cost import REPLICAS
+
+    factors = [1.0, 1.3, 0.9, 1.6, 1.1]
+    model = load_cost_profile(write(tmp_path / "r.json", with_rounds(profile_body(), factors)))
+    assert model.rounds == 5 and len(model.replicas) == REPLICAS and "5 rounds per entry" in model.describe()
+    base = float(model.verify_s(1, 4, 128)) / float(model.plain_s(1, 128))
+    plains = [float(r.plain_s(1, 128)) for r in model.replicas]
+    assert len(set(np.round(plains, 12))) > 3  # the replicas differ ...
+    for r in model.replicas:  # ... but every entry by the same round factor
+        assert float(r.verify_s(1, 4, 128)) / float(r.plain_s(1, 128)) == pytest.approx(base)
+        assert float(r.draft_s("d", 4, 2, 512)) / float(model.draft_s("d", 4, 2, 512)) == pytest.approx(
+            float(r.plain_s(1, 128)) / float(model.plain_s(1, 128)))
+    # without runs (or one round) there is nothing to resample: said, not invented
+    assert load_cost_profile(write(tmp_path / "m.json", profile_body())).replicas == ()
+    assert "not carried" in load_cost_profile(write(tmp_path / "m.json", profile_body())).uncertainty()
+    one = load_cost_profile(write(tmp_path / "o.json", with_rounds(profile_body(), [1.0])))
+    assert one.rounds == 0 and one.replicas == ()  # a single round is no spread
+
+
+def test_speedup_cis_carry_the_profiles_error(tmp_path):
+    """Noise common to a round cancels in plain / speculative time of the same replica (CI as without rounds);
+    noise per entry does not (wider CI, same point estimate); the rows say what their CI covers."""
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0,), drafts=("d",), n_prompts=6, length=24)
+    run = lambda body, name: specsim.simulate(  # noqa: E731
+        path, trees=["chain:3"], drafts=["d"], by_category=False, n_boot=400,
+        cost_profile=write(tmp_path / name, body)).row(0, named=True)
+    bare = run(profile_body(), "bare.json")
+    common = run(with_rounds(profile_body(), [1.0, 1.5, 0.7, 1.2, 2.0, 0.9]), "common.json")
+    noisy = run(with_rounds(profile_body(), [1.0] * 6, noise=0.3), "noisy.json")
+    assert bare["speedup_ci_covers"] == "prompts"
+    assert common["speedup_ci_covers"].startswith("prompts and cost-profile rounds")
+    assert common["speedup"] == pytest.approx(bare["speedup"])  # medians equal: the point estimate is the same
+    assert (common["speedup_lo"], common["speedup_hi"]) == pytest.approx((bare["speedup_lo"], bare["speedup_hi"]))
+    width = lambda r: r["speedup_hi"] - r["speedup_lo"]  # noqa: E731
+    assert width(noisy) > 1.5 * width(bare)
+    assert noisy["tokens_per_call_lo"] == bare["tokens_per_call_lo"]  # acceptance CIs are the prompts' alone
+
+
+def test_extrapolation_follows_the_upper_half_of_the_grid_not_its_last_point(tmp_path):
+    """One noisy last point does not set the slope past the grid: least squares over the upper half does."""
+    body = profile_body()
+    for L in ("128", "512"):
+        body["target_verify_s"]["1"][L]["8"]["median"] *= 1.5  # a high last point: two-point slope 3x too steep
+    model = load_cost_profile(write(tmp_path / "hi.json", body))
+    edge = float(model.verify_s(1, 8, 128))
+    two_point = (edge - float(model.verify_s(1, 4, 128))) / 4
+    slope = (float(model.verify_s(1, 12, 128)) - edge) / 4
+    xs = np.array([2.0, 4.0, 8.0])
+    ys = np.array([float(model.verify_s(1, x, 128)) for x in xs])
+    assert slope == pytest.approx(np.polyfit(xs, ys, 1)[0]) and 0 < slope < 0.8 * two_point

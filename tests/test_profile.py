@@ -85,8 +85,10 @@ def test_profile_json_round_trips_into_the_cost_model(pair, tmp_path):
     assert set(data["drafts"]) == {"layers:2", "int8"}
     cell = data["target_verify_s"]["2"]["32"]["3"]
     assert cell["q25"] <= cell["median"] <= cell["q75"] and cell["n"] == 2
+    assert len(cell["runs"]) == 2 and cell["median"] == pytest.approx(float(np.median(cell["runs"])))
     assert 0 <= data["fit"]["max_relative_error"] < 100 and data["versions"]["torch"]
     model = load_cost_profile(path)
+    assert model.rounds == 2 and model.replicas  # every round kept: the profile's error can be carried
     assert float(model.verify_s(2, 3, 32)) == pytest.approx(cell["median"])
     assert float(model.draft_s("int8", 1, 2, 8)) == pytest.approx(data["draft_step_s"]["int8"]["1"]["8"]["2"]["median"])
     with pytest.raises(SpecError, match="exists; pass --overwrite"):

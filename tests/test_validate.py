@@ -125,6 +125,12 @@ def test_validate_compares_predicted_and_live_speedup(tiny_cache, tiny_profile, 
     assert speed["ratio"] == pytest.approx(speed["speedup_predicted"] / speed["speedup_live"])
     assert speed["batch"] == 2 and speed["speedup_live"] > 0 and speed["verdict"] == "PASS"
     assert frame.filter(pl.col("check") == "greedy calls")["verdict"].to_list() == ["PASS"]
+    # the check can fail: no prediction is within a millionth of a measured speedup
+    strict = _validate(str(tiny_cache), "--tree", "chain:3", "--draft", "int8", "--cost-profile", str(tiny_profile),
+                       "--batch", "2", "--speed-tolerance", "0.000001", "--out", str(tmp_path / "strict.csv"))
+    assert strict.exit_code != 0 and "FAIL" in strict.output
+    verdicts = pl.read_csv(tmp_path / "strict.csv").filter(pl.col("check") == "speedup")["verdict"].to_list()
+    assert verdicts == ["FAIL"]
 
 
 def test_validate_refuses_a_profile_of_other_models_before_loading_any(tiny_cache, tmp_path):

@@ -13,8 +13,11 @@ tokens each:
 * ``draft_step_s[draft][B][L][w]``: one draft forward over w new tokens per request (one
   tree level: siblings that see the context and themselves), plus picking their children.
 
-Timing: `warmup` untimed runs, then `repeats` timed ones per entry; the median is used,
-the quartiles are kept (the spread); every run ends with a device synchronisation, so a
+Timing: for each (B, L), `warmup` untimed runs of every entry, then `repeats` rounds, each
+timing every entry of that (B, L) once in a fresh random order (a slow moment of a shared
+machine then falls on all entries alike, not on one). Every round's time is kept (`runs`:
+`specsim.sim.cost` resamples the rounds jointly to carry the profile's error into speedup
+CIs); the median is used, the quartiles are kept (the spread); every run ends with a device synchronisation, so a
 time is the wall-clock the engine waits (CPU launch overhead included, as live decoding
 pays it). The profile records device, dtype, threads, load average, library versions,
 the models with the architecture fingerprints caches record, and the interpolation
@@ -52,7 +55,7 @@ class ProfileConfig:
     contexts: tuple[int, ...] = (128, 512)  # L: tokens already in each request's KV cache
     max_tokens: int = 64  # largest N; every N up to DENSE, then steps of 8 (16 beyond 64) up to max_tokens
     draft_widths: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # w: draft tokens per request per draft forward
-    repeats: int = 10  # timed runs per entry (the median is kept, quartiles as the spread)
+    repeats: int = 10  # timed rounds per (B, L): every entry once per round (all kept; the median is used)
     warmup: int = 2  # untimed runs per entry
     seed: int = 0  # random token ids
 
@@ -105,19 +108,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(run: Callable[[], None], device: torch.device, *, warmup: int, repeats: int) -> dict:
-    """{"median", "q25", "q75", "n"} seconds of `run`, synchronised before and after each run."""
+def _timed_rounds(runs: dict, device: torch.device, *, warmup: int, repeats: int,
+                  rng: np.random.Generator) -> dict:
+    """{key: {"median", "q25", "q75", "n", "runs"}} seconds of every run in `runs`, measured in `repeats` rounds:
+    each round times every run once, in a fresh random order, synchronised before and after each, so a
+    slow moment of the machine falls on all entries alike and the rounds can be resampled jointly."""
+    keys = list(runs)
     for _ in range(warmup):
-        run()
-    times = []
+        for key in keys:
+            runs[key]()
+    times: dict = {key: [] for key in keys}
     for _ in range(repeats):
-        _sync(device)
-        started = time.perf_counter()
-        run()
-        _sync(device)
-        times.append(time.perf_counter() - started)
-    q25, median, q75 = np.percentile(times, [25, 50, 75])
-    return {"median": float(median), "q25": float(q25), "q75": float(q75), "n": repeats}
+        for i in rng.permutation(len(keys)):
+            _sync(device)
+            started = time.perf_counter()
+            runs[keys[i]]()
+            _sync(device)
+            times[keys[i]].append(time.perf_counter() - started)
+    out = {}
+    for key, t in times.items():
+        q25, median, q75 = np.percentile(t, [25, 50, 75])
+        out[key] = {"median": float(median), "q25": float(q25), "q75": float(q75), "n": repeats, "runs": t}
+    return out
 
 
 class _Bench:
@@ -250,26 +262,24 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
     with torch.inference_mode():
         for B in batches:
             for L in config.contexts:
-                bench = _Bench(target.model, B, L, rng)
-                row = {}
+                runs = {}  # (who, x) -> one forward; timed together in interleaved rounds
+                benches = [_Bench(target.model, B, L, rng)]
                 for n in sizes:
                     depth, attend = _tree_layout(verify_tree_parents(n))
-                    row[str(n)] = _timed(bench.run(depth, attend, greedy_pick), device,
-                                         warmup=config.warmup, repeats=config.repeats)
-                    bar.update()
-                verify.setdefault(str(B), {})[str(L)] = row
-                del bench
+                    runs[("target", n)] = benches[0].run(depth, attend, greedy_pick)
                 for d in drafts:
                     bench = _HeadBench(d, B, L, rng) if d.name in heads else _Bench(d.model, B, L, rng)
-                    row = {}
+                    benches.append(bench)
                     for w in widths:  # siblings: each sees the context and itself; their children are picked
                         pick = lambda logits: top_ranked(logits.reshape(-1, logits.shape[-1]), 1)  # noqa: E731
-                        run = (bench.run(w, pick) if d.name in heads
-                               else bench.run(np.ones(w, np.int64), np.eye(w, dtype=bool), pick))
-                        row[str(w)] = _timed(run, device, warmup=config.warmup, repeats=config.repeats)
-                        bar.update()
-                    draft[d.name].setdefault(str(B), {})[str(L)] = row
-                    del bench
+                        runs[(d.name, w)] = (bench.run(w, pick) if d.name in heads
+                                             else bench.run(np.ones(w, np.int64), np.eye(w, dtype=bool), pick))
+                timed = _timed_rounds(runs, device, warmup=config.warmup, repeats=config.repeats, rng=rng)
+                verify.setdefault(str(B), {})[str(L)] = {str(n): timed[("target", n)] for n in sizes}
+                for d in drafts:
+                    draft[d.name].setdefault(str(B), {})[str(L)] = {str(w): timed[(d.name, w)] for w in widths}
+                bar.update(len(runs))
+                del benches, runs
     bar.close()
     medians = lambda t, xs: np.array([[[t[str(b)][str(L)][str(x)]["median"] for x in xs]  # noqa: E731
                                        for L in config.contexts] for b in batches])
@@ -293,7 +303,8 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
         "batches": batches, "contexts": list(config.contexts), "sizes": sizes, "widths": widths,
         "timing": {"warmup": config.warmup, "repeats": config.repeats, "statistic": "median",
                    "spread": "q25/q75", "clock": "wall, synchronised", "seed": config.seed,
-                   "tokens": "random ids"},
+                   "tokens": "random ids", "rounds": "every entry of a (B, L) timed once per round, in random "
+                                                     "order; `runs` keeps each round's time"},
         "target_verify_s": verify,
         "draft_step_s": draft,
         "fit": {"max_relative_error": max(errors),

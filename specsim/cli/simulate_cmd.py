@@ -232,7 +232,12 @@ def footer(df) -> str:
             if "cost_extrapolated" in df.columns else 0
         if outside:
             lines.append(f"{outside} configuration row(s) priced past what the profile measured (batch, tokens, draft "
-                         "width or context; linear, never below the grid's edge, at most 2x): cost_extrapolated in --out")
+                         "width or context; the edge's time plus a fitted non-negative slope, at most 2x): "
+                         "cost_extrapolated in --out")
+        covers = df["speedup_ci_covers"].drop_nulls().unique(maintain_order=True).to_list() \
+            if "speedup_ci_covers" in df.columns else []
+        if covers:
+            lines.append("speedup CIs cover: " + "; ".join(covers))
         if (df["batch"] > 1).any():
             lines.append(f"batch rows: {df['batching'].drop_nulls()[0]} batching on a timeline of engine steps; speedup "
                          "over plain batched decoding at the same batch size; CIs "

@@ -350,6 +350,12 @@ class Pricing:
             feed = self._next_feed(features, tree, batch, contexts, cut)
         return call, model.plain_s(batch, contexts), feed
 
+    def priced_replicas(self, features: Features, tree: Tree, batch: int = 1,
+                        drafted: np.ndarray | None = None) -> list[tuple]:
+        """`priced` under each replica of the cost profile (`ProfileCost.replicas`; [] when it kept no rounds)."""
+        return [replace(self, model=m).priced(features, tree, batch, drafted)
+                for m in getattr(self.model, "replicas", ())]
+
     def _next_feed(self, features: Features, tree: Tree, batch: int, contexts: np.ndarray,
                    cut: np.ndarray) -> np.ndarray:
         """(N, D+1) extra time the next call's root feed costs, over the one token priced in every call,
@@ -708,6 +714,9 @@ def _merge_stats(pieces: list[tuple[np.ndarray, TrajectoryStats]], where) -> Tra
     depth = max(p.reach.shape[1] for _, p in pieces)
     out = {name: np.zeros(n_traj) for name in ("calls", "drafted", "accepted", "tokens", "cost")}
     plain = np.zeros(n_traj) if all(p.plain is not None for _, p in pieces) else None
+    counts = {None if p.cost_replicas is None else p.cost_replicas.shape[0] for _, p in pieces}
+    R = counts.pop() if len(counts) == 1 else None  # replicas only where every piece has the same number
+    cost_r, plain_r = (None, None) if R is None else (np.zeros((R, n_traj)), np.zeros((R, n_traj)))
     se = np.zeros(n_traj) if any(p.se_accepted is not None for _, p in pieces) else None
     reach = np.zeros((n_traj, depth))
     for idx, p in pieces:
@@ -718,7 +727,10 @@ def _merge_stats(pieces: list[tuple[np.ndarray, TrajectoryStats]], where) -> Tra
             plain[idx] = p.plain
         if se is not None and p.se_accepted is not None:
             se[idx] = p.se_accepted
+        if R is not None:
+            cost_r[:, idx], plain_r[:, idx] = p.cost_replicas, p.plain_replicas
     return TrajectoryStats(**out, reach=reach, exact=all(p.exact for _, p in pieces), se_accepted=se, plain=plain,
+                           cost_replicas=cost_r, plain_replicas=plain_r,
                            extra=_merge_extra([(float(where.traj_len[idx].sum()), p.extra) for idx, p in pieces]),
                            engine=_merge_engine([(idx, p.engine) for idx, p in pieces], n_traj, depth))
 
@@ -794,8 +806,10 @@ def _walk_one(features: Features, tree: Tree, policy: PolicySpec, pricing: Prici
     if table is None:
         return result, None
     if pricing.model is not None:
-        call, plain, feed = pricing.priced(features, tree, drafted=_proposed(features, table))
-        return walk(table, features, call, plain_cost=plain, next_feed_cost=feed), table
+        drafted = _proposed(features, table)
+        call, plain, feed = pricing.priced(features, tree, drafted=drafted)
+        return walk(table, features, call, plain_cost=plain, next_feed_cost=feed,
+                    replicas=pricing.priced_replicas(features, tree, drafted=drafted)), table
     return walk(table, features), table
 
 
@@ -911,6 +925,7 @@ def _batch_rows(rows_b1: list[dict], tables: list, features: Features, pricing: 
             "latency_per_token_ms": est.latency_per_token_ms,
             "plain_latency_per_token_ms": est.plain_latency_per_token_ms,
             "mean_batch": est.mean_batch, "mc_se_speedup": est.mc_se_speedup,
+            "speedup_ci_covers": "prompts (the batch timeline does not carry the cost profile's error)",
             "cost_extrapolated": pricing.extrapolated(features, tree, batch),
             "n_boot": min(n_boot, BATCH_BOOT),
             "estimate": row["estimate"] if est.exact else "monte-carlo",
@@ -960,8 +975,10 @@ def speed_of(features: Features, tree: Tree, policy: PolicySpec, pricing: Pricin
     result = run_policy(features, tree, policy, rng, pricing)
     if not isinstance(result, AcceptanceTable):
         raise SpecError(f"{policy.label} is not a fixed tree; speed_of prices fixed trees")
-    call, plain, feed = pricing.priced(features, tree, drafted=_proposed(features, result))
-    stats = walk(result, features, call, plain_cost=plain, next_feed_cost=feed)
+    drafted = _proposed(features, result)
+    call, plain, feed = pricing.priced(features, tree, drafted=drafted)
+    stats = walk(result, features, call, plain_cost=plain, next_feed_cost=feed,
+                 replicas=pricing.priced_replicas(features, tree, drafted=drafted))
     row = summarize_many([stats], features, by_category=False, n_boot=n_boot, seed=seed)[0][0]
     if batch == 1:
         return Speed(batch=1, tokens_per_call=row["tokens_per_call"],

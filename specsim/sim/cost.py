@@ -7,13 +7,28 @@ times exactly those forwards with the live engine's own code, for a grid of batc
 B, contexts L, token counts N and draft widths w, and writes a cost profile (JSON, v2).
 
 `ProfileCost` reads it and answers the time of any (B, N, w, L) by multilinear
-interpolation between measured grid points. Beyond the grid it extrapolates linearly from
-the last two points along each axis, never below the time at the grid's edge (a step past
-the largest measured B, N, w or L does not cost less than the largest one measured: noisy
-last points could otherwise slope downwards), up to `EXTRAPOLATION` (2x) past the largest;
-further out it refuses with an error naming the measured range. `extrapolates` says whether a
-query left the grid, so rows can flag it. Below the smallest measured context it uses that
-context's time (attention only gets cheaper).
+interpolation between the medians of the measured grid points. The grid is dense where
+the time is not smooth (every N up to 17 and every B up to 8: small GEMMs on CPUs are not
+monotone in N or B, measured on SmolLM2), so the shapes trees ask for are measured points,
+not fitted ones; what a model could add there is smoothing of measured wiggles, which are
+real. Past the grid, a time is the grid edge's plus a straight line whose slope is
+least-squares fitted to the upper half of that axis's measured points, never negative (a
+larger B, N, w or L never costs less, and one noisy last point does not set the slope),
+up to `EXTRAPOLATION` (2x) past the largest; further out it refuses with an error naming
+the measured range. `extrapolates` says whether a query left the grid, so rows flag it
+(`cost_extrapolated`). Below the smallest measured context it uses that context's time
+(attention only gets cheaper).
+
+Its error. A profile that kept every timed run of every entry (`runs`, measured in rounds:
+each round times every entry of a (B, L) once, in random order, so a slow moment of the
+machine lands on all of them alike) is resampled by rounds, jointly over all entries
+(`replicas`: `REPLICAS` profiles, each the medians of R rounds drawn with replacement).
+Pricing a configuration with each replica gives the spread of its time that the
+measurement leaves; `sim.metrics` pairs replica r with prompt resample b (r = b mod
+REPLICAS), so speedup CIs cover which prompts were cached *and* how the profile's timings
+scattered. Drift between profiling and use (another load, another boost clock) is not in
+the repeats and is not covered; the leave-one-out interpolation error (`fit_error`) bounds
+what a query between grid points adds.
 
 `AssumedCost` is Leviathan et al.'s (2023) flat model — a draft step costs c target
 steps, verification costs one step whatever the tree — kept for what-if questions. Its
@@ -28,7 +43,8 @@ numpy only.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -40,6 +56,7 @@ from specsim.trees import Tree
 PROFILE_FORMAT = "specsim-cost-profile"
 PROFILE_VERSION = 2
 EXTRAPOLATION = 2.0  # furthest extrapolation allowed, as a factor of the largest measured value per axis
+REPLICAS = 64  # profile replicas resampled from the stored rounds; prompt resample b is priced by replica b % REPLICAS
 
 
 @dataclass(frozen=True)
@@ -163,6 +180,36 @@ class ProfileCost:
     unit: str = "seconds"
     notes: tuple[str, ...] = field(default=())
     engine: str = "specsim"  # whose steps were timed: "specsim" (its live engine) or e.g. "vllm 0.32.0"
+    verify_runs: np.ndarray | None = None  # (R, nb, nl, nn) every round's time; None when the file kept none
+    draft_runs: dict[str, np.ndarray] | None = None  # name -> (R, nb, nl, nw)
+    seed: int = 0  # of the rounds' resampling
+
+    @property
+    def rounds(self) -> int:
+        """Timed rounds kept per entry (0: the profile stored medians only, its uncertainty is not known)."""
+        return 0 if self.verify_runs is None else int(self.verify_runs.shape[0])
+
+    @cached_property
+    def replicas(self) -> tuple["ProfileCost", ...]:
+        """REPLICAS profiles whose tables are the medians of rounds resampled with replacement, the same rounds
+        for every entry (a slow round slows every entry it timed); () without stored rounds."""
+        R = self.rounds
+        if R < 2:
+            return ()
+        rng = np.random.default_rng([self.seed, R])
+        out = []
+        for _ in range(REPLICAS):
+            pick = rng.integers(0, R, size=R)
+            out.append(replace(self, verify=np.median(self.verify_runs[pick], axis=0),
+                               draft={k: np.median(v[pick], axis=0) for k, v in self.draft_runs.items()},
+                               verify_runs=None, draft_runs=None))
+        return tuple(out)
+
+    def uncertainty(self) -> str:
+        """What the speedup CIs carry of this profile's error, in words."""
+        if self.rounds < 2:
+            return "profile error not carried (the profile kept medians only: re-run `specsim profile`)"
+        return f"profile error carried: {self.rounds} timed rounds per entry, resampled jointly"
 
     def verify_s(self, batch, tokens, context) -> np.ndarray:
         """Seconds of one target forward over `tokens` (N) per request for `batch` requests at `context`."""
@@ -185,6 +232,7 @@ class ProfileCost:
 
     def describe(self) -> str:
         err = f", interpolation error <= {100 * self.fit_error:.0f}%" if self.fit_error is not None else ""
+        err += f", {self.rounds} rounds per entry" if self.rounds >= 2 else ""
         engine = "" if self.engine == "specsim" else f"engine {self.engine}: "
         return (f"MEASURED profile {self.path.name} ({engine}{self.device}, {self.dtype}; target {self.target.name}; "
                 f"batch {_span(self.batches)}, context {_span(self.contexts)}{err})")
@@ -214,18 +262,22 @@ def _span(values: np.ndarray) -> str:
     return values[0] if len(values) == 1 else f"{values[0]}-{values[-1]}"
 
 
-def _axis(x: np.ndarray, grid: np.ndarray, name: str, path: Path, *, clamp_below: bool):
-    """(lower index, upper index, fraction) of x on a grid, with the extrapolation rules above."""
+def _check_range(x: np.ndarray, grid: np.ndarray, name: str, path: Path, *, clamp_below: bool) -> None:
+    """SpecError for a query more than EXTRAPOLATION x past the largest measured value (or below the smallest)."""
     if x.size and float(x.max()) > EXTRAPOLATION * float(grid[-1]):
         raise SpecError(f"cost profile {path}: {name} {float(x.max()):g} is beyond what it measured "
                         f"({_span(grid)}; extrapolating more than {EXTRAPOLATION:g}x past the largest is refused); "
                         f"re-run `specsim profile` with a wider range")
     if x.size and float(x.min()) < float(grid[0]) and not clamp_below:
         raise SpecError(f"cost profile {path}: {name} {float(x.min()):g} is below what it measured ({_span(grid)})")
+
+
+def _axis(x: np.ndarray, grid: np.ndarray):
+    """(lower index, upper index, fraction) of x (within the grid's range) on a grid."""
     if grid.shape[0] == 1:
         zeros = np.zeros(x.shape, dtype=np.int64)
         return zeros, zeros, np.zeros(x.shape)
-    x = np.maximum(x, grid[0]) if clamp_below else x
+    x = np.clip(x, grid[0], grid[-1])
     hi = np.clip(np.searchsorted(grid, x), 1, grid.shape[0] - 1)
     lo = hi - 1
     return lo, hi, (x - grid[lo]) / (grid[hi] - grid[lo])
@@ -233,18 +285,35 @@ def _axis(x: np.ndarray, grid: np.ndarray, name: str, path: Path, *, clamp_below
 
 def _interpolate(table: np.ndarray, grids: Sequence[np.ndarray], points: Sequence, names: Sequence[str],
                  path: Path) -> np.ndarray:
-    """Multilinear interpolation (linear extrapolation up to the limit) of a 3-D table at broadcast points."""
+    """Multilinear interpolation of a 3-D table at broadcast points; past the grid, the edge's time plus a
+    non-negative least-squares slope over the upper half of each axis the point left (see the module doc)."""
     pts = [p.ravel() for p in np.broadcast_arrays(*[np.asarray(p, dtype=np.float64) for p in points])]
     shape = np.broadcast(*[np.asarray(p) for p in points]).shape
-    out = _corners(table, [_axis(p, g, n, path, clamp_below=(n == "context")) for p, g, n in zip(pts, grids, names)])
-    beyond = np.zeros(out.shape, dtype=bool)
-    for p, g in zip(pts, grids):
-        beyond |= p > g[-1]
-    if beyond.any():  # past the grid: never below the time at its edge
-        edge = _corners(table, [_axis(np.minimum(p, g[-1]), g, n, path, clamp_below=True)
-                                for p, g, n in zip(pts, grids, names)])
-        out = np.where(beyond, np.maximum(out, edge), out)
+    for p, g, n in zip(pts, grids, names):
+        _check_range(p, g, n, path, clamp_below=(n == "context"))
+    inside = [np.minimum(p, g[-1]) for p, g in zip(pts, grids)]
+    out = _corners(table, [_axis(x, g) for x, g in zip(inside, grids)])
+    for k, (p, g) in enumerate(zip(pts, grids)):
+        past = np.maximum(p - g[-1], 0.0)
+        if g.shape[0] > 1 and past.any():
+            out = out + past * _edge_slope(table, grids, inside, k)
     return out.reshape(shape)
+
+
+def _edge_slope(table: np.ndarray, grids: Sequence[np.ndarray], inside: Sequence[np.ndarray], k: int) -> np.ndarray:
+    """Least-squares slope of the time along axis k over its upper half of measured values (at least two), at the
+    other axes' coordinates of each point, floored at 0."""
+    g = grids[k]
+    upper = g[(g.shape[0] - 1) // 2:]  # the upper half, middle point included: at least two
+    values = []
+    for x in upper:
+        at = list(inside)
+        at[k] = np.full(inside[k].shape, x)
+        values.append(_corners(table, [_axis(a, gg) for a, gg in zip(at, grids)]))
+    values = np.stack(values)  # (len(upper), Q)
+    dx = upper - upper.mean()
+    slope = (dx[:, None] * (values - values.mean(axis=0))).sum(axis=0) / float((dx ** 2).sum())
+    return np.maximum(slope, 0.0)
 
 
 def _corners(table: np.ndarray, axes: Sequence) -> np.ndarray:
@@ -289,6 +358,7 @@ def load_cost_profile(path) -> ProfileCost:
     for axis in ("batches", "sizes", "widths"):
         if grid[axis].size == 0 or grid[axis][0] != 1:
             raise SpecError(f"cost profile {path}: {axis} must start at 1 (the plain step / one request)")
+    runs = _runs(data, grid)
     fit = data.get("fit", {}).get("max_relative_error")
     return ProfileCost(
         path=path, device=str(data.get("device", "?")), dtype=str(data.get("dtype", "?")),
@@ -297,7 +367,32 @@ def load_cost_profile(path) -> ProfileCost:
         batches=grid["batches"], contexts=grid["contexts"], sizes=grid["sizes"], widths=grid["widths"],
         verify=verify, draft=draft, fit_error=float(fit) if fit is not None else None,
         engine=str(data.get("engine", "specsim")),
+        verify_runs=None if runs is None else runs[0], draft_runs=None if runs is None else runs[1],
+        seed=int(data.get("timing", {}).get("seed", 0) or 0) if isinstance(data.get("timing"), Mapping) else 0,
     )
+
+
+def _runs(data: Mapping, grid: Mapping) -> tuple[np.ndarray, dict] | None:
+    """((R, nb, nl, nn) target rounds, {draft: (R, nb, nl, nw)}) when every entry kept the same number R >= 2 of
+    timed rounds (`runs`), else None (older profiles and vLLM profiles of one run: no uncertainty to carry)."""
+    def table(raw, xs):
+        cells = [[[raw[f"{b:g}"][f"{L:g}"][f"{x:g}"] for x in xs] for L in grid["contexts"]] for b in grid["batches"]]
+        flat = [c.get("runs") if isinstance(c, Mapping) else None for bl in cells for lx in bl for c in lx]
+        if any(not isinstance(r, list) for r in flat) or len({len(r) for r in flat}) != 1 or len(flat[0]) < 2:
+            return None
+        runs = np.array(flat, dtype=np.float64)  # (cells, R)
+        if not np.all(runs > 0):
+            return None
+        return runs.T.reshape(runs.shape[1], len(grid["batches"]), len(grid["contexts"]), len(xs))
+
+    try:
+        verify = table(data["target_verify_s"], grid["sizes"])
+        drafts = {name: table(data["draft_step_s"][name], grid["widths"]) for name in data["drafts"]}
+    except (KeyError, TypeError, ValueError):
+        return None
+    if verify is None or any(v is None or v.shape[0] != verify.shape[0] for v in drafts.values()):
+        return None
+    return verify, drafts
 
 
 def _table(raw: Mapping, batches: np.ndarray, contexts: np.ndarray, sizes: np.ndarray) -> np.ndarray:

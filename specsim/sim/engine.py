@@ -22,7 +22,7 @@ numpy (and scipy's LAPACK wrapper for the banded solve).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -116,6 +116,8 @@ class TrajectoryStats:
     extra: Mapping | None = None  # per-configuration scalars for the result row (passed on from the table)
     plain: np.ndarray | None = None  # (n_traj,) time of plain decoding of the trajectory (same unit as cost)
     engine: EngineTotals | None = None  # vLLM's counters of the same decoding (None: the policy has none)
+    cost_replicas: np.ndarray | None = None  # (R, n_traj) `cost` priced by each replica of the cost profile
+    plain_replicas: np.ndarray | None = None  # (R, n_traj) `plain` likewise (None: the profile kept no rounds)
 
 
 def at_depth(x: np.ndarray, d: int, keyed: bool) -> np.ndarray:
@@ -173,7 +175,8 @@ def check_table(table: AcceptanceTable, features) -> None:
         raise ValueError("p_len puts mass past the end of a trajectory (a > n-1-t)")
 
 
-def walk(table: AcceptanceTable, features, call_cost=0.0, *, plain_cost=None, next_feed_cost=None) -> TrajectoryStats:
+def walk(table: AcceptanceTable, features, call_cost=0.0, *, plain_cost=None, next_feed_cost=None,
+         replicas: Sequence[tuple] = ()) -> TrajectoryStats:
     """Expected calls, drafted/accepted tokens, per-depth reach and time of decoding each trajectory.
 
     Every total is additive over calls, so E[total] = Σ_t visits(t) · r(t), with visits(t)
@@ -184,6 +187,8 @@ def walk(table: AcceptanceTable, features, call_cost=0.0, *, plain_cost=None, ne
     next_feed_cost (N, D+1) [t, a]: extra time the NEXT call pays when the call at t accepted a
     (its root feed: 2 tokens after a draft model's full acceptance, 1 + a entries for EAGLE),
     charged to the call at t in expectation, Σ_a P(a | t) · next_feed_cost[t, a].
+    replicas: (call_cost, plain_cost, next_feed_cost) of each replica of the cost profile
+    (`ProfileCost.replicas`); the same visits price each, giving `cost_replicas` and `plain_replicas`.
     """
     check_table(table, features)
     occ = occupancy(table, features)  # (N,)
@@ -204,14 +209,22 @@ def walk(table: AcceptanceTable, features, call_cost=0.0, *, plain_cost=None, ne
     se = None
     if not table.exact and table.se_len is not None:
         se = np.sqrt(per_traj((occ * table.se_len) ** 2))
-    cost = per_traj(occ * np.broadcast_to(np.asarray(call_cost, dtype=np.float64), occ.shape))
-    if next_feed_cost is not None and table.depth:
-        cost = cost + per_traj(occ * (table.p_len * next_feed_cost).sum(axis=1))
+    def priced(call_cost, next_feed_cost):
+        cost = per_traj(occ * np.broadcast_to(np.asarray(call_cost, dtype=np.float64), occ.shape))
+        if next_feed_cost is not None and table.depth:
+            cost = cost + per_traj(occ * (table.p_len * next_feed_cost).sum(axis=1))
+        return cost
+
+    cost = priced(call_cost, next_feed_cost)
+    cost_replicas = plain_replicas = None
+    if replicas:
+        cost_replicas = np.stack([priced(c, f) for c, _, f in replicas])
+        plain_replicas = np.stack([per_traj(np.asarray(p, dtype=np.float64)) for _, p, _ in replicas])
     return TrajectoryStats(
         calls=calls, drafted=drafted, accepted=accepted, tokens=features.traj_len.astype(np.float64),
         reach=np.ascontiguousarray(reach), cost=cost, exact=table.exact, se_accepted=se,
         extra=table.extra, plain=None if plain_cost is None else per_traj(np.asarray(plain_cost, dtype=np.float64)),
-        engine=engine_totals(table, features),
+        engine=engine_totals(table, features), cost_replicas=cost_replicas, plain_replicas=plain_replicas,
     )
 
 

@@ -12,6 +12,12 @@ and the seed, so configurations of one sweep share them (their CIs are comparabl
 and `summarize_many` resamples every configuration of a sweep in one product.
 A Monte-Carlo policy's own estimation error is reported separately as a standard error.
 
+Speed is priced by a cost profile whose timings scatter too. Where the profile kept its timed
+rounds, each trajectory's time was also priced by every replica of the profile (rounds
+resampled jointly, `sim.cost.ProfileCost.replicas`); prompt resample b then takes its times
+from replica b mod R, so the speedup and tokens/s intervals cover both sources at once, and
+each row says which it covers (`speedup_ci_covers`).
+
 A configuration that drafts nothing (a model-free draft on contexts without a match)
 has an undefined acceptance rate: it is reported as NaN, without numpy warnings, and
 its tokens per call is exactly 1.
@@ -110,6 +116,16 @@ def _metrics(sums: np.ndarray) -> np.ndarray:
                      _ratio(e_accepted, e_drafted)], axis=-1)
 
 
+_COST, _PLAIN = _TOTALS.index("cost"), _TOTALS.index("plain")
+
+
+def _covers(stats: TrajectoryStats) -> str:
+    """What a row's speedup interval accounts for."""
+    if stats.cost_replicas is None:
+        return "prompts"
+    return f"prompts and cost-profile rounds ({stats.cost_replicas.shape[0]} replicas)"
+
+
 def _total(stats: TrajectoryStats, name: str) -> np.ndarray:
     if name.startswith("engine_"):
         value = None if stats.engine is None else getattr(stats.engine, name.removeprefix("engine_"))
@@ -165,6 +181,11 @@ def summarize_many(stats_list: Sequence[TrajectoryStats], features, *, by_catego
         if n >= 2 and n_boot >= 1:
             W = bootstrap_counts(n, int(n_boot), int(seed))  # (B, n)
             boot = (W @ part.reshape(n, C * K)).reshape(-1, C, K)  # (B, C, K) every resample's sums
+            for c, stats in enumerate(stats_list):  # speed: resample b priced by profile replica b mod R
+                if stats.cost_replicas is not None:
+                    pick = np.arange(W.shape[0]) % stats.cost_replicas.shape[0]
+                    boot[:, c, _COST] = (W * stats.cost_replicas[:, idx][pick]).sum(axis=1)
+                    boot[:, c, _PLAIN] = (W * stats.plain_replicas[:, idx][pick]).sum(axis=1)
             with np.errstate(invalid="ignore", divide="ignore"):
                 lo, hi = (x.reshape(C, M) for x in _interval(_metrics(boot).reshape(-1, C * M)))
         n_prompts = int(len(np.unique(features.traj_prompt[idx])))
@@ -178,6 +199,7 @@ def summarize_many(stats_list: Sequence[TrajectoryStats], features, *, by_catego
                 row[name], row[name + "_lo"], row[name + "_hi"] = float(point[c, k]), float(lo[c, k]), float(hi[c, k])
             row["depth_accept"] = (stats.reach[idx].sum(axis=0) / calls).tolist()  # P(A >= d) per call, d = 1..D
             row["call_cost"] = float(cost / calls)
+            row["speedup_ci_covers"] = _covers(stats)
             if stats.exact or stats.se_accepted is None:
                 row["mc_se_accept_rate"] = row["mc_se_tokens_per_call"] = None
             else:
