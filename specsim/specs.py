@@ -270,10 +270,11 @@ def drafts_in_one_pass(spec: str | None) -> bool:
     return spec is not None and draft_kind(spec).one_pass
 
 
-def feeds_accepted(spec: str | None) -> bool:
-    """Whether a draft's next call feeds the root plus every accepted token first (EAGLE's layer does:
-    its entries pair the target's states with the tokens after them), rather than at most two tokens."""
-    return spec is not None and draft_kind(spec).feeds_accepted
+def feeds_accepted(spec: str | None, tree=None) -> bool:
+    """Whether a draft's next call feeds the root plus every accepted token first, rather than at most two
+    tokens: EAGLE's layer does (its entries pair the target's states with the tokens after them), and so
+    does any draft drafting a dynamic `tree` (the expansion's entries are dropped after each call)."""
+    return spec is not None and (draft_kind(spec).feeds_accepted or getattr(tree, "dynamic", None) is not None)
 
 
 def model_free_drafter(spec: str):

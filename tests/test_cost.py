@@ -304,3 +304,25 @@ def test_extrapolation_follows_the_upper_half_of_the_grid_not_its_last_point(tmp
     xs = np.array([2.0, 4.0, 8.0])
     ys = np.array([float(model.verify_s(1, x, 128)) for x in xs])
     assert slope == pytest.approx(np.polyfit(xs, ys, 1)[0]) and 0 < slope < 0.8 * two_point
+
+
+def test_batch_rows_carry_the_profiles_error_too(tmp_path):
+    """The batch timeline prices bootstrap replicate b with profile replica b mod R: per-entry noise widens the
+    batch rows' CI, round-wide noise cancels, and the point estimate is the medians'."""
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0,), drafts=("d",), n_prompts=8, length=24)
+    rows = lambda body, name: specsim.simulate(  # noqa: E731
+        path, trees=["chain:3"], drafts=["d"], by_category=False, n_boot=200, batches=[4],
+        cost_profile=write(tmp_path / name, body)).filter(pl_col("batch") == 4).row(0, named=True)
+    bare = rows(profile_body(), "bare.json")
+    common = rows(with_rounds(profile_body(), [1.0, 1.5, 0.7, 1.2, 2.0, 0.9]), "common.json")
+    noisy = rows(with_rounds(profile_body(), [1.0] * 6, noise=0.3), "noisy.json")
+    assert bare["speedup_ci_covers"] == "prompts" and noisy["speedup_ci_covers"].startswith("prompts and cost-profile")
+    assert noisy["speedup"] == pytest.approx(bare["speedup"]) == pytest.approx(common["speedup"])
+    assert (common["speedup_lo"], common["speedup_hi"]) == pytest.approx((bare["speedup_lo"], bare["speedup_hi"]))
+    assert noisy["speedup_hi"] - noisy["speedup_lo"] > 1.5 * (bare["speedup_hi"] - bare["speedup_lo"])
+
+
+def pl_col(name):
+    import polars as pl
+
+    return pl.col(name)

@@ -268,6 +268,9 @@ def test_heads_are_profiled_and_priced_as_the_engine_drafts_with_them(heads_cach
         full = features.room() >= tree.max_depth
         L = features.contexts()[full]
         expect = model.verify_s(1, tree.n_nodes, L) + sum(model.draft_s(pricing.draft_key, 1, w, L) for w in levels)
+        if levels != (1,):  # EAGLE fed the prompt at admission: a trajectory's first call feeds no root entry
+            first = np.isin(np.flatnonzero(full), features.traj_start)
+            expect = expect - np.where(first, model.draft_s(pricing.draft_key, 1, 1, L), 0.0)
         np.testing.assert_allclose(call[full], expect)
     rows = sweep(path, ["kary:2,3"], drafts=list(drafts), policies=["greedy"], n_boot=0, by_category=False,
                  cost_profile=str(profile)).rows
@@ -380,3 +383,37 @@ def test_eagle_heads_are_written_in_the_layout_vllm_loads(tiny_model_dir, tmp_pa
     save_heads(tmp_path / "medusa", medusa, build(medusa))
     with pytest.raises(EngineError, match="medusa heads"):
         export_eagle(f"eagle:{tmp_path / 'medusa'}", str(tiny_model_dir), out=tmp_path / "x")
+
+
+@pytest.mark.parametrize("which, tree", [(0, "kary:2,3"), (1, "chain:3"), (1, "widths:3,2,1")])
+def test_replay_prices_the_forwards_live_heads_run(heads_cache, which, tree):
+    """Structural fidelity (tests/test_structure.py) for heads: Medusa's one pass of every head per call, an
+    EAGLE layer's root feed of 1 + the accepted entries and one forward per tree level with children."""
+    from specsim.specs import parse_tree
+    from tests.test_structure import decode_live, features_of, live_counts, per_request_steps, replayed_counts
+
+    path, drafts, _ = heads_cache
+    run = decode_live(path, drafts[which], tree)
+    features = features_of(path, drafts[which])
+    replay = replayed_counts(features, parse_tree(tree), drafts[which], model_free=False)
+    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
+    for trajectory, steps in zip(run.trajectories, per_request_steps(run)):
+        assert replay[by_prompt[trajectory.prompt.prompt_index]] == pytest.approx(live_counts(steps)), (
+            f"prompt {trajectory.prompt.prompt_index}")
+
+
+@pytest.mark.parametrize("which, tree, batch, batching", [(1, "kary:2,2", 2, "lockstep"), (1, "chain:3", 3, "continuous"),
+                                                           (0, "kary:2,3", 3, "lockstep")])
+def test_batch_timeline_prices_the_forwards_live_heads_run(heads_cache, which, tree, batch, batching):
+    """Structural fidelity in batches: an EAGLE lane's root feed is 1 + what it accepted (none right after its
+    prompt pass), padded to the batch's longest; Medusa's one pass per step."""
+    from specsim.specs import parse_tree
+    from tests.test_structure import decode_live, features_of, live_counts, timeline_counts
+
+    path, drafts, _ = heads_cache
+    run = decode_live(path, drafts[which], tree, batch=batch, batching=batching)
+    features = features_of(path, drafts[which])
+    assert [int(p) for p in features.traj_prompt] == [t.prompt.prompt_index for t in run.trajectories]
+    replay = timeline_counts(features, parse_tree(tree), drafts[which], model_free=False, batch=batch,
+                             batching=batching)
+    assert replay == pytest.approx(live_counts(run.spec_run.steps))

@@ -109,7 +109,7 @@ def _sync(device: torch.device) -> None:
 
 
 def _timed_rounds(runs: dict, device: torch.device, *, warmup: int, repeats: int,
-                  rng: np.random.Generator) -> dict:
+                  rng: np.random.Generator, tick: Callable[[], None] = lambda: None) -> dict:
     """{key: {"median", "q25", "q75", "n", "runs"}} seconds of every run in `runs`, measured in `repeats` rounds:
     each round times every run once, in a fresh random order, synchronised before and after each, so a
     slow moment of the machine falls on all entries alike and the rounds can be resampled jointly."""
@@ -125,6 +125,7 @@ def _timed_rounds(runs: dict, device: torch.device, *, warmup: int, repeats: int
             runs[keys[i]]()
             _sync(device)
             times[keys[i]].append(time.perf_counter() - started)
+            tick()
     out = {}
     for key, t in times.items():
         q25, median, q75 = np.percentile(t, [25, 50, 75])
@@ -256,8 +257,8 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
     load_before = _loadavg()
     verify: dict = {}
     draft: dict = {d.name: {} for d in drafts}
-    bar = tqdm(total=len(batches) * len(config.contexts) * (len(sizes) + len(drafts) * len(widths)),
-               desc="profile", unit="entry", disable=not progress)
+    bar = tqdm(total=len(batches) * len(config.contexts) * (len(sizes) + len(drafts) * len(widths)) * config.repeats,
+               desc="profile", unit="run", disable=not progress)
     greedy_pick = lambda logits: logits.argmax(dim=-1).cpu()  # noqa: E731  what greedy verification reads
     with torch.inference_mode():
         for B in batches:
@@ -274,11 +275,11 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                         pick = lambda logits: top_ranked(logits.reshape(-1, logits.shape[-1]), 1)  # noqa: E731
                         runs[(d.name, w)] = (bench.run(w, pick) if d.name in heads
                                              else bench.run(np.ones(w, np.int64), np.eye(w, dtype=bool), pick))
-                timed = _timed_rounds(runs, device, warmup=config.warmup, repeats=config.repeats, rng=rng)
+                timed = _timed_rounds(runs, device, warmup=config.warmup, repeats=config.repeats, rng=rng,
+                                      tick=bar.update)
                 verify.setdefault(str(B), {})[str(L)] = {str(n): timed[("target", n)] for n in sizes}
                 for d in drafts:
                     draft[d.name].setdefault(str(B), {})[str(L)] = {str(w): timed[(d.name, w)] for w in widths}
-                bar.update(len(runs))
                 del benches, runs
     bar.close()
     medians = lambda t, xs: np.array([[[t[str(b)][str(L)][str(x)]["median"] for x in xs]  # noqa: E731

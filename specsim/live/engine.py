@@ -307,13 +307,14 @@ def _step(target: Target, drafter: Drafter | None, active: list[_Active], config
     tree, B = config.tree, len(active)
     rngs = [a.rng for a in active]
     started = time.perf_counter()
-    if drafter is None or not tree.budget:
+    rooms = np.array([config.max_new_tokens - a.produced - 1 for a in active], dtype=np.int64)
+    drafting = drafter is not None and bool(tree.budget) and int(rooms.max()) > 0  # room 0: the last token, no draft
+    if not drafting:
         tree = ROOT_ONLY
         proposal = Proposal(tokens=np.array([[a.committed[-1]] for a in active], dtype=np.int64),
                             valid=np.ones((B, 1), dtype=bool), q_draft=None)
         levels: tuple[int, ...] = ()
     else:
-        rooms = np.array([config.max_new_tokens - a.produced - 1 for a in active], dtype=np.int64)
         proposal = drafter.propose([a.committed for a in active], tree, rooms, policy=config.policy,
                                    temperature=config.temperature, multi_draft=config.multi_draft, rngs=rngs,
                                    eos=target.eos)
@@ -359,7 +360,7 @@ def _step(target: Target, drafter: Drafter | None, active: list[_Active], config
         a.steps.append(StepRecord(start=start, accepted=accepted, path=verdict.path,
                                   drafted=int(proposal.valid[r].sum()) - 1, draft_s=0.0, verify_s=0.0, batch=B))
     target.kv.commit(keeps)
-    if drafter is not None and tree.budget:
+    if drafting:
         if target.kv.keep_hidden:  # the target's states at the root and the accepted nodes
             hidden = target.kv.hidden
             drafter.accept(paths, hidden=[hidden[r, torch.as_tensor(k, device=hidden.device)]

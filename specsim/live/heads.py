@@ -93,15 +93,22 @@ class EagleDrafter:
     def start(self, prompts, hidden) -> None:
         self._past, self._real = None, np.zeros((len(prompts), 0), dtype=bool)
         self._count = np.zeros(len(prompts), dtype=np.int64)
+        self._root: list[torch.Tensor | None] = [None] * len(prompts)
         self._pending = list(hidden)
+        self._feed([np.asarray(p) for p in prompts])  # the prompt pass, at admission like the target's
 
     def join(self, prompts, hidden) -> None:
+        old = len(self._pending)
         if self._past is not None:
             self._past = [tuple(torch.cat([t, t.new_zeros((len(prompts),) + t.shape[1:])]) for t in layer)
                           for layer in self._past]
         self._real = np.concatenate([self._real, np.zeros((len(prompts), self._real.shape[1]), dtype=bool)])
         self._count = np.concatenate([self._count, np.zeros(len(prompts), dtype=np.int64)])
+        self._root += [None] * len(prompts)
         self._pending += list(hidden)
+        # the new rows' prompt pass; the others keep their pending entries for their next call
+        self._feed([np.zeros(0, dtype=np.int64)] * old + [np.asarray(p) for p in prompts],
+                   rows=range(old, old + len(prompts)))
 
     def drop(self, keep) -> None:
         keep = np.asarray(keep, dtype=np.int64)
@@ -110,6 +117,7 @@ class EagleDrafter:
             self._past = [tuple(t[idx] for t in layer) for layer in self._past]
         self._real, self._count = self._real[keep], self._count[keep]
         self._pending = [self._pending[i] for i in keep]
+        self._root = [self._root[i] for i in keep]
         if not keep.size:
             self._past = None
 
@@ -117,19 +125,26 @@ class EagleDrafter:
         return self.head.module(feats, ids, positions, mask, past, self.head.embed)
 
     @torch.inference_mode()
-    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs, eos) -> Proposal:
+    def _feed(self, committed, rows=None) -> int:
+        """Feed the pending entries of `rows` (all by default; state i with the token after it, padded to the
+        longest) in one forward, keep each fed row's last output as its root feature; the entries fed per row
+        at most (0: no forward)."""
         B = len(committed)
         dev = self._pending[0].device
         H = self._pending[0].shape[-1]
-        # 1. Feed each row's pending entries (state i with the token after it), padded to the longest.
-        ks = np.array([p.shape[0] for p in self._pending], dtype=np.int64)
-        K, M = int(ks.max()), self._real.shape[1]
+        chosen = np.zeros(B, dtype=bool)
+        chosen[list(range(B)) if rows is None else list(rows)] = True
+        ks = np.array([p.shape[0] if c else 0 for p, c in zip(self._pending, chosen)], dtype=np.int64)
+        K, M = int(ks.max(initial=0)), self._real.shape[1]
+        if K == 0:
+            return 0
         feats = torch.zeros((B, K, H), dtype=self._pending[0].dtype, device=dev)
         ids = np.zeros((B, K), dtype=np.int64)
         new_real = np.arange(K)[None, :] < ks[:, None]  # (B, K)
         for r, (p, c) in enumerate(zip(self._pending, committed)):
-            feats[r, : ks[r]] = p
-            ids[r, : ks[r]] = np.asarray(c[-ks[r]:], dtype=np.int64)
+            if ks[r]:
+                feats[r, : ks[r]] = p
+                ids[r, : ks[r]] = np.asarray(c[-ks[r]:], dtype=np.int64)
         causal = np.tril(np.ones((K, K), dtype=bool))[None] & new_real[:, None, :]
         causal |= np.eye(K, dtype=bool)[None]  # padding sees itself only
         mask = np.concatenate([np.broadcast_to(self._real[:, None, :], (B, K, M)), causal], axis=2)
@@ -139,8 +154,20 @@ class EagleDrafter:
         self._past = concat_kv(self._past, new)
         self._real = np.concatenate([self._real, new_real], axis=1)
         self._count = self._count + ks
-        self.levels = [K]
-        root_feat = out[torch.arange(B, device=dev), torch.as_tensor(ks - 1, device=dev)]  # (B, H) after each root
+        for r in np.flatnonzero(ks):
+            self._root[r] = out[r, ks[r] - 1]  # the predicted feature after the row's root
+            self._pending[r] = self._pending[r][:0]
+        return K
+
+    @torch.inference_mode()
+    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs, eos) -> Proposal:
+        B = len(committed)
+        dev = self._pending[0].device
+        # 1. Feed each row's pending entries: the root and what the last call accepted (none right after the
+        #    prompt pass, which fed the prompt at admission and left the root's feature).
+        K = self._feed(committed)
+        self.levels = [K] if K else []
+        root_feat = torch.stack(self._root)  # (B, H) after each root
         # 2. The tree, level by level: (parent's predicted feature, node token) for every row at once.
         n = tree.n_nodes
         tokens = np.zeros((B, n), dtype=np.int64)

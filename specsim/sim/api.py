@@ -294,7 +294,7 @@ class Pricing:
             for w in shape.draft_levels:
                 model.draft_s(key, 1, w, L)
         if key is not None and tree.budget and not one_pass:
-            every = feeds_accepted(source.draft)
+            every = feeds_accepted(source.draft, tree)
             for a in range(1, tree.max_depth + 1) if every else [tree.max_depth]:
                 model.draft_s(key, 1, 1 + a if every else 2, L)
 
@@ -306,17 +306,18 @@ class Pricing:
 
         shape = tree_by_room(tree, model_draft=self.draft_key is not None, one_pass=drafts_in_one_pass(source.draft))[-1]
         widths = list(shape.draft_levels) + ([2] if self.draft_key is not None and tree.budget else [])
-        if self.draft_key is not None and feeds_accepted(source.draft):
+        if self.draft_key is not None and feeds_accepted(source.draft, tree):
             widths.append(1 + tree.max_depth)
         high = source.context_range()[1] if hasattr(source, "context_range") else float(source.contexts().max())
         return self.model.extrapolates(batch=batch, tokens=shape.verify_tokens, width=max(widths, default=1),
                                        context=high)
 
-    def priced(self, features: Features, tree: Tree, batch: int = 1,
-               drafted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def priced(self, features: Features, tree: Tree, batch: int = 1, drafted: np.ndarray | None = None,
+               leaf_end: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(call cost, plain step cost, extra cost of the next call's root feed by accepted length) at every
         position: (N,), (N,) and (N, D+1) or None (`walk`'s next_feed_cost).
 
+        `leaf_end` (N,): whether each call's accepted path ends on a leaf (`AcceptanceTable.leaf_end`).
         `drafted` (N,): the nodes each call proposed, for a model-free draft at batch 1, which
         verifies only those (an n-gram or suffix match fills part of the tree, or none of it; the
         live engine, like vLLM's variable-length drafts, sends the target only what was proposed).
@@ -347,34 +348,41 @@ class Pricing:
                 call[idx] = seconds
         feed = None
         if model_draft and tree.budget and not one_pass:
-            feed = self._next_feed(features, tree, batch, contexts, cut)
+            feed = self._next_feed(features, tree, batch, contexts, cut, leaf_end)
+            if feeds_accepted(features.draft) and tree.dynamic is None:  # an EAGLE layer fed the prompt at
+                first = features.traj_start[cut[features.traj_start] >= 1]  # admission: its first call feeds
+                call[first] -= model.draft_s(self.draft_key, batch, 1, contexts[first])  # no root entry
         return call, model.plain_s(batch, contexts), feed
 
-    def priced_replicas(self, features: Features, tree: Tree, batch: int = 1,
-                        drafted: np.ndarray | None = None) -> list[tuple]:
+    def priced_replicas(self, features: Features, tree: Tree, batch: int = 1, drafted: np.ndarray | None = None,
+                        leaf_end: np.ndarray | None = None) -> list[tuple]:
         """`priced` under each replica of the cost profile (`ProfileCost.replicas`; [] when it kept no rounds)."""
-        return [replace(self, model=m).priced(features, tree, batch, drafted)
+        return [replace(self, model=m).priced(features, tree, batch, drafted, leaf_end)
                 for m in getattr(self.model, "replicas", ())]
 
     def _next_feed(self, features: Features, tree: Tree, batch: int, contexts: np.ndarray,
-                   cut: np.ndarray) -> np.ndarray:
+                   cut: np.ndarray, leaf_end: np.ndarray | None = None) -> np.ndarray:
         """(N, D+1) extra time the next call's root feed costs, over the one token priced in every call,
         when the call at t accepted a; priced at the next call's context, if it exists and drafts.
 
-        A draft model feeds 2 tokens after a call that accepted the whole depth (a leaf it never
-        fed); an EAGLE layer (`feeds_accepted`) feeds the root and every accepted draft, 1 + a."""
+        A draft model feeds 2 tokens after a call whose accepted path ended on a leaf, a node it
+        never fed: with `leaf_end` (point masses) where that flag says so, else where the call
+        accepted the whole depth (exact for trees whose inner depths all have children, e.g. chains).
+        An EAGLE layer, and any draft of a dynamic tree (`feeds_accepted`), feeds the root and every
+        accepted draft, 1 + a."""
         model, N, depth = self.model, features.n_positions, tree.max_depth
-        every = feeds_accepted(features.draft)
+        every = feeds_accepted(features.draft, tree)
         ends = np.repeat(features.traj_start + features.traj_len, features.traj_len)
         out = np.zeros((N, depth + 1))
-        for a in range(1, depth + 1) if every else [depth]:
+        leafy = not every and leaf_end is not None
+        for a in range(1, depth + 1) if every or leafy else [depth]:
             nxt = np.arange(N) + a + 1
             ok = nxt < ends
             ok[ok] &= cut[nxt[ok]] >= 1
             L = contexts[np.minimum(nxt, N - 1)]
             extra = model.draft_s(self.draft_key, batch, 1 + a if every else 2, L) - model.draft_s(
                 self.draft_key, batch, 1, L)
-            out[:, a] = np.where(ok, extra, 0.0)
+            out[:, a] = np.where(ok & leaf_end, extra, 0.0) if leafy else np.where(ok, extra, 0.0)
         return out
 
 
@@ -807,9 +815,9 @@ def _walk_one(features: Features, tree: Tree, policy: PolicySpec, pricing: Prici
         return result, None
     if pricing.model is not None:
         drafted = _proposed(features, table)
-        call, plain, feed = pricing.priced(features, tree, drafted=drafted)
+        call, plain, feed = pricing.priced(features, tree, drafted=drafted, leaf_end=table.leaf_end)
         return walk(table, features, call, plain_cost=plain, next_feed_cost=feed,
-                    replicas=pricing.priced_replicas(features, tree, drafted=drafted)), table
+                    replicas=pricing.priced_replicas(features, tree, drafted=drafted, leaf_end=table.leaf_end)), table
     return walk(table, features), table
 
 
@@ -925,7 +933,7 @@ def _batch_rows(rows_b1: list[dict], tables: list, features: Features, pricing: 
             "latency_per_token_ms": est.latency_per_token_ms,
             "plain_latency_per_token_ms": est.plain_latency_per_token_ms,
             "mean_batch": est.mean_batch, "mc_se_speedup": est.mc_se_speedup,
-            "speedup_ci_covers": "prompts (the batch timeline does not carry the cost profile's error)",
+            "speedup_ci_covers": est.covers,
             "cost_extrapolated": pricing.extrapolated(features, tree, batch),
             "n_boot": min(n_boot, BATCH_BOOT),
             "estimate": row["estimate"] if est.exact else "monte-carlo",
@@ -976,9 +984,9 @@ def speed_of(features: Features, tree: Tree, policy: PolicySpec, pricing: Pricin
     if not isinstance(result, AcceptanceTable):
         raise SpecError(f"{policy.label} is not a fixed tree; speed_of prices fixed trees")
     drafted = _proposed(features, result)
-    call, plain, feed = pricing.priced(features, tree, drafted=drafted)
+    call, plain, feed = pricing.priced(features, tree, drafted=drafted, leaf_end=result.leaf_end)
     stats = walk(result, features, call, plain_cost=plain, next_feed_cost=feed,
-                 replicas=pricing.priced_replicas(features, tree, drafted=drafted))
+                 replicas=pricing.priced_replicas(features, tree, drafted=drafted, leaf_end=result.leaf_end))
     row = summarize_many([stats], features, by_category=False, n_boot=n_boot, seed=seed)[0][0]
     if batch == 1:
         return Speed(batch=1, tokens_per_call=row["tokens_per_call"],

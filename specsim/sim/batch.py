@@ -65,6 +65,7 @@ class BatchEstimate:
     mean_batch: float  # mean requests per speculative step
     mc_se_speedup: float | None  # Monte-Carlo standard error of the point estimate (sampling tables)
     exact: bool  # True when every accepted length is a point mass (no coins)
+    covers: str = "prompts"  # what the CIs account for (the cost profile's rounds too, when it kept them)
 
 
 class _Shapes:
@@ -83,7 +84,7 @@ class _Shapes:
 
 def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *, batch: int, batching: str,
              orders: np.ndarray, coins: np.random.Generator | None = None, plain: bool = False,
-             proposed: np.ndarray | None = None, ragged: bool = False) -> Timeline:
+             proposed: np.ndarray | None = None, ragged: bool = False, leaf_end: np.ndarray | None = None) -> Timeline:
     """Run the schedule for every replicate (a row of `orders`: trajectory indices in decoding order).
 
     lengths: (N,) int accepted length per position (point masses), or an (N, D+1) law to draw from
@@ -93,6 +94,8 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
     of the tree, or none of it). Padded to the step's widest request (specsim's live engine), or,
     with ragged=True, the step's tokens spread evenly over its requests (vLLM flattens a batch's
     tokens into one forward: Σ (1 + proposed) tokens, priced as B requests of their mean).
+    leaf_end: (N,) bool, point masses: the call's accepted path ends on a leaf the draft never fed (the
+    next root feed is 2 tokens); None: that happens when a call accepts the whole depth.
     """
     if batching not in BATCHING:
         raise ValueError(f"batching {batching!r} is not one of {BATCHING}")
@@ -100,7 +103,7 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
     from specsim.specs import drafts_in_one_pass, feeds_accepted
 
     shapes = _Shapes(tree, model_draft=draft_key is not None and not plain, one_pass=drafts_in_one_pass(draft_key))
-    accepted_feed = feeds_accepted(draft_key)  # EAGLE: each lane's next call feeds 1 + its last A entries
+    accepted_feed = feeds_accepted(draft_key, tree)  # EAGLE, dynamic: a lane's next call feeds 1 + its last A
     room = np.minimum(features.room(), tree.max_depth)  # (N,)
     context = features.contexts()  # (N,)
     starts, lens = features.traj_start.astype(np.int64), features.traj_len.astype(np.int64)
@@ -109,6 +112,9 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
     pos = np.zeros((R, batch), dtype=np.int64)  # next output position of each lane's request
     joined = np.zeros((R, batch))  # time the lane's request joined
     last = np.zeros((R, batch), dtype=np.int64)  # drafts its last call accepted: decides the next root feed
+    leafed = np.zeros((R, batch), dtype=bool)  # its last call's accepted path ended on a leaf
+    fresh = np.zeros((R, batch), dtype=bool)  # no call yet (an EAGLE layer fed its prompt at admission)
+    prompt_fed = accepted_feed and tree.dynamic is None and feeds_accepted(draft_key)
     nxt = np.zeros(R, dtype=np.int64)  # next request in each replicate's order
     clock, tokens, steps, lane_steps = np.zeros(R), np.zeros(R), np.zeros(R), np.zeros(R)
     latency_sum, finished = np.zeros(R), np.zeros(R)
@@ -123,7 +129,8 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
             take = nxt[:, None] + order_rank
             ok = can & (take < n_req)
             traj[ok] = orders[np.nonzero(ok)[0], take[ok]]
-            pos[ok], joined[ok], last[ok] = 0, np.broadcast_to(clock[:, None], ok.shape)[ok], 0
+            pos[ok], joined[ok], last[ok], leafed[ok] = 0, np.broadcast_to(clock[:, None], ok.shape)[ok], 0, False
+            fresh[ok] = True
             nxt += ok.sum(axis=1)
         active = traj >= 0
         live = active.any(axis=1)
@@ -147,9 +154,10 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
             for k in range(shapes.levels.shape[1]):
                 w = shapes.levels[m, k]
                 if k == 0 and accepted_feed:  # root feed: 1 + the most any lane accepted last call (padded)
-                    w = np.where(w > 0, 1.0 + np.where(active, last, 0).max(axis=1), 0.0)
+                    need = np.where(active & ~(fresh & prompt_fed), 1 + last, 0)  # a fresh EAGLE lane: none
+                    w = np.where(w > 0, need.max(axis=1).astype(np.float64), 0.0)
                 elif k == 0 and not shapes.one_pass:  # root feed: 2 tokens when a request's last call accepted a leaf
-                    w = np.where(w > 0, np.where((active & (last >= shapes.depth)).any(axis=1), 2.0, w), 0.0)
+                    w = np.where(w > 0, np.where((active & leafed).any(axis=1), 2.0, w), 0.0)
                 run = w > 0
                 if run.any():
                     step_s = step_s + np.where(run, cost_model.draft_s(draft_key, np.maximum(b_act, 1),
@@ -160,6 +168,9 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
                 u = coins.random((R, batch))
                 accepted = np.where(active, (law[g] < u[..., None]).sum(axis=-1), 0)  # inverse CDF
             last = np.where(active, accepted, 0)
+            fresh &= ~active
+            leafed = active & ((accepted >= shapes.depth) if leaf_end is None or law is not None
+                               else (accepted > 0) & np.asarray(leaf_end)[g])
         step_s = np.where(live, step_s, 0.0)
         clock += step_s
         steps += live
@@ -197,10 +208,16 @@ def simulate_batch(table: AcceptanceTable, features, tree: Tree, cost_model, dra
     # their percentile interval missed the point estimate (measured: 0.641, CI 0.650-0.702)
     orders = np.concatenate([np.tile(np.arange(n), (n_point, 1)),
                              np.sort(rng.integers(0, n, size=(max(int(n_boot), 0), n)), axis=1)])
+    replicas = len(getattr(cost_model, "replicas", ()))
+    covers = "prompts"
+    if replicas and orders.shape[0] > n_point:  # bootstrap replicate b priced by profile replica b mod R
+        cost_model = cost_model.by_row(np.concatenate([np.full(n_point, -1),
+                                                       np.arange(orders.shape[0] - n_point) % replicas]))
+        covers = f"prompts and cost-profile rounds ({replicas} replicas)"
     proposed = table.drafted if features.model_free else None  # what each call sends the target
     ragged = getattr(cost_model, "engine", "specsim") != "specsim"  # an engine profile: vLLM flattens a step's tokens
     spec = timeline(lengths, features, tree, cost_model, draft_key, batch=batch, batching=batching, orders=orders,
-                    coins=rng, proposed=proposed, ragged=ragged)
+                    coins=rng, proposed=proposed, ragged=ragged, leaf_end=table.leaf_end)
     base = timeline(None, features, tree, cost_model, draft_key, batch=batch, batching=batching, orders=orders,
                     plain=True)
     rate, plain_rate = spec.tokens / spec.seconds, base.tokens / base.seconds
@@ -220,5 +237,5 @@ def simulate_batch(table: AcceptanceTable, features, tree: Tree, cost_model, dra
         speedup=est(speedup), latency_per_token_ms=1000 * float(spec.latency[point].mean()),
         plain_latency_per_token_ms=1000 * float(base.latency[point].mean()),
         mean_batch=float((spec.lane_steps[point] / spec.steps[point]).mean()), mc_se_speedup=se,
-        exact=deterministic,
+        exact=deterministic, covers=covers,
     )

@@ -205,6 +205,18 @@ class ProfileCost:
                                verify_runs=None, draft_runs=None))
         return tuple(out)
 
+    @cached_property
+    def stacks(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """(1 + REPLICAS, ...) tables: this profile's, then each replica's (`by_row` reads them)."""
+        tables = (self, *self.replicas)
+        return (np.stack([t.verify for t in tables]),
+                {k: np.stack([t.draft[k] for t in tables]) for k in self.draft})
+
+    def by_row(self, which: np.ndarray) -> "ByRow":
+        """A cost model whose row r (of a batch timeline's replicates) is priced by replica which[r] (-1: this
+        profile itself)."""
+        return ByRow(self, np.asarray(which, dtype=np.int64))
+
     def uncertainty(self) -> str:
         """What the speedup CIs carry of this profile's error, in words."""
         if self.rounds < 2:
@@ -248,6 +260,43 @@ class ProfileCost:
                         f"{have}); run `specsim profile --target {self.target.name} --draft {name} ...`")
 
 
+@dataclass(frozen=True)
+class ByRow:
+    """A profile whose replicas price the rows of a batch timeline: row r (the leading axis of every query)
+    reads replica which[r], or the profile itself where which[r] = -1 (`sim.batch.simulate_batch`)."""
+
+    profile: ProfileCost
+    which: np.ndarray  # (R,) replica per row
+
+    measured = True
+    unit = "seconds"
+
+    @property
+    def engine(self) -> str:
+        return self.profile.engine
+
+    def _layer(self, shape) -> np.ndarray:
+        return (self.which + 1).reshape((-1,) + (1,) * (len(shape) - 1)) if len(shape) else self.which + 1
+
+    def verify_s(self, batch, tokens, context) -> np.ndarray:
+        p = self.profile
+        shape = np.broadcast(np.asarray(batch), np.asarray(tokens), np.asarray(context)).shape
+        return _interpolate(p.stacks[0], (p.batches, p.contexts, p.sizes), (batch, context, tokens),
+                            ("batch", "context", "target tokens N"), p.path, layer=self._layer(shape))
+
+    def draft_s(self, draft: str, batch, width, context) -> np.ndarray:
+        p = self.profile
+        shape = np.broadcast(np.asarray(batch), np.asarray(width), np.asarray(context)).shape
+        return _interpolate(p.stacks[1][draft], (p.batches, p.contexts, p.widths), (batch, context, width),
+                            ("batch", "context", f"{draft} draft width w"), p.path, layer=self._layer(shape))
+
+    def plain_s(self, batch, context) -> np.ndarray:
+        return self.verify_s(batch, 1, context)
+
+    def describe(self) -> str:
+        return self.profile.describe()
+
+
 def check_profile(profile: ProfileCost, target_name: str, target_info: Mapping | None) -> None:
     """SpecError unless the profile measured the cache's target (names both)."""
     wanted = ModelId.from_info(target_name, target_info)
@@ -284,23 +333,29 @@ def _axis(x: np.ndarray, grid: np.ndarray):
 
 
 def _interpolate(table: np.ndarray, grids: Sequence[np.ndarray], points: Sequence, names: Sequence[str],
-                 path: Path) -> np.ndarray:
+                 path: Path, layer=None) -> np.ndarray:
     """Multilinear interpolation of a 3-D table at broadcast points; past the grid, the edge's time plus a
-    non-negative least-squares slope over the upper half of each axis the point left (see the module doc)."""
-    pts = [p.ravel() for p in np.broadcast_arrays(*[np.asarray(p, dtype=np.float64) for p in points])]
-    shape = np.broadcast(*[np.asarray(p) for p in points]).shape
+    non-negative least-squares slope over the upper half of each axis the point left (see the module doc).
+    layer: with a stack of tables, which one each point reads (broadcast with the points)."""
+    arrays = [np.asarray(p, dtype=np.float64) for p in points]
+    if layer is not None:
+        arrays.append(np.asarray(layer))
+    flat = [p.ravel() for p in np.broadcast_arrays(*arrays)]
+    shape = np.broadcast(*arrays).shape
+    pts, layer = (flat, None) if layer is None else (flat[:-1], flat[-1].astype(np.int64))
     for p, g, n in zip(pts, grids, names):
         _check_range(p, g, n, path, clamp_below=(n == "context"))
     inside = [np.minimum(p, g[-1]) for p, g in zip(pts, grids)]
-    out = _corners(table, [_axis(x, g) for x, g in zip(inside, grids)])
+    out = _corners(table, [_axis(x, g) for x, g in zip(inside, grids)], layer)
     for k, (p, g) in enumerate(zip(pts, grids)):
         past = np.maximum(p - g[-1], 0.0)
         if g.shape[0] > 1 and past.any():
-            out = out + past * _edge_slope(table, grids, inside, k)
+            out = out + past * _edge_slope(table, grids, inside, k, layer)
     return out.reshape(shape)
 
 
-def _edge_slope(table: np.ndarray, grids: Sequence[np.ndarray], inside: Sequence[np.ndarray], k: int) -> np.ndarray:
+def _edge_slope(table: np.ndarray, grids: Sequence[np.ndarray], inside: Sequence[np.ndarray], k: int,
+                layer: np.ndarray | None = None) -> np.ndarray:
     """Least-squares slope of the time along axis k over its upper half of measured values (at least two), at the
     other axes' coordinates of each point, floored at 0."""
     g = grids[k]
@@ -309,19 +364,20 @@ def _edge_slope(table: np.ndarray, grids: Sequence[np.ndarray], inside: Sequence
     for x in upper:
         at = list(inside)
         at[k] = np.full(inside[k].shape, x)
-        values.append(_corners(table, [_axis(a, gg) for a, gg in zip(at, grids)]))
+        values.append(_corners(table, [_axis(a, gg) for a, gg in zip(at, grids)], layer))
     values = np.stack(values)  # (len(upper), Q)
     dx = upper - upper.mean()
     slope = (dx[:, None] * (values - values.mean(axis=0))).sum(axis=0) / float((dx ** 2).sum())
     return np.maximum(slope, 0.0)
 
 
-def _corners(table: np.ndarray, axes: Sequence) -> np.ndarray:
-    """The multilinear combination of a 3-D table's corners for (lower index, upper index, fraction) per axis."""
+def _corners(table: np.ndarray, axes: Sequence, layer: np.ndarray | None = None) -> np.ndarray:
+    """The multilinear combination of a 3-D table's corners for (lower index, upper index, fraction) per axis;
+    with `layer`, the table is a stack of 3-D tables and each point reads its own layer."""
     out = np.zeros(axes[0][0].shape)
     for corner in range(8):
         weight = np.ones(out.shape)
-        index = []
+        index = [] if layer is None else [layer]
         for k, (lo, hi, frac) in enumerate(axes):
             upper = (corner >> k) & 1
             weight = weight * (frac if upper else 1.0 - frac)

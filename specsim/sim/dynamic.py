@@ -164,11 +164,14 @@ def dynamic_table(features, tree, spec, rng: np.random.Generator):
 
 
 def dynamic_step_shape(shape: DynamicShape, room: int | None, *, model_draft: bool = True):
-    """The forwards of one dynamic call: the root feed, then D'−1 beam forwards of width K; N + 1 verified.
+    """The forwards of one dynamic call: the root feed, then D−1 beam forwards of width K; N + 1 verified.
 
-    D' = min(D, room): a call near the output limit expands no deeper than it can accept (and
-    verifies what it kept of the N best; counted as N here, an upper bound the last calls of
-    a request may not reach).
+    A call with room to accept anything expands the whole depth D, as the live engine does (its
+    N best are chosen among every depth, then those deeper than the room are not verified: the
+    replay's selection is the recording's, so the expansion cannot stop earlier); it verifies at
+    most the nodes of depth <= min(D, room) (counted as min(N, their number), an upper bound the
+    last calls of a request may not reach). The root feed is priced at 1 here; the accepted
+    tokens it also feeds are the next call's extra (`feeds_accepted`).
     """
     from specsim.sim.cost import StepShape
 
@@ -178,4 +181,4 @@ def dynamic_step_shape(shape: DynamicShape, room: int | None, *, model_draft: bo
     verify = 1 + min(shape.tokens, candidates(shape.topk, depth))
     if not model_draft:
         return StepShape(verify_tokens=verify, draft_levels=())
-    return StepShape(verify_tokens=verify, draft_levels=(1, *[shape.topk] * (depth - 1)))
+    return StepShape(verify_tokens=verify, draft_levels=(1, *[shape.topk] * (shape.depth - 1)))

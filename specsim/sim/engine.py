@@ -58,6 +58,9 @@ class AcceptanceTable:
     #                                   where its proposals differ from this replay's (suffix decoding: vLLM's
     #                                   global tree also holds what it accepted past each end); None: `length`
     engine_note: str | None = None  # why the engine counters are not what the engine would report, if they are not
+    leaf_end: np.ndarray | None = None  # (N,) bool, point masses: the call's accepted path ends on a leaf (a node
+    #                                   the draft never fed, so the next call feeds it and the bonus: 2 tokens);
+    #                                   None: a leaf is accepted exactly when the whole depth is (chains)
 
     @property
     def depth(self) -> int:

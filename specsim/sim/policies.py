@@ -55,26 +55,30 @@ def child_table(tree: Tree) -> np.ndarray:
     return child
 
 
-def greedy_lengths(rank: np.ndarray, remaining: np.ndarray, tree: Tree) -> np.ndarray:
+def greedy_lengths(rank: np.ndarray, remaining: np.ndarray, tree: Tree, *, ends: bool = False):
     """(N,) accepted depth of a greedy call at every start position: walk child[node, ρ_{t+d-1}].
 
     rank (N,), or (N, D) for a head draft: depth d reads column d - 1 (the law of the call's start).
+    ends=True: also the (N,) node each call's accepted path ends on (0: the root, nothing accepted).
     """
     N = rank.shape[0]
     keyed = rank.ndim == 2
     if tree.budget and int(tree.n_children.max()) == 1 and not tree.ranks[1:].any() and not keyed:
-        return _top1_chain_lengths(rank, remaining, tree.max_depth)
+        length = _top1_chain_lengths(rank, remaining, tree.max_depth)
+        return (length, length.copy()) if ends else length  # a chain's node d sits at depth d
     child = child_table(tree)
     width = child.shape[1]
     length = np.zeros(N, dtype=np.int64)
+    end = np.zeros(N, dtype=np.int64)
     if not tree.budget:
-        return length
+        return (length, end) if ends else length
     # depth 1 over every position without gathers; deeper levels follow only calls still accepting
     first = at_depth(rank, 1, keyed)
     node = np.where(first < width, child[0, np.minimum(first, width - 1)], -1)
     t = np.flatnonzero((node >= 0) & (remaining >= 1))
     node = node[t]
     length[t] = 1
+    end[t] = node
     for d in range(2, tree.max_depth + 1):
         keep = remaining[t] >= d  # the end cap: a call at t accepts at most n-1-t drafts
         t, node = t[keep], node[keep]
@@ -83,9 +87,10 @@ def greedy_lengths(rank: np.ndarray, remaining: np.ndarray, tree: Tree) -> np.nd
         keep = nxt >= 0
         t, node = t[keep], nxt[keep]
         length[t] = d
+        end[t] = node
         if t.size == 0:
             break
-    return length
+    return (length, end) if ends else length
 
 
 def _top1_chain_lengths(rank: np.ndarray, remaining: np.ndarray, depth: int) -> np.ndarray:
@@ -101,10 +106,11 @@ def _top1_chain_lengths(rank: np.ndarray, remaining: np.ndarray, depth: int) -> 
 def greedy_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator) -> AcceptanceTable:
     """Exact and deterministic: the accepted depth from the rank walk, as a one-hot law."""
     features.check_depth(tree.max_depth, f"tree {tree.name or 'of this call'}")
-    length = greedy_lengths(features.rank, features.remaining(), tree)
+    length, end = greedy_lengths(features.rank, features.remaining(), tree, ends=True)
     p_len = np.zeros((features.n_positions, tree.max_depth + 1))  # (N, D+1)
     p_len[np.arange(features.n_positions), length] = 1.0
-    return AcceptanceTable(p_len=p_len, drafted=drafted_per_call(tree, features.room()), exact=True, length=length)
+    return AcceptanceTable(p_len=p_len, drafted=drafted_per_call(tree, features.room()), exact=True, length=length,
+                           leaf_end=(length > 0) & (tree.n_children[end] == 0))
 
 
 def chain_table(beta: np.ndarray, remaining: np.ndarray, depth: int) -> np.ndarray:

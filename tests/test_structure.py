@@ -1,0 +1,169 @@
+"""Structural cost fidelity: the replay prices exactly the forwards the live engine runs.
+
+A probe cost model turns a price into a count: a target forward costs its tokens per request
+(or 1: a forward), a draft forward its width (or 1). Priced on the replay's own path (`Pricing`
+and the walk at batch 1, the batch timeline above it), a trajectory's total is then the number
+of target tokens, target forwards, draft tokens and draft forwards the replay charges for it.
+The live engine records what it ran at every step (`EngineStep.verified`, `.draft_levels`, with
+the batch). At T = 0 both sides are deterministic, so the counts must be equal, trajectory by
+trajectory at batch 1 and run by run in batches. A speed error can then only come from the
+profile's times, not from pricing the wrong work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+PROBES = {  # name: (target forward's price, draft forward's price) from (batch, tokens or width)
+    "target tokens": (lambda b, n: b * n, lambda b, w: 0 * w),
+    "target forwards": (lambda b, n: 1 + 0 * n, lambda b, w: 0 * w),
+    "draft tokens": (lambda b, n: 0 * n, lambda b, w: b * w),
+    "draft forwards": (lambda b, n: 0 * n, lambda b, w: 1 + 0 * w),
+}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A cost model whose 'seconds' count what a step runs (see the module doc)."""
+
+    name: str
+    measured: bool = False
+    unit: str = "probe"
+
+    def verify_s(self, batch, tokens, context):
+        b, n, _ = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (batch, tokens, context)))
+        return np.asarray(PROBES[self.name][0](b, n), dtype=np.float64)
+
+    def draft_s(self, draft, batch, width, context):
+        b, w, _ = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (batch, width, context)))
+        return np.asarray(PROBES[self.name][1](b, w), dtype=np.float64)
+
+    def plain_s(self, batch, context):
+        return self.verify_s(batch, 1, context)
+
+    def describe(self) -> str:
+        return f"probe: {self.name}"
+
+
+def live_counts(steps) -> dict[str, int]:
+    """What a sequence of live engine steps ran, in the probes' terms."""
+    return {"target tokens": sum(s.batch * s.verified for s in steps), "target forwards": len(steps),
+            "draft tokens": sum(s.batch * w for s in steps for w in s.draft_levels),
+            "draft forwards": sum(len(s.draft_levels) for s in steps)}
+
+
+def replayed_counts(features, tree, draft: str, *, model_free: bool) -> list[dict[str, float]]:
+    """Per trajectory, what the replay's batch-1 pricing charges (greedy), in the probes' terms."""
+    from specsim.sim.api import Pricing, _walk_one
+    from specsim.specs import parse_policy
+
+    out = [{} for _ in range(features.n_traj)]
+    for name in PROBES:
+        pricing = Pricing(Probe(name), None if model_free else draft, "probe")
+        stats, _ = _walk_one(features, tree, parse_policy("greedy"), pricing, np.random.default_rng(0))
+        for i, value in enumerate(stats.cost):
+            out[i][name] = float(value)
+    return out
+
+
+def timeline_counts(features, tree, draft: str, *, model_free: bool, batch: int, batching: str) -> dict[str, float]:
+    """What the batch timeline charges for decoding every trajectory in cache order (greedy)."""
+    from specsim.sim.api import run_policy
+    from specsim.sim.batch import timeline
+    from specsim.specs import parse_policy
+
+    table = run_policy(features, tree, parse_policy("greedy"), np.random.default_rng(0))
+    orders = np.arange(features.n_traj)[None]
+    return {name: float(timeline(table.length, features, tree, Probe(name), None if model_free else draft,
+                                 batch=batch, batching=batching, orders=orders,
+                                 proposed=table.drafted if model_free else None, leaf_end=table.leaf_end).seconds[0])
+            for name in PROBES}
+
+
+def decode_live(cache, draft: str, tree_spec: str, *, batch: int = 1, batching: str = "lockstep"):
+    """The cache's T = 0 prompts decoded live with its target and `draft` (float32, greedy)."""
+    from specsim.live.engine import LiveConfig, Target
+    from specsim.live.runs import build_drafter, run_live
+    from specsim.live.validate import cache_setup
+    from specsim.record.models import eos_token_ids, load_model
+    from specsim.specs import parse_tree
+
+    setup = cache_setup(cache)
+    loaded = load_model(setup.target)
+    config = LiveConfig(tree=parse_tree(tree_spec), max_new_tokens=setup.max_new_tokens, batch=batch,
+                        batching=batching)
+    run = run_live(Target(loaded.model, eos_token_ids(loaded)), build_drafter(draft, loaded, device="cpu",
+                                                                              dtype="float32"),
+                   list(setup.prompts), config, target_name=loaded.name, plain=False, progress=False)
+    return run
+
+
+def per_request_steps(run) -> list[list]:
+    """Batch 1: the engine's steps of each request, in request order (a request's steps are consecutive)."""
+    out, k = [], 0
+    for decoded in run.spec_run.decoded:
+        n = decoded.target_calls
+        out.append(run.spec_run.steps[k: k + n])
+        k += n
+    assert k == len(run.spec_run.steps)
+    return out
+
+
+def features_of(cache, draft: str):
+    from specsim.sim.features import load_features
+
+    return load_features(cache, draft, 0.0, progress=False)
+
+
+@pytest.mark.parametrize("draft,tree_spec", [
+    ("layers:2", "chain:3"), ("int8", "kary:2,2"), ("layers:2", "widths:3,2,1"),
+    ("ngram:1", "chain:4"), ("prompt-lookup:2", "widths:2,1"), ("suffix", "chain:3"),
+])
+def test_replay_prices_the_forwards_live_runs_at_batch_one(tiny_cache, draft, tree_spec):
+    from specsim.specs import is_model_free, parse_tree
+
+    run = decode_live(tiny_cache, draft, tree_spec)
+    features = features_of(tiny_cache, draft)
+    replay = replayed_counts(features, parse_tree(tree_spec), draft, model_free=is_model_free(draft))
+    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
+    for trajectory, steps in zip(run.trajectories, per_request_steps(run)):
+        assert trajectory.live.tokens.size == features.traj_len[by_prompt[trajectory.prompt.prompt_index]]
+        assert replay[by_prompt[trajectory.prompt.prompt_index]] == pytest.approx(live_counts(steps)), (
+            f"prompt {trajectory.prompt.prompt_index}")
+
+
+@pytest.mark.parametrize("draft,tree_spec,batch,batching", [
+    ("layers:2", "chain:3", 2, "lockstep"), ("int8", "kary:2,2", 3, "continuous"),
+    ("ngram:1", "chain:4", 2, "lockstep"),
+])
+def test_batch_timeline_prices_the_forwards_live_runs(tiny_cache, draft, tree_spec, batch, batching):
+    from specsim.specs import is_model_free, parse_tree
+
+    run = decode_live(tiny_cache, draft, tree_spec, batch=batch, batching=batching)
+    features = features_of(tiny_cache, draft)
+    assert [int(p) for p in features.traj_prompt] == [t.prompt.prompt_index for t in run.trajectories]
+    replay = timeline_counts(features, parse_tree(tree_spec), draft, model_free=is_model_free(draft), batch=batch,
+                             batching=batching)
+    assert replay == pytest.approx(live_counts(run.spec_run.steps))
+
+
+def test_the_probes_catch_a_priced_shape_that_live_does_not_run(tiny_cache, monkeypatch):
+    """Reintroduce a mismatch: the root feed after a call whose accepted path ended on a leaf above the full
+    depth priced as 1 token (live feeds 2: the leaf was never fed). The counts disagree, so the tests above
+    can fail."""
+    from specsim.sim.api import Pricing
+    from specsim.specs import parse_tree
+
+    run = decode_live(tiny_cache, "layers:2", "widths:3,2,1")
+    features = features_of(tiny_cache, "layers:2")
+    live = [live_counts(steps) for steps in per_request_steps(run)]
+    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
+    right = replayed_counts(features, parse_tree("widths:3,2,1"), "layers:2", model_free=False)
+    assert all(right[by_prompt[t.prompt.prompt_index]] == pytest.approx(c) for t, c in zip(run.trajectories, live))
+    priced = Pricing.priced
+    monkeypatch.setattr(Pricing, "priced", lambda self, *a, leaf_end=None, **k: priced(self, *a, **k))
+    wrong = replayed_counts(features, parse_tree("widths:3,2,1"), "layers:2", model_free=False)
+    assert any(wrong[by_prompt[t.prompt.prompt_index]] != pytest.approx(c) for t, c in zip(run.trajectories, live))
