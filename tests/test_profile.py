@@ -151,3 +151,27 @@ def test_a_batch_list_without_1_still_measures_from_1():
     config = ProfileConfig(batches=(4,))
     _validate(config)
     assert config.batch_grid == [1, 2, 3, 4]
+
+
+def test_profile_for_a_cache_measures_what_its_trees_need(tiny_cache, tmp_path):
+    """--for CACHE --tree: the cache's target and model drafts, its context range, and exactly the N and w the
+    trees' steps run (2 for the feed after an unfed leaf); an estimate before it starts; simulate prices every
+    row without extrapolating."""
+    import specsim
+
+    out = tmp_path / "for.json"
+    result = CliRunner().invoke(main, ["profile", "--for", str(tiny_cache), "--tree", "chain:3", "--tree", "kary:2,2",
+                                       "--repeats", "2", "--warmup", "0", "--threads", "1", "--quiet", "--out",
+                                       str(out)])
+    assert result.exit_code == 0, result.output
+    assert "timed forwards, about" in result.output and "draft widths 1, 2" in result.output
+    data = json.loads(out.read_text())
+    assert set(data["drafts"]) == {"layers:2", "int8"} and data["sizes"] == list(range(1, 8))
+    assert data["widths"] == [1, 2] and len(data["contexts"]) == 3
+    rows = specsim.simulate(tiny_cache, trees=["chain:3", "kary:2,2"], cost_profile=out, n_boot=0, by_category=False)
+    assert rows.height == 4 and not rows["cost_extrapolated"].any() and rows["speedup"].is_not_null().all()
+    wrong = CliRunner().invoke(main, ["profile", "--for", str(tiny_cache), "--contexts", "64", "--out",
+                                      str(tmp_path / "x.json")])
+    assert wrong.exit_code != 0 and "drop --target, --contexts" in wrong.output
+    lonely = CliRunner().invoke(main, ["profile", "--target", "x", "--tree", "chain:3", "--out", str(tmp_path / "y.json")])
+    assert lonely.exit_code != 0 and "--tree goes with --for CACHE" in lonely.output

@@ -16,7 +16,12 @@ from specsim.cli import _common as c
                    "vLLM decoding with plain, fixed-length and draft-model steps, written as a profile of vLLM's "
                    "costs for that cache's models and contexts.")
 @click.option("--for", "for_cache", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              metavar="CACHE", help="--engine vllm: the cache whose target, drafts and contexts to measure.")
+              metavar="CACHE", help="Measure only what simulating this cache needs: its target, its recorded "
+                                    "model drafts (or --draft), its contexts, and with --tree the token counts "
+                                    "and draft widths those trees run (--engine vllm: always needed).")
+@click.option("--tree", "trees", multiple=True, metavar="SPEC",
+              help="With --for: the trees you will simulate (repeatable; chain:4, kary:2,2, widths:4,2,1, "
+                   "dynamic:..., file:t.json): N and w are measured for exactly their steps.")
 @click.option("--target", default=None, help="Target model: packaged short name, GGUF file, HF directory or hub id.")
 @click.option("--draft", "drafts", multiple=True, metavar="SPEC", callback=c.names,
               help="Draft model (repeatable): a model spec like --target, layers:K, int8, or heads medusa:DIR / "
@@ -39,8 +44,8 @@ from specsim.cli import _common as c
 @click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto",
               show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA.")
 @click.option("--repeats", type=click.IntRange(min=1), default=None,
-              help="Timed runs per entry (the median is used, quartiles kept).  [default: 10; --engine vllm: 3 "
-                   "generate calls of 16 steps]")
+              help="Timed rounds: each times every entry of a (batch, context) once, in random order; all "
+                   "kept, the median used.  [default: 10; --engine vllm: 3 generate calls of 16 steps]")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs per entry.")
 @c.seed_option
 @click.option("--threads", type=click.IntRange(min=1),
@@ -49,17 +54,19 @@ from specsim.cli import _common as c
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out file.")
 @c.quiet_option
 @c.friendly_errors
-def profile(engine, for_cache, target, drafts, batches, contexts, max_tokens, draft_widths, device, dtype, repeats,
-            warmup, seed, threads, out, overwrite, quiet):
+def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tokens, draft_widths, device, dtype,
+            repeats, warmup, seed, threads, out, overwrite, quiet):
     """Measure target verification and draft step times on this machine, for the speedup model.
 
     With the live engine's own code, over B requests whose KV caches hold L random
     tokens, times one target forward over N new tokens per request laid out as a draft
     tree (4-D tree mask; N = 1 is a plain decode step) and one draft forward over w new
     tokens per request (one tree level), for every B x L x N and B x L x w. Each entry
-    is the median of --repeats synchronised wall-clock runs. `specsim simulate`,
-    `optimize`, `validate` and `report` take the JSON with --cost-profile and refuse it
-    for models it did not measure.
+    is the median of --repeats synchronised wall-clock runs, timed in rounds (every entry
+    of a (B, L) once per round, in random order) and all kept: `simulate` resamples the
+    rounds jointly, so its speedup CIs carry the profile's own scatter. `specsim
+    simulate`, `optimize`, `validate` and `report` take the JSON with --cost-profile and
+    refuse it for models it did not measure.
 
     \b
     Examples:
@@ -81,10 +88,21 @@ def profile(engine, for_cache, target, drafts, batches, contexts, max_tokens, dr
     if out.exists() and not overwrite:
         raise SpecError(f"{out} exists; pass --overwrite to replace it")
     if engine == "vllm":
+        if trees:
+            raise SpecError("--tree goes with specsim's engine; vLLM's profile times fixed-length steps up to "
+                            "--max-tokens")
         return _vllm(for_cache, target, drafts, batches, contexts, max_tokens, draft_widths, repeats, warmup, seed,
                      threads, out, overwrite, quiet)
+    if trees and for_cache is None:
+        raise SpecError("--tree goes with --for CACHE (the trees whose steps to measure on that cache)")
     if for_cache is not None:
-        raise SpecError("--for CACHE goes with --engine vllm (specsim's own profile takes --target and --contexts)")
+        if target is not None or contexts or max_tokens or draft_widths:
+            raise SpecError("--for CACHE takes the target, contexts, token counts and widths from the cache and "
+                            "--tree: drop --target, --contexts, --max-tokens and --draft-widths")
+        target, drafts, contexts, max_tokens, draft_widths = plan_for(for_cache, trees, drafts)
+        click.echo(f"for {for_cache}: target {target}, drafts {', '.join(drafts) or 'none'}, contexts "
+                   f"{', '.join(map(str, contexts))}, N <= {max_tokens}, draft widths "
+                   f"{', '.join(map(str, draft_widths)) or 'none'}", err=True)
     if target is None:
         raise SpecError("give --target (the model whose steps to time)")
     device = resolve_device(device)
@@ -119,10 +137,68 @@ def profile(engine, for_cache, target, drafts, batches, contexts, max_tokens, dr
         return load_draft(spec, p_target, device=device, dtype=dtype)
 
     q_drafts = [loaded(d) for d in drafts]
+    click.echo(estimate(p_target, q_drafts, config), err=True)
     body = measure_cost_profile(p_target, q_drafts, config=config, progress=not quiet)
     write_profile(body, out, overwrite=overwrite)
     click.echo(summary(body))
     click.echo(f"wrote {out}")
+
+
+def plan_for(cache, trees, drafts) -> tuple[str, tuple, tuple, int, tuple]:
+    """(target, drafts, contexts, max tokens N, draft widths) that simulating `trees` on `cache` prices: the
+    cache's shortest and longest context and one between; every N and w the trees' steps run at any room
+    (and the root feeds: 2 after an unfed leaf, 1 + A for EAGLE layers and dynamic trees)."""
+    from specsim.engines.check import read_cache
+    from specsim.errors import SpecError
+    from specsim.sim.cost import tree_by_room
+    from specsim.specs import drafts_in_one_pass, feeds_accepted, is_model_free, parse_tree
+
+    data = read_cache(cache)
+    drafts = tuple(drafts) or tuple(d for d in data.drafts if not is_model_free(d))
+    missing = [d for d in drafts if d not in data.drafts]
+    if missing:
+        raise SpecError(f"--draft {missing[0]}: not recorded in {cache} (recorded: {', '.join(data.drafts) or 'none'})")
+    lengths = [len(p) for p in data.prompts]
+    lo, hi = min(lengths), max(lengths) + data.max_new_tokens
+    contexts = tuple(sorted({lo, (lo + hi) // 2, hi}))
+    parsed = [parse_tree(t) for t in trees] or [parse_tree("chain:4")]
+    tokens, widths = {2}, set()
+    for tree in parsed:
+        for d in drafts or (None,):
+            one_pass = d is not None and drafts_in_one_pass(d)
+            for shape in tree_by_room(tree, model_draft=d is not None, one_pass=one_pass):
+                tokens.add(shape.verify_tokens)
+                widths.update(shape.draft_levels)
+            if d is not None and tree.budget and not one_pass:
+                widths.update(range(1, tree.max_depth + 2) if feeds_accepted(d, tree) else (2,))
+    return data.target, drafts, contexts, max(tokens), tuple(sorted(widths)) if drafts else (1,)
+
+
+def estimate(target, drafts, config) -> str:
+    """How many timed runs the profile makes and about how long they take, from one timed plain step and one
+    at the largest N and context (before anything else is measured)."""
+    import time
+
+    import numpy as np
+    import torch
+
+    from specsim.attention.profile import _Bench, _tree_layout, verify_tree_parents
+
+    runs = len(config.batch_grid) * len(config.contexts) * (len(config.sizes) + len(drafts) * len(config.draft_widths))
+    total = runs * (config.repeats + config.warmup)
+    with torch.inference_mode():
+        seconds = []
+        for n, L in ((1, min(config.contexts)), (config.sizes[-1], max(config.contexts))):
+            bench = _Bench(target.model, max(config.batch_grid), L, np.random.default_rng(0))
+            depth, attend = _tree_layout(verify_tree_parents(n))
+            once = bench.run(depth, attend, lambda logits: logits.argmax(dim=-1))
+            once()
+            started = time.perf_counter()
+            once()
+            seconds.append(time.perf_counter() - started)
+    return (f"{runs} entries x ({config.repeats} rounds + {config.warmup} warm-up): {total} timed forwards, "
+            f"about {total * float(np.mean(seconds)):.0f} s (from a plain step and the largest at the largest "
+            "batch; draft forwards are usually cheaper)")
 
 
 def summary(body: dict) -> str:
