@@ -326,10 +326,30 @@ def sample_tree_table(features: "Features", tree: Tree, spec, rng: np.random.Gen
     if reps is None:
         return AcceptanceTable(p_len=length_distribution(at_least), drafted=drafted, exact=True)
     # Each replicate (one sample, or one group's mean, per position) gives an unbiased E[A | t]
-    # since positions are independent; their spread bounds the point estimate's error (the
-    # product of per-position means varies less than the mean of products). The law is left
+    # since positions are independent; their spread bounds the point estimate's error per position
+    # (the product of per-position means varies less than the mean of products). The law is left
     # unrepaired (valid=False): every expectation stays unbiased.
     per_rep = replicate_means(reps, tree, remaining, keyed=keyed)  # (N, R)
     se = per_rep.std(axis=1, ddof=1) / np.sqrt(per_rep.shape[1])
     return AcceptanceTable(p_len=length_distribution(at_least, valid=False), drafted=drafted, exact=False,
-                           se_len=se)
+                           se_len=se, jackknife=_jackknife_laws(reps, tree, remaining, keyed))
+
+
+JACKKNIFE_GROUPS = 8  # replicate groups a swor table's walk totals are jackknifed over
+
+
+def _jackknife_laws(reps: np.ndarray, tree: Tree, remaining: np.ndarray, keyed: bool) -> np.ndarray:
+    """(G, N, D+1) the length laws with one group of replicates left out (the walk's delete-a-group jackknife).
+
+    A trajectory's total reads π at overlapping positions from the same draws, and its point estimate
+    multiplies per-position means: recomputing the whole estimate without each group carries both (the
+    per-position standard errors summed in quadrature carry neither)."""
+    axis = reps.ndim - 2  # the replicate axis: (N, R, k) or (N, D, R, k)
+    R = reps.shape[axis]
+    groups = np.array_split(np.arange(R), min(JACKKNIFE_GROUPS, R))
+    total = reps.sum(axis=axis, dtype=np.float64)
+    out = []
+    for g in groups:
+        pi = (total - np.take(reps, g, axis=axis).sum(axis=axis, dtype=np.float64)) / (R - g.size)
+        out.append(length_distribution(reach_by_depth(pi, tree, remaining, keyed=keyed), valid=False))
+    return np.stack(out)
