@@ -167,3 +167,38 @@ def test_the_probes_catch_a_priced_shape_that_live_does_not_run(tiny_cache, monk
     monkeypatch.setattr(Pricing, "priced", lambda self, *a, leaf_end=None, **k: priced(self, *a, **k))
     wrong = replayed_counts(features, parse_tree("widths:3,2,1"), "layers:2", model_free=False)
     assert any(wrong[by_prompt[t.prompt.prompt_index]] != pytest.approx(c) for t, c in zip(run.trajectories, live))
+
+
+@pytest.mark.parametrize("draft,tree_spec", [("layers:2", "widths:3,2,1"), ("ngram:1", "chain:3")])
+def test_predicted_speedup_is_plain_time_over_the_time_of_what_live_ran(tiny_cache, tmp_path, draft, tree_spec):
+    """The speedup a row reports, recomputed from outside the replay: every forward live ran, priced by the
+    profile's formula at the context it ran at (prompt + output so far), against one plain step per output
+    token. A replay that priced other shapes or other contexts gives another number."""
+    import json
+
+    import specsim
+    from specsim.live.validate import cache_setup
+    from tests.test_cost import profile_body
+
+    body = profile_body(target={"name": cache_setup(tiny_cache).target}, drafts={draft: {"name": draft}},
+                        contexts=[1, 512])  # the formula below holds on this grid and between its points
+    body["draft_step_s"] = {draft: body["draft_step_s"].pop("d")}
+    for table in (body["target_verify_s"], body["draft_step_s"][draft]):
+        for b, by_L in table.items():
+            by_L["1"] = by_L.pop("128")
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(body))
+    scale = lambda L: 1 + (L - 1) / 511  # noqa: E731  time x2 from L = 1 to 512, linear between
+    verify = lambda n, L: (0.010 + 0.001 * n + 0.002) * scale(L)  # noqa: E731
+    forward = lambda w, L: (0.002 + 0.0005 * w + 0.002) * scale(L)  # noqa: E731
+    run = decode_live(tiny_cache, draft, tree_spec)
+    spec = plain = 0.0
+    for trajectory, steps in zip(run.trajectories, per_request_steps(run)):
+        prompt = len(trajectory.prompt.token_ids)  # a call at output position t runs at context prompt + t
+        for record, step in zip(trajectory.live.steps, steps):
+            L = prompt + record.start
+            spec += verify(step.verified, L) + sum(forward(w, L) for w in step.draft_levels)
+        plain += sum(verify(1, prompt + t) for t in range(trajectory.live.tokens.size))
+    row = specsim.simulate(tiny_cache, trees=[tree_spec], drafts=[draft], cost_profile=profile, n_boot=0,
+                           by_category=False).row(0, named=True)
+    assert row["speedup"] == pytest.approx(plain / spec, rel=1e-9)
