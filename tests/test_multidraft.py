@@ -271,3 +271,32 @@ def test_swor_standard_errors_match_the_spread_over_seeds(tmp_path, noise, tree)
     spread = np.std(totals, ddof=1)  # 40 seeds: its own relative error is about 11%
     assert 0.75 < np.mean(reported) / spread < 1.33
     assert not 0.75 < np.mean(per_position) / spread < 1.33
+
+
+def test_sampling_tables_know_when_a_path_ends_on_a_leaf(cache):
+    """Above full depth a leaf (a node the draft never fed) can end the accepted path: the next call then feeds 2
+    tokens. P(A = a and the path ends on a leaf | t) is the summed reach of the leaves at depth a, each reach the
+    product of its path's π (brute force here, node by node)."""
+    from specsim.sim.multidraft import sibling_index
+
+    features = load_features(cache, "small", 1.0, progress=False)
+    tree = parse_tree("widths:3,2,1")
+    table = sample_tree_table(features, tree, parse_policy("sample"), np.random.default_rng(0))
+    pi, _ = candidate_acceptance(features, 3, scheme="iid", samples=0, rng=np.random.default_rng(0))
+    index, remaining = sibling_index(tree), features.remaining()
+    expect = np.zeros_like(table.leaf_law)
+    for t in range(features.n_positions):
+        for v in np.flatnonzero(tree.n_children == 0):
+            path = [int(v)]
+            while path[-1] != 0:
+                path.append(int(tree.parents[path[-1]]))
+            nodes = path[-2::-1]  # depth 1 .. depth(v)
+            d = int(tree.depths[v])
+            if d <= remaining[t]:
+                expect[t, d] += np.prod([pi[t + tree.depths[u] - 1, index[u]] for u in nodes])
+    np.testing.assert_allclose(table.leaf_law, expect, atol=1e-12)
+    assert expect[:, 1:3].sum() > 0  # leaves above full depth were reached
+    given = table.leaf_given()
+    assert np.all((given >= 0) & (given <= 1)) and np.allclose(given[:, 3][table.p_len[:, 3] > 0], 1.0)
+    chain = sample_tree_table(features, parse_tree("chain:3"), parse_policy("sample"), np.random.default_rng(0))
+    assert chain.leaf_law is None and chain.leaf_given() is None  # only the full depth ends on a leaf

@@ -79,7 +79,7 @@ def timeline_counts(features, tree, draft: str, *, model_free: bool, batch: int,
     orders = np.arange(features.n_traj)[None]
     return {name: float(timeline(table.length, features, tree, Probe(name), None if model_free else draft,
                                  batch=batch, batching=batching, orders=orders,
-                                 proposed=table.drafted if model_free else None, leaf_end=table.leaf_end).seconds[0])
+                                 proposed=table.drafted if model_free else None, leaf=table.leaf_given()).seconds[0])
             for name in PROBES}
 
 
@@ -164,7 +164,7 @@ def test_the_probes_catch_a_priced_shape_that_live_does_not_run(tiny_cache, monk
     right = replayed_counts(features, parse_tree("widths:3,2,1"), "layers:2", model_free=False)
     assert all(right[by_prompt[t.prompt.prompt_index]] == pytest.approx(c) for t, c in zip(run.trajectories, live))
     priced = Pricing.priced
-    monkeypatch.setattr(Pricing, "priced", lambda self, *a, leaf_end=None, **k: priced(self, *a, **k))
+    monkeypatch.setattr(Pricing, "priced", lambda self, *a, leaf=None, **k: priced(self, *a, **k))
     wrong = replayed_counts(features, parse_tree("widths:3,2,1"), "layers:2", model_free=False)
     assert any(wrong[by_prompt[t.prompt.prompt_index]] != pytest.approx(c) for t, c in zip(run.trajectories, live))
 

@@ -313,11 +313,11 @@ class Pricing:
                                        context=high)
 
     def priced(self, features: Features, tree: Tree, batch: int = 1, drafted: np.ndarray | None = None,
-               leaf_end: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               leaf: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(call cost, plain step cost, extra cost of the next call's root feed by accepted length) at every
         position: (N,), (N,) and (N, D+1) or None (`walk`'s next_feed_cost).
 
-        `leaf_end` (N,): whether each call's accepted path ends on a leaf (`AcceptanceTable.leaf_end`).
+        `leaf` (N, D+1): P(a call's accepted path ends on a leaf | t, a) (`AcceptanceTable.leaf_given`).
         `drafted` (N,): the nodes each call proposed, for a model-free draft at batch 1, which
         verifies only those (an n-gram or suffix match fills part of the tree, or none of it; the
         live engine, like vLLM's variable-length drafts, sends the target only what was proposed).
@@ -348,25 +348,25 @@ class Pricing:
                 call[idx] = seconds
         feed = None
         if model_draft and tree.budget and not one_pass:
-            feed = self._next_feed(features, tree, batch, contexts, cut, leaf_end)
+            feed = self._next_feed(features, tree, batch, contexts, cut, leaf)
             if feeds_accepted(features.draft) and tree.dynamic is None:  # an EAGLE layer fed the prompt at
                 first = features.traj_start[cut[features.traj_start] >= 1]  # admission: its first call feeds
                 call[first] -= model.draft_s(self.draft_key, batch, 1, contexts[first])  # no root entry
         return call, model.plain_s(batch, contexts), feed
 
     def priced_replicas(self, features: Features, tree: Tree, batch: int = 1, drafted: np.ndarray | None = None,
-                        leaf_end: np.ndarray | None = None) -> list[tuple]:
+                        leaf: np.ndarray | None = None) -> list[tuple]:
         """`priced` under each replica of the cost profile (`ProfileCost.replicas`; [] when it kept no rounds)."""
-        return [replace(self, model=m).priced(features, tree, batch, drafted, leaf_end)
+        return [replace(self, model=m).priced(features, tree, batch, drafted, leaf)
                 for m in getattr(self.model, "replicas", ())]
 
     def _next_feed(self, features: Features, tree: Tree, batch: int, contexts: np.ndarray,
-                   cut: np.ndarray, leaf_end: np.ndarray | None = None) -> np.ndarray:
+                   cut: np.ndarray, leaf: np.ndarray | None = None) -> np.ndarray:
         """(N, D+1) extra time the next call's root feed costs, over the one token priced in every call,
         when the call at t accepted a; priced at the next call's context, if it exists and drafts.
 
         A draft model feeds 2 tokens after a call whose accepted path ended on a leaf, a node it
-        never fed: with `leaf_end` (point masses) where that flag says so, else where the call
+        never fed: with `leaf` (N, D+1), P(that | t, a), else where the call
         accepted the whole depth (exact for trees whose inner depths all have children, e.g. chains).
         An EAGLE layer, and any draft of a dynamic tree (`feeds_accepted`), feeds the root and every
         accepted draft, 1 + a."""
@@ -374,7 +374,7 @@ class Pricing:
         every = feeds_accepted(features.draft, tree)
         ends = np.repeat(features.traj_start + features.traj_len, features.traj_len)
         out = np.zeros((N, depth + 1))
-        leafy = not every and leaf_end is not None
+        leafy = not every and leaf is not None
         for a in range(1, depth + 1) if every or leafy else [depth]:
             nxt = np.arange(N) + a + 1
             ok = nxt < ends
@@ -382,7 +382,7 @@ class Pricing:
             L = contexts[np.minimum(nxt, N - 1)]
             extra = model.draft_s(self.draft_key, batch, 1 + a if every else 2, L) - model.draft_s(
                 self.draft_key, batch, 1, L)
-            out[:, a] = np.where(ok & leaf_end, extra, 0.0) if leafy else np.where(ok, extra, 0.0)
+            out[:, a] = np.where(ok, extra * leaf[:, a], 0.0) if leafy else np.where(ok, extra, 0.0)
         return out
 
 
@@ -815,9 +815,10 @@ def _walk_one(features: Features, tree: Tree, policy: PolicySpec, pricing: Prici
         return result, None
     if pricing.model is not None:
         drafted = _proposed(features, table)
-        call, plain, feed = pricing.priced(features, tree, drafted=drafted, leaf_end=table.leaf_end)
+        leaf = table.leaf_given()
+        call, plain, feed = pricing.priced(features, tree, drafted=drafted, leaf=leaf)
         return walk(table, features, call, plain_cost=plain, next_feed_cost=feed,
-                    replicas=pricing.priced_replicas(features, tree, drafted=drafted, leaf_end=table.leaf_end)), table
+                    replicas=pricing.priced_replicas(features, tree, drafted=drafted, leaf=leaf)), table
     return walk(table, features), table
 
 
@@ -984,9 +985,10 @@ def speed_of(features: Features, tree: Tree, policy: PolicySpec, pricing: Pricin
     if not isinstance(result, AcceptanceTable):
         raise SpecError(f"{policy.label} is not a fixed tree; speed_of prices fixed trees")
     drafted = _proposed(features, result)
-    call, plain, feed = pricing.priced(features, tree, drafted=drafted, leaf_end=result.leaf_end)
+    leaf = result.leaf_given()
+    call, plain, feed = pricing.priced(features, tree, drafted=drafted, leaf=leaf)
     stats = walk(result, features, call, plain_cost=plain, next_feed_cost=feed,
-                 replicas=pricing.priced_replicas(features, tree, drafted=drafted, leaf_end=result.leaf_end))
+                 replicas=pricing.priced_replicas(features, tree, drafted=drafted, leaf=leaf))
     row = summarize_many([stats], features, by_category=False, n_boot=n_boot, seed=seed)[0][0]
     if batch == 1:
         return Speed(batch=1, tokens_per_call=row["tokens_per_call"],

@@ -84,7 +84,7 @@ class _Shapes:
 
 def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *, batch: int, batching: str,
              orders: np.ndarray, coins: np.random.Generator | None = None, plain: bool = False,
-             proposed: np.ndarray | None = None, ragged: bool = False, leaf_end: np.ndarray | None = None) -> Timeline:
+             proposed: np.ndarray | None = None, ragged: bool = False, leaf: np.ndarray | None = None) -> Timeline:
     """Run the schedule for every replicate (a row of `orders`: trajectory indices in decoding order).
 
     lengths: (N,) int accepted length per position (point masses), or an (N, D+1) law to draw from
@@ -94,8 +94,8 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
     of the tree, or none of it). Padded to the step's widest request (specsim's live engine), or,
     with ragged=True, the step's tokens spread evenly over its requests (vLLM flattens a batch's
     tokens into one forward: Σ (1 + proposed) tokens, priced as B requests of their mean).
-    leaf_end: (N,) bool, point masses: the call's accepted path ends on a leaf the draft never fed (the
-    next root feed is 2 tokens); None: that happens when a call accepts the whole depth.
+    leaf: (N, D+1) P(the call's accepted path ends on a leaf the draft never fed | t, a) (the next root
+    feed is 2 tokens; drawn with a coin for sampled lengths); None: exactly when it accepts the whole depth.
     """
     if batching not in BATCHING:
         raise ValueError(f"batching {batching!r} is not one of {BATCHING}")
@@ -169,8 +169,11 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
                 accepted = np.where(active, (law[g] < u[..., None]).sum(axis=-1), 0)  # inverse CDF
             last = np.where(active, accepted, 0)
             fresh &= ~active
-            leafed = active & ((accepted >= shapes.depth) if leaf_end is None or law is not None
-                               else (accepted > 0) & np.asarray(leaf_end)[g])
+            if leaf is None:
+                leafed = active & (accepted >= shapes.depth)
+            else:
+                chance = np.asarray(leaf)[g, accepted]  # (R, B)
+                leafed = active & (chance > 0.5 if law is None else coins.random((R, batch)) < chance)
         step_s = np.where(live, step_s, 0.0)
         clock += step_s
         steps += live
@@ -217,7 +220,7 @@ def simulate_batch(table: AcceptanceTable, features, tree: Tree, cost_model, dra
     proposed = table.drafted if features.model_free else None  # what each call sends the target
     ragged = getattr(cost_model, "engine", "specsim") != "specsim"  # an engine profile: vLLM flattens a step's tokens
     spec = timeline(lengths, features, tree, cost_model, draft_key, batch=batch, batching=batching, orders=orders,
-                    coins=rng, proposed=proposed, ragged=ragged, leaf_end=table.leaf_end)
+                    coins=rng, proposed=proposed, ragged=ragged, leaf=table.leaf_given())
     base = timeline(None, features, tree, cost_model, draft_key, batch=batch, batching=batching, orders=orders,
                     plain=True)
     rate, plain_rate = spec.tokens / spec.seconds, base.tokens / base.seconds

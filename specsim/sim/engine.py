@@ -65,6 +65,7 @@ class AcceptanceTable:
     leaf_end: np.ndarray | None = None  # (N,) bool, point masses: the call's accepted path ends on a leaf (a node
     #                                   the draft never fed, so the next call feeds it and the bonus: 2 tokens);
     #                                   None: a leaf is accepted exactly when the whole depth is (chains)
+    leaf_law: np.ndarray | None = None  # (N, D+1) laws: P(A = a and the path ends on a leaf | t); None as above
 
     @property
     def depth(self) -> int:
@@ -83,6 +84,16 @@ class AcceptanceTable:
         tail = np.minimum.accumulate(np.clip(tail, 0.0, 1.0), axis=1)
         ge = np.concatenate([np.ones((tail.shape[0], 1)), tail, np.zeros((tail.shape[0], 1))], axis=1)
         return ge[:, :-1] - ge[:, 1:]
+
+    def leaf_given(self) -> np.ndarray | None:
+        """(N, D+1) P(the accepted path ends on a leaf the draft never fed | t, A = a): the next call then feeds
+        2 tokens. None: exactly when A = D (trees whose inner depths all have children, e.g. chains)."""
+        if self.leaf_end is not None:
+            return np.repeat(self.leaf_end[:, None].astype(np.float64), self.p_len.shape[1], axis=1)
+        if self.leaf_law is not None:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(self.p_len > 0, np.clip(self.leaf_law / self.p_len, 0.0, 1.0), 0.0)
+        return None
 
     def reach(self) -> np.ndarray:
         """(N, D) P(A >= d | t) for d = 1..D."""

@@ -67,12 +67,14 @@ def sibling_index(tree: Tree) -> np.ndarray:
     return index
 
 
-def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray, *, keyed: bool = False) -> np.ndarray:
+def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray, *, keyed: bool = False,
+                   only: np.ndarray | None = None) -> np.ndarray:
     """P(A ≥ d | t) for d = 1..D from per-position candidate acceptance.
 
     pi: (N, K, ...) π_i(s) (trailing axes, e.g. Monte-Carlo replicates, are carried along);
     keyed: pi is a head draft's (N, D_rec, K, ...), depth d reading [:, d - 1];
     remaining: (N,) drafts a call at t may accept. Returns (N, D, ...).
+    only: (n_nodes,) bool: sum the reach of these nodes alone (leaves: P(the path ends on a leaf at d)).
     """
     by_depth = pi
     pi = at_depth(pi, 1, keyed)  # the shapes of one depth's π
@@ -80,7 +82,7 @@ def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray, *, keyed: 
     if pi.shape[1] < int(index.max(initial=0)) + 1:
         raise ValueError(f"pi has {pi.shape[1]} candidates, the tree needs {int(index.max()) + 1}")
     if by_depth.ndim == 2 and not keyed:
-        return _reach_by_node(pi, tree, index, remaining)
+        return _reach_by_node(pi, tree, index, remaining, only)
     n_total = pi.shape[0]
     depths = tree.depths
     depth = int(tree.max_depth)
@@ -98,12 +100,13 @@ def reach_by_depth(pi: np.ndarray, tree: Tree, remaining: np.ndarray, *, keyed: 
         parent_col = np.searchsorted(prev_nodes, tree.parents[nodes])
         pi_d = at_depth(by_depth, d, keyed)[d - 1 :]  # π at t + d − 1
         reach = prev_reach[:n, parent_col] * pi_d[:, index[nodes]] * valid[:, None]
-        out[:n, d - 1] = reach.sum(axis=1)
+        out[:n, d - 1] = (reach if only is None else reach[:, only[nodes]]).sum(axis=1)
         prev_nodes, prev_reach = nodes, reach
     return out
 
 
-def _reach_by_node(pi: np.ndarray, tree: Tree, index: np.ndarray, remaining: np.ndarray) -> np.ndarray:
+def _reach_by_node(pi: np.ndarray, tree: Tree, index: np.ndarray, remaining: np.ndarray,
+                   only: np.ndarray | None = None) -> np.ndarray:
     """`reach_by_depth` for one (N, K) π: node by node over contiguous position rows, 3-7x faster than
     gathering a level's (N, nodes) block (measured at 200k positions); pi in Fortran order costs no copy.
     index: each node's candidate index (`sibling_index`)."""
@@ -120,7 +123,8 @@ def _reach_by_node(pi: np.ndarray, tree: Tree, index: np.ndarray, remaining: np.
         r = reach[tree.parents[node]][:n] * cols[index[node], d - 1 :]  # π at t + d − 1
         r[ends(d)] = 0.0  # remaining < d (see EndCap)
         reach[node] = r
-        out[d - 1, :n] += r
+        if only is None or only[node]:
+            out[d - 1, :n] += r
     return out.T
 
 
@@ -323,8 +327,13 @@ def sample_tree_table(features: "Features", tree: Tree, spec, rng: np.random.Gen
     keyed = features.depth is not None
     at_least = reach_by_depth(pi, tree, remaining, keyed=keyed)  # (N, D)
     drafted = drafted_per_call(tree, features.room())
+    leaf_law = None
+    leaves = tree.n_children == 0
+    if (leaves & (tree.depths < tree.max_depth)).any():  # leaves above full depth: the next feed depends on them
+        leaf_law = np.zeros((features.n_positions, tree.max_depth + 1))
+        leaf_law[:, 1:] = reach_by_depth(pi, tree, remaining, keyed=keyed, only=leaves)
     if reps is None:
-        return AcceptanceTable(p_len=length_distribution(at_least), drafted=drafted, exact=True)
+        return AcceptanceTable(p_len=length_distribution(at_least), drafted=drafted, exact=True, leaf_law=leaf_law)
     # Each replicate (one sample, or one group's mean, per position) gives an unbiased E[A | t]
     # since positions are independent; their spread bounds the point estimate's error per position
     # (the product of per-position means varies less than the mean of products). The law is left
@@ -332,7 +341,7 @@ def sample_tree_table(features: "Features", tree: Tree, spec, rng: np.random.Gen
     per_rep = replicate_means(reps, tree, remaining, keyed=keyed)  # (N, R)
     se = per_rep.std(axis=1, ddof=1) / np.sqrt(per_rep.shape[1])
     return AcceptanceTable(p_len=length_distribution(at_least, valid=False), drafted=drafted, exact=False,
-                           se_len=se, jackknife=_jackknife_laws(reps, tree, remaining, keyed))
+                           se_len=se, jackknife=_jackknife_laws(reps, tree, remaining, keyed), leaf_law=leaf_law)
 
 
 JACKKNIFE_GROUPS = 8  # replicate groups a swor table's walk totals are jackknifed over
