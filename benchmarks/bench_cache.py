@@ -7,7 +7,10 @@
 In one run, on the same prompts: records the trajectories with `--store full` and with
 `--store stats` (target + drafts, through the same code path as the CLI, HDF5 writes
 included; greedy and sampled), then generates the greedy ones with Hugging Face
-``generate`` (exactly as many new tokens) and checks that the tokens agree. Prints
+``generate`` (exactly as many new tokens) and, where vLLM's environment exists (`make vllm`),
+with vLLM too (its CPU build on a CPU, as a subprocess: plain decoding, batch 1, the same
+prompt token ids, timed over --vllm-rounds calls after a warm-up), and checks that the tokens
+agree. Prints
 positions per second of each, time(record) / time(plain generate) for greedy, the
 seconds spent computing the per-position statistics on the device (the overhead against
 recording the logits alone), bytes per position of each storage and their ratio (goal:
@@ -36,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch-size", type=int, default=1, help="prompts recorded together (as `specsim cache`)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--vllm-rounds", type=int, default=3, help="timed vLLM generate calls (0: skip vLLM)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -113,6 +117,41 @@ def main(argv: list[str] | None = None) -> None:
           f"{greedy_positions / plain:.1f} positions/s; record (full) / plain generate, per position: "
           f"{full[0].seconds / positions / (plain / greedy_positions):.2f}  (greedy share {share:.0%})")
     print(f"greedy tokens identical to HF generate: {len(greedy) - mismatches}/{len(greedy)} trajectories")
+    if args.vllm_rounds > 0:
+        _vllm_baseline(args, target, records, greedy, full[0].seconds / positions)
+
+
+def _vllm_baseline(args, target, records, greedy, record_per_position: float) -> None:
+    """Plain greedy decoding of the same trajectories in vLLM (a subprocess in its own environment)."""
+    from specsim.engines.export import model_directory
+    from specsim.engines.vllm import VllmRun, run_vllm, vllm_python
+    from specsim.errors import EngineError
+
+    try:
+        python = vllm_python()
+    except EngineError as exc:
+        print(f"vLLM: skipped ({exc})")
+        return
+    n = max(len(tokens) for _, tokens in greedy)
+    prompts = tuple(tuple(int(x) for x in records[i].token_ids) for i, _ in greedy)
+    run = VllmRun(model=model_directory(args.target), prompts=prompts, max_tokens=n, configs={"plain": None},
+                  rounds=args.vllm_rounds, batch=1, threads=args.threads,
+                  max_model_len=max(len(p) for p in prompts) + n + 16)
+    try:
+        result = run_vllm(run, python=python)
+    except EngineError as exc:
+        print(f"vLLM: failed ({exc})")
+        return
+    outs = [r["tokens"] for r in result["runs"]["plain"][0]["requests"]]
+    same = sum(np.array_equal(np.asarray(o[: len(t)]), t) for o, (_, t) in zip(outs, greedy))
+    made = sum(len(o) for o in outs)
+    wall = float(np.median([t["plain"]["seconds"] for t in result["timings"]]))
+    decode = float(np.median([t["plain"]["decode_s"] for t in result["timings"]]))
+    print(f"vLLM {result['vllm']} plain generate of the same {len(greedy)} prompts ({made} tokens, median of "
+          f"{args.vllm_rounds} calls): {wall:.2f} s wall with prefill, {decode:.2f} s decoding, "
+          f"{made / wall:.1f} positions/s; record (full) / vLLM generate, per position: "
+          f"{record_per_position / (wall / made):.2f}")
+    print(f"greedy tokens identical to vLLM: {same}/{len(greedy)} trajectories (up to the cached length)")
 
 
 if __name__ == "__main__":

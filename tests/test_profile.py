@@ -173,5 +173,9 @@ def test_profile_for_a_cache_measures_what_its_trees_need(tiny_cache, tmp_path):
     wrong = CliRunner().invoke(main, ["profile", "--for", str(tiny_cache), "--contexts", "64", "--out",
                                       str(tmp_path / "x.json")])
     assert wrong.exit_code != 0 and "drop --target, --contexts" in wrong.output
+    from specsim.cli.profile_cmd import plan_for
+
+    _, drafts, _, n, widths = plan_for(tiny_cache, ["optimal:4"], ())
+    assert drafts == ("layers:2", "int8") and n == 5 and widths == (1, 2, 3, 4, 5)  # any tree of 4 nodes
     lonely = CliRunner().invoke(main, ["profile", "--target", "x", "--tree", "chain:3", "--out", str(tmp_path / "y.json")])
     assert lonely.exit_code != 0 and "--tree goes with --for CACHE" in lonely.output

@@ -147,11 +147,12 @@ def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tok
 def plan_for(cache, trees, drafts) -> tuple[str, tuple, tuple, int, tuple]:
     """(target, drafts, contexts, max tokens N, draft widths) that simulating `trees` on `cache` prices: the
     cache's shortest and longest context and one between; every N and w the trees' steps run at any room
-    (and the root feeds: 2 after an unfed leaf, 1 + A for EAGLE layers and dynamic trees)."""
+    (and the root feeds: 2 after an unfed leaf, 1 + A for EAGLE layers and dynamic trees); for a tree fitted
+    on the cache (optimal:N), whatever a tree of N nodes may run."""
     from specsim.engines.check import read_cache
     from specsim.errors import SpecError
     from specsim.sim.cost import tree_by_room
-    from specsim.specs import drafts_in_one_pass, feeds_accepted, is_model_free, parse_tree
+    from specsim.specs import drafts_in_one_pass, feeds_accepted, fitted_budget, is_model_free, needs_fit, parse_tree
 
     data = read_cache(cache)
     drafts = tuple(drafts) or tuple(d for d in data.drafts if not is_model_free(d))
@@ -161,8 +162,12 @@ def plan_for(cache, trees, drafts) -> tuple[str, tuple, tuple, int, tuple]:
     lengths = [len(p) for p in data.prompts]
     lo, hi = min(lengths), max(lengths) + data.max_new_tokens
     contexts = tuple(sorted({lo, (lo + hi) // 2, hi}))
-    parsed = [parse_tree(t) for t in trees] or [parse_tree("chain:4")]
+    fitted = [fitted_budget(t) for t in trees if needs_fit(t)]  # optimal:N: any tree of N nodes
+    parsed = [parse_tree(t) for t in trees if not needs_fit(t)] or ([] if fitted else [parse_tree("chain:4")])
     tokens, widths = {2}, set()
+    for n in fitted:
+        tokens.update(range(1, n + 2))
+        widths.update(range(1, n + 2) if drafts else ())  # a level of up to N nodes; feeds of up to 1 + N
     for tree in parsed:
         for d in drafts or (None,):
             one_pass = d is not None and drafts_in_one_pass(d)
