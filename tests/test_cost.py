@@ -85,7 +85,7 @@ def write(path, body):
 
 
 def test_profile_interpolates_in_batch_tokens_and_context(tmp_path):
-    model = load_cost_profile(write(tmp_path / "p.json", profile_body()))
+    model = load_cost_profile(write(tmp_path / "p.json", profile_body()), extrapolate=True)
     f = lambda b, n, L: (0.010 + 0.001 * n + 0.002 * b) * (1 + (L - 128) / 384)  # noqa: E731 linear in all three
     for b, n, L in [(1, 1, 128), (4, 8, 512), (1, 3, 128), (2, 5, 320), (3, 6, 200)]:
         assert float(model.verify_s(b, n, L)) == pytest.approx(f(b, n, L))
@@ -105,9 +105,19 @@ def test_profile_interpolates_in_batch_tokens_and_context(tmp_path):
     ((1, 1, 1025), r"context 1025 is beyond what it measured \(128-512"),
 ])
 def test_profile_refuses_to_extrapolate_far(tmp_path, args, message):
-    model = load_cost_profile(write(tmp_path / "p.json", profile_body()))
+    model = load_cost_profile(write(tmp_path / "p.json", profile_body()), extrapolate=True)
     with pytest.raises(SpecError, match=message):
         model.verify_s(*args)
+
+
+def test_past_the_grid_is_refused_unless_asked_for(tmp_path):
+    model = load_cost_profile(write(tmp_path / "p.json", profile_body()))
+    assert float(model.verify_s(1, 8, 512)) > 0  # the grid's edge is measured
+    with pytest.raises(SpecError, match=r"target tokens N 9 is beyond what it measured \(1-8; --cost-extrapolate"):
+        model.verify_s(1, 9, 128)
+    with pytest.raises(SpecError, match=r"context 513 is beyond what it measured \(128-512; --cost-extrapolate"):
+        model.verify_s(1, 1, 513)
+    assert float(load_cost_profile(model.path, extrapolate=True).verify_s(1, 9, 128)) > float(model.verify_s(1, 8, 128))
 
 
 def test_a_profile_for_other_models_is_refused_naming_both(tmp_path):
@@ -224,15 +234,19 @@ def test_extrapolation_never_drops_below_the_grids_edge_and_rows_say_when_it_was
     body = profile_body()
     for L in ("128", "512"):  # N = 8 measured faster than N = 4: a downward last segment
         body["target_verify_s"]["1"][L]["8"]["median"] = 0.5 * body["target_verify_s"]["1"][L]["4"]["median"]
-    model = load_cost_profile(write(tmp_path / "down.json", body))
+    model = load_cost_profile(write(tmp_path / "down.json", body), extrapolate=True)
     edge = float(model.verify_s(1, 8, 128))
     assert float(model.verify_s(1, 12, 128)) == pytest.approx(edge)  # linear would go below it
     assert model.extrapolates(tokens=9) and not model.extrapolates(tokens=8, batch=4, context=512)
     path = random_cache(tmp_path / "c.h5", temperatures=(0.0,), drafts=("d",), n_prompts=3, length=20)
+    profile = write(tmp_path / "p.json", profile_body())
     rows = specsim.simulate(path, trees=["chain:4", "chain:9"], drafts=["d"], by_category=False, n_boot=0,
-                            cost_profile=write(tmp_path / "p.json", profile_body()))
+                            cost_profile=load_cost_profile(profile, extrapolate=True))
     flags = dict(zip(rows["tree"], rows["cost_extrapolated"]))
     assert flags == {"chain:4": False, "chain:9": True}  # 10 tokens verified, 8 measured
+    refused = specsim.simulate(path, trees=["chain:4", "chain:9"], drafts=["d"], by_category=False, n_boot=0,
+                               cost_profile=profile)
+    assert refused["tree"].to_list() == ["chain:4"]  # not asked to extrapolate: chain:9 is skipped
     assert "cost_extrapolated" not in specsim.simulate(path, trees=["chain:4"], drafts=["d"], n_boot=0).columns
 
 
@@ -297,7 +311,7 @@ def test_extrapolation_follows_the_upper_half_of_the_grid_not_its_last_point(tmp
     body = profile_body()
     for L in ("128", "512"):
         body["target_verify_s"]["1"][L]["8"]["median"] *= 1.5  # a high last point: two-point slope 3x too steep
-    model = load_cost_profile(write(tmp_path / "hi.json", body))
+    model = load_cost_profile(write(tmp_path / "hi.json", body), extrapolate=True)
     edge = float(model.verify_s(1, 8, 128))
     two_point = (edge - float(model.verify_s(1, 4, 128))) / 4
     slope = (float(model.verify_s(1, 12, 128)) - edge) / 4
@@ -326,3 +340,21 @@ def pl_col(name):
     import polars as pl
 
     return pl.col(name)
+
+
+def test_cli_extrapolates_only_when_asked(tmp_path):
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0,), drafts=("d",), n_prompts=3, length=20)
+    profile = write(tmp_path / "p.json", profile_body())
+    run = lambda *extra: CliRunner().invoke(main, ["simulate", str(path), "--tree", "chain:9", "--draft", "d",  # noqa: E731
+                                                   *extra, "--quiet"])
+    refused = run("--cost-profile", str(profile))
+    assert "skipped chain:9" in refused.output and "--cost-extrapolate" in refused.output
+    asked = run("--cost-profile", str(profile), "--cost-extrapolate")
+    assert asked.exit_code == 0, asked.output
+    assert "priced past what the profile measured (--cost-extrapolate" in asked.output
+    alone = run("--cost-extrapolate")
+    assert alone.exit_code == 2 and "--cost-extrapolate goes with --cost-profile" in alone.output

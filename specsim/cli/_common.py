@@ -269,3 +269,21 @@ def write_frame(df, target, fmt: str) -> str:
         tmp.unlink(missing_ok=True)
         raise SpecError(f"--out {target}: cannot write ({exc.strerror or exc})") from None
     return str(target)
+
+
+cost_extrapolate_option = click.option(
+    "--cost-extrapolate", is_flag=True,
+    help="Price shapes past what --cost-profile measured (batch, tokens, draft width, context), up to 2x its "
+         "largest: a straight line from the grid's edge, never below it; rows say so (cost_extrapolated). "
+         "Without it they are refused.")
+
+
+def cost_profile_arg(path, extrapolate: bool):
+    """--cost-profile as the library takes it: the path, or the profile loaded to extrapolate."""
+    if path is None or not extrapolate:
+        if extrapolate:
+            raise click.BadParameter("--cost-extrapolate goes with --cost-profile", param_hint="--cost-extrapolate")
+        return path
+    from specsim.sim.cost import load_cost_profile
+
+    return load_cost_profile(path, extrapolate=True)

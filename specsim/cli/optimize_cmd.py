@@ -9,6 +9,7 @@ import click
 
 from specsim import specs as registry
 from specsim.cli import _common as c
+from specsim.cli._common import cost_profile_arg
 
 
 @c.command()
@@ -27,6 +28,7 @@ from specsim.cli import _common as c
 @click.option("--max-depth", type=click.IntRange(min=1), default=None, metavar="D", help="Deepest tree allowed.")
 @click.option("--cost-profile", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Measured costs from `specsim profile`: choose the budget (1..--budget) with the best speedup.")
+@c.cost_extrapolate_option
 @click.option("--cost", default=None, metavar="c=RATIO",
               help="An ASSUMED draft/target step cost ratio instead of a profile (labelled as an assumption).")
 @click.option("--batch", "batches", multiple=True, metavar="B", callback=c.numbers(int, minimum=1),
@@ -52,8 +54,8 @@ from specsim.cli import _common as c
 @c.overwrite_option
 @c.quiet_option
 @c.friendly_errors
-def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, cost_profile, cost, batches, batching,
-             n_boot, acceptance_vector, samples, seed, out, max_lines, emit, overwrite, quiet):
+def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, cost_profile, cost_extrapolate, cost,
+             batches, batching, n_boot, acceptance_vector, samples, seed, out, max_lines, emit, overwrite, quiet):
     """Find the static tree of at most --budget drafts with the most tokens per target call.
 
     On a cache the objective is what `specsim simulate` reports: total tokens /
@@ -95,16 +97,20 @@ def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, 
     if out is not None and out.exists() and not overwrite:
         raise SpecError(f"--out {out} exists; pass --overwrite to replace it")
     batch_list = tuple(batches) or (1,)
+    if cost_extrapolate and cost_profile is None:
+        raise SpecError("--cost-extrapolate goes with --cost-profile")
     if batches and cost_profile is None:
         raise SpecError("--batch needs measured costs: give --cost-profile")
     if emit is not None:
-        return _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost, batch_list, batching,
+        return _emit(cache, emit, budget, draft, policy, temperature, cost_profile_arg(cost_profile, cost_extrapolate),
+                     cost, batch_list, batching,
                      n_boot, seed, overwrite, acceptance_vector)
     cost_model = None
     if cost is not None or cost_profile is not None:
         from specsim.sim.cost import load_cost_profile, parse_cost
 
-        cost_model = load_cost_profile(cost_profile) if cost_profile is not None else parse_cost(cost)
+        cost_model = (load_cost_profile(cost_profile, extrapolate=cost_extrapolate) if cost_profile is not None
+                      else parse_cost(cost))
     if acceptance_vector is not None:
         if cost_model is not None:
             raise SpecError("--acceptance-vector gives tokens per call only; pricing needs a cache's trajectories")
@@ -188,7 +194,7 @@ def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost, b
     from specsim.engines import emit as engines
     from specsim.errors import SpecError
     from specsim.sim.choose import best_per_batch, pricing_for
-    from specsim.sim.cost import load_cost_profile, parse_cost
+    from specsim.sim.cost import ProfileCost, load_cost_profile, parse_cost
     from specsim.sim.features import load_features
     from specsim.sim.policies import check_temperature
     from specsim.specs import parse_policy, parse_tree
@@ -213,7 +219,8 @@ def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost, b
         hot = [t for t in data.temperatures if t > 0]
         temperature = 0.0 if policy == "greedy" else (hot[0] if hot else 0.0)
     check_temperature(spec, float(temperature))
-    cost_model = load_cost_profile(cost_profile) if cost_profile is not None else parse_cost(cost)
+    cost_model = (cost_profile if isinstance(cost_profile, ProfileCost) else load_cost_profile(cost_profile)
+                  if cost_profile is not None else parse_cost(cost))
     features = load_features(cache, draft, float(temperature), progress=False)
     chains = [parse_tree(f"chain:{k}") for k in range(1, budget + 1)]
     choices = best_per_batch(features, chains, spec, pricing_for(cache, cost_model, draft), batches,

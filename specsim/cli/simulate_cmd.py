@@ -32,6 +32,7 @@ from specsim.cli import _common as c
 @click.option("--cost-profile", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Measured costs from `specsim profile` (JSON): speedup and tokens/s columns. Refused when it "
                    "was not measured for the cache's target and drafts.")
+@c.cost_extrapolate_option
 @click.option("--cost", default=None, metavar="c=RATIO",
               help="An ASSUMED draft-step / target-step cost ratio (verification flat), for what-if questions: "
                    "gives speedup_assumed columns, labelled as an assumption. No default.")
@@ -61,9 +62,9 @@ from specsim.cli import _common as c
                    "were all accepted); FILE.env -> SGLang's SGLANG_SIMULATE_ACC_LEN (mean acceptance length).")
 @c.quiet_option
 @c.friendly_errors
-def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft, cost_profile, cost, batches, batching,
-             by_category, samples, n_boot, seed, workers, out, out_format, overwrite, per_request, emit_acceptance,
-             quiet):
+def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft, cost_profile, cost_extrapolate, cost,
+             batches, batching, by_category, samples, n_boot, seed, workers, out, out_format, overwrite, per_request,
+             emit_acceptance, quiet):
     """Replay speculative decoding configurations on CACHE: exact acceptance, tokens/call, speedup.
 
     Runs the cross product of --tree x --budget x --draft x --policy x
@@ -105,7 +106,8 @@ def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft,
 
     result = sweep(cache, trees=list(trees), drafts=list(drafts) or None, policies=list(policies) or ["greedy"],
                    budgets=list(budgets) or None, temperatures=list(temperatures) or None, multi_draft=multi_draft,
-                   cost=cost, cost_profile=cost_profile, batches=list(batches) or None, batching=batching,
+                   cost=cost, cost_profile=c.cost_profile_arg(cost_profile, cost_extrapolate),
+                   batches=list(batches) or None, batching=batching,
                    by_category=True, n_boot=n_boot, samples=samples, seed=seed, progress=not quiet,
                    workers=workers, on_skip=lambda line: click.echo(line, err=True))
     df = result.rows
@@ -231,9 +233,9 @@ def footer(df) -> str:
         outside = int(df.filter(df["category"] == "all")["cost_extrapolated"].fill_null(False).sum()) \
             if "cost_extrapolated" in df.columns else 0
         if outside:
-            lines.append(f"{outside} configuration row(s) priced past what the profile measured (batch, tokens, draft "
-                         "width or context; the edge's time plus a fitted non-negative slope, at most 2x): "
-                         "cost_extrapolated in --out")
+            lines.append(f"{outside} configuration row(s) priced past what the profile measured (--cost-extrapolate: "
+                         "batch, tokens, draft width or context; the edge's time plus a fitted non-negative slope, at "
+                         "most 2x): cost_extrapolated in --out")
         covers = df["speedup_ci_covers"].drop_nulls().unique(maintain_order=True).to_list() \
             if "speedup_ci_covers" in df.columns else []
         if covers:

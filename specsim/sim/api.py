@@ -25,7 +25,7 @@ import polars as pl
 
 from specsim.cache.store import CacheReader
 from specsim.errors import CacheError, SpecError
-from specsim.sim.cost import load_cost_profile, parse_cost
+from specsim.sim.cost import ProfileCost, load_cost_profile, parse_cost
 from specsim.sim.engine import AcceptanceTable, EngineTotals, TrajectoryStats, walk
 from specsim.sim.features import Features, FeatureSource, feature_source, target_name
 from specsim.sim.metrics import ALL, summarize_many
@@ -150,13 +150,14 @@ def sweep(
     the bootstrap over prompts.
 
     Speed: cost_profile (a `specsim profile` JSON, checked against the cache's target and
-    each draft) gives measured `speedup` and `tokens_per_s` columns; cost ("c=RATIO") gives
+    each draft, or a `ProfileCost` loaded with `load_cost_profile(path, extrapolate=True)` to
+    price past what it measured) gives measured `speedup` and `tokens_per_s` columns; cost ("c=RATIO") gives
     `speedup_assumed` instead, an assumption; with neither there are no speedup columns.
     batches (needs a profile): extra rows per batch size B > 1 from the batch timeline
     (`specsim.sim.batch`, `batching` "lockstep" or "continuous"): throughput, per-request
     latency per token and speedup over plain batched decoding at the same B. A tree the
-    profile cannot price (more tokens or wider draft steps than it measured, past its 2x
-    extrapolation limit) is skipped (`unpriced="skip"`) or kept with empty speed columns and
+    profile cannot price (more tokens, wider draft steps or longer contexts than it measured,
+    or past the 2x extrapolation limit when asked to extrapolate) is skipped (`unpriced="skip"`) or kept with empty speed columns and
     its cost_basis saying why (`unpriced="keep"`, as the report does for large budgets).
 
     A combination of the cross product that cannot run (an adaptive rule on a branching
@@ -181,8 +182,8 @@ def sweep(
     if isinstance(workers, bool) or int(workers) < 1:
         raise SpecError(f"--workers {workers}: use 1 or more processes")
     workers = int(workers)
-    cost_model = load_cost_profile(cost_profile) if cost_profile is not None else (
-        parse_cost(cost) if cost is not None else None)
+    cost_model = (cost_profile if isinstance(cost_profile, ProfileCost) else load_cost_profile(cost_profile)
+                  if cost_profile is not None else parse_cost(cost) if cost is not None else None)
     batches = sorted({int(b) for b in (batches or ())})
     if batches and (cost_model is None or not cost_model.measured):
         raise SpecError("--batch needs measured costs: give --cost-profile (a profile measured at those batch sizes)")

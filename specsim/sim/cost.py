@@ -11,11 +11,11 @@ interpolation between the medians of the measured grid points. The grid is dense
 the time is not smooth (every N up to 17 and every B up to 8: small GEMMs on CPUs are not
 monotone in N or B, measured on SmolLM2), so the shapes trees ask for are measured points,
 not fitted ones; what a model could add there is smoothing of measured wiggles, which are
-real. Past the grid, a time is the grid edge's plus a straight line whose slope is
-least-squares fitted to the upper half of that axis's measured points, never negative (a
-larger B, N, w or L never costs less, and one noisy last point does not set the slope),
-up to `EXTRAPOLATION` (2x) past the largest; further out it refuses with an error naming
-the measured range. `extrapolates` says whether a query left the grid, so rows flag it
+real. Past the grid a query is refused, naming the measured range, unless the profile was
+loaded with `extrapolate=True` (`--cost-extrapolate`): then a time is the grid edge's plus a
+straight line whose slope is least-squares fitted to the upper half of that axis's measured
+points, never negative (a larger B, N, w or L never costs less, and one noisy last point does
+not set the slope), up to `EXTRAPOLATION` (2x) past the largest, refused further. `extrapolates` says whether a query left the grid, so rows flag it
 (`cost_extrapolated`). Below the smallest measured context it uses that context's time
 (attention only gets cheaper).
 
@@ -183,6 +183,11 @@ class ProfileCost:
     verify_runs: np.ndarray | None = None  # (R, nb, nl, nn) every round's time; None when the file kept none
     draft_runs: dict[str, np.ndarray] | None = None  # name -> (R, nb, nl, nw)
     seed: int = 0  # of the rounds' resampling
+    extrapolate: bool = False  # price up to EXTRAPOLATION x past the largest measured value (else refuse past it)
+
+    @property
+    def limit(self) -> float:
+        return EXTRAPOLATION if self.extrapolate else 1.0
 
     @property
     def rounds(self) -> int:
@@ -226,12 +231,12 @@ class ProfileCost:
     def verify_s(self, batch, tokens, context) -> np.ndarray:
         """Seconds of one target forward over `tokens` (N) per request for `batch` requests at `context`."""
         return _interpolate(self.verify, (self.batches, self.contexts, self.sizes), (batch, context, tokens),
-                            ("batch", "context", "target tokens N"), self.path)
+                            ("batch", "context", "target tokens N"), self.path, limit=self.limit)
 
     def draft_s(self, draft: str, batch, width, context) -> np.ndarray:
         """Seconds of one forward of `draft` (a profile draft name) over `width` tokens per request."""
         return _interpolate(self.draft[draft], (self.batches, self.contexts, self.widths), (batch, context, width),
-                            ("batch", "context", f"{draft} draft width w"), self.path)
+                            ("batch", "context", f"{draft} draft width w"), self.path, limit=self.limit)
 
     def plain_s(self, batch, context) -> np.ndarray:
         """Seconds of one plain decode step (N = 1) of `batch` requests: the speedup's baseline."""
@@ -282,13 +287,14 @@ class ByRow:
         p = self.profile
         shape = np.broadcast(np.asarray(batch), np.asarray(tokens), np.asarray(context)).shape
         return _interpolate(p.stacks[0], (p.batches, p.contexts, p.sizes), (batch, context, tokens),
-                            ("batch", "context", "target tokens N"), p.path, layer=self._layer(shape))
+                            ("batch", "context", "target tokens N"), p.path, layer=self._layer(shape), limit=p.limit)
 
     def draft_s(self, draft: str, batch, width, context) -> np.ndarray:
         p = self.profile
         shape = np.broadcast(np.asarray(batch), np.asarray(width), np.asarray(context)).shape
         return _interpolate(p.stacks[1][draft], (p.batches, p.contexts, p.widths), (batch, context, width),
-                            ("batch", "context", f"{draft} draft width w"), p.path, layer=self._layer(shape))
+                            ("batch", "context", f"{draft} draft width w"), p.path, layer=self._layer(shape),
+                            limit=p.limit)
 
     def plain_s(self, batch, context) -> np.ndarray:
         return self.verify_s(batch, 1, context)
@@ -311,12 +317,15 @@ def _span(values: np.ndarray) -> str:
     return values[0] if len(values) == 1 else f"{values[0]}-{values[-1]}"
 
 
-def _check_range(x: np.ndarray, grid: np.ndarray, name: str, path: Path, *, clamp_below: bool) -> None:
-    """SpecError for a query more than EXTRAPOLATION x past the largest measured value (or below the smallest)."""
-    if x.size and float(x.max()) > EXTRAPOLATION * float(grid[-1]):
+def _check_range(x: np.ndarray, grid: np.ndarray, name: str, path: Path, *, clamp_below: bool,
+                 limit: float = 1.0) -> None:
+    """SpecError for a query more than `limit` x past the largest measured value (or below the smallest)."""
+    if x.size and float(x.max()) > limit * float(grid[-1]):
+        how = (f"extrapolating more than {EXTRAPOLATION:g}x past the largest is refused" if limit > 1 else
+               f"--cost-extrapolate extrapolates up to {EXTRAPOLATION:g}x, flagging rows cost_extrapolated")
         raise SpecError(f"cost profile {path}: {name} {float(x.max()):g} is beyond what it measured "
-                        f"({_span(grid)}; extrapolating more than {EXTRAPOLATION:g}x past the largest is refused); "
-                        f"re-run `specsim profile` with a wider range")
+                        f"({_span(grid)}; {how}); measure it: `specsim profile --for CACHE --tree ...` covers "
+                        "what a cache's trees need")
     if x.size and float(x.min()) < float(grid[0]) and not clamp_below:
         raise SpecError(f"cost profile {path}: {name} {float(x.min()):g} is below what it measured ({_span(grid)})")
 
@@ -333,7 +342,7 @@ def _axis(x: np.ndarray, grid: np.ndarray):
 
 
 def _interpolate(table: np.ndarray, grids: Sequence[np.ndarray], points: Sequence, names: Sequence[str],
-                 path: Path, layer=None) -> np.ndarray:
+                 path: Path, layer=None, limit: float = 1.0) -> np.ndarray:
     """Multilinear interpolation of a 3-D table at broadcast points; past the grid, the edge's time plus a
     non-negative least-squares slope over the upper half of each axis the point left (see the module doc).
     layer: with a stack of tables, which one each point reads (broadcast with the points)."""
@@ -344,7 +353,7 @@ def _interpolate(table: np.ndarray, grids: Sequence[np.ndarray], points: Sequenc
     shape = np.broadcast(*arrays).shape
     pts, layer = (flat, None) if layer is None else (flat[:-1], flat[-1].astype(np.int64))
     for p, g, n in zip(pts, grids, names):
-        _check_range(p, g, n, path, clamp_below=(n == "context"))
+        _check_range(p, g, n, path, clamp_below=(n == "context"), limit=limit)
     inside = [np.minimum(p, g[-1]) for p, g in zip(pts, grids)]
     out = _corners(table, [_axis(x, g) for x, g in zip(inside, grids)], layer)
     for k, (p, g) in enumerate(zip(pts, grids)):
@@ -386,8 +395,11 @@ def _corners(table: np.ndarray, axes: Sequence, layer: np.ndarray | None = None)
     return out
 
 
-def load_cost_profile(path) -> ProfileCost:
-    """Read a specsim-cost-profile JSON (v2); SpecError naming the file and field when malformed."""
+def load_cost_profile(path, *, extrapolate: bool = False) -> ProfileCost:
+    """Read a specsim-cost-profile JSON (v2); SpecError naming the file and field when malformed.
+
+    extrapolate: price past the largest measured batch, N, width or context (up to EXTRAPOLATION x);
+    without it such a query is refused."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -425,6 +437,7 @@ def load_cost_profile(path) -> ProfileCost:
         engine=str(data.get("engine", "specsim")),
         verify_runs=None if runs is None else runs[0], draft_runs=None if runs is None else runs[1],
         seed=int(data.get("timing", {}).get("seed", 0) or 0) if isinstance(data.get("timing"), Mapping) else 0,
+        extrapolate=bool(extrapolate),
     )
 
 
