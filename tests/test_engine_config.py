@@ -119,7 +119,7 @@ def test_vllms_step_times_become_a_profile_the_cache_accepts(tmp_path):
                                                               base * 1.2 * step(1, B, L)]
     body = profile_body(plan, {"steps_s": times, "threads": None}, batches=[1, 4], max_tokens=3, steps=16, repeats=3,
                         warmup=1, version="0.32.0")
-    assert body["contexts"] == [16, 48] and body["sizes"] == [1, 2, 3] and body["widths"] == [1]
+    assert body["contexts"] == [16, 48] and body["sizes"] == [1, 2, 3] and body["widths"] == [1, 2, 3]
     assert body["target_verify_s"]["4"]["48"]["3"]["median"] == pytest.approx(step(0.014, 4, 40))
     assert body["draft_step_s"]["small"]["1"]["16"]["1"]["median"] == pytest.approx(
         (step(0.020, 1, 8) - step(0.014, 1, 8)) / 2)

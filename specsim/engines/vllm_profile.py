@@ -41,7 +41,9 @@ def profile_plan(cache, drafts: Sequence[str], *, max_tokens: int, steps: int = 
 
     data = read_cache(cache)
     lengths = [len(p) for p in data.prompts]
-    contexts = sorted({min(lengths), max(max(lengths) + data.max_new_tokens - steps, min(lengths) + 1)})
+    # windows of `steps` decode steps, labelled at their mean context: the last one's mean is the cache's longest
+    # context, so no call of the replay lies past what was measured
+    contexts = sorted({min(lengths), max(max(lengths) + data.max_new_tokens - steps // 2, min(lengths) + 1)})
     runs = [{"name": "plain"}] + [{"name": f"fixed{k}", "fixed": k} for k in range(1, max_tokens)]
     models = {}
     for d in drafts:
@@ -102,18 +104,22 @@ def profile_body(plan: dict, result: dict, *, batches: Sequence[int], max_tokens
             for d in plan["drafts"]:
                 step = statistics.median(times[f"draft:{d}"][str(B)][str(L)])
                 per_forward = max((step - row[str(K + 1)]["median"]) / K, 1e-6)
-                draft[d].setdefault(str(B), {})[str(Lc)] = {"1": {"median": per_forward, "step_s": step, "k": K}}
+                one = {"median": per_forward, "step_s": step, "k": K}  # per forward, whatever its width (below)
+                draft[d].setdefault(str(B), {})[str(Lc)] = {str(w): dict(one) for w in range(1, max_tokens + 1)}
     return {
         "format": "specsim-cost-profile", "version": 2, "engine": f"vllm {version}",
         "device": f"cpu ({result.get('threads') or 'vLLM default'} OMP threads)", "device_type": "vllm",
         "dtype": "float32", "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "target": {"name": plan["target"], **plan["target_info"]}, "drafts": plan["drafts"],
-        "batches": list(batches), "contexts": contexts, "sizes": list(range(1, max_tokens + 1)), "widths": [1],
+        "batches": list(batches), "contexts": contexts, "sizes": list(range(1, max_tokens + 1)),
+        "widths": list(range(1, max_tokens + 1)),
         "timing": {"warmup": warmup, "repeats": repeats, "statistic": "median", "spread": "min/max of repeats",
                    "clock": "vLLM's engine clock: a request's first to last token over its steps", "steps": steps,
                    "tokens": "random ids, greedy, EOS ignored",
                    "shapes": "N = k + 1 by a fixed proposer of k drafts (custom_class); draft forwards from "
-                             f"draft_model steps at k = {K} minus the fixed proposer's"},
+                             f"draft_model steps at k = {K} minus the fixed proposer's, their mean per forward: "
+                             "every width w carries that one time (vLLM's first draft forward takes the tokens "
+                             "the last step accepted; its width is not varied here)"},
         "target_verify_s": verify, "draft_step_s": draft,
         "fit": {"max_relative_error": max(spread) if spread else None,
                 "method": "spread (max - min) / median of the repeated vLLM runs of each entry"},
