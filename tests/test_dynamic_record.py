@@ -152,7 +152,7 @@ def test_batched_live_dynamic_trees_match_the_replay_call_for_call(expanded_cach
     assert sum(a > 0 for a in accepted[1:]) >= 2, accepted  # requests beside the first accepted drafts
 
 
-@pytest.mark.parametrize("tokens", [4, 9])
+@pytest.mark.parametrize("tokens", [2, 4, 6, 9])
 def test_replay_prices_the_forwards_live_dynamic_trees_run(expanded_cache, tokens):
     """Structural fidelity (tests/test_structure.py) for dynamic trees: the expansion's D - 1 forwards of K
     per request, the root feed of what the draft has not seen, the target over the nodes kept."""

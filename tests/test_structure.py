@@ -79,7 +79,8 @@ def timeline_counts(features, tree, draft: str, *, model_free: bool, batch: int,
     orders = np.arange(features.n_traj)[None]
     return {name: float(timeline(table.length, features, tree, Probe(name), None if model_free else draft,
                                  batch=batch, batching=batching, orders=orders,
-                                 proposed=table.drafted if model_free else None, leaf=table.leaf_given()).seconds[0])
+                                 proposed=table.drafted if model_free or tree.dynamic is not None else None,
+                                 leaf=table.leaf_given()).seconds[0])
             for name in PROBES}
 
 

@@ -343,7 +343,10 @@ class Pricing:
             idx = np.flatnonzero(cut == m)
             if idx.size:
                 L = contexts[idx]
-                seconds = model.verify_s(batch, shape.verify_tokens, L)
+                if tree.dynamic is not None and drafted is not None:  # the nodes each call kept within its room
+                    seconds = model.verify_s(batch, 1 + np.asarray(drafted)[idx], L)
+                else:
+                    seconds = model.verify_s(batch, shape.verify_tokens, L)
                 for w in shape.draft_levels:
                     seconds = seconds + model.draft_s(self.draft_key, batch, w, L)
                 call[idx] = seconds
@@ -387,9 +390,11 @@ class Pricing:
         return out
 
 
-def _proposed(features: Features, table) -> np.ndarray | None:
-    """The nodes each call proposed, where pricing verifies only those: model-free drafts."""
-    return table.drafted if features.model_free and isinstance(table, AcceptanceTable) else None
+def _proposed(features: Features, table, tree: Tree | None = None) -> np.ndarray | None:
+    """The nodes each call proposed, where pricing verifies only those: model-free drafts, and dynamic trees
+    (the N best of the expansion, those deeper than the room not verified)."""
+    dynamic = tree is not None and tree.dynamic is not None
+    return table.drafted if (features.model_free or dynamic) and isinstance(table, AcceptanceTable) else None
 
 
 def _skip_line(features: Features, policy: PolicySpec, spec: str, exc: Exception) -> str:
@@ -815,7 +820,7 @@ def _walk_one(features: Features, tree: Tree, policy: PolicySpec, pricing: Prici
     if table is None:
         return result, None
     if pricing.model is not None:
-        drafted = _proposed(features, table)
+        drafted = _proposed(features, table, tree)
         leaf = table.leaf_given()
         call, plain, feed = pricing.priced(features, tree, drafted=drafted, leaf=leaf)
         return walk(table, features, call, plain_cost=plain, next_feed_cost=feed,
@@ -985,7 +990,7 @@ def speed_of(features: Features, tree: Tree, policy: PolicySpec, pricing: Pricin
     result = run_policy(features, tree, policy, rng, pricing)
     if not isinstance(result, AcceptanceTable):
         raise SpecError(f"{policy.label} is not a fixed tree; speed_of prices fixed trees")
-    drafted = _proposed(features, result)
+    drafted = _proposed(features, result, tree)
     leaf = result.leaf_given()
     call, plain, feed = pricing.priced(features, tree, drafted=drafted, leaf=leaf)
     stats = walk(result, features, call, plain_cost=plain, next_feed_cost=feed,

@@ -217,7 +217,7 @@ def simulate_batch(table: AcceptanceTable, features, tree: Tree, cost_model, dra
         cost_model = cost_model.by_row(np.concatenate([np.full(n_point, -1),
                                                        np.arange(orders.shape[0] - n_point) % replicas]))
         covers = f"prompts and cost-profile rounds ({replicas} replicas)"
-    proposed = table.drafted if features.model_free else None  # what each call sends the target
+    proposed = table.drafted if features.model_free or tree.dynamic is not None else None  # what each call verifies
     ragged = getattr(cost_model, "engine", "specsim") != "specsim"  # an engine profile: vLLM flattens a step's tokens
     spec = timeline(lengths, features, tree, cost_model, draft_key, batch=batch, batching=batching, orders=orders,
                     coins=rng, proposed=proposed, ragged=ragged, leaf=table.leaf_given())
