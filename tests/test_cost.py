@@ -358,3 +358,18 @@ def test_cli_extrapolates_only_when_asked(tmp_path):
     assert "priced past what the profile measured (--cost-extrapolate" in asked.output
     alone = run("--cost-extrapolate")
     assert alone.exit_code == 2 and "--cost-extrapolate goes with --cost-profile" in alone.output
+
+
+def test_stalled_runs_are_counted_and_reported(tmp_path):
+    from specsim.cli.profile_cmd import stall_lines
+
+    body = with_rounds(profile_body(), [1.0, 1.1, 0.9, 1.05, 0.95])
+    cell = body["target_verify_s"]["4"]["512"]["2"]
+    cell["runs"][3] = 40 * cell["median"]  # one forward stalled (the machine was busy)
+    model = load_cost_profile(write(tmp_path / "s.json", body))
+    runs = 5 * (2 * 2 * 4 + 2 * 2 * 3)  # rounds x (B x L x N + B x L x w)
+    assert model.stalls == (1, runs) and "1 of 100 timed runs stalled" in model.uncertainty()
+    assert "1 stalled runs" in model.describe()
+    [line] = stall_lines(body)
+    assert line.startswith("1 entries had a stalled run") and "B=4 L=512 target N=2 (40x)" in line
+    assert stall_lines(with_rounds(profile_body(), [1.0, 1.1, 0.9])) == []

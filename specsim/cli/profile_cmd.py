@@ -221,7 +221,29 @@ def summary(body: dict) -> str:
                 lines.append(f"  draft {name} step (units): " + "  ".join(
                     f"w={w}: {c['median'] / unit:.2f}" for w, c in table[str(B)][str(L)].items()))
     lines.append(f"interpolation error (leave-one-out, max): {100 * body['fit']['max_relative_error']:.1f}%")
+    lines += stall_lines(body)
     return "\n".join(lines)
+
+
+def stall_lines(body: dict) -> list[str]:
+    """The timed runs that stalled (more than OUTLIER x their entry's median), worst first: a busy machine."""
+    from specsim.sim.cost import OUTLIER
+
+    found = []
+    for who, table in [("target N", body["target_verify_s"]),
+                       *[(f"draft {d} w", t) for d, t in body["draft_step_s"].items()]]:
+        for B, by_L in table.items():
+            for L, row in by_L.items():
+                for x, cell in row.items():
+                    runs = cell.get("runs") or []
+                    worst = max(runs, default=0.0)
+                    if runs and worst > OUTLIER * cell["median"]:
+                        found.append((worst / cell["median"], f"B={B} L={L} {who}={x}"))
+    if not found:
+        return []
+    found.sort(reverse=True)
+    return [f"{len(found)} entries had a stalled run (> {OUTLIER:g}x their median; a busy machine): "
+            + ", ".join(f"{where} ({ratio:.0f}x)" for ratio, where in found[:5]) + (" ..." if len(found) > 5 else "")]
 
 
 def _vllm(cache, target, drafts, batches, contexts, max_tokens, draft_widths, repeats, warmup, seed, threads, out,

@@ -57,6 +57,7 @@ PROFILE_FORMAT = "specsim-cost-profile"
 PROFILE_VERSION = 2
 EXTRAPOLATION = 2.0  # furthest extrapolation allowed, as a factor of the largest measured value per axis
 REPLICAS = 64  # profile replicas resampled from the stored rounds; prompt resample b is priced by replica b % REPLICAS
+OUTLIER = 5.0  # a timed run this many times its entry's median is a stall (counted and reported, still resampled)
 
 
 @dataclass(frozen=True)
@@ -222,11 +223,23 @@ class ProfileCost:
         profile itself)."""
         return ByRow(self, np.asarray(which, dtype=np.int64))
 
+    @cached_property
+    def stalls(self) -> tuple[int, int]:
+        """(timed runs more than OUTLIER x their entry's median, timed runs in all) over the stored rounds."""
+        if self.rounds < 2:
+            return 0, 0
+        tables = [self.verify_runs, *self.draft_runs.values()]
+        out = sum(int((t > OUTLIER * np.median(t, axis=0)).sum()) for t in tables)
+        return out, sum(int(t.size) for t in tables)
+
     def uncertainty(self) -> str:
         """What the speedup CIs carry of this profile's error, in words."""
         if self.rounds < 2:
             return "profile error not carried (the profile kept medians only: re-run `specsim profile`)"
-        return f"profile error carried: {self.rounds} timed rounds per entry, resampled jointly"
+        stalled, runs = self.stalls
+        return (f"profile error carried: {self.rounds} timed rounds per entry, resampled jointly"
+                + (f"; {stalled} of {runs} timed runs stalled (> {OUTLIER:g}x their entry's median: a busy "
+                   "machine; with few rounds they can widen the CI, re-profile on a quiet one)" if stalled else ""))
 
     def verify_s(self, batch, tokens, context) -> np.ndarray:
         """Seconds of one target forward over `tokens` (N) per request for `batch` requests at `context`."""
@@ -250,6 +263,7 @@ class ProfileCost:
     def describe(self) -> str:
         err = f", interpolation error <= {100 * self.fit_error:.0f}%" if self.fit_error is not None else ""
         err += f", {self.rounds} rounds per entry" if self.rounds >= 2 else ""
+        err += f", {self.stalls[0]} stalled runs" if self.stalls[0] else ""
         engine = "" if self.engine == "specsim" else f"engine {self.engine}: "
         return (f"MEASURED profile {self.path.name} ({engine}{self.device}, {self.dtype}; target {self.target.name}; "
                 f"batch {_span(self.batches)}, context {_span(self.contexts)}{err})")
