@@ -249,7 +249,7 @@ def test_heads_are_profiled_and_priced_as_the_engine_drafts_with_them(heads_cach
     torch.set_num_threads(1)
     path, drafts, target_dir = heads_cache
     target = load_model(target_dir)
-    config = ProfileConfig(batches=(1,), contexts=(16, 64), max_tokens=8, draft_widths=(1, 2, 3, 4), repeats=2,
+    config = ProfileConfig(batches=(1,), contexts=(16, 64), max_tokens=15, draft_widths=(1, 2, 3, 4), repeats=2,
                            warmup=1)
     body = measure_cost_profile(target, [load_heads(d, target) for d in drafts], config=config, progress=False)
     assert set(body["draft_step_s"]) == set(drafts)
