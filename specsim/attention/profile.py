@@ -67,6 +67,10 @@ class ProfileConfig:
         top = max(self.batches)
         return sorted(set(self.batches) | set(range(1, min(top, DENSE_BATCH) + 1)))
 
+    def entries(self, n_drafts: int) -> int:
+        """Entries timed: every (B, L) by every target N and every draft's widths."""
+        return len(self.batch_grid) * len(self.contexts) * (len(self.sizes) + n_drafts * len(self.draft_widths))
+
     @property
     def sizes(self) -> list[int]:
         """N measured: every N up to DENSE (small GEMMs are far from linear in N on CPUs: measured on
@@ -257,8 +261,7 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
     load_before = _loadavg()
     verify: dict = {}
     draft: dict = {d.name: {} for d in drafts}
-    bar = tqdm(total=len(batches) * len(config.contexts) * (len(sizes) + len(drafts) * len(widths)) * config.repeats,
-               desc="profile", unit="run", disable=not progress)
+    bar = tqdm(total=config.entries(len(drafts)) * config.repeats, desc="profile", unit="run", disable=not progress)
     greedy_pick = lambda logits: logits.argmax(dim=-1).cpu()  # noqa: E731  what greedy verification reads
     with torch.inference_mode():
         for B in batches:
@@ -312,6 +315,25 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                 "method": "leave-one-out: each interior grid point predicted by linear interpolation "
                           "from its neighbours along each axis"},
     }
+
+
+def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
+    """How many timed forwards `measure_cost_profile` makes and about how long they take, from one timed plain
+    step and one at the largest N and context, at the largest batch (before anything else is measured)."""
+    total = config.entries(len(drafts)) * (config.repeats + config.warmup)
+    seconds = []
+    with torch.inference_mode():
+        for n, L in ((1, min(config.contexts)), (config.sizes[-1], max(config.contexts))):
+            depth, attend = _tree_layout(verify_tree_parents(n))
+            once = _Bench(target.model, max(config.batch_grid), L, np.random.default_rng(0)).run(
+                depth, attend, lambda logits: logits.argmax(dim=-1))
+            once()
+            started = time.perf_counter()
+            once()
+            seconds.append(time.perf_counter() - started)
+    return (f"{config.entries(len(drafts))} entries x ({config.repeats} rounds + {config.warmup} warm-up): {total} "
+            f"timed forwards, about {total * float(np.mean(seconds)):.0f} s (from a plain step and the largest at the "
+            "largest batch; draft forwards are usually cheaper)")
 
 
 def _model_entry(loaded) -> dict:

@@ -79,7 +79,7 @@ def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tok
     """
     import transformers
 
-    from specsim.attention.profile import ProfileConfig, measure_cost_profile, write_profile
+    from specsim.attention.profile import ProfileConfig, estimate, measure_cost_profile, write_profile
     from specsim.errors import SpecError
     from specsim.record.models import load_draft, load_model, resolve_device
 
@@ -177,33 +177,6 @@ def plan_for(cache, trees, drafts) -> tuple[str, tuple, tuple, int, tuple]:
             if d is not None and tree.budget and not one_pass:
                 widths.update(range(1, tree.max_depth + 2) if feeds_accepted(d, tree) else (2,))
     return data.target, drafts, contexts, max(tokens), tuple(sorted(widths)) if drafts else (1,)
-
-
-def estimate(target, drafts, config) -> str:
-    """How many timed runs the profile makes and about how long they take, from one timed plain step and one
-    at the largest N and context (before anything else is measured)."""
-    import time
-
-    import numpy as np
-    import torch
-
-    from specsim.attention.profile import _Bench, _tree_layout, verify_tree_parents
-
-    runs = len(config.batch_grid) * len(config.contexts) * (len(config.sizes) + len(drafts) * len(config.draft_widths))
-    total = runs * (config.repeats + config.warmup)
-    with torch.inference_mode():
-        seconds = []
-        for n, L in ((1, min(config.contexts)), (config.sizes[-1], max(config.contexts))):
-            bench = _Bench(target.model, max(config.batch_grid), L, np.random.default_rng(0))
-            depth, attend = _tree_layout(verify_tree_parents(n))
-            once = bench.run(depth, attend, lambda logits: logits.argmax(dim=-1))
-            once()
-            started = time.perf_counter()
-            once()
-            seconds.append(time.perf_counter() - started)
-    return (f"{runs} entries x ({config.repeats} rounds + {config.warmup} warm-up): {total} timed forwards, "
-            f"about {total * float(np.mean(seconds)):.0f} s (from a plain step and the largest at the largest "
-            "batch; draft forwards are usually cheaper)")
 
 
 def summary(body: dict) -> str:

@@ -241,15 +241,20 @@ class ProfileCost:
                 + (f"; {stalled} of {runs} timed runs stalled (> {OUTLIER:g}x their entry's median: a busy "
                    "machine; with few rounds they can widen the CI, re-profile on a quiet one)" if stalled else ""))
 
-    def verify_s(self, batch, tokens, context) -> np.ndarray:
-        """Seconds of one target forward over `tokens` (N) per request for `batch` requests at `context`."""
-        return _interpolate(self.verify, (self.batches, self.contexts, self.sizes), (batch, context, tokens),
-                            ("batch", "context", "target tokens N"), self.path, limit=self.limit)
+    def verify_s(self, batch, tokens, context, *, replica=None) -> np.ndarray:
+        """Seconds of one target forward over `tokens` (N) per request for `batch` requests at `context`;
+        replica (broadcast with the query): read replica r's table instead (-1: this profile's own)."""
+        table, layer = (self.verify, None) if replica is None else (self.stacks[0], np.asarray(replica) + 1)
+        return _interpolate(table, (self.batches, self.contexts, self.sizes), (batch, context, tokens),
+                            ("batch", "context", "target tokens N"), self.path, layer=layer, limit=self.limit)
 
-    def draft_s(self, draft: str, batch, width, context) -> np.ndarray:
-        """Seconds of one forward of `draft` (a profile draft name) over `width` tokens per request."""
-        return _interpolate(self.draft[draft], (self.batches, self.contexts, self.widths), (batch, context, width),
-                            ("batch", "context", f"{draft} draft width w"), self.path, limit=self.limit)
+    def draft_s(self, draft: str, batch, width, context, *, replica=None) -> np.ndarray:
+        """Seconds of one forward of `draft` (a profile draft name) over `width` tokens per request; replica as
+        in `verify_s`."""
+        table, layer = (self.draft[draft], None) if replica is None else (self.stacks[1][draft],
+                                                                           np.asarray(replica) + 1)
+        return _interpolate(table, (self.batches, self.contexts, self.widths), (batch, context, width),
+                            ("batch", "context", f"{draft} draft width w"), self.path, layer=layer, limit=self.limit)
 
     def plain_s(self, batch, context) -> np.ndarray:
         """Seconds of one plain decode step (N = 1) of `batch` requests: the speedup's baseline."""
@@ -294,21 +299,16 @@ class ByRow:
     def engine(self) -> str:
         return self.profile.engine
 
-    def _layer(self, shape) -> np.ndarray:
-        return (self.which + 1).reshape((-1,) + (1,) * (len(shape) - 1)) if len(shape) else self.which + 1
+    def _rows(self, *query) -> np.ndarray:
+        """`which`, shaped to broadcast its rows along a query's leading axis."""
+        ndim = np.broadcast(*[np.asarray(q) for q in query]).ndim
+        return self.which.reshape((-1,) + (1,) * max(ndim - 1, 0)) if ndim else self.which
 
     def verify_s(self, batch, tokens, context) -> np.ndarray:
-        p = self.profile
-        shape = np.broadcast(np.asarray(batch), np.asarray(tokens), np.asarray(context)).shape
-        return _interpolate(p.stacks[0], (p.batches, p.contexts, p.sizes), (batch, context, tokens),
-                            ("batch", "context", "target tokens N"), p.path, layer=self._layer(shape), limit=p.limit)
+        return self.profile.verify_s(batch, tokens, context, replica=self._rows(batch, tokens, context))
 
     def draft_s(self, draft: str, batch, width, context) -> np.ndarray:
-        p = self.profile
-        shape = np.broadcast(np.asarray(batch), np.asarray(width), np.asarray(context)).shape
-        return _interpolate(p.stacks[1][draft], (p.batches, p.contexts, p.widths), (batch, context, width),
-                            ("batch", "context", f"{draft} draft width w"), p.path, layer=self._layer(shape),
-                            limit=p.limit)
+        return self.profile.draft_s(draft, batch, width, context, replica=self._rows(batch, width, context))
 
     def plain_s(self, batch, context) -> np.ndarray:
         return self.verify_s(batch, 1, context)
