@@ -277,6 +277,12 @@ def feeds_accepted(spec: str | None, tree=None) -> bool:
     return spec is not None and (draft_kind(spec).feeds_accepted or getattr(tree, "dynamic", None) is not None)
 
 
+def prompt_fed_at_admission(spec: str | None) -> bool:
+    """Whether a draft runs its prompt pass when a request is admitted, so the request's first call has no root
+    entry to feed (EAGLE's layer: its entries pair the target's prompt states with the tokens after them)."""
+    return spec is not None and draft_kind(spec).feeds_accepted
+
+
 def model_free_drafter(spec: str):
     """The live drafter of a model-free draft spec (`specsim.live.drafting`)."""
     return load(draft_kind(spec).live)(spec)

@@ -31,7 +31,8 @@ from specsim.sim.features import Features, FeatureSource, feature_source, target
 from specsim.sim.metrics import ALL, summarize_many
 from specsim.sim.policies import check_temperature, run_adaptive, run_policy
 from specsim.specs import (BATCHING, PolicySpec, check_batch, drafts_in_one_pass, expand_trees, feeds_accepted,
-                           fitted_budget, is_model_free, model_free_help, needs_fit, parse_policy, parse_tree)
+                           fitted_budget, is_model_free, model_free_help, needs_fit, parse_policy, parse_tree,
+                           prompt_fed_at_admission)
 from specsim.trees import Tree
 
 def resolve_tree(spec: str, features: Features | None = None, policy: PolicySpec | None = None) -> Tree:
@@ -353,9 +354,9 @@ class Pricing:
         feed = None
         if model_draft and tree.budget and not one_pass:
             feed = self._next_feed(features, tree, batch, contexts, cut, leaf)
-            if feeds_accepted(features.draft) and tree.dynamic is None:  # an EAGLE layer fed the prompt at
-                first = features.traj_start[cut[features.traj_start] >= 1]  # admission: its first call feeds
-                call[first] -= model.draft_s(self.draft_key, batch, 1, contexts[first])  # no root entry
+            if prompt_fed_at_admission(features.draft):  # a request's first call feeds no root entry
+                first = features.traj_start[cut[features.traj_start] >= 1]
+                call[first] -= model.draft_s(self.draft_key, batch, 1, contexts[first])
         return call, model.plain_s(batch, contexts), feed
 
     def priced_replicas(self, features: Features, tree: Tree, batch: int = 1, drafted: np.ndarray | None = None,

@@ -100,7 +100,7 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
     if batching not in BATCHING:
         raise ValueError(f"batching {batching!r} is not one of {BATCHING}")
     R, n_req = orders.shape
-    from specsim.specs import drafts_in_one_pass, feeds_accepted
+    from specsim.specs import drafts_in_one_pass, feeds_accepted, prompt_fed_at_admission
 
     shapes = _Shapes(tree, model_draft=draft_key is not None and not plain, one_pass=drafts_in_one_pass(draft_key))
     accepted_feed = feeds_accepted(draft_key, tree)  # EAGLE, dynamic: a lane's next call feeds 1 + its last A
@@ -114,7 +114,7 @@ def timeline(lengths, features, tree: Tree, cost_model, draft_key: str | None, *
     last = np.zeros((R, batch), dtype=np.int64)  # drafts its last call accepted: decides the next root feed
     leafed = np.zeros((R, batch), dtype=bool)  # its last call's accepted path ended on a leaf
     fresh = np.zeros((R, batch), dtype=bool)  # no call yet (an EAGLE layer fed its prompt at admission)
-    prompt_fed = accepted_feed and tree.dynamic is None and feeds_accepted(draft_key)
+    prompt_fed = prompt_fed_at_admission(draft_key)
     nxt = np.zeros(R, dtype=np.int64)  # next request in each replicate's order
     clock, tokens, steps, lane_steps = np.zeros(R), np.zeros(R), np.zeros(R), np.zeros(R)
     latency_sum, finished = np.zeros(R), np.zeros(R)

@@ -227,8 +227,8 @@ def walk(table: AcceptanceTable, features, call_cost=0.0, *, plain_cost=None, ne
     se = None
     if not table.exact and table.jackknife is not None:  # the whole walk without each group of replicates
         G = table.jackknife.shape[0]
-        acc = np.stack([per_traj(occupancy(replace(table, p_len=law, jackknife=None), features)[:, None] * law)
-                        @ np.arange(law.shape[1], dtype=np.float64) for law in table.jackknife])  # (G, n_traj)
+        acc = np.stack([per_traj(occupancy(replace(table, p_len=jack, jackknife=None), features)[:, None] * jack)
+                        @ np.arange(jack.shape[1], dtype=np.float64) for jack in table.jackknife])  # (G, n_traj)
         se = np.sqrt((G - 1) / G * ((acc - acc.mean(axis=0)) ** 2).sum(axis=0))
     elif not table.exact and table.se_len is not None:
         se = np.sqrt(per_traj((occ * table.se_len) ** 2))
