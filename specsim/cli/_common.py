@@ -278,12 +278,16 @@ cost_extrapolate_option = click.option(
          "Without it they are refused.")
 
 
-def cost_profile_arg(path, extrapolate: bool):
-    """--cost-profile as the library takes it: the path, or the profile loaded to extrapolate."""
-    if path is None or not extrapolate:
+def cost_profile_arg(path, extrapolate: bool, *, load: bool = False):
+    """--cost-profile with --cost-extrapolate as the library takes them: None without a profile; the path (the
+    library loads and checks it, after its other arguments), or the profile loaded when asked to extrapolate or
+    `load`."""
+    if path is None:
         if extrapolate:
-            raise click.BadParameter("--cost-extrapolate goes with --cost-profile", param_hint="--cost-extrapolate")
+            raise SpecError("--cost-extrapolate goes with --cost-profile")
+        return None
+    if not (extrapolate or load):
         return path
     from specsim.sim.cost import load_cost_profile
 
-    return load_cost_profile(path, extrapolate=True)
+    return load_cost_profile(path, extrapolate=extrapolate)

@@ -102,15 +102,13 @@ def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, 
     if batches and cost_profile is None:
         raise SpecError("--batch needs measured costs: give --cost-profile")
     if emit is not None:
-        return _emit(cache, emit, budget, draft, policy, temperature, cost_profile_arg(cost_profile, cost_extrapolate),
-                     cost, batch_list, batching,
-                     n_boot, seed, overwrite, acceptance_vector)
-    cost_model = None
-    if cost is not None or cost_profile is not None:
-        from specsim.sim.cost import load_cost_profile, parse_cost
+        return _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost_extrapolate, cost,
+                     batch_list, batching, n_boot, seed, overwrite, acceptance_vector)
+    cost_model = cost_profile_arg(cost_profile, cost_extrapolate, load=True)
+    if cost is not None:
+        from specsim.sim.cost import parse_cost
 
-        cost_model = (load_cost_profile(cost_profile, extrapolate=cost_extrapolate) if cost_profile is not None
-                      else parse_cost(cost))
+        cost_model = parse_cost(cost)
     if acceptance_vector is not None:
         if cost_model is not None:
             raise SpecError("--acceptance-vector gives tokens per call only; pricing needs a cache's trajectories")
@@ -188,13 +186,13 @@ def _renamed(tree, name):
     return replace(tree, name=name)
 
 
-def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost, batches, batching, n_boot, seed,
-          overwrite, acceptance_vector):
+def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost_extrapolate, cost, batches, batching,
+          n_boot, seed, overwrite, acceptance_vector):
     """`optimize --emit`: the best chain per batch size, written in the engine's terms."""
     from specsim.engines import emit as engines
     from specsim.errors import SpecError
     from specsim.sim.choose import best_per_batch, pricing_for
-    from specsim.sim.cost import ProfileCost, load_cost_profile, parse_cost
+    from specsim.sim.cost import parse_cost
     from specsim.sim.features import load_features
     from specsim.sim.policies import check_temperature
     from specsim.specs import parse_policy, parse_tree
@@ -219,8 +217,8 @@ def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost, b
         hot = [t for t in data.temperatures if t > 0]
         temperature = 0.0 if policy == "greedy" else (hot[0] if hot else 0.0)
     check_temperature(spec, float(temperature))
-    cost_model = (cost_profile if isinstance(cost_profile, ProfileCost) else load_cost_profile(cost_profile)
-                  if cost_profile is not None else parse_cost(cost))
+    cost_model = cost_profile_arg(cost_profile, cost_extrapolate, load=True) if cost_profile is not None else \
+        parse_cost(cost)
     features = load_features(cache, draft, float(temperature), progress=False)
     chains = [parse_tree(f"chain:{k}") for k in range(1, budget + 1)]
     choices = best_per_batch(features, chains, spec, pricing_for(cache, cost_model, draft), batches,
