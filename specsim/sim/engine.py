@@ -138,6 +138,12 @@ class TrajectoryStats:
     plain_replicas: np.ndarray | None = None  # (R, n_traj) `plain` likewise (None: the profile kept no rounds)
 
 
+def leaves_above_full_depth(tree) -> bool:
+    """Whether a call's accepted path can end on a leaf short of the full depth (then the next call's root feed
+    depends on which node it ended on: `AcceptanceTable.leaf_end` / `leaf_law`); not for chains or k-ary trees."""
+    return bool(((tree.n_children == 0) & (tree.depths < tree.max_depth)).any())
+
+
 def at_depth(x: np.ndarray, d: int, keyed: bool) -> np.ndarray:
     """Depth d's entries of a per-position array: x itself for a draft with one law per position, column d - 1
     of a head draft's (N, D, ...) array (`specsim.sim.features`)."""

@@ -37,7 +37,7 @@ import numpy as np
 
 from specsim.cache.stats import acceptance_iid, acceptance_swor
 from specsim.errors import SpecError
-from specsim.sim.engine import EndCap, at_depth
+from specsim.sim.engine import EndCap, at_depth, leaves_above_full_depth
 from specsim.specs import MULTI_DRAFT
 from specsim.trees import Tree
 
@@ -328,10 +328,9 @@ def sample_tree_table(features: "Features", tree: Tree, spec, rng: np.random.Gen
     at_least = reach_by_depth(pi, tree, remaining, keyed=keyed)  # (N, D)
     drafted = drafted_per_call(tree, features.room())
     leaf_law = None
-    leaves = tree.n_children == 0
-    if (leaves & (tree.depths < tree.max_depth)).any():  # leaves above full depth: the next feed depends on them
+    if leaves_above_full_depth(tree):  # the next call's root feed depends on the node a path ends on
         leaf_law = np.zeros((features.n_positions, tree.max_depth + 1))
-        leaf_law[:, 1:] = reach_by_depth(pi, tree, remaining, keyed=keyed, only=leaves)
+        leaf_law[:, 1:] = reach_by_depth(pi, tree, remaining, keyed=keyed, only=tree.n_children == 0)
     if reps is None:
         return AcceptanceTable(p_len=length_distribution(at_least), drafted=drafted, exact=True, leaf_law=leaf_law)
     # Each replicate (one sample, or one group's mean, per position) gives an unbiased E[A | t]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from specsim.errors import SpecError
-from specsim.sim.engine import AcceptanceTable, EngineTail, at_depth, drafted_per_call
+from specsim.sim.engine import AcceptanceTable, EngineTail, at_depth, drafted_per_call, leaves_above_full_depth
 from specsim.specs import PolicySpec, load
 from specsim.trees import Tree
 
@@ -109,8 +109,9 @@ def greedy_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generato
     length, end = greedy_lengths(features.rank, features.remaining(), tree, ends=True)
     p_len = np.zeros((features.n_positions, tree.max_depth + 1))  # (N, D+1)
     p_len[np.arange(features.n_positions), length] = 1.0
+    leaf_end = (length > 0) & (tree.n_children[end] == 0) if leaves_above_full_depth(tree) else None
     return AcceptanceTable(p_len=p_len, drafted=drafted_per_call(tree, features.room()), exact=True, length=length,
-                           leaf_end=(length > 0) & (tree.n_children[end] == 0))
+                           leaf_end=leaf_end)
 
 
 def chain_table(beta: np.ndarray, remaining: np.ndarray, depth: int) -> np.ndarray:
