@@ -355,10 +355,11 @@ POLICY_KINDS: dict[str, PolicyKind] = {
                           False, "along target trajectories (approximate), with the TV distortion", ">0",
                           "specsim.sim.lossy:lossy_table"),
     "adaptive-hf": PolicyKind("adaptive-hf", "adaptive-hf", "Hugging Face's heuristic chain length schedule", (0,),
-                              True, "exact", "any", "specsim.sim.adaptive:adaptive_stats", adaptive=True),
+                              True, "exact", "any", "specsim.sim.adaptive:adaptive_stats", adaptive=True, live=True),
     "adaptive-history": PolicyKind("adaptive-history", "adaptive-history:0.8,0.4",
                                    "chain length grows/shrinks with the last call's acceptance rate", (0, 2), True,
-                                   "exact", "any", "specsim.sim.adaptive:adaptive_stats", adaptive=True),
+                                   "exact", "any", "specsim.sim.adaptive:adaptive_stats", adaptive=True,
+                                   live=True),
 }
 
 

@@ -330,8 +330,8 @@ def output_joint(
         raise ValueError(f"k must be at least 1, got {k}")
     if scheme not in MULTI_DRAFT:
         raise ValueError(f"scheme must be one of {', '.join(MULTI_DRAFT)}, got {scheme!r}")
-    if not (rule in policy_names(live=True) or isinstance(rule, LossyRule)):  # the rules live decoding verifies with
-        raise ValueError(f"rule must be one of {', '.join(policy_names(live=True))} or a LossyRule, got {rule!r}")
+    if not (rule in policy_names(live=True, adaptive=False) or isinstance(rule, LossyRule)):  # the rules live decoding verifies with
+        raise ValueError(f"rule must be one of {', '.join(policy_names(live=True, adaptive=False))} or a LossyRule, got {rule!r}")
     q = q / q.sum()
     vocab = p.shape[0]
     joint = np.zeros((vocab, k + 1))  # (V, k + 1)

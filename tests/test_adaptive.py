@@ -110,9 +110,9 @@ def test_greedy_walk_equals_the_markov_walk(cache, rule, gamma):
     spec = parse_policy(rule)
     cap = max(16, 2 * gamma)
     nxt = next_gamma_table(spec.name, cap, spec.params)
-    cost = np.random.default_rng(1).random((features.n_positions, cap + 1))
-    fast = deterministic_walk(beta, features, gamma, nxt, cost)
-    slow = markov_walk(beta, features, gamma, nxt, cost)
+    cost, full = np.random.default_rng(1).random((2, features.n_positions, cap + 1))
+    fast = deterministic_walk(beta, features, gamma, nxt, cost, full)
+    slow = markov_walk(beta, features, gamma, nxt, cost, full)
     for name in ("calls", "drafted", "accepted", "cost", "reach"):
         np.testing.assert_allclose(fast[name], slow[name], atol=1e-12, err_msg=name)
 
@@ -137,12 +137,14 @@ def test_forward_pass_with_any_next_gamma_table(long_cache, table, starts):
     rng = np.random.default_rng(starts[0])
     cap = 18
     nxt = next_gamma_table("adaptive-hf", cap) if table == "adaptive-hf" else rng.integers(1, cap + 1, (cap + 1, cap + 1))
-    cost = rng.random((features.n_positions, cap + 1))
-    for gamma, got in zip(starts, markov_walks(beta, features, starts, nxt, cost), strict=True):
-        _check_recursion(features, beta, nxt, cost, gamma, got)
+    cost, full = rng.random((2, features.n_positions, cap + 1))
+    for gamma, got in zip(starts, markov_walks(beta, features, starts, nxt, cost, full), strict=True):
+        _check_recursion(features, beta, nxt, cost, gamma, got, full)
 
 
-def _check_recursion(features, beta, nxt, cost, gamma, got):
+def _check_recursion(features, beta, nxt, cost, gamma, got, full):
+    """`got` against the plain recursion over (t, γ); `full[t, γ]`: the extra cost of a call of γ at t
+    that accepts all γ (the next call's 2-token root feed)."""
     room = features.room()
     for i in range(features.n_traj):
         s, n = int(features.traj_start[i]), int(features.traj_len[i])
@@ -156,7 +158,8 @@ def _check_recursion(features, beta, nxt, cost, gamma, got):
             total = np.array([1.0, min(g, room[s + t]), 0.0, cost[s + t, g]])
             for a in range(limit + 1):
                 p_a = surv * (1 - b[t + a]) if a < limit else surv
-                total += p_a * (value(t + a + 1, int(nxt[g, a])) + np.array([0, 0, a, 0]))
+                extra = full[s + t, g] if a == g else 0.0
+                total += p_a * (value(t + a + 1, int(nxt[g, a])) + np.array([0, 0, a, extra]))
                 if a < limit:
                     surv *= b[t + a]
             return total

@@ -55,15 +55,16 @@ def live_counts(steps) -> dict[str, int]:
             "draft forwards": sum(len(s.draft_levels) for s in steps)}
 
 
-def replayed_counts(features, tree, draft: str, *, model_free: bool) -> list[dict[str, float]]:
-    """Per trajectory, what the replay's batch-1 pricing charges (greedy), in the probes' terms."""
+def replayed_counts(features, tree, draft: str, *, model_free: bool, policy: str = "greedy") -> list[dict[str, float]]:
+    """Per trajectory, what the replay's batch-1 pricing charges (greedy, or an adaptive schedule at T = 0),
+    in the probes' terms."""
     from specsim.sim.api import Pricing, _walk_one
     from specsim.specs import parse_policy
 
     out = [{} for _ in range(features.n_traj)]
     for name in PROBES:
         pricing = Pricing(Probe(name), None if model_free else draft, "probe")
-        stats, _ = _walk_one(features, tree, parse_policy("greedy"), pricing, np.random.default_rng(0))
+        stats, _ = _walk_one(features, tree, parse_policy(policy), pricing, np.random.default_rng(0))
         for i, value in enumerate(stats.cost):
             out[i][name] = float(value)
     return out
@@ -84,8 +85,9 @@ def timeline_counts(features, tree, draft: str, *, model_free: bool, batch: int,
             for name in PROBES}
 
 
-def decode_live(cache, draft: str, tree_spec: str, *, batch: int = 1, batching: str = "lockstep"):
-    """The cache's T = 0 prompts decoded live with its target and `draft` (float32, greedy)."""
+def decode_live(cache, draft: str, tree_spec: str, *, batch: int = 1, batching: str = "lockstep",
+                policy: str = "greedy"):
+    """The cache's T = 0 prompts decoded live with its target and `draft` (float32, greedy verification)."""
     from specsim.live.engine import LiveConfig, Target
     from specsim.live.runs import build_drafter, run_live
     from specsim.live.validate import cache_setup
@@ -94,8 +96,8 @@ def decode_live(cache, draft: str, tree_spec: str, *, batch: int = 1, batching: 
 
     setup = cache_setup(cache)
     loaded = load_model(setup.target)
-    config = LiveConfig(tree=parse_tree(tree_spec), max_new_tokens=setup.max_new_tokens, batch=batch,
-                        batching=batching)
+    config = LiveConfig.for_policy(parse_tree(tree_spec), policy, 0.0, max_new_tokens=setup.max_new_tokens,
+                                   batch=batch, batching=batching)
     run = run_live(Target(loaded.model, eos_token_ids(loaded)), build_drafter(draft, loaded, device="cpu",
                                                                               dtype="float32"),
                    list(setup.prompts), config, target_name=loaded.name, plain=False, progress=False)
@@ -134,6 +136,44 @@ def test_replay_prices_the_forwards_live_runs_at_batch_one(tiny_cache, draft, tr
         assert trajectory.live.tokens.size == features.traj_len[by_prompt[trajectory.prompt.prompt_index]]
         assert replay[by_prompt[trajectory.prompt.prompt_index]] == pytest.approx(live_counts(steps)), (
             f"prompt {trajectory.prompt.prompt_index}")
+
+
+@pytest.mark.parametrize("policy,draft,tree_spec", [
+    ("adaptive-hf", "layers:2", "chain:2"), ("adaptive-history", "int8", "chain:3"),
+    ("adaptive-history:0.6,0.2", "layers:2", "chain:1"),
+])
+def test_adaptive_schedules_are_priced_as_live_runs_them(tiny_cache, policy, draft, tree_spec):
+    """A chain whose length changes call by call (the replay's exact walk over (position, γ)) charges the
+    draft and target forwards live ran, including the 2-token root feed after a call that accepted all γ."""
+    from specsim.specs import parse_tree
+
+    run = decode_live(tiny_cache, draft, tree_spec, policy=policy)
+    features = features_of(tiny_cache, draft)
+    replay = replayed_counts(features, parse_tree(tree_spec), draft, model_free=False, policy=policy)
+    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
+    lengths = {s.drafted for t in run.trajectories for s in t.live.steps}
+    assert len(lengths) > 2, f"the schedule never moved: drafted {sorted(lengths)}"
+    for trajectory, steps in zip(run.trajectories, per_request_steps(run)):
+        assert trajectory.live.tokens.size == features.traj_len[by_prompt[trajectory.prompt.prompt_index]]
+        assert replay[by_prompt[trajectory.prompt.prompt_index]] == pytest.approx(live_counts(steps)), (
+            f"prompt {trajectory.prompt.prompt_index}")
+
+
+def test_the_probes_catch_an_adaptive_walk_without_the_root_feed(tiny_cache, monkeypatch):
+    """Reintroduce the mismatch the adaptive test found: a call that accepted all γ charged no 2-token root
+    feed for the next call (live feeds the last draft and the bonus). The draft-token counts disagree."""
+    import specsim.sim.adaptive as adaptive
+    from specsim.specs import parse_tree
+
+    run = decode_live(tiny_cache, "layers:2", "chain:2", policy="adaptive-hf")
+    features = features_of(tiny_cache, "layers:2")
+    live = sum(live_counts(steps)["draft tokens"] for steps in per_request_steps(run))
+    count = lambda: sum(c["draft tokens"] for c in replayed_counts(  # noqa: E731
+        features, parse_tree("chain:2"), "layers:2", model_free=False, policy="adaptive-hf"))
+    assert count() == pytest.approx(live)
+    walks = adaptive.adaptive_walks
+    monkeypatch.setattr(adaptive, "adaptive_walks", lambda *a, **k: walks(*a[:5]))
+    assert count() < live
 
 
 @pytest.mark.parametrize("draft,tree_spec,batch,batching", [

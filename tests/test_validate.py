@@ -195,3 +195,43 @@ def test_greedy_validation_on_a_stats_only_cache(tiny_model_dir, tiny_prompts_fi
     bad = greedy_agreement(broken, stats, "layers:2", tree, draft_model=draft.model)
     assert not bad.passed and bad.unexplained > 0 and bad.draft_mismatches == 0
     assert {s.verdict for s in bad.steps} <= {"identical", "unexplained", "near-tie (draft)"}
+
+
+def test_adaptive_schedules_validate_call_for_call_and_by_acceptance(tiny_cache, tmp_path):
+    """An adaptive chain decoded live: at T = 0 every call's acceptance equals the replay's for the chain the
+    replayed schedule gives at that call; at T = 1 the acceptance CIs overlap."""
+    steps = tmp_path / "steps.csv"
+    result = _validate(str(tiny_cache), "--tree", "chain:2", "--policy", "adaptive-hf,adaptive-history:0.6,0.2",
+                       "--draft", "layers:2", "--repeats", "8", "--steps-out", str(steps))
+    assert result.exit_code == 0, result.output
+    assert result.output.count("PASS") == 4, result.output  # 2 schedules x (T = 0 calls, T = 1 acceptance)
+    assert "adaptive-history:0.6,0.2" in result.output and "CIs overlap" in result.output
+    frame = pl.read_csv(steps)
+    assert (frame["live"] == frame["simulated"]).all() and frame["simulated"].sum() > 0
+
+
+def test_a_wrong_schedule_fails_the_call_check(tiny_cache, tiny_model_dir):
+    """The check replays γ itself: a live run under adaptive-hf compared against a frozen schedule's γ table
+    (adaptive-history:1,0 keeps γ = 2) disagrees on the calls that accepted more than two drafts."""
+    import torch
+
+    from specsim.live.engine import LiveConfig, Target
+    from specsim.live.runs import run_live
+    from specsim.live.validate import cache_setup
+    from specsim.live.drafting import ModelDrafter
+    from specsim.record.models import eos_token_ids, load_draft, load_model
+
+    torch.set_num_threads(1)
+    setup = cache_setup(tiny_cache)
+    target = load_model(str(tiny_model_dir))
+    tree = parse_tree("chain:2")
+    config = LiveConfig.for_policy(tree, "adaptive-hf", 0.0, max_new_tokens=setup.max_new_tokens)
+    run = run_live(Target(target.model, eos_token_ids(target)),
+                   ModelDrafter(load_draft("int8", target).model, "int8"), setup.prompts, config,
+                   target_name="tiny", progress=False)
+    right = greedy_agreement(run, tiny_cache, "int8", tree, schedule=config.next_gamma())
+    assert right.passed and right.agreement == 1.0
+    other = LiveConfig.for_policy(tree, "adaptive-history:1,0", 0.0, max_new_tokens=setup.max_new_tokens)
+    wrong = greedy_agreement(run, tiny_cache, "int8", tree, schedule=other.next_gamma())
+    assert any(step.live > 2 for step in right.steps), [step.live for step in right.steps]
+    assert not wrong.passed and wrong.unexplained > 0

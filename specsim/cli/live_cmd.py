@@ -58,10 +58,13 @@ def footer(df, run) -> str:
 @click.option("--per-category", type=click.IntRange(min=1), default=None, help="Take the first N prompts of each category.")
 @click.option("--tree", default="chain:4", show_default=True, metavar="SPEC",
               help="Draft tree: chain:4, kary:2,3, widths:4,2,1, medusa:[[0],[1]], file:t.json.")
-@click.option("--policy", type=c.choice(registry.policy_names(live=True)), default="greedy", show_default=True,
-              help="greedy (argmax, T=0) or sample (lossless speculative sampling at --temperature).")
+@click.option("--policy", default="greedy", show_default=True,
+              metavar="|".join(registry.policy_names(live=True)),
+              help="greedy (argmax, T=0), sample (lossless speculative sampling at --temperature), or a chain "
+                   "whose length adapts call by call: adaptive-hf (Hugging Face's schedule) or "
+                   "adaptive-history[:hi,lo]; these verify greedily at T=0 and by sampling at T>0.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=None,
-              help="Sampling temperature  [default: 0 for greedy, 1 for sample]")
+              help="Sampling temperature  [default: 1 for sample, else 0]")
 @click.option("--multi-draft", type=c.choice(registry.MULTI_DRAFT), default="iid", show_default=True,
               help="How a sampling tree draws a node's k candidates from q. "
                    + registry.vocab_help(registry.MULTI_DRAFT) + ".")
@@ -103,6 +106,7 @@ def live(target, draft, prompts, categories, per_category, tree, policy, tempera
           --temperature 0.7 --multi-draft swor --repeats 3 --steps-out steps.parquet
       specsim live --target smollm2-135m --draft ngram:3 --tree widths:2,1,1 --categories coding
       specsim live --target smollm2-135m --draft int8 --tree chain:4 --batch 4 --per-category 1
+      specsim live --target smollm2-135m --draft layers:20 --tree chain:3 --policy adaptive-hf
 
     Ctrl-C stops after the decode in progress and prints what finished.
     """
@@ -114,12 +118,12 @@ def live(target, draft, prompts, categories, per_category, tree, policy, tempera
     target_out = c.out_target(out, out_format, overwrite)
     steps_target = c.out_target(steps_out, None, overwrite, "--steps-out") if steps_out else (None, None)
     if temperature is None:
-        temperature = 0.0 if policy == "greedy" else 1.0
+        temperature = 1.0 if policy == "sample" else 0.0
     parsed = parse_tree(tree)
     if parsed.name == "":
         parsed = type(parsed)(parsed.parents, parsed.ranks, name=tree)
-    config = LiveConfig(tree=parsed, policy=policy, temperature=temperature, multi_draft=multi_draft,
-                        max_new_tokens=max_new_tokens, batch=batch, batching=batching)
+    config = LiveConfig.for_policy(parsed, policy, temperature, multi_draft=multi_draft,
+                                   max_new_tokens=max_new_tokens, batch=batch, batching=batching)
     from specsim.specs import check_batch
 
     check_batch(draft, batch)

@@ -17,9 +17,11 @@ from specsim.cli import _common as c
 @click.option("--engine", type=c.choice(registry.ENGINES), default="specsim", show_default=True,
               help="Ground truth: specsim's own live decoding, or vLLM (run in its own environment, `make vllm`) "
                    "with its spec-decode counters compared to the replay's.")
-@click.option("--policy", "policies", multiple=True, callback=c.names,
-              metavar="|".join(registry.policy_names(vllm=True)),
+@click.option("--policy", "policies", multiple=True, callback=c.specs,
+              metavar="|".join(registry.policy_names(vllm=True) + registry.policy_names(live=True, adaptive=True)),
               help="greedy: per-call agreement on the T=0 trajectories; sample: CI overlap at each recorded T>0; "
+                   "adaptive-hf, adaptive-history[:hi,lo]: a chain whose length adapts call by call, checked "
+                   "call by call at T=0 and by CI overlap at each recorded T>0; "
                    "greedy-draft (--engine vllm): the draft's argmax verified as a point mass, vLLM's default "
                    "draft_sample_method at T>0. Repeatable or comma-separated.  [default: greedy]")
 @click.option("--draft", "drafts", multiple=True, metavar="NAME", callback=c.names,
@@ -126,7 +128,7 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
     if rounds or engine_log is not None or fix_vllm_cpu:
         raise SpecError("--rounds, --engine-log and --fix-vllm-cpu go with --engine vllm")
     from specsim.live.validate import ValidateConfig, run_validation
-    bad = [p for p in policies if p not in registry.policy_names(live=True)]
+    bad = [p for p in policies if not registry.parse_policy(p).kind.live]
     if bad:
         raise SpecError(f"--policy {bad[0]!r}: specsim's live engine decodes with "
                         f"{', '.join(registry.policy_names(live=True))} (--engine vllm also checks greedy-draft)")

@@ -45,11 +45,12 @@ import torch
 from specsim.errors import SpecError
 from specsim.live.drafting import Drafter, Proposal, probabilities
 from specsim.record.kv import SlotKV
-from specsim.specs import BATCHING, MULTI_DRAFT, policy_names
-from specsim.trees import Tree
+from specsim.specs import BATCHING, MULTI_DRAFT, parse_policy, policy_names
+from specsim.trees import Tree, chain
 from specsim.verify import verify_multi_iid, verify_multi_swor, verify_point_mass, verify_single
 
-POLICIES = tuple(policy_names(live=True))  # what this engine verifies with
+POLICIES = tuple(policy_names(live=True, adaptive=False))  # what this engine verifies with
+SCHEDULES = tuple(policy_names(live=True, adaptive=True))  # the chain-length schedules it runs
 ROOT_ONLY = Tree(np.array([-1]), np.array([-1]), name="plain")  # plain decoding: verify the root, draft nothing
 
 
@@ -64,10 +65,20 @@ class LiveConfig:
     max_new_tokens: int = 128  # output length limit per request
     batch: int = 1  # requests decoded together
     batching: str = "lockstep"  # 'lockstep' (static batches) or 'continuous' (finished requests replaced)
+    schedule: str = ""  # an adaptive chain-length rule ('adaptive-hf', 'adaptive-history:0.8,0.4'): each request's
+    #                     chain starts at the tree's depth and changes call by call (`specsim.sim.adaptive`)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise SpecError(f"live policy {self.policy!r} is not one of {', '.join(POLICIES)}")
+        if self.schedule:
+            rule = parse_policy(self.schedule)
+            if not rule.kind.adaptive:
+                raise SpecError(f"schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+            tree = self.tree
+            if tree.dynamic is not None or not tree.budget or int(tree.n_children.max()) > 1:
+                raise SpecError(f"{rule.label}: adaptive speculation lengths apply to chains, not to the tree "
+                                f"{tree.name or tree.to_spec()}")
         if self.multi_draft not in MULTI_DRAFT:
             raise SpecError(f"--multi-draft {self.multi_draft!r} is not one of {', '.join(MULTI_DRAFT)}")
         if self.policy == "greedy" and self.temperature != 0:
@@ -85,6 +96,32 @@ class LiveConfig:
         """The plain-decoding baseline of this configuration: same policy, limits and batching."""
         return LiveConfig(tree=ROOT_ONLY, policy=self.policy, temperature=self.temperature,
                           max_new_tokens=self.max_new_tokens, batch=self.batch, batching=self.batching)
+
+    @classmethod
+    def for_policy(cls, tree: Tree, policy: str, temperature: float, **kwargs) -> "LiveConfig":
+        """The configuration that decodes with `policy` as named on the command line: a verification rule
+        ('greedy', 'sample') or an adaptive schedule ('adaptive-hf', 'adaptive-history:0.9,0.3'), which
+        verifies greedily at T = 0 and by speculative sampling at T > 0."""
+        rule = parse_policy(policy)
+        if not rule.kind.live:
+            raise SpecError(f"live policy {policy!r} is not one of {', '.join(POLICIES + SCHEDULES)}")
+        if rule.kind.adaptive:
+            return cls(tree=tree, policy="greedy" if temperature == 0 else "sample", temperature=temperature,
+                       schedule=rule.label, **kwargs)
+        return cls(tree=tree, policy=rule.name, temperature=temperature, **kwargs)
+
+    @property
+    def label(self) -> str:
+        """The policy as rows name it: the schedule where there is one ('adaptive-hf'), else the rule."""
+        return parse_policy(self.schedule).label if self.schedule else self.policy
+
+    def next_gamma(self) -> np.ndarray:
+        """The schedule's table γ' = table[γ, accepted] (`specsim.sim.adaptive.next_gamma_table`, the one the
+        replay walks), capped at Γ = max(16, 2 · the start γ)."""
+        from specsim.sim.adaptive import MIN_GAMMA_CAP, next_gamma_table
+
+        rule = parse_policy(self.schedule)
+        return next_gamma_table(rule.name, max(MIN_GAMMA_CAP, 2 * self.tree.max_depth), rule.params)
 
 
 @dataclass(frozen=True)
@@ -218,6 +255,7 @@ class _Active:
     steps: list[StepRecord] = field(default_factory=list)
     seconds: float = 0.0  # engine steps taken part in
     done: bool = False  # output ended (EOS or max_new_tokens)
+    gamma: int = 0  # an adaptive schedule's chain length for this request's next call
 
     @property
     def produced(self) -> int:
@@ -245,6 +283,7 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[np.ndarray
     if hasattr(drafter, "begin"):  # drafters that learn from earlier requests start this run afresh
         drafter.begin()
     run = DecodeRun(decoded=[None] * len(prompts))
+    schedule = config.next_gamma() if config.schedule else None
     queue = list(range(len(prompts)))
     active: list[_Active] = []
     try:
@@ -256,8 +295,9 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[np.ndarray
                 _admit(target, drafter, [prompts[i] for i in joining], first=not active)
                 seconds = time.perf_counter() - started
                 run.prefill_s += seconds
-                active += [_Active(i, prompts[i].tolist(), len(prompts[i]), rngs[i], seconds) for i in joining]
-            step = _step(target, drafter, active, config)
+                active += [_Active(i, prompts[i].tolist(), len(prompts[i]), rngs[i], seconds,
+                                   gamma=config.tree.max_depth) for i in joining]
+            step = _step(target, drafter, active, config, schedule)
             run.steps.append(step)
             done = [a for a in active if a.done]
             if done:
@@ -303,12 +343,18 @@ def _admit(target: Target, drafter: Drafter | None, prompts: list[np.ndarray], *
         drafter.join(prompts, **extra)
 
 
-def _step(target: Target, drafter: Drafter | None, active: list[_Active], config: LiveConfig) -> EngineStep:
+def _step(target: Target, drafter: Drafter | None, active: list[_Active], config: LiveConfig,
+          schedule: np.ndarray | None = None) -> EngineStep:
+    """One engine step. `schedule` (an adaptive rule's γ table): request r drafts a chain of its own
+    length a.gamma, the longest chain's tree cut by each request's γ as by its room."""
     tree, B = config.tree, len(active)
     rngs = [a.rng for a in active]
     started = time.perf_counter()
     rooms = np.array([config.max_new_tokens - a.produced - 1 for a in active], dtype=np.int64)
     drafting = drafter is not None and bool(tree.budget) and int(rooms.max()) > 0  # room 0: the last token, no draft
+    if schedule is not None and drafting:
+        gammas = np.array([a.gamma for a in active], dtype=np.int64)
+        tree, rooms = chain(str(int(gammas.max()))), np.minimum(rooms, gammas)
     if not drafting:
         tree = ROOT_ONLY
         proposal = Proposal(tokens=np.array([[a.committed[-1]] for a in active], dtype=np.int64),
@@ -353,6 +399,8 @@ def _step(target: Target, drafter: Drafter | None, active: list[_Active], config
         start = a.produced
         emitted, a.done = _finish(emitted, start, config.max_new_tokens, target.eos)
         accepted = len(emitted) - 1
+        if schedule is not None:
+            a.gamma = int(schedule[a.gamma, accepted])
         keeps.append(col_of[r][[0, *verdict.path[:accepted]]])
         paths.append(verdict.path[:accepted])
         a.committed += emitted

@@ -171,7 +171,7 @@ def summary_rows(run: LiveRun, *, by_category: bool = True, n_boot: int = 1000, 
     sampling_tree = cfg.policy != "greedy" and int(cfg.tree.n_children.max()) > 1
     head = {
         "tree": cfg.tree.name, "budget": cfg.tree.budget, "depth": cfg.tree.max_depth, "draft": run.draft,
-        "target": run.target, "policy": cfg.policy, "temperature": float(cfg.temperature),
+        "target": run.target, "policy": cfg.label, "temperature": float(cfg.temperature),
         "multi_draft": cfg.multi_draft if sampling_tree else None, "batch": cfg.batch, "batching": cfg.batching,
         "estimate": "live",
     }

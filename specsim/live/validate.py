@@ -29,6 +29,7 @@ CI; they agree when the intervals overlap.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +38,9 @@ from specsim.checks import Check
 from specsim.errors import CacheError
 from specsim.live.runs import LivePrompt, LiveRun
 from specsim.trees import Tree
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specsim.live.engine import LiveConfig
 
 UNCLASSIFIED = "unclassified (stats-only cache: no target logits)"
 NEAR_TIE_ABS = 1e-3  # float32 noise between batched and one-token forward passes, in logits
@@ -160,18 +164,24 @@ def _rank(logits: np.ndarray, token: int) -> int:
 
 
 def greedy_agreement(run: LiveRun, cache_path, draft: str, tree: Tree, *, min_agreement: float = MIN_AGREEMENT,
-                     draft_model=None) -> GreedyAgreement:
+                     draft_model=None, schedule: np.ndarray | None = None) -> GreedyAgreement:
     """Compare every live call with the simulator's greedy replay of the cached trajectory.
 
     `draft_model` (optional): the live draft model, rerun one token at a time along a
     trajectory to tell 'draft ≠ cache' from 'unexplained' disagreements.
+    `schedule` (an adaptive rule's γ table, `LiveConfig.next_gamma`; `tree` its start chain): the
+    replay's chain length is walked along each live trajectory (γ' = schedule[γ, accepted]), and a
+    call's replayed acceptance is that of a chain of γ at its start, so a wrong γ shows as a
+    disagreement.
     """
     from specsim.sim.features import load_features
     from specsim.sim.policies import run_policy
     from specsim.specs import parse_policy
+    from specsim.trees import chain
 
     features = load_features(cache_path, draft, 0.0, progress=False)
-    table = run_policy(features, tree, parse_policy("greedy"), np.random.default_rng(0))
+    longest = tree if schedule is None else chain(str(schedule.shape[0] - 1))
+    table = run_policy(features, longest, parse_policy("greedy"), np.random.default_rng(0))
     simulated = np.argmax(table.p_len, axis=1)  # (N,) greedy tables are one-hot
     traj_of = {int(p): i for i, p in enumerate(features.traj_prompt)}
     checks: list[StepCheck] = []
@@ -188,10 +198,13 @@ def greedy_agreement(run: LiveRun, cache_path, draft: str, tree: Tree, *, min_ag
             differ = np.flatnonzero(live[:m] != cached[:m])
             split = int(differ[0]) if differ.size else (m if len(live) != n else None)
             stepwise = None
+            gamma = tree.max_depth
             for step in traj.live.steps:
                 if split is not None and step.start + step.accepted >= split:
                     break
                 sim = int(simulated[lo + step.start])
+                if schedule is not None:  # a chain of γ accepts the first γ of what the longest accepts
+                    sim, gamma = min(sim, gamma), int(schedule[gamma, step.accepted])
                 if sim == step.accepted:
                     checks.append(StepCheck(traj.prompt.prompt_index, step.start, step.accepted, sim,
                                             "identical", None, None))
@@ -317,21 +330,26 @@ class ValidateConfig:
 
 
 def _plan(setup: CacheSetup, config: ValidateConfig, cache) -> list[tuple[str, float]]:
+    """(policy, T) pairs to decode: greedy at T = 0, sample at each wanted recorded T > 0, an adaptive schedule
+    at both (it verifies greedily at T = 0)."""
+    from specsim.specs import parse_policy
+
     plan: list[tuple[str, float]] = []
     for policy in dict.fromkeys(config.policies):
-        if policy == "greedy":
-            if 0.0 not in setup.temperatures:
-                raise CacheError(f"{cache}: greedy validation needs T=0 trajectories; recorded: "
-                                 + ", ".join(f"{t:g}" for t in setup.temperatures))
-            plan.append(("greedy", 0.0))
-            continue
-        hot = [t for t in setup.temperatures if t > 0]
+        rule = parse_policy(policy).kind.temperature
+        cold = rule in ("0", "any") and 0.0 in setup.temperatures and (
+            not config.temperatures or 0.0 in config.temperatures)
+        hot = [t for t in setup.temperatures if t > 0 and rule in (">0", "any")]
         wanted = [t for t in hot if not config.temperatures or any(abs(t - w) < 1e-6 for w in config.temperatures)]
-        if not wanted:
-            raise CacheError(f"{cache}: sampling validation needs recorded T>0 trajectories"
+        if rule == "0" and not cold:
+            raise CacheError(f"{cache}: greedy validation needs T=0 trajectories; recorded: "
+                             + ", ".join(f"{t:g}" for t in setup.temperatures))
+        if rule != "0" and not wanted and not cold:
+            raise CacheError(f"{cache}: {policy} validation needs recorded "
+                             + ("" if rule == "any" else "T>0 ") + "trajectories"
                              + (f" at {', '.join(f'{t:g}' for t in config.temperatures)}" if config.temperatures
                                 else "") + "; recorded: " + ", ".join(f"{t:g}" for t in setup.temperatures))
-        plan += [("sample", t) for t in wanted]
+        plan += [(policy, 0.0)] * cold + [(policy, t) for t in wanted]
     return plan
 
 
@@ -380,11 +398,11 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
         drafter = build_drafter(draft, loaded, device=device, dtype=setup.dtype)
         for policy, T in plan:
             for spec, tree in parsed:
-                live_config = LiveConfig(tree=tree, policy=policy, temperature=T, multi_draft=config.multi_draft,
-                                         max_new_tokens=setup.max_new_tokens, batch=config.batch,
-                                         batching=config.batching)
+                live_config = LiveConfig.for_policy(tree, policy, T, multi_draft=config.multi_draft,
+                                                    max_new_tokens=setup.max_new_tokens, batch=config.batch,
+                                                    batching=config.batching)
                 run = run_live(target, drafter, setup.prompts, live_config, target_name=loaded.name,
-                               repeats=1 if policy == "greedy" else config.repeats, seed=config.seed, device=label,
+                               repeats=1 if T == 0 else config.repeats, seed=config.seed, device=label,
                                plain=timed, progress=progress,
                                baseline=None if config.batching == "lockstep" else baselines.get((policy, T)))
                 if run.interrupted:
@@ -397,8 +415,9 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
                                batches=[config.batch] if timed else None, batching=config.batching,
                                by_category=False, seed=config.seed, on_skip=lambda line: None)
                 sim_row = sim.filter(sim["batch"] == config.batch).row(0, named=True)
-                if policy == "greedy":
-                    report.checks.append(_greedy_check(head, run, cache, draft, tree, config, drafter, report))
+                if T == 0:
+                    report.checks.append(_greedy_check(head, run, cache, draft, tree, config, drafter, report,
+                                                       live_config))
                 else:
                     report.checks.append(_sampling_check(head, live_row, sim_row))
                 if timed:
@@ -407,10 +426,11 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
 
 
 def _greedy_check(head: dict, run: LiveRun, cache, draft: str, tree: Tree, config: ValidateConfig, drafter,
-                  report: ValidationReport) -> Check:
+                  report: ValidationReport, live_config: LiveConfig) -> Check:
     kv = getattr(drafter, "kv", None)
     g = greedy_agreement(run, cache, draft, tree, min_agreement=config.min_agreement,
-                         draft_model=kv.model if kv is not None else None)
+                         draft_model=kv.model if kv is not None else None,
+                         schedule=live_config.next_gamma() if live_config.schedule else None)
     report.steps += [{"draft": head["draft"], "tree": head["tree"], **s.__dict__} for s in g.steps]
     unclassified = sum(d.verdict == UNCLASSIFIED for d in g.divergences)
     diverged = (f"; {len(g.divergences)} outputs left the cached trajectory "

@@ -54,28 +54,29 @@ def next_gamma_table(rule: str, gamma_cap: int, params: tuple = ()) -> np.ndarra
 
 
 def adaptive_walks(beta: np.ndarray, features: "Features", starts: Sequence[int], nxt: np.ndarray,
-                   call_cost: np.ndarray | None) -> list[dict[str, np.ndarray]]:
+                   call_cost: np.ndarray | None, full_cost: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
     """Expected totals per trajectory of the (position, γ) chain, for each start γ in `starts` (one rule
     and cap: Markov walks share one pass).
 
     call_cost (N, Γ+1): time of a call of γ drafts starting at each position (None: unpriced, the
-    cost totals are 0). A call drafts
+    cost totals are 0). full_cost (N, Γ+1): the extra time when that call accepts all γ (a draft
+    model then feeds the next call 2 tokens, its last draft and the bonus; None: none). A call drafts
     min(γ, room) tokens, room = drafts it could still accept before the output limit.
     Point-mass acceptance (greedy: every β is 0 or 1) takes the deterministic walk.
     """
     if np.all((beta == 0) | (beta == 1)):
-        return [deterministic_walk(beta, features, s, nxt, call_cost) for s in starts]
-    return markov_walks(beta, features, starts, nxt, call_cost)
+        return [deterministic_walk(beta, features, s, nxt, call_cost, full_cost) for s in starts]
+    return markov_walks(beta, features, starts, nxt, call_cost, full_cost)
 
 
 def markov_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: np.ndarray,
-                call_cost: np.ndarray | None) -> dict[str, np.ndarray]:
+                call_cost: np.ndarray | None, full_cost: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The forward pass over (offset, γ) states for one start γ: `markov_walks`' totals."""
-    return markov_walks(beta, features, [start_gamma], nxt, call_cost)[0]
+    return markov_walks(beta, features, [start_gamma], nxt, call_cost, full_cost)[0]
 
 
 def markov_walks(beta: np.ndarray, features: "Features", starts: Sequence[int], nxt: np.ndarray,
-                 call_cost: np.ndarray | None) -> list[dict[str, np.ndarray]]:
+                 call_cost: np.ndarray | None, full_cost: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
     """The forward pass over (offset, γ) states, vectorised over trajectories (any β in [0, 1]), for
     each start γ in `starts` at once (one rule, one cap: the walks differ only in their first call).
 
@@ -116,6 +117,7 @@ def markov_walks(beta: np.ndarray, features: "Features", starts: Sequence[int], 
     beta_at = np.where(inside, beta[at], 0.0)  # (max_len + 3, n_traj)
     room_at = features.room()[at]
     cost_at = None if call_cost is None else np.where(inside[..., None], call_cost[at], 0.0)  # (.., n_traj, Γ+1)
+    full_at = None if full_cost is None else np.where(inside[..., None], full_cost[at], 0.0)
     slots = cap + 1  # reads reach back to o + Γ + 1 (before o's slot is rewritten), scatters ahead to o − Γ − 1
     walks = np.arange(n_walks)
     # trajectories on the last axis (walks before them), so every gather below copies contiguous rows
@@ -156,6 +158,8 @@ def markov_walks(beta: np.ndarray, features: "Features", starts: Sequence[int], 
         totals["drafted"][:, :m] += (here * np.minimum(gammas[:, None], room_at[o, :m])[:, None]).sum(axis=0)
         if cost_at is not None:
             totals["cost"][:, :m] += (here * cost_at[o, :m].T[:, None]).sum(axis=0)
+        if full_at is not None:  # a call of γ accepts all γ with probability S(o, γ)
+            totals["cost"][:, :m] += (here * (surv[: cap + 1] * full_at[o, :m].T)[:, None]).sum(axis=0)
         totals["accepted"][:, :m] += tail.sum(axis=0)
         reach[..., :m] += tail
         full = np.arange(1, min(top, o - 2) + 1)  # a call accepting all γ lands at o − γ − 1 > 0
@@ -193,7 +197,7 @@ def _runs(row: np.ndarray) -> list[tuple[int, int]]:
 
 
 def deterministic_walk(beta: np.ndarray, features: "Features", start_gamma: int, nxt: np.ndarray,
-                       call_cost: np.ndarray | None) -> dict[str, np.ndarray]:
+                       call_cost: np.ndarray | None, full_cost: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """`adaptive_walks` when every β is 0 or 1: each trajectory is one path of calls, walked in lockstep.
 
     A call of γ drafts at t accepts A = min(γ, run_t), run_t = the β = 1 run from t, stopped
@@ -224,6 +228,8 @@ def deterministic_walk(beta: np.ndarray, features: "Features", start_gamma: int,
         totals["accepted"][live] += a
         if call_cost is not None:
             totals["cost"][live] += call_cost[tt, g]
+        if full_cost is not None:
+            totals["cost"][live] += np.where(a == g, full_cost[tt, g], 0.0)
         reach[live] += depth[None, :] < a[:, None]
         t[live] = tt + a + 1
         gamma[live] = nxt[g, a]
@@ -236,7 +242,7 @@ def adaptive_stats(features: "Features", tree: Tree, spec, rng: np.random.Genera
 
     pricing (`specsim.sim.api.Pricing`, or None for no speed columns): a call of γ drafts at t
     costs what a chain:γ call costs there (its context, its output cap), as fixed trees are
-    priced. (The extra root-feed token after a call that accepted all γ is not charged here.)
+    priced, and a call that accepts all γ adds what chain:γ's does: the next call's 2-token root feed.
     """
     return adaptive_stats_many(features, [tree], spec, [pricing])[0]
 
@@ -262,14 +268,17 @@ def adaptive_stats_many(features: "Features", trees: Sequence[Tree], spec, prici
     for (cap, _), members in groups.items():
         pricing = pricings[members[0]]
         nxt = next_gamma_table(spec.name, cap, tuple(getattr(spec, "params", ())))
-        call_cost, plain = None, None  # (N, Γ+1) when priced
+        call_cost, full_cost, plain = None, None, None  # (N, Γ+1) when priced
         if pricing is not None:
-            call_cost = np.zeros((features.n_positions, cap + 1))
+            call_cost, full_cost = np.zeros((features.n_positions, cap + 1)), np.zeros((features.n_positions, cap + 1))
             for g in range(1, cap + 1):
-                call_cost[:, g] = pricing.priced(features, chain(str(g)))[0]
+                call, _, feed = pricing.priced(features, chain(str(g)))
+                call_cost[:, g] = call
+                if feed is not None:  # (N, g + 1): the next call's extra root feed after accepting a
+                    full_cost[:, g] = feed[:, g]
             plain_steps = pricing.priced(features, chain("1"))[1]
             plain = np.add.reduceat(plain_steps, features.traj_start) if features.n_positions else plain_steps
-        walks = adaptive_walks(beta, features, [starts[i] for i in members], nxt, call_cost)
+        walks = adaptive_walks(beta, features, [starts[i] for i in members], nxt, call_cost, full_cost)
         for i, totals in zip(members, walks):
             extra = {"gamma_start": starts[i], "gamma_cap": cap, "adaptive_rule": spec.label}
             out[i] = TrajectoryStats(calls=totals["calls"], drafted=totals["drafted"], accepted=totals["accepted"],
