@@ -86,8 +86,8 @@ def timeline_counts(features, tree, draft: str, *, model_free: bool, batch: int,
 
 
 def decode_live(cache, draft: str, tree_spec: str, *, batch: int = 1, batching: str = "lockstep",
-                policy: str = "greedy"):
-    """The cache's T = 0 prompts decoded live with its target and `draft` (float32, greedy verification)."""
+                policy: str = "greedy", temperature: float = 0.0, multi_draft: str = "iid"):
+    """The cache's prompts decoded live with its target and `draft` (float32; greedy verification at T = 0)."""
     from specsim.live.engine import LiveConfig, Target
     from specsim.live.runs import build_drafter, run_live
     from specsim.live.validate import cache_setup
@@ -96,8 +96,8 @@ def decode_live(cache, draft: str, tree_spec: str, *, batch: int = 1, batching: 
 
     setup = cache_setup(cache)
     loaded = load_model(setup.target)
-    config = LiveConfig.for_policy(parse_tree(tree_spec), policy, 0.0, max_new_tokens=setup.max_new_tokens,
-                                   batch=batch, batching=batching)
+    config = LiveConfig.for_policy(parse_tree(tree_spec), policy, temperature, max_new_tokens=setup.max_new_tokens,
+                                   batch=batch, batching=batching, multi_draft=multi_draft)
     run = run_live(Target(loaded.model, eos_token_ids(loaded)), build_drafter(draft, loaded, device="cpu",
                                                                               dtype="float32"),
                    list(setup.prompts), config, target_name=loaded.name, plain=False, progress=False)
@@ -115,10 +115,50 @@ def per_request_steps(run) -> list[list]:
     return out
 
 
-def features_of(cache, draft: str):
+def features_of(cache, draft: str, temperature: float = 0.0):
     from specsim.sim.features import load_features
 
-    return load_features(cache, draft, 0.0, progress=False)
+    return load_features(cache, draft, temperature, progress=False)
+
+
+def realized_path(run, features, tree):
+    """A sampled live run's path on the cache's positions: (N,) the drafts accepted by the call live started
+    at each position (0 elsewhere) and (N, D+1) 1 where that call's accepted path ended on a leaf.
+
+    At T > 0 live samples its own tokens, so its calls start elsewhere than any one replayed path; what the
+    replay prices for a call depends only on where it starts (context, room) and, for the next root
+    feed, on what it accepted. Priced along live's own path, the replay's charges must equal what live ran.
+    """
+    lengths = np.zeros(features.n_positions, dtype=np.int64)
+    leaf = np.zeros((features.n_positions, tree.max_depth + 1))
+    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
+    for trajectory in run.trajectories:
+        i = by_prompt[trajectory.prompt.prompt_index]
+        assert trajectory.live.tokens.size == features.traj_len[i]  # same positions: same contexts and rooms
+        for step in trajectory.live.steps:
+            n = int(features.traj_start[i]) + step.start
+            lengths[n] = step.accepted
+            path = step.path[: step.accepted]
+            leaf[n, step.accepted] = float(bool(path) and tree.n_children[path[-1]] == 0)
+    return lengths, leaf
+
+
+def replayed_along(run, features, tree, draft: str) -> list[dict[str, float]]:
+    """Per live request, the replay's batch-1 charges (`Pricing.priced`) for the calls live made."""
+    from specsim.sim.api import Pricing
+
+    _, leaf = realized_path(run, features, tree)
+    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
+    out = [{} for _ in run.trajectories]
+    for name in PROBES:
+        call, _, feed = Pricing(Probe(name), draft, "probe").priced(features, tree, leaf=np.ones_like(leaf))
+        for k, trajectory in enumerate(run.trajectories):
+            start = int(features.traj_start[by_prompt[trajectory.prompt.prompt_index]])
+            out[k][name] = sum(call[start + s.start] + (0.0 if feed is None else
+                                                        feed[start + s.start, s.accepted] * leaf[start + s.start,
+                                                                                                 s.accepted])
+                               for s in trajectory.live.steps)
+    return out
 
 
 @pytest.mark.parametrize("draft,tree_spec", [
@@ -174,6 +214,67 @@ def test_the_probes_catch_an_adaptive_walk_without_the_root_feed(tiny_cache, mon
     walks = adaptive.adaptive_walks
     monkeypatch.setattr(adaptive, "adaptive_walks", lambda *a, **k: walks(*a[:5]))
     assert count() < live
+
+
+@pytest.mark.parametrize("draft,tree_spec,multi_draft", [
+    ("layers:2", "chain:3", "iid"), ("int8", "kary:2,2", "iid"), ("int8", "kary:3,2", "swor"),
+    ("layers:2", "widths:3,2,1", "swor"), ("int8", "widths:3,2,1", "iid"),
+])
+def test_sampling_is_priced_as_live_runs_it(tiny_cache, draft, tree_spec, multi_draft):
+    """Speculative sampling at T = 1 (chains, and trees drawing candidates i.i.d. or without replacement): the
+    replay's charges for each call live made, including the 2-token root feed after a path that ended on a
+    leaf, equal what live ran, request by request at batch 1."""
+    from specsim.specs import parse_tree
+
+    tree = parse_tree(tree_spec)
+    run = decode_live(tiny_cache, draft, tree_spec, policy="sample", temperature=1.0, multi_draft=multi_draft)
+    features = features_of(tiny_cache, draft, 1.0)
+    for trajectory, steps, replay in zip(run.trajectories, per_request_steps(run),
+                                         replayed_along(run, features, tree, draft)):
+        assert replay == pytest.approx(live_counts(steps)), f"prompt {trajectory.prompt.prompt_index}"
+    assert sum(s.accepted for t in run.trajectories for s in t.live.steps) > 0
+
+
+def test_the_probes_catch_sampling_priced_without_the_short_leaf_feed(tiny_cache, monkeypatch):
+    """Reintroduce a mismatch: the 2-token root feed charged only after a path of full depth, not after one
+    that ended early on a leaf (the draft's first choice is a leaf here). Live's draft tokens exceed it."""
+    from specsim.sim.api import Pricing
+    from specsim.specs import parse_tree
+
+    spec = "medusa:[[0],[1],[1,0],[1,0,0]]"
+    tree = parse_tree(spec)
+    run = decode_live(tiny_cache, "int8", spec, policy="sample", temperature=1.0)
+    features = features_of(tiny_cache, "int8", 1.0)
+    _, leaf = realized_path(run, features, tree)
+    assert leaf[:, 1:tree.max_depth].sum() > 0, "no path ended on a short leaf: the probe cannot tell"
+    live = sum(live_counts(steps)["draft tokens"] for steps in per_request_steps(run))
+    count = lambda: sum(r["draft tokens"] for r in replayed_along(run, features, tree, "int8"))  # noqa: E731
+    assert count() == pytest.approx(live)
+    feed = Pricing._next_feed
+    monkeypatch.setattr(Pricing, "_next_feed", lambda self, *a: feed(self, *a[:5]))  # drop `leaf`
+    assert count() < live
+
+
+@pytest.mark.parametrize("draft,tree_spec,multi_draft,batch,batching", [
+    ("int8", "widths:3,2,1", "iid", 2, "lockstep"), ("layers:2", "kary:2,2", "swor", 3, "continuous"),
+    ("int8", "chain:4", "iid", 2, "continuous"),
+])
+def test_batch_timeline_prices_sampling_as_live_runs_it(tiny_cache, draft, tree_spec, multi_draft, batch, batching):
+    """The batch timeline walked along live's own sampled path (each call's accepted length and leaf as live
+    had them) charges the forwards live ran, step for step in total."""
+    from specsim.sim.batch import timeline
+    from specsim.specs import parse_tree
+
+    tree = parse_tree(tree_spec)
+    run = decode_live(tiny_cache, draft, tree_spec, batch=batch, batching=batching, policy="sample",
+                      temperature=1.0, multi_draft=multi_draft)
+    features = features_of(tiny_cache, draft, 1.0)
+    assert [int(p) for p in features.traj_prompt] == [t.prompt.prompt_index for t in run.trajectories]
+    lengths, leaf = realized_path(run, features, tree)
+    replay = {name: float(timeline(lengths, features, tree, Probe(name), draft, batch=batch, batching=batching,
+                                   orders=np.arange(features.n_traj)[None], leaf=leaf).seconds[0])
+              for name in PROBES}
+    assert replay == pytest.approx(live_counts(run.spec_run.steps))
 
 
 @pytest.mark.parametrize("draft,tree_spec,batch,batching", [
