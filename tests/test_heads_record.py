@@ -131,24 +131,63 @@ def test_live_head_decoding_matches_the_replay_call_for_call(heads_cache, which,
     assert accepted > 0  # the comparison means something: drafts were accepted
 
 
-def test_head_sampling_runs_live_and_in_replay(heads_cache):
-    from specsim.live.engine import LiveConfig, Target, speculative_decode
-    from specsim.live.heads import head_drafter
-    from specsim.record.models import eos_token_ids, load_model
-    from specsim.sim.api import simulate
+@pytest.mark.parametrize("which", [0, 1])
+def test_head_sampling_is_priced_as_live_runs_it(heads_cache, which):
+    """Medusa and EAGLE heads at T = 1 on kary:2,2: along live's own sampled path, the replay charges the
+    forwards live ran (EAGLE's feed of the root and every accepted draft included)."""
     from specsim.specs import parse_tree
+    from tests.test_structure import decode_live, features_of, live_counts, per_request_steps, replayed_along
+
+    path, drafts, _ = heads_cache
+    draft, tree = drafts[which], parse_tree("kary:2,2")
+    run = decode_live(path, draft, "kary:2,2", policy="sample", temperature=1.0)
+    features = features_of(path, draft, 1.0)
+    for trajectory, steps, replay in zip(run.trajectories, per_request_steps(run),
+                                         replayed_along(run, features, tree, draft)):
+        assert replay == pytest.approx(live_counts(steps)), f"prompt {trajectory.prompt.prompt_index}"
+    assert sum(s.accepted for t in run.trajectories for s in t.live.steps) > 0
+
+
+def test_medusa_sampling_laws_are_keyed_by_the_calls_start(heads_cache):
+    """At T = 1 the replay's acceptance at (position n, depth d) is min(1, q(y_n) / p(y_n)) with q Medusa's head d
+    read from the target's hidden state before the call's root (the call starting at n - d + 1), as live drafts;
+    computed here from the models, not the cache. (An acceptance-rate comparison with live decodes is too
+    noisy on 4 cached trajectories: over 6 recording seeds the replayed chain:1 rate ranged 0.17-0.30 around
+    live's 0.29.)"""
+    import torch
+
+    from specsim.cache.store import CacheReader
+    from specsim.live.heads import head_drafter
+    from specsim.record.models import load_model
+    from tests.test_structure import features_of
 
     path, drafts, target_dir = heads_cache
-    rows = simulate(path, trees=["kary:2,2"], drafts=list(drafts), policies=["sample"], temperatures=[1.0], n_boot=0,
-                    by_category=False)
-    assert rows.height == 2 and (rows["tokens_per_call"] >= 1).all()
+    features = features_of(path, drafts[0], 1.0)
+    beta = features.acceptance()  # (N, D)
     target = load_model(target_dir)
-    for draft in drafts:
-        live = speculative_decode(Target(target.model, eos_token_ids(target)), head_drafter(draft, target),
-                                  np.array([5, 6, 7, 8]), LiveConfig(tree=parse_tree("kary:2,2"), policy="sample",
-                                                                     temperature=1.0, max_new_tokens=10),
-                                  np.random.default_rng(0))
-        assert len(live.tokens) == 10
+    head = head_drafter(drafts[0], target).head
+    checked = 0
+    with CacheReader(path) as reader:
+        for i in range(features.n_traj):
+            prompt = reader.prompt_token_ids(int(features.traj_prompt[i]))
+            start, L = int(features.cache_start[i]), int(features.traj_len[i])
+            tokens = reader.tokens(start, start + L)
+            with torch.inference_mode():
+                out = target.model(input_ids=torch.as_tensor(np.concatenate([prompt, tokens]))[None],
+                                   output_hidden_states=True)
+                p = torch.softmax(out.logits[0].float(), -1)  # p[P - 1 + n] is the law of output n
+                q = torch.softmax(head.module(out.hidden_states[-1][0], head.lm_head).float(), -1)  # (S, K, V)
+            P = len(prompt)
+            for n in range(L):
+                for d in range(1, beta.shape[1] + 1):
+                    t = n - d + 1  # the call's start; its root is token P - 1 + t, read from the state before it
+                    if t < 0:
+                        continue
+                    y = int(tokens[n])
+                    want = min(1.0, float(q[P - 2 + t, d - 1, y] / p[P - 1 + n, y]))
+                    assert beta[int(features.traj_start[i]) + n, d - 1] == pytest.approx(want, rel=1e-4, abs=1e-6)
+                    checked += 1
+    assert checked > 100
 
 
 def test_pickle_checkpoints_and_heads_for_another_target_are_refused(heads_cache, tmp_path):

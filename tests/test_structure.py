@@ -151,12 +151,11 @@ def replayed_along(run, features, tree, draft: str) -> list[dict[str, float]]:
     by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
     out = [{} for _ in run.trajectories]
     for name in PROBES:
-        call, _, feed = Pricing(Probe(name), draft, "probe").priced(features, tree, leaf=np.ones_like(leaf))
+        # with the realized leaf indicator as `leaf`, feed[n, a] is what the call at n charges the next one
+        call, _, feed = Pricing(Probe(name), draft, "probe").priced(features, tree, leaf=leaf)
         for k, trajectory in enumerate(run.trajectories):
             start = int(features.traj_start[by_prompt[trajectory.prompt.prompt_index]])
-            out[k][name] = sum(call[start + s.start] + (0.0 if feed is None else
-                                                        feed[start + s.start, s.accepted] * leaf[start + s.start,
-                                                                                                 s.accepted])
+            out[k][name] = sum(call[start + s.start] + (0.0 if feed is None else feed[start + s.start, s.accepted])
                                for s in trajectory.live.steps)
     return out
 
