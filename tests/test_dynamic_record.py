@@ -182,3 +182,36 @@ def test_batch_timeline_prices_the_forwards_live_dynamic_trees_run(expanded_cach
     assert [int(p) for p in features.traj_prompt] == [t.prompt.prompt_index for t in run.trajectories]
     replay = timeline_counts(features, parse_tree(spec), draft.name, model_free=False, batch=batch, batching=batching)
     assert replay == pytest.approx(live_counts(run.spec_run.steps))
+
+
+@pytest.mark.parametrize("mismatch", ["feeds one token", "cuts the expansion to the room"])
+def test_the_probes_catch_the_old_dynamic_pricing(expanded_cache, monkeypatch, mismatch):
+    """Reintroduce the mismatches the dynamic structural tests found: the next call's root feed priced as 1 (or
+    2) tokens though live re-feeds the root and every accepted draft; the expansion priced only down to the
+    request's remaining room though live expands every level (its N best are chosen among all depths). Each
+    makes the replay charge fewer draft tokens than live ran."""
+    import specsim.sim.api as api
+    import specsim.sim.dynamic as dynamic
+    from specsim.sim.cost import StepShape
+    from specsim.specs import parse_tree
+    from tests.test_structure import decode_live, features_of, live_counts, per_request_steps, replayed_counts
+
+    path, draft = expanded_cache
+    spec = "dynamic:topk=3,depth=3,tokens=6"
+    run = decode_live(path, draft.name, spec)
+    features = features_of(path, draft.name)
+    live = sum(live_counts(steps)["draft tokens"] for steps in per_request_steps(run))
+    count = lambda: sum(c["draft tokens"]  # noqa: E731
+                        for c in replayed_counts(features, parse_tree(spec), draft.name, model_free=False))
+    assert count() == pytest.approx(live)
+    if mismatch == "feeds one token":
+        monkeypatch.setattr(api, "feeds_accepted", lambda spec, tree=None: False)
+    else:
+        right = dynamic.dynamic_step_shape
+
+        def cut(shape, room, *, model_draft=True):
+            full = right(shape, room, model_draft=model_draft)
+            depth = shape.depth if room is None else min(shape.depth, max(int(room), 0))
+            return StepShape(full.verify_tokens, full.draft_levels[:depth])
+        monkeypatch.setattr(dynamic, "dynamic_step_shape", cut)
+    assert count() < live
