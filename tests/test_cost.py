@@ -196,10 +196,10 @@ def test_best_per_batch_leaves_out_trees_it_cannot_price(tmp_path):
     model = load_cost_profile(write(tmp_path / "q.json", profile_body()))
     features = load_features(path, "d", 0.0, progress=False)
     trees = [parse_tree("chain:2"), parse_tree("chain:20")]
-    [choice] = best_per_batch(features, trees, parse_policy("greedy"), pricing_for(path, model, "d"), [1], n_boot=0)
+    [choice] = best_per_batch(features, trees, parse_policy("greedy"), pricing_for(path, model, "d", 0.0), [1], n_boot=0)
     assert choice.tree.name == "chain:2" and choice.candidates == 1
     with pytest.raises(SpecError, match="no candidate tree can be priced at batch 1: chain:20: .*beyond what it measured"):
-        best_per_batch(features, trees[1:], parse_policy("greedy"), pricing_for(path, model, "d"), [1], n_boot=0)
+        best_per_batch(features, trees[1:], parse_policy("greedy"), pricing_for(path, model, "d", 0.0), [1], n_boot=0)
 
 
 @pytest.mark.parametrize("override,message", [
@@ -373,3 +373,61 @@ def test_stalled_runs_are_counted_and_reported(tmp_path):
     [line] = stall_lines(body)
     assert line.startswith("1 entries had a stalled run") and "B=4 L=512 target N=2 (40x)" in line
     assert stall_lines(with_rounds(profile_body(), [1.0, 1.1, 0.9])) == []
+
+
+def overhead_tables(batches=(1, 4), sizes=(1, 2, 4, 8)) -> dict:
+    """step_overhead_s: walk_greedy 0.1 ms, walk_sample 1 ms, draft_sample 0.5 ms per token per request."""
+    per = {"walk_greedy": 1e-4, "walk_sample": 1e-3, "draft_sample": 5e-4}
+    return {kind: {str(b): {str(n): {"median": rate * n * b} for n in sizes} for b in batches}
+            for kind, rate in per.items()}
+
+
+def test_the_work_outside_the_forwards_is_priced_by_temperature_and_draft(tmp_path):
+    """The profile's per-step walks and candidate draws are added to every target step: the greedy walk at
+    T = 0; at T > 0 the sampling walk, plus drawing candidates from the draft's law where one exists."""
+    plain = load_cost_profile(write(tmp_path / "old.json", profile_body()))
+    model = load_cost_profile(write(tmp_path / "p.json", profile_body(step_overhead_s=overhead_tables())))
+    base = lambda b, n: float(plain.verify_s(b, n, 128))  # noqa: E731
+    assert float(model.verify_s(4, 8, 128)) == pytest.approx(base(4, 8))  # not bound to a temperature: forwards
+    greedy = model.for_temperature(0.0, model_draft=True)
+    assert float(greedy.verify_s(1, 4, 128)) == pytest.approx(base(1, 4) + 4e-4)
+    hot = model.for_temperature(0.7, model_draft=True)
+    assert float(hot.verify_s(4, 2, 128)) == pytest.approx(base(4, 2) + 8 * (1e-3 + 5e-4))
+    assert float(hot.plain_s(1, 512)) == pytest.approx(float(plain.plain_s(1, 512)) + 1e-3 + 5e-4)
+    free = model.for_temperature(0.7, model_draft=False)  # n-gram candidates: no draft law to draw from
+    assert float(free.verify_s(1, 8, 128)) == pytest.approx(base(1, 8) + 8e-3)
+    assert float(hot.draft_s("d", 1, 2, 128)) == pytest.approx(float(plain.draft_s("d", 1, 2, 128)))
+    assert "walk_sample + draft_sample" in hot.describe() and "walk_greedy" in greedy.describe()
+    assert plain.for_temperature(0.7, model_draft=True) is plain
+    assert "work outside the forwards not priced" in plain.describe()
+    # the replicas that carry the profile's error price it too (a body whose entries kept three rounds)
+    body = profile_body(step_overhead_s=overhead_tables())
+    for table in (body["target_verify_s"], body["draft_step_s"]["d"]):
+        for cell in (c for by_l in table.values() for by_x in by_l.values() for c in by_x.values()):
+            cell["runs"] = [cell["median"] * f for f in (0.9, 1.0, 1.2)]
+    rounds = load_cost_profile(write(tmp_path / "r.json", body))
+    bare, hot = rounds.replicas, rounds.for_temperature(1.0, model_draft=True)
+    assert len(hot.replicas) == len(bare) > 0
+    for r, b in zip(hot.replicas, bare):
+        assert float(r.verify_s(1, 4, 128)) == pytest.approx(float(b.verify_s(1, 4, 128)) + 4 * 1.5e-3)
+    assert float(hot.by_row(np.array([0, 1])).verify_s(1, 4, np.array([128.0, 128.0]))[1]) == pytest.approx(
+        float(bare[1].verify_s(1, 4, 128)) + 4 * 1.5e-3)
+    with pytest.raises(SpecError, match="malformed step_overhead_s"):
+        load_cost_profile(write(tmp_path / "bad.json", profile_body(step_overhead_s={"walk_greedy": {}})))
+
+
+def test_rows_at_each_temperature_carry_their_own_overhead(tmp_path):
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0, 1.0), drafts=("d",), n_prompts=4, length=40)
+    old = write(tmp_path / "old.json", profile_body())
+    new = write(tmp_path / "new.json", profile_body(step_overhead_s=overhead_tables()))
+    rows = lambda p: {(r["policy"], r["temperature"]): r for r in specsim.simulate(  # noqa: E731
+        path, trees=["chain:2"], policies=["greedy", "sample"], cost_profile=p, n_boot=0,
+        by_category=False).iter_rows(named=True)}
+    before, after = rows(old), rows(new)
+    assert set(before) == {("greedy", 0.0), ("sample", 1.0)}
+    for key, row in after.items():
+        assert row["speedup"] < before[key]["speedup"]  # a speculative step verifies 3 tokens, plain steps 1
+        assert row["tokens_per_call"] == before[key]["tokens_per_call"]
+    assert "walk_greedy" in after[("greedy", 0.0)]["cost_basis"]
+    assert "walk_sample + draft_sample" in after[("sample", 1.0)]["cost_basis"]
+    assert "not priced" in before[("sample", 1.0)]["cost_basis"]

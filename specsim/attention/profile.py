@@ -11,7 +11,15 @@ tokens each:
   as a draft tree (a binary tree cut to N nodes, breadth-first) with its 4-D tree mask,
   plus the argmax the verification reads; N = 1 is a plain decode step;
 * ``draft_step_s[draft][B][L][w]``: one draft forward over w new tokens per request (one
-  tree level: siblings that see the context and themselves), plus picking their children.
+  tree level: siblings that see the context and themselves), plus picking their children;
+* ``step_overhead_s[kind][B][N]``: the work of a step outside the forwards that grows with the
+  tree, with the live engine's own functions over B requests and the same N-token tree:
+  ``walk_greedy`` (each request's greedy walk down the tree, `verify_tree`), ``walk_sample``
+  (the sampling walk at T = 1: the target's probabilities at each visited node and the
+  accept/reject draws, `verify_tree`) and ``draft_sample`` (drawing every node's children from
+  the draft's law at T = 1, `fill_children`). Random logits of the target's vocabulary, the
+  draft's a noisy copy of the target's (most candidates accepted, some rejected). The engine's
+  remaining per-step glue (building the tree layout, committing KV entries) is not in it.
 
 Timing: for each (B, L), `warmup` untimed runs of every entry, then `repeats` rounds, each
 timing every entry of that (B, L) once in a fresh random order (a slow moment of a shared
@@ -70,6 +78,11 @@ class ProfileConfig:
     def entries(self, n_drafts: int) -> int:
         """Entries timed: every (B, L) by every target N and every draft's widths."""
         return len(self.batch_grid) * len(self.contexts) * (len(self.sizes) + n_drafts * len(self.draft_widths))
+
+    @property
+    def overhead_entries(self) -> int:
+        """Per-step work outside the forwards timed: every B by every N, for each of `OVERHEAD_KINDS`."""
+        return len(self.batch_grid) * len(self.sizes) * len(OVERHEAD_KINDS)
 
     @property
     def sizes(self) -> list[int]:
@@ -197,6 +210,60 @@ class _HeadBench:
         return once
 
 
+OVERHEAD_KINDS = ("walk_greedy", "walk_sample", "draft_sample")  # `step_overhead_s` tables (module docstring)
+OVERHEAD_TEMPERATURE = 1.0  # the sampling entries' temperature (softmax and draws cost the same at any T > 0)
+
+
+def _overhead_runs(batch: int, sizes: Sequence[int], vocab: int, device: torch.device,
+                   rng: np.random.Generator) -> dict:
+    """{(kind, N): one run} of the per-step work outside the forwards (`OVERHEAD_KINDS`) for B = `batch`
+    requests over the N-token tree the target entries verify, with the live engine's functions."""
+    from specsim.live.drafting import fill_children, probabilities
+    from specsim.live.engine import verify_tree
+    from specsim.trees import Tree
+
+    gen = torch.Generator(device="cpu").manual_seed(int(rng.integers(2**31)))
+    runs = {}
+    for n in sizes:
+        parents = verify_tree_parents(n)
+        ranks = np.array([-1] + [(i - 1) % 2 for i in range(1, n)], dtype=np.int64)
+        tree = Tree(parents, ranks)
+        target = torch.randn(batch, n, vocab, generator=gen).to(device)
+        draft = target + torch.randn(batch, n, vocab, generator=gen).to(device)  # a noisy copy
+        valid = np.ones((batch, n), dtype=bool)
+        rngs = [np.random.default_rng(int(rng.integers(2**31))) for _ in range(batch)]
+        top = target.argmax(dim=-1).cpu().numpy()
+        greedy_tokens = top[:, parents.clip(0)]  # each node the target's choice after its parent: deepest walk
+        laws = probabilities(draft, OVERHEAD_TEMPERATURE)  # (B, n, V): the draft's law after each node
+
+        def walk_greedy(n=n, tree=tree, top=top, tokens=greedy_tokens) -> None:
+            for r in range(batch):
+                verify_tree(tree, tokens[r], valid[r], policy="greedy", multi_draft="iid", rng=rngs[r],
+                            top_of=lambda node, r=r: top[r, node])
+
+        def draft_sample(n=n, tree=tree, draft=draft) -> list[np.ndarray]:
+            tokens, fresh, q = np.zeros((batch, n), dtype=np.int64), valid.copy(), {}
+            level = np.array([0])
+            while True:
+                inner = level[tree.n_children[level] > 0]
+                if inner.size == 0:
+                    return tokens
+                level = fill_children(tree, inner, draft[:, inner], tokens, fresh, q, sampling=True,
+                                      temperature=OVERHEAD_TEMPERATURE, multi_draft="iid", rngs=rngs)
+
+        sampled = draft_sample()
+
+        def walk_sample(tree=tree, target=target, laws=laws, tokens=sampled) -> None:
+            for r in range(batch):
+                verify_tree(tree, tokens[r], valid[r], policy="sample", multi_draft="iid", rng=rngs[r],
+                            p_of=lambda node, r=r: probabilities(target[r, node], OVERHEAD_TEMPERATURE),
+                            q_of=lambda node, r=r: laws[r, node])
+
+        runs[("walk_greedy", n)], runs[("walk_sample", n)], runs[("draft_sample", n)] = (
+            walk_greedy, walk_sample, draft_sample)
+    return runs
+
+
 def tree_mask_honoured(model, seed: int = 0) -> bool:
     """Whether the model applies a custom 4-D mask: a sibling must not see its sibling.
 
@@ -261,7 +328,9 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
     load_before = _loadavg()
     verify: dict = {}
     draft: dict = {d.name: {} for d in drafts}
-    bar = tqdm(total=config.entries(len(drafts)) * config.repeats, desc="profile", unit="run", disable=not progress)
+    overhead: dict = {kind: {} for kind in OVERHEAD_KINDS}
+    bar = tqdm(total=(config.entries(len(drafts)) + config.overhead_entries) * config.repeats, desc="profile",
+               unit="run", disable=not progress)
     greedy_pick = lambda logits: logits.argmax(dim=-1).cpu()  # noqa: E731  what greedy verification reads
     with torch.inference_mode():
         for B in batches:
@@ -284,6 +353,10 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                 for d in drafts:
                     draft[d.name].setdefault(str(B), {})[str(L)] = {str(w): timed[(d.name, w)] for w in widths}
                 del benches, runs
+            timed = _timed_rounds(_overhead_runs(B, sizes, int(target.model.config.vocab_size), device, rng), device,
+                                  warmup=config.warmup, repeats=config.repeats, rng=rng, tick=bar.update)
+            for kind in OVERHEAD_KINDS:
+                overhead[kind][str(B)] = {str(n): timed[(kind, n)] for n in sizes}
     bar.close()
     medians = lambda t, xs: np.array([[[t[str(b)][str(L)][str(x)]["median"] for x in xs]  # noqa: E731
                                        for L in config.contexts] for b in batches])
@@ -311,6 +384,11 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                                                      "order; `runs` keeps each round's time"},
         "target_verify_s": verify,
         "draft_step_s": draft,
+        "step_overhead_s": {**overhead, "temperature": OVERHEAD_TEMPERATURE,
+                            "what": "per step, outside the forwards, B requests over the N-token tree of "
+                                    "target_verify_s: walk_greedy / walk_sample (verification walks, "
+                                    "greedy / sampling at T > 0), draft_sample (drawing the tree's "
+                                    "candidates from the draft's law at T > 0); random logits"},
         "fit": {"max_relative_error": max(errors),
                 "method": "leave-one-out: each interior grid point predicted by linear interpolation "
                           "from its neighbours along each axis"},
@@ -333,7 +411,8 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
             seconds.append(time.perf_counter() - started)
     return (f"{config.entries(len(drafts))} entries x ({config.repeats} rounds + {config.warmup} warm-up): {total} "
             f"timed forwards, about {total * float(np.mean(seconds)):.0f} s (from a plain step and the largest at the "
-            "largest batch; draft forwards are usually cheaper)")
+            "largest batch; draft forwards are usually cheaper), then "
+            f"{config.overhead_entries} entries of the per-step work outside the forwards")
 
 
 def _model_entry(loaded) -> dict:

@@ -136,7 +136,7 @@ def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, 
         click.echo(draw_tree(best.tree, max_lines=max_lines))
         chosen = best.tree
         if cost_model is not None:
-            pricing = pricing_for(cache, cost_model, fit.features.draft)
+            pricing = pricing_for(cache, cost_model, fit.features.draft, fit.features.temperature)
             choices = best_per_batch(fit.features, [r.tree for r in fit.results], fit.policy, pricing, batch_list,
                                      batching=batching, n_boot=n_boot, seed=seed)
             click.echo()
@@ -221,7 +221,7 @@ def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost_ex
         parse_cost(cost)
     features = load_features(cache, draft, float(temperature), progress=False)
     chains = [parse_tree(f"chain:{k}") for k in range(1, budget + 1)]
-    choices = best_per_batch(features, chains, spec, pricing_for(cache, cost_model, draft), batches,
+    choices = best_per_batch(features, chains, spec, pricing_for(cache, cost_model, draft, features.temperature), batches,
                              batching=batching, n_boot=n_boot, seed=seed)
     k_at = {ch.batch: 0 if ch.plain_wins else ch.tree.max_depth for ch in choices}
     word = "speedup" if cost_model.measured else "speedup ASSUMED"

@@ -358,7 +358,7 @@ def run_study(
                     model = next(p for p in profiles if p.path == profile)
                     sizes = [b for b in config.batches if b <= 2 * model.batches.max()]
                     try:
-                        pricing = pricing_for(path, model, draft)
+                        pricing = pricing_for(path, model, draft, T)
                         choices = best_per_batch(features, [f.tree for f in fits], spec, pricing, sizes,
                                                  batching=config.batching, n_boot=config.n_boot, seed=config.seed)
                     except SpecError as exc:

@@ -226,7 +226,8 @@ def sweep(
             for T in sorted({t for t, _ in plan}):
                 for draft in drafts:
                     source = feature_source(reader, draft, T, top_k=top_k, progress=progress)
-                    found, asked = _replay(source, [p for t, p in plan if t == T], specs, fixed, pricing[draft], reader,
+                    found, asked = _replay(source, [p for t, p in plan if t == T], specs, fixed,
+                                           pricing[draft].at_temperature(T), reader,
                                            batches=batches, batching=batching, n_boot=n_boot, seed=seed,
                                            unpriced=unpriced, by_category=by_category, skipped=skipped,
                                            block_positions=block_positions, fit_positions=fit_positions,
@@ -265,6 +266,15 @@ class Pricing:
         drafts_meta = reader.meta.get("drafts") if isinstance(reader.meta.get("drafts"), dict) else {}
         key = None if free else cost_model.draft_for(draft, drafts_meta.get(draft))
         return cls(cost_model, key, cost_model.describe())
+
+    def at_temperature(self, temperature: float) -> "Pricing":
+        """This pricing with the per-step work outside the forwards that decoding at `temperature` does
+        (`ProfileCost.for_temperature`; unchanged for a cost model that measured none)."""
+        at = getattr(self.model, "for_temperature", None)
+        if at is None:
+            return self
+        model = at(temperature, model_draft=self.draft_key is not None)
+        return replace(self, model=model, basis=model.describe())
 
     def within_range(self, features: Features, tree: Tree, unpriced: str = "skip") -> "Pricing":
         """This pricing, or (unpriced="keep") no pricing with the reason when the model cannot price `tree`.

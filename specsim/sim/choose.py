@@ -105,9 +105,9 @@ def fit_on_cache(cache, budgets: Sequence[int], *, draft: str | None = None, pol
     return Fit(features=features, policy=spec, results=results, what=what)
 
 
-def pricing_for(cache, cost_model, draft: str) -> Pricing:
-    """How `draft`'s calls on `cache` are priced (refuses a profile measured for other models)."""
+def pricing_for(cache, cost_model, draft: str, temperature: float) -> Pricing:
+    """How `draft`'s calls on `cache` at `temperature` are priced (refuses a profile measured for other models)."""
     from specsim.cache.store import CacheReader
 
     with CacheReader(cache) as reader:
-        return Pricing.for_draft(cost_model, reader, draft)
+        return Pricing.for_draft(cost_model, reader, draft).at_temperature(temperature)

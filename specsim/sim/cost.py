@@ -34,6 +34,12 @@ what a query between grid points adds.
 steps, verification costs one step whatever the tree — kept for what-if questions. Its
 numbers are assumptions, never measurements, and every table and chart says so.
 
+A step also does work outside the forwards: each request's verification walk and, at T > 0,
+drawing the candidates from the draft's law. A profile that measured it (`step_overhead_s`, per
+(B, N)) adds it to every target step once bound to a temperature (`for_temperature`: the
+greedy walk at T = 0, the sampling walk and the draws at T > 0, the walk alone for model-free
+candidates); its medians are used, not resampled.
+
 A profile belongs to models: `check_profile` refuses one measured for another target or
 for another draft (by architecture fingerprint: what a forward's cost depends on), with
 a message naming both. Model-free drafts cost no draft forwards.
@@ -57,6 +63,7 @@ PROFILE_FORMAT = "specsim-cost-profile"
 PROFILE_VERSION = 2
 EXTRAPOLATION = 2.0  # furthest extrapolation allowed, as a factor of the largest measured value per axis
 REPLICAS = 64  # profile replicas resampled from the stored rounds; prompt resample b is priced by replica b % REPLICAS
+OVERHEAD_KINDS = ("walk_greedy", "walk_sample", "draft_sample")  # a profile's `step_overhead_s` tables
 OUTLIER = 5.0  # a timed run this many times its entry's median is a stall (counted and reported, still resampled)
 
 
@@ -185,6 +192,9 @@ class ProfileCost:
     draft_runs: dict[str, np.ndarray] | None = None  # name -> (R, nb, nl, nw)
     seed: int = 0  # of the rounds' resampling
     extrapolate: bool = False  # price up to EXTRAPOLATION x past the largest measured value (else refuse past it)
+    overhead: dict[str, np.ndarray] | None = None  # kind -> (nb, nn) seconds of a step's work outside the forwards
+    #                                                 (`step_overhead_s`: walk_greedy, walk_sample, draft_sample)
+    charges: tuple[str, ...] = ()  # the overhead kinds `verify_s` adds (`for_temperature`); () forwards only
 
     @property
     def limit(self) -> float:
@@ -241,12 +251,37 @@ class ProfileCost:
                 + (f"; {stalled} of {runs} timed runs stalled (> {OUTLIER:g}x their entry's median: a busy "
                    "machine; with few rounds they can widen the CI, re-profile on a quiet one)" if stalled else ""))
 
+    def for_temperature(self, temperature: float, *, model_draft: bool) -> "ProfileCost":
+        """This profile charging, on every target step, the work outside the forwards that decoding at
+        `temperature` does (the profile's `step_overhead_s`): the greedy walk at T = 0; at T > 0 the sampling
+        walk, and drawing the candidates from the draft's law where there is one (`model_draft`). Itself
+        when the profile measured none (an older one, or another engine's whole steps)."""
+        if self.overhead is None:
+            return self
+        charges = ("walk_greedy",) if temperature == 0 else ("walk_sample", "draft_sample") if model_draft else (
+            "walk_sample",)
+        return replace(self, charges=charges)
+
     def verify_s(self, batch, tokens, context, *, replica=None) -> np.ndarray:
-        """Seconds of one target forward over `tokens` (N) per request for `batch` requests at `context`;
-        replica (broadcast with the query): read replica r's table instead (-1: this profile's own)."""
+        """Seconds of one target forward over `tokens` (N) per request for `batch` requests at `context`, plus
+        the step's work outside the forwards this profile charges (`for_temperature`); replica (broadcast
+        with the query): read replica r's forward table instead (-1: this profile's own)."""
         table, layer = (self.verify, None) if replica is None else (self.stacks[0], np.asarray(replica) + 1)
-        return _interpolate(table, (self.batches, self.contexts, self.sizes), (batch, context, tokens),
-                            ("batch", "context", "target tokens N"), self.path, layer=layer, limit=self.limit)
+        seconds = _interpolate(table, (self.batches, self.contexts, self.sizes), (batch, context, tokens),
+                               ("batch", "context", "target tokens N"), self.path, layer=layer, limit=self.limit)
+        for kind in self.charges:  # measured per (B, N), at any context
+            seconds = seconds + _interpolate(self.overhead[kind][:, None, :], (self.batches, np.zeros(1), self.sizes),
+                                             (batch, np.zeros(np.shape(context)), tokens),
+                                             ("batch", "context", "target tokens N"), self.path, limit=self.limit)
+        return seconds
+
+    def overhead_note(self) -> str:
+        """What of a step outside the forwards this profile prices, in words."""
+        if self.overhead is None:
+            return ("work outside the forwards not priced" + (" (the profile predates its measurement: re-run "
+                                                              "`specsim profile`)" if self.engine == "specsim" else
+                                                              f" separately ({self.engine} times whole steps)"))
+        return "work outside the forwards priced: " + (" + ".join(self.charges) if self.charges else "none")
 
     def draft_s(self, draft: str, batch, width, context, *, replica=None) -> np.ndarray:
         """Seconds of one forward of `draft` (a profile draft name) over `width` tokens per request; replica as
@@ -269,6 +304,7 @@ class ProfileCost:
         err = f", interpolation error <= {100 * self.fit_error:.0f}%" if self.fit_error is not None else ""
         err += f", {self.rounds} rounds per entry" if self.rounds >= 2 else ""
         err += f", {self.stalls[0]} stalled runs" if self.stalls[0] else ""
+        err += "; " + self.overhead_note() if self.charges or self.overhead is None else ""
         engine = "" if self.engine == "specsim" else f"engine {self.engine}: "
         return (f"MEASURED profile {self.path.name} ({engine}{self.device}, {self.dtype}; target {self.target.name}; "
                 f"batch {_span(self.batches)}, context {_span(self.contexts)}{err})")
@@ -441,6 +477,14 @@ def load_cost_profile(path, *, extrapolate: bool = False) -> ProfileCost:
         if grid[axis].size == 0 or grid[axis][0] != 1:
             raise SpecError(f"cost profile {path}: {axis} must start at 1 (the plain step / one request)")
     runs = _runs(data, grid)
+    overhead = None
+    if "step_overhead_s" in data:
+        try:
+            raw = data["step_overhead_s"]
+            overhead = {kind: _table({b: {"0": raw[kind][b]} for b in raw[kind]}, grid["batches"], np.zeros(1),
+                                     grid["sizes"])[:, 0, :] for kind in OVERHEAD_KINDS}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SpecError(f"cost profile {path}: malformed step_overhead_s ({exc}); re-run `specsim profile`") from None
     fit = data.get("fit", {}).get("max_relative_error")
     return ProfileCost(
         path=path, device=str(data.get("device", "?")), dtype=str(data.get("dtype", "?")),
@@ -451,7 +495,7 @@ def load_cost_profile(path, *, extrapolate: bool = False) -> ProfileCost:
         engine=str(data.get("engine", "specsim")),
         verify_runs=None if runs is None else runs[0], draft_runs=None if runs is None else runs[1],
         seed=int(data.get("timing", {}).get("seed", 0) or 0) if isinstance(data.get("timing"), Mapping) else 0,
-        extrapolate=bool(extrapolate),
+        extrapolate=bool(extrapolate), overhead=overhead,
     )
 
 
