@@ -484,7 +484,8 @@ def load_cost_profile(path, *, extrapolate: bool = False) -> ProfileCost:
             overhead = {kind: _table({b: {"0": raw[kind][b]} for b in raw[kind]}, grid["batches"], np.zeros(1),
                                      grid["sizes"])[:, 0, :] for kind in OVERHEAD_KINDS}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise SpecError(f"cost profile {path}: malformed step_overhead_s ({exc}); re-run `specsim profile`") from None
+            raise SpecError(f"cost profile {path}: malformed step_overhead_s ({exc}); re-run `specsim profile`"
+                            ) from None
     fit = data.get("fit", {}).get("max_relative_error")
     return ProfileCost(
         path=path, device=str(data.get("device", "?")), dtype=str(data.get("dtype", "?")),
