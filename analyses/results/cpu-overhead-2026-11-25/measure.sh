@@ -1,5 +1,5 @@
 set -x
-cd /work/main
+cd "$(git rev-parse --show-toplevel)"
 D=analyses/results/cpu-overhead-2026-11-25
 S=.venv/bin/specsim
 uptime
