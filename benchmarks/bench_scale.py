@@ -106,7 +106,7 @@ def sweep(cache: Path, n_boot: int, workers: int = 1) -> tuple[int, float, float
     """Run the 100-configuration sweep; (configurations, wall seconds, CPU seconds of this process and its
     worker processes, which are stopped at the end so their time is counted)."""
     import specsim
-    from specsim.sim.api import shutdown_pools
+    from specsim.sim.replay import shutdown_pools
 
     t0, c0, k0 = time.perf_counter(), time.process_time(), _children_cpu()
     n = 0
@@ -227,7 +227,7 @@ def main(argv: list[str]) -> None:
         for (p1, r1), (p2, r2) in zip(rows, rows[1:]):
             print(f"  growth {p1:,} -> {p2:,}: {(r2['peak_rss_mb'] - r1['peak_rss_mb']) * 1024 / (2 * (p2 - p1)):.3f} KB "
                   "per position (both temperatures' positions counted)")
-        from specsim.sim.api import BLOCK_POSITIONS, FIT_POSITIONS
+        from specsim.sim.replay import BLOCK_POSITIONS, FIT_POSITIONS
 
         print(f"  (the sweep replays {BLOCK_POSITIONS:,} positions at a time and fits optimal trees on at most "
               f"{FIT_POSITIONS:,}: memory grows with positions up to those, then only per trajectory)")

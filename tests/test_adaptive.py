@@ -9,7 +9,7 @@ import pytest
 
 from specsim.errors import SpecError
 from specsim.sim.adaptive import adaptive_stats, next_gamma_table
-from specsim.sim.api import Pricing
+from specsim.sim.pricing import Pricing
 from specsim.sim.cost import parse_cost
 from specsim.sim.engine import walk
 from specsim.sim.features import load_features

@@ -209,10 +209,9 @@ def test_drafts_live_decodes_one_request_at_a_time_get_no_batch_rows(tmp_path):
     profile = tmp_path / "p.json"
     profile.write_text(json.dumps(profile_body()))
     skipped = []
-    from specsim.sim.api import sweep
+    from specsim.sim.sweep import SweepConfig, sweep
 
-    df = sweep(path, ["chain:2"], drafts=["suffix", "ngram:1"], cost_profile=profile, batches=[1, 2], n_boot=0,
-               by_category=False, on_skip=skipped.append).rows
+    df = sweep(path, SweepConfig(trees=["chain:2"], drafts=["suffix", "ngram:1"], cost_profile=profile, batches=[1, 2], n_boot=0, by_category=False), on_skip=skipped.append).rows
     assert sorted(df.filter(df["draft"] == "suffix")["batch"].to_list()) == [1]
     assert sorted(df.filter(df["draft"] == "ngram:1")["batch"].to_list()) == [1, 2]  # other model-free drafts batch
     assert any("suffix" in line and "one request at a time" in line for line in skipped), skipped

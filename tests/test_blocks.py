@@ -7,10 +7,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-import specsim.sim.api as api
+import specsim.sim.replay as replay_mod
 import specsim.sim.features as features_mod
 from benchmarks.bench_scale import build
-from specsim.sim.api import simulate
+from specsim.errors import SpecError
+from specsim.sim.sweep import SweepConfig, simulate, sweep
 from specsim.sim.features import feature_source, features_path, load_features
 
 # Exact policies on a synthetic stats cache with every recorded statistic: greedy chains and trees, fitted
@@ -58,8 +59,8 @@ def test_blocks_give_the_rows_of_one_piece(cache, trees, policies, temperature, 
 def test_the_comparison_rejects_a_replay_that_loses_a_block(cache, monkeypatch):
     kw = dict(trees=["chain:4"], policies=["greedy"], temperatures=[0.0], n_boot=50)
     whole = simulate(cache, **kw)
-    merge = api._merge_stats
-    monkeypatch.setattr(api, "_merge_stats", lambda pieces, where: merge(pieces[:-1], where))  # drops the last block
+    merge = replay_mod._merge_stats
+    monkeypatch.setattr(replay_mod, "_merge_stats", lambda pieces, where: merge(pieces[:-1], where))  # drops the last block
     with pytest.raises(AssertionError):
         _same_rows(whole, simulate(cache, block_positions=600, **kw))
 
@@ -134,7 +135,7 @@ def test_worker_processes_give_the_rows_of_one_process(cache):
     kw = dict(trees=["chain:3", "kary:3,2", "optimal:5"], policies=["sample", "adaptive-hf"], temperatures=[0.7],
               multi_draft="swor", n_boot=50, block_positions=600, on_skip=lambda line: None)
     _same_rows(simulate(cache, **kw), simulate(cache, workers=2, **kw))
-    assert 2 in api._POOLS  # the blocks did go to a pool of two processes
+    assert 2 in replay_mod._POOLS  # the blocks did go to a pool of two processes
 
 
 def test_monte_carlo_rows_do_not_depend_on_the_worker_count(tmp_path):
@@ -152,14 +153,16 @@ def test_monte_carlo_rows_do_not_depend_on_the_worker_count(tmp_path):
 
 
 def test_workers_must_be_a_positive_count(cache):
-    with pytest.raises(api.SpecError, match="--workers 0: use 1 or more processes"):
+    with pytest.raises(SpecError, match="--workers 0: use 1 or more processes"):
         simulate(cache, trees=["chain:2"], workers=0)
 
 
 def test_blocks_give_the_request_rows_of_one_piece(cache):
     kw = dict(trees=["chain:4", "kary:2,2", "optimal:6"], policies=["sample", "adaptive-hf"], temperatures=[0.7],
-              n_boot=20, on_skip=lambda line: None)
-    a, b = api.sweep(cache, **kw).requests, api.sweep(cache, block_positions=600, **kw).requests
+              n_boot=20)
+    quiet = lambda line: None  # noqa: E731
+    a = sweep(cache, SweepConfig(**kw), on_skip=quiet).requests
+    b = sweep(cache, SweepConfig(block_positions=600, **kw), on_skip=quiet).requests
     assert a.height == b.height > 0 and a.columns == b.columns
     for c, t in a.schema.items():
         if t == pl.Float64:

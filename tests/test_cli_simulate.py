@@ -154,7 +154,7 @@ def test_help_has_examples():
 
 
 def test_simulate_imports_no_torch():
-    code = ("import specsim.cli.simulate_cmd, specsim.sim.api, specsim.sim.features, sys; "
+    code = ("import specsim.cli.simulate_cmd, specsim.sim.sweep, specsim.sim.features, sys; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -200,3 +200,33 @@ def test_model_free_drafts_that_propose_nothing_print_no_warnings(tiny_cache):
     assert res.exit_code == 0 and res.stderr == ""
     row = next(ln for ln in res.stdout.splitlines() if ln.startswith("chain:3"))
     assert row.split()[4:8] == ["1.000", "[1.000,", "1.000]", "-"]  # tokens/call exactly 1; accept rate undefined
+
+
+def test_the_cli_and_the_library_build_one_sweep_config(tmp_path, monkeypatch):
+    """`specsim simulate` and `specsim.simulate` both hand `sweep` a SweepConfig: the flags map onto its fields,
+    and the library's options are exactly its fields."""
+    import dataclasses
+
+    import specsim.sim.sweep as sweep_mod
+    from specsim.errors import SpecError
+
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0, 1.0), drafts=("d",))
+    seen = []
+
+    def capture(cache, config, **kwargs):
+        seen.append(config)
+        raise SpecError("captured")
+
+    monkeypatch.setattr(sweep_mod, "sweep", capture)
+    result = run(str(path), "--tree", "chain:4", "--tree", "kary:2,2", "--draft", "d", "--policy",
+                 "sample", "--temperature", "1", "--multi-draft", "swor", "--n-boot", "50", "--seed", "3")
+    assert result.exit_code != 0 and "captured" in result.output
+    with pytest.raises(SpecError, match="captured"):
+        specsim.simulate(path, trees=["chain:4", "kary:2,2"], drafts=["d"], policies=["sample"], temperatures=[1.0],
+                         multi_draft="swor", n_boot=50, seed=3)
+    cli, library = seen
+    assert cli == library == specsim.SweepConfig(trees=("chain:4", "kary:2,2"), drafts=("d",), policies=("sample",),
+                                                 temperatures=(1.0,), multi_draft="swor", n_boot=50, seed=3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'n_bootstrap'"):
+        specsim.simulate(path, trees=["chain:4"], n_bootstrap=5)
+    assert {f.name for f in dataclasses.fields(specsim.SweepConfig)} >= {"trees", "drafts", "top_k", "workers"}

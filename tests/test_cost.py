@@ -169,9 +169,9 @@ def test_trees_beyond_the_profile_are_skipped_or_kept_without_speed(tmp_path):
     skipped = []
     df = specsim.simulate(path, trees=["chain:2", "chain:20"], cost_profile=profile, n_boot=0, by_category=False)
     assert df["tree"].to_list() == ["chain:2"]
-    from specsim.sim.api import sweep
+    from specsim.sim.sweep import SweepConfig, sweep
 
-    sweep(path, ["chain:2", "chain:20"], cost_profile=profile, n_boot=0, by_category=False, on_skip=skipped.append)
+    sweep(path, SweepConfig(trees=["chain:2", "chain:20"], cost_profile=profile, n_boot=0, by_category=False), on_skip=skipped.append)
     assert len(skipped) == 1 and "chain:20" in skipped[0] and "is beyond what it measured (1-8" in skipped[0]
     kept = specsim.simulate(path, trees=["chain:2", "chain:20", "optimal:20"], cost_profile=profile, n_boot=0,
                             by_category=False, unpriced="keep")

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specsim
-from specsim.sim.api import sweep
+from specsim.sim.sweep import SweepConfig, sweep
 from specsim.errors import SpecError
 from specsim.sim.dynamic import DynamicShape, expand_reference, node_depths, parse_dynamic, select, select_reference
 from specsim.specs import parse_tree
@@ -103,12 +103,12 @@ def test_greedy_replay_equals_real_decoding_per_trajectory(tmp_path, tokens):
     real = [dynamic_decode(target, draft, pr, N_TOKENS, shape, np.random.default_rng(0), greedy=True).calls
             for pr in prompts]
     spec = f"dynamic:topk={K},depth={D},tokens={tokens}"
-    req = sweep(cache, [spec], policies=["greedy"], n_boot=0, by_category=False).requests.sort("prompt_index")
+    req = sweep(cache, SweepConfig(trees=[spec], policies=["greedy"], n_boot=0, by_category=False)).requests.sort("prompt_index")
     assert req["target_calls"].to_list() == pytest.approx([float(c) for c in real])
     # a wrong recording (children read on the target's path, ignoring off-path nodes) is caught
     wrong = record_dynamic_cache(tmp_path / "w.h5", target, draft, prompts, N_TOKENS, topk=K, depth=D,
                                  temperatures=(0.0,), on_path_only=True)
-    bad = sweep(wrong, [spec], policies=["greedy"], n_boot=0, by_category=False).requests.sort("prompt_index")
+    bad = sweep(wrong, SweepConfig(trees=[spec], policies=["greedy"], n_boot=0, by_category=False)).requests.sort("prompt_index")
     assert bad["target_calls"].to_list() != pytest.approx([float(c) for c in real])
 
 
@@ -137,7 +137,7 @@ def test_sampling_replay_matches_real_decoding_in_distribution(tmp_path):
     spec = "dynamic:topk=2,depth=3,tokens=3"
     cache = record_dynamic_cache(tmp_path / "s.h5", target, draft, prompts, N_TOKENS, topk=K, depth=D,
                                  temperatures=(1.0,), seed=11)
-    sim = sweep(cache, [spec], policies=["sample"], n_boot=0, by_category=False).requests["target_calls"].to_numpy()
+    sim = sweep(cache, SweepConfig(trees=[spec], policies=["sample"], n_boot=0, by_category=False)).requests["target_calls"].to_numpy()
     rng = np.random.default_rng(12)
     real = np.array([dynamic_decode(target, draft, pr, N_TOKENS, shape, rng, greedy=False).calls for pr in prompts])
     se = np.sqrt(sim.var(ddof=1) / sim.size + real.var(ddof=1) / real.size)
@@ -146,7 +146,7 @@ def test_sampling_replay_matches_real_decoding_in_distribution(tmp_path):
     # the wrong recording (children scored on the target's path) is far off the real law
     wrong = record_dynamic_cache(tmp_path / "w.h5", target, draft, prompts, N_TOKENS, topk=K, depth=D,
                                  temperatures=(1.0,), seed=11, on_path_only=True)
-    bad = sweep(wrong, [spec], policies=["sample"], n_boot=0, by_category=False).requests["target_calls"].to_numpy()
+    bad = sweep(wrong, SweepConfig(trees=[spec], policies=["sample"], n_boot=0, by_category=False)).requests["target_calls"].to_numpy()
     assert (bad.mean() - real.mean()) / se < -8, "a replay ignoring off-path nodes must be rejected"
 
 

@@ -73,11 +73,11 @@ def _greedy_case(expanded_cache, tokens: int) -> dict:
     """The T=0 trajectories of the expansion cache, their replay under dynamic:topk=3,depth=3,tokens=N,
     and the target to decode them live."""
     from specsim.record.models import load_model
-    from specsim.sim.api import sweep
+    from specsim.sim.sweep import SweepConfig, sweep
 
     path, draft = expanded_cache
     spec = f"dynamic:topk=3,depth=3,tokens={tokens}"
-    replay = sweep(path, [spec], policies=["greedy"], n_boot=0, by_category=False).requests.sort("prompt_index")
+    replay = sweep(path, SweepConfig(trees=[spec], policies=["greedy"], n_boot=0, by_category=False)).requests.sort("prompt_index")
     with CacheReader(path) as reader:
         rows = [r for r in reader.iter_trajectories() if r.temperature == 0]
         assert [r.prompt_index for r in rows] == replay["prompt_index"].to_list()
@@ -190,7 +190,7 @@ def test_the_probes_catch_the_old_dynamic_pricing(expanded_cache, monkeypatch, m
     2) tokens though live re-feeds the root and every accepted draft; the expansion priced only down to the
     request's remaining room though live expands every level (its N best are chosen among all depths). Each
     makes the replay charge fewer draft tokens than live ran."""
-    import specsim.sim.api as api
+    import specsim.sim.pricing as pricing
     import specsim.sim.dynamic as dynamic
     from specsim.sim.cost import StepShape
     from specsim.specs import parse_tree
@@ -205,7 +205,7 @@ def test_the_probes_catch_the_old_dynamic_pricing(expanded_cache, monkeypatch, m
                         for c in replayed_counts(features, parse_tree(spec), draft.name, model_free=False))
     assert count() == pytest.approx(live)
     if mismatch == "feeds one token":
-        monkeypatch.setattr(api, "feeds_accepted", lambda spec, tree=None: False)
+        monkeypatch.setattr(pricing, "feeds_accepted", lambda spec, tree=None: False)
     else:
         right = dynamic.dynamic_step_shape
 

@@ -183,8 +183,10 @@ def test_the_brute_force_rejects_a_replay_that_starts_at_the_first_token(over_ca
 
 
 def test_request_rows_carry_each_requests_counters(over_cache):
-    sweep = specsim.sim.api.sweep(over_cache, trees=["chain:3"], drafts=["small"], policies=["greedy"], n_boot=0)
-    row, requests = sweep.rows.row(0, named=True), sweep.requests
+    from specsim.sim.sweep import SweepConfig, sweep
+
+    result = sweep(over_cache, SweepConfig(trees=["chain:3"], drafts=["small"], policies=["greedy"], n_boot=0))
+    row, requests = result.rows.row(0, named=True), result.requests
     assert requests["vllm_num_drafts"].sum() == row["vllm_num_drafts"]
     assert requests["vllm_num_accepted_tokens"].sum() == row["vllm_num_accepted_tokens"]
 

@@ -108,13 +108,12 @@ def test_live_head_decoding_matches_the_replay_call_for_call(heads_cache, which,
     from specsim.live.engine import LiveConfig, Target, speculative_decode
     from specsim.live.heads import head_drafter
     from specsim.record.models import eos_token_ids, load_model
-    from specsim.sim.api import sweep
+    from specsim.sim.sweep import SweepConfig, sweep
     from specsim.specs import parse_tree
 
     path, drafts, target_dir = heads_cache
     draft = drafts[which]
-    replay = sweep(path, [tree], drafts=[draft], policies=["greedy"], n_boot=0,
-                   by_category=False).requests.sort("prompt_index")
+    replay = sweep(path, SweepConfig(trees=[tree], drafts=[draft], policies=["greedy"], n_boot=0, by_category=False)).requests.sort("prompt_index")
     with CacheReader(path) as reader:
         rows = [r for r in reader.iter_trajectories() if r.temperature == 0]
         max_new = int(reader.meta["settings"]["max_new_tokens"])
@@ -280,7 +279,8 @@ def test_heads_are_profiled_and_priced_as_the_engine_drafts_with_them(heads_cach
     from specsim.cache.store import CacheReader
     from specsim.record.heads import load_heads
     from specsim.record.models import load_model
-    from specsim.sim.api import Pricing, sweep
+    from specsim.sim.pricing import Pricing
+    from specsim.sim.sweep import SweepConfig, sweep
     from specsim.sim.cost import load_cost_profile, step_shape
     from specsim.sim.features import load_features
     from specsim.specs import parse_tree
@@ -311,8 +311,7 @@ def test_heads_are_profiled_and_priced_as_the_engine_drafts_with_them(heads_cach
             first = np.isin(np.flatnonzero(full), features.traj_start)
             expect = expect - np.where(first, model.draft_s(pricing.draft_key, 1, 1, L), 0.0)
         np.testing.assert_allclose(call[full], expect)
-    rows = sweep(path, ["kary:2,3"], drafts=list(drafts), policies=["greedy"], n_boot=0, by_category=False,
-                 cost_profile=str(profile)).rows
+    rows = sweep(path, SweepConfig(trees=["kary:2,3"], drafts=list(drafts), policies=["greedy"], n_boot=0, by_category=False, cost_profile=str(profile))).rows
     assert rows["speedup"].is_not_null().all() and rows["cost_basis"].str.contains("MEASURED").all()
 
 

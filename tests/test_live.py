@@ -157,7 +157,7 @@ def test_live_cli_writes_simulate_columns_and_steps(tiny_model_dir, tiny_prompts
     assert "2 prompts x 1 repeat(s), max 10 new tokens" in result.output
     rows = pl.read_parquet(out)
     assert rows["category"].to_list() == ["all", "math", "writing"]
-    from specsim.sim.api import simulate
+    from specsim.sim.sweep import simulate
 
     sim = simulate(tiny_cache, trees=["widths:2,1"], drafts=["layers:2"], policies=["greedy"], n_boot=10)
     shared = {"tree", "budget", "depth", "draft", "policy", "temperature", "multi_draft", "category",

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from specsim import verify
 from specsim.errors import SpecError
-from specsim.sim.api import simulate
+from specsim.sim.sweep import simulate
 from specsim.sim.features import load_features
 from specsim.cache.stats import lossy_output_law as output_law, lossy_passes as passes
 from specsim.sim.lossy import lossy_table, rule_of

@@ -145,7 +145,7 @@ def test_modelfree_table_direct_call_counts_drafted_candidates(periodic_cache):
 def test_model_free_calls_are_priced_by_the_nodes_they_proposed(periodic_cache):
     """Live verification sends the target only the proposed nodes: a call that matched nothing costs a
     plain step, not a full tree."""
-    from specsim.sim.api import Pricing
+    from specsim.sim.pricing import Pricing
 
     class PerToken:  # verifying N tokens costs N seconds
         measured = True

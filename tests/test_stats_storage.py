@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from specsim.cache.store import CacheReader
 from specsim.cli import main
-from specsim.sim.api import simulate
+from specsim.sim.sweep import simulate
 from tests.cli_helpers import one_line_error, record
 
 # (trees, policies, temperature): greedy trees, sampling chains and trees (iid exact, swor Monte-Carlo from the

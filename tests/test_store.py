@@ -198,10 +198,10 @@ def test_flipped_bytes_in_a_chunk_are_reported_with_their_trajectory(tmp_path):
         reader.logits("target", 0, 16)  # an intact chunk reads
         with pytest.raises(CacheError, match=r"damaged data in small logits at positions 16:32 \(prompt \d at T=0"):
             reader.logits("small", 16, 32)
-    import specsim.sim.api
+    import specsim.sim.sweep
 
     with pytest.raises(CacheError, match="damaged data"):  # top_k > 16: features derived from the logits
-        specsim.sim.api.simulate(path, trees=["kary:2,2"], drafts=["small"], policies=["greedy"], n_boot=0, top_k=20)
+        specsim.sim.sweep.simulate(path, trees=["kary:2,2"], drafts=["small"], policies=["greedy"], n_boot=0, top_k=20)
 
 
 @pytest.mark.parametrize("prompts, chunk_kb", [(3, 8), (2000, 256)])

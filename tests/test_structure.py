@@ -58,13 +58,13 @@ def live_counts(steps) -> dict[str, int]:
 def replayed_counts(features, tree, draft: str, *, model_free: bool, policy: str = "greedy") -> list[dict[str, float]]:
     """Per trajectory, what the replay's batch-1 pricing charges (greedy, or an adaptive schedule at T = 0),
     in the probes' terms."""
-    from specsim.sim.api import Pricing, _walk_one
+    from specsim.sim.pricing import Pricing, priced_walk
     from specsim.specs import parse_policy
 
     out = [{} for _ in range(features.n_traj)]
     for name in PROBES:
         pricing = Pricing(Probe(name), None if model_free else draft, "probe")
-        stats, _ = _walk_one(features, tree, parse_policy(policy), pricing, np.random.default_rng(0))
+        stats, _ = priced_walk(features, tree, parse_policy(policy), pricing, np.random.default_rng(0))
         for i, value in enumerate(stats.cost):
             out[i][name] = float(value)
     return out
@@ -72,7 +72,7 @@ def replayed_counts(features, tree, draft: str, *, model_free: bool, policy: str
 
 def timeline_counts(features, tree, draft: str, *, model_free: bool, batch: int, batching: str) -> dict[str, float]:
     """What the batch timeline charges for decoding every trajectory in cache order (greedy)."""
-    from specsim.sim.api import run_policy
+    from specsim.sim.policies import run_policy
     from specsim.sim.batch import timeline
     from specsim.specs import parse_policy
 
@@ -145,7 +145,7 @@ def realized_path(run, features, tree):
 
 def replayed_along(run, features, tree, draft: str) -> list[dict[str, float]]:
     """Per live request, the replay's batch-1 charges (`Pricing.priced`) for the calls live made."""
-    from specsim.sim.api import Pricing
+    from specsim.sim.pricing import Pricing
 
     _, leaf = realized_path(run, features, tree)
     by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
@@ -237,7 +237,7 @@ def test_sampling_is_priced_as_live_runs_it(tiny_cache, draft, tree_spec, multi_
 def test_the_probes_catch_sampling_priced_without_the_short_leaf_feed(tiny_cache, monkeypatch):
     """Reintroduce a mismatch: the 2-token root feed charged only after a path of full depth, not after one
     that ended early on a leaf (the draft's first choice is a leaf here). Live's draft tokens exceed it."""
-    from specsim.sim.api import Pricing
+    from specsim.sim.pricing import Pricing
     from specsim.specs import parse_tree
 
     spec = "medusa:[[0],[1],[1,0],[1,0,0]]"
@@ -295,7 +295,7 @@ def test_the_probes_catch_a_priced_shape_that_live_does_not_run(tiny_cache, monk
     """Reintroduce a mismatch: the root feed after a call whose accepted path ended on a leaf above the full
     depth priced as 1 token (live feeds 2: the leaf was never fed). The counts disagree, so the tests above
     can fail."""
-    from specsim.sim.api import Pricing
+    from specsim.sim.pricing import Pricing
     from specsim.specs import parse_tree
 
     run = decode_live(tiny_cache, "layers:2", "widths:3,2,1")

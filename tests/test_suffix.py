@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specsim.errors import SpecError
-from specsim.sim.api import sweep
+from specsim.sim.sweep import SweepConfig, sweep
 from specsim.sim.suffix import SuffixDraft, SuffixSpeculator, SuffixTrie, parse_suffix, speculate_in
 from specsim.specs import parse_tree
 from specsim.trees import Tree
@@ -247,14 +247,12 @@ def test_greedy_replay_equals_real_decoding_per_trajectory(tmp_path):
     cache = record_cache(tmp_path / "g.h5", target, target, prompts, N_TOKENS, temperatures=(0.0,))
     for spec, tree in (("suffix:factor=2", "chain:4"), ("suffix:prob=0.05", "widths:2,2,1")):
         real = suffix_decode(target, prompts, N_TOKENS, parse_tree(tree), spec, None, greedy=True)
-        req = sweep(cache, [tree], drafts=[spec], policies=["greedy"], n_boot=0,
-                    by_category=False).requests.sort("prompt_index")
+        req = sweep(cache, SweepConfig(trees=[tree], drafts=[spec], policies=["greedy"], n_boot=0, by_category=False)).requests.sort("prompt_index")
         assert req["target_calls"].to_list() == [float(c) for c in real], spec
         assert sum(real) < len(prompts) * N_TOKENS  # something was accepted: the check has teeth
     # A replay without the other requests' outputs (requests=0) differs: the order-dependent state matters.
     real = suffix_decode(target, prompts, N_TOKENS, parse_tree("chain:4"), "suffix:factor=2", None, greedy=True)
-    alone = sweep(cache, ["chain:4"], drafts=["suffix:factor=2,requests=0"], policies=["greedy"], n_boot=0,
-                  by_category=False).requests.sort("prompt_index")
+    alone = sweep(cache, SweepConfig(trees=["chain:4"], drafts=["suffix:factor=2,requests=0"], policies=["greedy"], n_boot=0, by_category=False)).requests.sort("prompt_index")
     assert alone["target_calls"].to_list() != [float(c) for c in real]
 
 
@@ -263,8 +261,7 @@ def test_sampling_replay_matches_real_decoding_in_distribution(tmp_path):
     prompts = random_prompts(5, 2, 150, seed=8)
     tree, spec = parse_tree("widths:2,1,1"), "suffix:factor=2"
     cache = record_cache(tmp_path / "s.h5", target, target, prompts, N_TOKENS, temperatures=(1.0,), seed=3)
-    sim = sweep(cache, ["widths:2,1,1"], drafts=[spec], policies=["sample"], n_boot=0,
-                by_category=False).requests["target_calls"].to_numpy()
+    sim = sweep(cache, SweepConfig(trees=["widths:2,1,1"], drafts=[spec], policies=["sample"], n_boot=0, by_category=False)).requests["target_calls"].to_numpy()
     real = np.array(suffix_decode(target, prompts, N_TOKENS, tree, spec, np.random.default_rng(5), greedy=False))
     se = np.sqrt(sim.var(ddof=1) / sim.size + real.var(ddof=1) / real.size)
     z = (sim.mean() - real.mean()) / se
@@ -277,9 +274,9 @@ def test_suffix_refuses_what_it_cannot_replay(tmp_path):
     cache = record_cache(tmp_path / "r.h5", target, target, random_prompts(5, 2, 2, seed=4), 8,
                          temperatures=(1.0,))
     with pytest.raises(SpecError, match="model-free draft suffix has no q"):
-        sweep(cache, ["chain:2"], drafts=["suffix"], policies=["p>=q"], n_boot=0)
+        sweep(cache, SweepConfig(trees=["chain:2"], drafts=["suffix"], policies=["p>=q"], n_boot=0))
     with pytest.raises(SpecError, match="depth must be at least 1"):
-        sweep(cache, ["chain:2"], drafts=["suffix:depth=0"], policies=["sample"], n_boot=0)
+        sweep(cache, SweepConfig(trees=["chain:2"], drafts=["suffix:depth=0"], policies=["sample"], n_boot=0))
 
 
 def test_live_engine_equals_the_replay_call_for_call(tiny_model_dir, tmp_path):

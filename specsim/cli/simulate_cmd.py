@@ -102,14 +102,15 @@ def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft,
     if emit_acceptance is not None:
         _check_emit_path(emit_acceptance, overwrite)
     requests_target = c.out_target(per_request, None, overwrite, "--per-request") if per_request else (None, None)
-    from specsim.sim.api import sweep
+    from specsim.sim.sweep import SweepConfig, sweep
 
-    result = sweep(cache, trees=list(trees), drafts=list(drafts) or None, policies=list(policies) or ["greedy"],
-                   budgets=list(budgets) or None, temperatures=list(temperatures) or None, multi_draft=multi_draft,
-                   cost=cost, cost_profile=c.cost_profile_arg(cost_profile, cost_extrapolate),
-                   batches=list(batches) or None, batching=batching,
-                   by_category=True, n_boot=n_boot, samples=samples, seed=seed, progress=not quiet,
-                   workers=workers, on_skip=lambda line: click.echo(line, err=True))
+    config = SweepConfig(trees=list(trees), drafts=list(drafts) or None, policies=list(policies) or ["greedy"],
+                         budgets=list(budgets) or None, temperatures=list(temperatures) or None,
+                         multi_draft=multi_draft, cost=cost,
+                         cost_profile=c.cost_profile_arg(cost_profile, cost_extrapolate),
+                         batches=list(batches) or (), batching=batching, by_category=True, n_boot=n_boot,
+                         samples=samples, seed=seed, workers=workers)
+    result = sweep(cache, config, progress=not quiet, on_skip=lambda line: click.echo(line, err=True))
     df = result.rows
     echo = (lambda text="": click.echo(text, err=True)) if target == "-" else click.echo
     shown = df if by_category else df.filter(df["category"] == "all")

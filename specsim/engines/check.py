@@ -192,15 +192,16 @@ class _Replay:
 
 
 def _replay(cache: Path, draft: str, tree_spec: str, policy: str, T: float, config: EngineValidateConfig) -> _Replay:
-    from specsim.sim.api import sweep
+    from specsim.sim.sweep import SweepConfig, sweep
     from specsim.sim.features import load_features
     from specsim.sim.policies import run_policy
     from specsim.specs import parse_policy
 
-    result = sweep(cache, trees=[tree_spec], drafts=[draft], policies=[policy], temperatures=[T], by_category=False,
-                   seed=config.seed, cost_profile=config.cost_profile,
-                   batches=[config.batch] if config.cost_profile and config.batch > 1 else None,
-                   batching="continuous", on_skip=lambda line: None)
+    asked = SweepConfig(trees=[tree_spec], drafts=[draft], policies=[policy], temperatures=[T], by_category=False,
+                        seed=config.seed, cost_profile=config.cost_profile,
+                        batches=[config.batch] if config.cost_profile and config.batch > 1 else (),
+                        batching="continuous")
+    result = sweep(cache, asked, on_skip=lambda line: None)
     rows = result.rows.filter(result.rows["batch"] == config.batch) if config.cost_profile else result.rows
     features = load_features(cache, draft, T, progress=False)
     table = None

@@ -365,7 +365,7 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
     from specsim.live.engine import LiveConfig, Target
     from specsim.live.runs import build_drafter, device_label, load_target, run_live, summary_rows
     from specsim.record.models import eos_token_ids
-    from specsim.sim.api import simulate
+    from specsim.sim.sweep import simulate
     from specsim.sim.cost import load_cost_profile
     from specsim.specs import parse_tree
 

@@ -29,7 +29,7 @@ import polars as pl
 
 from specsim.cache.store import CacheReader
 from specsim.errors import CacheError, SpecError
-from specsim.sim.api import BLOCK_POSITIONS, fit_sample
+from specsim.sim.replay import BLOCK_POSITIONS, fit_sample
 from specsim.sim.features import feature_source, target_name
 from specsim.specs import is_model_free, tree_family
 from specsim.trees import Tree, draw_tree
@@ -233,7 +233,7 @@ def _label_rows(table: pl.DataFrame, cache_name: str) -> pl.DataFrame:
 
 
 def _simulate(cache: Path, notes: list[str], **kwargs) -> pl.DataFrame:
-    from specsim.sim.api import simulate
+    from specsim.sim.sweep import simulate
 
     try:
         return simulate(cache, **kwargs)
@@ -374,7 +374,7 @@ def run_study(
             bar.update()
     finally:
         bar.close()
-    from specsim.sim.api import resolve_tree
+    from specsim.sim.replay import resolve_tree
 
     b = sorted(config.draw_budgets)[len(config.draw_budgets) // 2] if config.draw_budgets else 8
     shown = []

@@ -240,7 +240,7 @@ def deterministic_walk(beta: np.ndarray, features: "Features", start_gamma: int,
 def adaptive_stats(features: "Features", tree: Tree, spec, rng: np.random.Generator, pricing) -> "TrajectoryStats":
     """Exact expected totals per trajectory of a chain whose length adapts by `spec.name`.
 
-    pricing (`specsim.sim.api.Pricing`, or None for no speed columns): a call of γ drafts at t
+    pricing (`specsim.sim.pricing.Pricing`, or None for no speed columns): a call of γ drafts at t
     costs what a chain:γ call costs there (its context, its output cap), as fixed trees are
     priced, and a call that accepts all γ adds what chain:γ's does: the next call's 2-token root feed.
     """

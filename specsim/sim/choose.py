@@ -4,18 +4,59 @@ Serving engines pick the number of speculative tokens per batch size (verificati
 leaves the memory-bound regime as the batch grows, so the best budget shrinks). Given
 candidate trees (the optimiser's best tree for every budget up to a maximum, which
 never decodes worse than a chain or k-ary tree of the same budget), each is priced by
-the cost model at every batch size (`specsim.sim.api.speed_of`: batch 1 is the exact
+the cost model at every batch size (`speed_of`: batch 1 is the exact
 walk, larger batches the batch timeline) and the best by speedup is kept per batch.
 numpy only.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Sequence
 
-from specsim.sim.api import Pricing, Speed, on_one_blas_thread, speed_of
+import numpy as np
+
+from specsim.errors import SpecError
+from specsim.sim.features import Features
+from specsim.sim.metrics import summarize_many
+from specsim.sim.pricing import Pricing, priced_walk
+from specsim.sim.replay import on_one_blas_thread
+from specsim.sim.rows import BATCH_BOOT
+from specsim.specs import PolicySpec
 from specsim.trees import Tree
+
+
+@dataclass(frozen=True)
+class Speed:
+    """One tree's speed at one batch size, from the cost model."""
+
+    batch: int  # requests per step
+    tokens_per_call: float  # on the cached trajectories
+    speedup: tuple[float, float, float]  # value, 95% CI low, high (batch 1: bootstrap over prompts)
+    tokens_per_s: float | None  # measured costs only
+    exact: bool  # False: Monte-Carlo (sampling trees, or sampled acceptance in a batch timeline)
+
+
+def speed_of(features: Features, tree: Tree, policy: PolicySpec, pricing: Pricing, *, batch: int = 1,
+             batching: str = "lockstep", n_boot: int = 1000, seed: int = 0) -> Speed:
+    """The speedup of decoding the cached trajectories with `tree` at `batch`, priced by `pricing`."""
+    from specsim.sim.batch import simulate_batch
+
+    label = f"{features.draft}|{features.temperature:g}|{policy.label}|{policy.multi_draft}|{tree.name}"
+    rng = np.random.default_rng([seed, zlib.crc32(label.encode())])
+    stats, table = priced_walk(features, tree, policy, pricing, rng)
+    if table is None:
+        raise SpecError(f"{policy.label} is not a fixed tree; speed_of prices fixed trees")
+    row = summarize_many([stats], features, by_category=False, n_boot=n_boot, seed=seed)[0][0]
+    if batch == 1:
+        return Speed(batch=1, tokens_per_call=row["tokens_per_call"],
+                     speedup=(row["speedup"], row["speedup_lo"], row["speedup_hi"]),
+                     tokens_per_s=row["tokens_per_s"] if pricing.model.measured else None, exact=stats.exact)
+    est = simulate_batch(table, features, tree, pricing.model, pricing.draft_key, batch=batch, batching=batching,
+                         n_boot=min(n_boot, BATCH_BOOT), seed=seed)
+    return Speed(batch=batch, tokens_per_call=row["tokens_per_call"], speedup=est.speedup,
+                 tokens_per_s=est.tokens_per_s[0], exact=stats.exact and est.exact)
 
 
 @dataclass(frozen=True)
@@ -75,7 +116,7 @@ def fit_on_cache(cache, budgets: Sequence[int], *, draft: str | None = None, pol
 
     from specsim.cache.store import CacheReader
     from specsim.errors import CacheError
-    from specsim.sim.api import FIT_POSITIONS, fit_sample
+    from specsim.sim.replay import FIT_POSITIONS, fit_sample
     from specsim.sim.features import feature_source
     from specsim.sim.optimize import optimal_trees
     from specsim.sim.policies import check_temperature
