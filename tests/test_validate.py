@@ -244,3 +244,22 @@ def test_a_wrong_schedule_fails_the_call_check(tiny_cache, tiny_model_dir):
     wrong = greedy_agreement(run, tiny_cache, "int8", tree, schedule=other.next_gamma())
     assert any(step.live > 2 for step in right.steps), [step.live for step in right.steps]
     assert not wrong.passed and wrong.unexplained > 0
+
+
+@pytest.mark.parametrize("prompts,overlap,verdict", [
+    (13, False, "FAIL"), (4, False, "inconclusive"), (4, True, "PASS"), (13, True, "PASS"),
+])
+def test_disjoint_acceptance_on_few_cached_prompts_is_inconclusive(prompts, overlap, verdict):
+    """A bootstrap over a handful of cached prompts understates the replay's error: disjoint CIs there say
+    so instead of failing; with enough prompts they fail."""
+    from specsim.live.validate import MIN_SAMPLING_PROMPTS, _sampling_check
+
+    assert 4 < MIN_SAMPLING_PROMPTS <= 13
+    live = {"accept_rate": 0.29, "accept_rate_lo": 0.27, "accept_rate_hi": 0.31, "n_decodes": 256}
+    sim = {"accept_rate": 0.17 if not overlap else 0.28, "accept_rate_lo": 0.11 if not overlap else 0.2,
+           "accept_rate_hi": 0.23 if not overlap else 0.35, "n_positions": 48, "n_prompts": prompts,
+           "estimate": "exact"}
+    check = _sampling_check(dict(draft="d", tree="chain:1", policy="sample", temperature=1.0, batch=1), live, sim)
+    assert check.verdict == verdict
+    if verdict == "inconclusive":
+        assert f"bootstrap over {prompts} cached prompts" in check.detail

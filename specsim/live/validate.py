@@ -46,6 +46,9 @@ UNCLASSIFIED = "unclassified (stats-only cache: no target logits)"
 NEAR_TIE_ABS = 1e-3  # float32 noise between batched and one-token forward passes, in logits
 NEAR_TIE_REL = 2.0**-9  # 4x float16's relative rounding of a stored logit
 MIN_AGREEMENT = 0.99  # greedy: share of identical steps required
+MIN_SAMPLING_PROMPTS = 8  # sampling: fewer cached prompts make disjoint CIs inconclusive, not a failure (a bootstrap
+#                           over 4 prompts understates the replay's error: 6 recordings of one 4-prompt cache
+#                           replayed Medusa's chain:1 acceptance at 0.17-0.30, live 0.29)
 
 
 @dataclass(frozen=True)
@@ -449,12 +452,17 @@ def _sampling_check(head: dict, live_row: dict, sim_row: dict) -> Check:
     a = sampling_agreement(live_row, sim_row)
     fmt = lambda v: f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"  # noqa: E731
     no_ci = any(x != x for x in (*a.live[1:], *a.simulated[1:]))
+    prompts = int(sim_row.get("n_prompts") or 0)
+    few = not no_ci and not a.overlap and prompts < MIN_SAMPLING_PROMPTS
+    verdict = ("no CI (n = 1 prompt)" if no_ci else
+               f"CIs DISJOINT, but the replay's CI is a bootstrap over {prompts} cached prompts, too few to hold its "
+               f"error (record at least {MIN_SAMPLING_PROMPTS})" if few else
+               f"CIs {'overlap' if a.overlap else 'DISJOINT'}")
     return Check(**head, kind="acceptance",
                  comparison=f"accept rate live {fmt(a.live)} vs sim {fmt(a.simulated)}",
                  detail=f"{a.live_decodes} live decodes, {a.simulated_positions} cached positions, sim "
-                        f"{a.estimate}; " + ("no CI (n = 1 prompt)" if no_ci else
-                                             f"CIs {'overlap' if a.overlap else 'DISJOINT'}"),
-                 passed=None if no_ci else a.overlap,
+                        f"{a.estimate}; {verdict}",
+                 passed=None if no_ci or few else a.overlap,
                  values={"accept_rate_live": a.live[0], "accept_rate_sim": a.simulated[0]})
 
 
