@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from specsim.errors import ModelError, SpecError
+from specsim.sim.cost import OVERHEAD_KINDS
 
 FORMAT = "specsim-cost-profile"
 VERSION = 2
@@ -210,7 +211,6 @@ class _HeadBench:
         return once
 
 
-OVERHEAD_KINDS = ("walk_greedy", "walk_sample", "draft_sample")  # `step_overhead_s` tables (module docstring)
 OVERHEAD_TEMPERATURE = 1.0  # the sampling entries' temperature (softmax and draws cost the same at any T > 0)
 
 
@@ -236,7 +236,7 @@ def _overhead_runs(batch: int, sizes: Sequence[int], vocab: int, device: torch.d
         greedy_tokens = top[:, parents.clip(0)]  # each node the target's choice after its parent: deepest walk
         laws = probabilities(draft, OVERHEAD_TEMPERATURE)  # (B, n, V): the draft's law after each node
 
-        def walk_greedy(n=n, tree=tree, top=top, tokens=greedy_tokens) -> None:
+        def walk_greedy(tree=tree, top=top, tokens=greedy_tokens) -> None:
             for r in range(batch):
                 verify_tree(tree, tokens[r], valid[r], policy="greedy", multi_draft="iid", rng=rngs[r],
                             top_of=lambda node, r=r: top[r, node])

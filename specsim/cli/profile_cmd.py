@@ -195,12 +195,14 @@ def summary(body: dict) -> str:
                     f"w={w}: {c['median'] / unit:.2f}" for w, c in table[str(B)][str(L)].items()))
     overhead = body.get("step_overhead_s")
     if overhead:
+        from specsim.sim.cost import OVERHEAD_KINDS
+
         for B in body["batches"]:
             unit = min(body["target_verify_s"][str(B)][str(L)]["1"]["median"] for L in body["contexts"])
+            by_kind = [f"{kind} " + " ".join(f"{c['median'] / unit:.3f}" for c in overhead[kind][str(B)].values())
+                       for kind in OVERHEAD_KINDS]
             lines.append(f"B={B}: work outside the forwards per step (units of the shortest plain step), by N: "
-                         + "; ".join(f"{kind} " + " ".join(f"{c['median'] / unit:.3f}" for c in overhead[kind][str(B)]
-                                                           .values()) for kind in ("walk_greedy", "walk_sample",
-                                                                                   "draft_sample")))
+                         + "; ".join(by_kind))
     lines.append(f"interpolation error (leave-one-out, max): {100 * body['fit']['max_relative_error']:.1f}%")
     lines += stall_lines(body)
     return "\n".join(lines)

@@ -75,10 +75,12 @@ class LiveConfig:
             rule = parse_policy(self.schedule)
             if not rule.kind.adaptive:
                 raise SpecError(f"schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
-            tree = self.tree
-            if tree.dynamic is not None or not tree.budget or int(tree.n_children.max()) > 1:
+            from specsim.sim.adaptive import check_chain
+
+            check_chain(self.tree, f"{rule.label}: ")
+            if not self.tree.budget:  # live drafts at least one token: a root-only tree has no chain to adapt
                 raise SpecError(f"{rule.label}: adaptive speculation lengths apply to chains, not to the tree "
-                                f"{tree.name or tree.to_spec()}")
+                                f"{self.tree.name or self.tree.to_spec()}")
         if self.multi_draft not in MULTI_DRAFT:
             raise SpecError(f"--multi-draft {self.multi_draft!r} is not one of {', '.join(MULTI_DRAFT)}")
         if self.policy == "greedy" and self.temperature != 0:

@@ -237,6 +237,14 @@ def deterministic_walk(beta: np.ndarray, features: "Features", start_gamma: int,
     return {**totals, "reach": reach}
 
 
+def check_chain(tree: Tree, what: str = "") -> None:
+    """SpecError unless `tree` is a static chain, what an adaptive length schedule drafts (`what` prefixes the
+    message)."""
+    if tree.dynamic is not None or (tree.budget and int(tree.n_children.max()) > 1):
+        raise SpecError(f"{what}adaptive speculation lengths apply to chains, not to the tree "
+                        f"{tree.name or tree.to_spec()}")
+
+
 def adaptive_stats(features: "Features", tree: Tree, spec, rng: np.random.Generator, pricing) -> "TrajectoryStats":
     """Exact expected totals per trajectory of a chain whose length adapts by `spec.name`.
 
@@ -254,9 +262,7 @@ def adaptive_stats_many(features: "Features", trees: Sequence[Tree], spec, prici
     from specsim.sim.engine import TrajectoryStats
 
     for tree in trees:
-        if tree.dynamic is not None or (tree.budget and int(tree.n_children.max()) > 1):
-            raise SpecError(f"adaptive speculation lengths apply to chains, not to the tree "
-                            f"{tree.name or tree.to_spec()}")
+        check_chain(tree)
     if features.model_free:
         raise SpecError(f"adaptive rules need a model draft; {features.draft!r} is model-free")
     beta = features.acceptance()
