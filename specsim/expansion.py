@@ -1,5 +1,6 @@
-"""Dynamic draft trees as specs: what a recording expands (`Expansion`, `--expand topk=K,depth=D`)
-and what a `dynamic:topk=K,depth=D,tokens=N` tree asks of it (`DynamicShape`).
+"""Dynamic draft trees as specs: what a recording expands (`Expansion`, `--expand topk=K,depth=D`),
+what a `dynamic:topk=K,depth=D,tokens=N` tree asks of it (`DynamicShape`), and the tree a sweep
+carries (`DynamicTree`: its own type, never a static `specsim.trees.Tree`).
 
 The bottom layer, beside `specsim.trees`: the cache format (`specsim.cache.stats`), the
 registry (`specsim.specs`) and the replay (`specsim.sim.dynamic`, which documents the rule)
@@ -9,7 +10,7 @@ all read these, so none of them imports another for them. numpy-free.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specsim.errors import SpecError
 
@@ -109,14 +110,31 @@ def parse_dynamic(arg: str) -> DynamicShape:
     return shape
 
 
-def envelope(shape: DynamicShape):
-    """The static stand-in of a dynamic tree in tables: N nodes, depth min(D, N) (the deepest it can be).
+@dataclass(frozen=True)
+class DynamicTree:
+    """A dynamic draft tree: each call verifies the N best of the draft's recorded beam.
 
-    Only its budget and depth are read (row columns, the width of per-depth tables); the
-    nodes of each call come from the recording, and its cost from `dynamic_step_shape`.
+    Which nodes those are changes call by call (the replay reads them from the recording, the
+    live engine from its own beam), so it has no fixed nodes: it has a budget (N drafts per
+    call), a deepest possible depth, a name and its shape. Its cost per call is
+    `specsim.sim.cost.step_shape`'s dynamic branch.
     """
-    from specsim.trees import Tree
 
-    depth = min(shape.depth, shape.tokens)
-    paths = [(0,) * d for d in range(1, depth + 1)] + [(r,) for r in range(1, shape.tokens - depth + 1)]
-    return Tree.from_paths(paths)
+    shape: DynamicShape
+    name: str = field(default="", compare=False)  # the spec it was built from; the row label in tables
+
+    @property
+    def budget(self) -> int:
+        """Drafts verified per call (N)."""
+        return self.shape.tokens
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest a call's nodes can be: min(D, N)."""
+        return min(self.shape.depth, self.shape.tokens)
+
+    def to_spec(self) -> str:
+        return f"dynamic:topk={self.shape.topk},depth={self.shape.depth},tokens={self.shape.tokens}"
+
+    def __repr__(self) -> str:
+        return f"DynamicTree({self.name or self.to_spec()}, budget={self.budget}, depth={self.max_depth})"

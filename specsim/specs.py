@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from specsim.errors import SpecError
+from specsim.expansion import DynamicTree, parse_dynamic
 from specsim.trees import Tree, chain, file, kary, kary_prefix, medusa, widths
 
 
@@ -69,7 +70,7 @@ class TreeKind:
     example: str  # a spec that parses
     summary: str  # one line for --help and `specsim trees`
     needs: str  # what it needs besides the spec: "nothing", or which cache data
-    build: Callable[[str], Tree] | None  # the argument after the colon -> a Tree; None: needs a cache
+    build: Callable[[str], Tree | DynamicTree] | None  # the argument after the colon -> a tree; None: needs a cache
     over_budget: Callable[[str, int], str] | None = None  # bare form + --budget N -> a concrete spec
     bare: re.Pattern | None = None  # the bare form expanded over --budget (e.g. "kary:2")
 
@@ -88,11 +89,8 @@ def _one_int(text: str, what: str) -> int:
         raise SpecError(f"{what} {text.strip()!r} is not an integer") from None
 
 
-def _dynamic(arg: str) -> Tree:
-    from specsim.expansion import envelope, parse_dynamic
-
-    shape = parse_dynamic(arg)
-    return replace(envelope(shape), dynamic=shape)
+def _dynamic(arg: str) -> DynamicTree:
+    return DynamicTree(parse_dynamic(arg))
 
 
 def _needs_cache(family: str) -> Callable[[str], Tree]:
@@ -125,7 +123,7 @@ TREE_KINDS: dict[str, TreeKind] = {
 }
 
 
-def parse_tree(spec: str, *, fit: Callable[[str, str], Tree] | None = None) -> Tree:
+def parse_tree(spec: str, *, fit: Callable[[str, str], Tree] | None = None) -> Tree | DynamicTree:
     """The tree a spec names; its name is the spec.
 
     fit(family, argument): the callback for kinds that need a cache (optimal:N), given where one is.
@@ -274,7 +272,7 @@ def feeds_accepted(spec: str | None, tree=None) -> bool:
     """Whether a draft's next call feeds the root plus every accepted token first, rather than at most two
     tokens: EAGLE's layer does (its entries pair the target's states with the tokens after them), and so
     does any draft drafting a dynamic `tree` (the expansion's entries are dropped after each call)."""
-    return spec is not None and (draft_kind(spec).feeds_accepted or getattr(tree, "dynamic", None) is not None)
+    return spec is not None and (draft_kind(spec).feeds_accepted or isinstance(tree, DynamicTree))
 
 
 def prompt_fed_at_admission(spec: str | None) -> bool:

@@ -43,7 +43,6 @@ class Tree:
     parents: np.ndarray  # (n_nodes,) int32; parents[0] == -1, parents[i] < i, breadth-first
     ranks: np.ndarray  # (n_nodes,) int32; rank among the parent's draft candidates; root -1
     name: str = ""  # the spec it was built from; the row label in tables
-    dynamic: object = None  # a `specsim.sim.dynamic.DynamicShape`: nodes chosen per call; this tree is its envelope
 
     def __post_init__(self) -> None:
         parents = _int32_vector(self.parents, "parents")
@@ -58,12 +57,10 @@ class Tree:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Tree):
             return NotImplemented
-        return np.array_equal(self.parents, other.parents) and np.array_equal(
-            self.ranks, other.ranks
-        ) and self.dynamic == other.dynamic
+        return np.array_equal(self.parents, other.parents) and np.array_equal(self.ranks, other.ranks)
 
     def __hash__(self) -> int:
-        return hash((self.parents.tobytes(), self.ranks.tobytes(), self.dynamic))
+        return hash((self.parents.tobytes(), self.ranks.tobytes()))
 
     def __repr__(self) -> str:
         return f"Tree({self.name or self.to_spec()!s}, budget={self.budget}, depth={self.max_depth})"

@@ -191,7 +191,7 @@ def test_the_probes_catch_the_old_dynamic_pricing(expanded_cache, monkeypatch, m
     request's remaining room though live expands every level (its N best are chosen among all depths). Each
     makes the replay charge fewer draft tokens than live ran."""
     import specsim.sim.pricing as pricing
-    import specsim.sim.dynamic as dynamic
+    import specsim.sim.cost as cost
     from specsim.sim.cost import StepShape
     from specsim.specs import parse_tree
     from tests.test_structure import decode_live, features_of, live_counts, per_request_steps, replayed_counts
@@ -207,11 +207,11 @@ def test_the_probes_catch_the_old_dynamic_pricing(expanded_cache, monkeypatch, m
     if mismatch == "feeds one token":
         monkeypatch.setattr(pricing, "feeds_accepted", lambda spec, tree=None: False)
     else:
-        right = dynamic.dynamic_step_shape
+        right = cost.dynamic_step_shape
 
         def cut(shape, room, *, model_draft=True):
             full = right(shape, room, model_draft=model_draft)
             depth = shape.depth if room is None else min(shape.depth, max(int(room), 0))
             return StepShape(full.verify_tokens, full.draft_levels[:depth])
-        monkeypatch.setattr(dynamic, "dynamic_step_shape", cut)
+        monkeypatch.setattr(cost, "dynamic_step_shape", cut)
     assert count() < live

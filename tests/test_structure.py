@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from specsim.expansion import DynamicTree
+
 PROBES = {  # name: (target forward's price, draft forward's price) from (batch, tokens or width)
     "target tokens": (lambda b, n: b * n, lambda b, w: 0 * w),
     "target forwards": (lambda b, n: 1 + 0 * n, lambda b, w: 0 * w),
@@ -80,7 +82,7 @@ def timeline_counts(features, tree, draft: str, *, model_free: bool, batch: int,
     orders = np.arange(features.n_traj)[None]
     return {name: float(timeline(table.length, features, tree, Probe(name), None if model_free else draft,
                                  batch=batch, batching=batching, orders=orders,
-                                 proposed=table.drafted if model_free or tree.dynamic is not None else None,
+                                 proposed=table.drafted if model_free or isinstance(tree, DynamicTree) else None,
                                  leaf=table.leaf_given()).seconds[0])
             for name in PROBES}
 

@@ -6,6 +6,7 @@ import click
 
 from specsim.cli import _common as c
 from specsim.specs import DRAFT_KINDS, POLICY_KINDS, TREE_KINDS, parse_tree
+from specsim.expansion import DynamicTree
 from specsim.trees import draw_tree
 
 
@@ -41,8 +42,8 @@ def trees(specs: tuple[str, ...], as_json: bool, max_lines: int, quiet: bool) ->
         return
     for i, spec in enumerate(specs):
         tree = parse_tree(spec)
-        if tree.dynamic is not None:
-            shape = tree.dynamic
+        if isinstance(tree, DynamicTree):
+            shape = tree.shape
             if i:
                 click.echo()
             click.echo(f"{tree.name}: grown per call from the draft (EAGLE-2): root's top {shape.topk}, then "

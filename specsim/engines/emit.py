@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from specsim.errors import EngineError, SpecError
+from specsim.expansion import DynamicTree
 from specsim.specs import draft_kind
 
 
@@ -71,8 +72,8 @@ def sglang_flags(draft: str, tree, *, draft_dir: str | None) -> list[str]:
                           "NGRAM and EAGLE heads are not reproduced exactly")
     if draft_dir is None:
         raise EngineError(f"draft {draft}: no model directory for SGLang to load")
-    shape = getattr(tree, "dynamic", None)
-    if shape is not None:
+    if isinstance(tree, DynamicTree):
+        shape = tree.shape
         steps, topk, tokens = shape.depth, shape.topk, shape.tokens + 1
     elif tree.budget >= 1 and int(tree.n_children.max()) == 1 and not tree.ranks[1:].any():
         steps, topk, tokens = int(tree.max_depth), 1, int(tree.max_depth) + 1

@@ -40,6 +40,7 @@ from typing import Callable
 
 from specsim.errors import EngineError
 from specsim.specs import draft_kind, parse_policy
+from specsim.trees import Tree
 
 ENV_VAR = "SPECSIM_VLLM_PYTHON"  # a Python interpreter with vllm installed
 ENV_DIR = ".venv-vllm"  # where `make vllm` creates vLLM's environment
@@ -100,7 +101,7 @@ class EngineDraft:
 
 def chain_depth(tree) -> int:
     """k of a chain tree; EngineError for any other tree (vLLM drafts chains)."""
-    if tree.budget < 1 or int(tree.n_children.max()) != 1 or tree.ranks[1:].any():
+    if not isinstance(tree, Tree) or tree.budget < 1 or int(tree.n_children.max()) != 1 or tree.ranks[1:].any():
         raise EngineError(f"tree {tree.name or '?'}: vLLM drafts chains (num_speculative_tokens); use chain:K")
     return int(tree.max_depth)
 

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from specsim.record.kv import SlotKV
+from specsim.expansion import DynamicTree
 from specsim.trees import Tree
 from specsim.verify import sample_candidates
 
@@ -168,8 +169,8 @@ class ModelDrafter:
         self._seen = self._seen[keep]
 
     def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs, eos) -> Proposal:
-        if tree.dynamic is not None:
-            return self._propose_dynamic(committed, tree.dynamic, rooms, eos)
+        if isinstance(tree, DynamicTree):
+            return self._propose_dynamic(committed, tree.shape, rooms, eos)
         B, n = len(committed), tree.n_nodes
         if not np.array_equal(self._seen, self.kv.lengths):
             raise RuntimeError("draft cache out of step with the committed tokens")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from specsim.errors import SpecError
+from specsim.expansion import DynamicTree
 from specsim.trees import Tree, chain
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -240,7 +241,7 @@ def deterministic_walk(beta: np.ndarray, features: "Features", start_gamma: int,
 def check_chain(tree: Tree, what: str = "") -> None:
     """SpecError unless `tree` is a static chain, what an adaptive length schedule drafts (`what` prefixes the
     message)."""
-    if tree.dynamic is not None or (tree.budget and int(tree.n_children.max()) > 1):
+    if isinstance(tree, DynamicTree) or (tree.budget and int(tree.n_children.max()) > 1):
         raise SpecError(f"{what}adaptive speculation lengths apply to chains, not to the tree "
                         f"{tree.name or tree.to_spec()}")
 

@@ -35,6 +35,7 @@ import numpy as np
 from specsim.sim.cost import StepShape, tree_by_room
 from specsim.sim.engine import AcceptanceTable
 from specsim.specs import BATCHING
+from specsim.expansion import DynamicTree
 from specsim.trees import Tree
 
 CI_LEVEL = 0.95
@@ -217,7 +218,7 @@ def simulate_batch(table: AcceptanceTable, features, tree: Tree, cost_model, dra
         cost_model = cost_model.by_row(np.concatenate([np.full(n_point, -1),
                                                        np.arange(orders.shape[0] - n_point) % replicas]))
         covers = f"prompts and cost-profile rounds ({replicas} replicas)"
-    proposed = table.drafted if features.model_free or tree.dynamic is not None else None  # what each call verifies
+    proposed = table.drafted if features.model_free or isinstance(tree, DynamicTree) else None  # what each call verifies
     ragged = getattr(cost_model, "engine", "specsim") != "specsim"  # an engine profile: vLLM flattens a step's tokens
     spec = timeline(lengths, features, tree, cost_model, draft_key, batch=batch, batching=batching, orders=orders,
                     coins=rng, proposed=proposed, ragged=ragged, leaf=table.leaf_given())

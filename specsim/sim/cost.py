@@ -57,6 +57,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from specsim.errors import SpecError
+from specsim.expansion import DynamicShape, DynamicTree, candidates
 from specsim.trees import Tree
 
 PROFILE_FORMAT = "specsim-cost-profile"
@@ -75,7 +76,7 @@ class StepShape:
     draft_levels: tuple[int, ...]  # width of each draft forward, root feed first; () for model-free drafts
 
 
-def step_shape(tree: Tree, *, room: int | None = None, model_draft: bool = True, root_feed: int = 1,
+def step_shape(tree: Tree | DynamicTree, *, room: int | None = None, model_draft: bool = True, root_feed: int = 1,
                one_pass: bool = False) -> StepShape:
     """The forwards of one call drafting `tree` cut to depth <= room (what the live engine runs).
 
@@ -84,10 +85,8 @@ def step_shape(tree: Tree, *, room: int | None = None, model_draft: bool = True,
     one forward per depth (D' = the cut depth). A call that can accept nothing drafts nothing.
     A one-pass draft (Medusa heads) drafts any tree with one forward (its entry at w = 1).
     """
-    if tree.dynamic is not None:
-        from specsim.sim.dynamic import dynamic_step_shape
-
-        return dynamic_step_shape(tree.dynamic, room, model_draft=model_draft)
+    if isinstance(tree, DynamicTree):
+        return dynamic_step_shape(tree.shape, room, model_draft=model_draft)
     depth = tree.max_depth if room is None else min(tree.max_depth, max(int(room), 0))
     if depth == 0 or not tree.budget:
         return StepShape(verify_tokens=1, draft_levels=())
@@ -99,6 +98,25 @@ def step_shape(tree: Tree, *, room: int | None = None, model_draft: bool = True,
     inner = (tree.n_children > 0) & (tree.depths >= 1) & (tree.depths < depth)
     widths = np.bincount(tree.depths[inner], minlength=depth)[1:depth]
     return StepShape(verify_tokens=n, draft_levels=(int(root_feed), *[int(w) for w in widths]))
+
+
+def dynamic_step_shape(shape: DynamicShape, room: int | None, *, model_draft: bool = True) -> StepShape:
+    """The forwards of one dynamic call: the root feed, then D−1 beam forwards of width K; N + 1 verified.
+
+    A call with room to accept anything expands the whole depth D, as the live engine does (its
+    N best are chosen among every depth, then those deeper than the room are not verified: the
+    replay's selection is the recording's, so the expansion cannot stop earlier); it verifies at
+    most the nodes of depth <= min(D, room) (counted as min(N, their number), an upper bound the
+    last calls of a request may not reach). The root feed is priced at 1 here; the accepted
+    tokens it also feeds are the next call's extra (`feeds_accepted`).
+    """
+    depth = shape.depth if room is None else min(shape.depth, max(int(room), 0))
+    if depth == 0:
+        return StepShape(verify_tokens=1, draft_levels=())
+    verify = 1 + min(shape.tokens, candidates(shape.topk, depth))
+    if not model_draft:
+        return StepShape(verify_tokens=verify, draft_levels=())
+    return StepShape(verify_tokens=verify, draft_levels=(1, *[shape.topk] * (shape.depth - 1)))
 
 
 def tree_by_room(tree: Tree, *, model_draft: bool = True, one_pass: bool = False) -> list[StepShape]:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from specsim.errors import SpecError
-from specsim.expansion import (EXPAND_NAMES, DynamicShape, Expansion, candidates, envelope,  # noqa: F401
+from specsim.expansion import (EXPAND_NAMES, DynamicShape, DynamicTree, Expansion, candidates,  # noqa: F401
                                parse_dynamic, parse_expansion)  # the spec types; here for the replay's readers
 
 
@@ -131,11 +131,11 @@ def accepted_lengths(token: np.ndarray, parent: np.ndarray, chosen: np.ndarray, 
     return length
 
 
-def dynamic_table(features, tree, spec, rng: np.random.Generator):
-    """Exact, deterministic acceptance table of `tree` (a dynamic envelope) on the recorded expansion."""
+def dynamic_table(features, tree: DynamicTree, spec, rng: np.random.Generator):
+    """Exact, deterministic acceptance table of a dynamic `tree` on the recorded expansion."""
     from specsim.sim.engine import AcceptanceTable
 
-    shape: DynamicShape = tree.dynamic
+    shape = tree.shape
     if not spec.lossless:
         raise SpecError(f"policy {spec.label} compares p with q; a dynamic tree verifies point masses (greedy or sample)")
     recorded = features.expansion()
@@ -161,24 +161,3 @@ def dynamic_table(features, tree, spec, rng: np.random.Generator):
     p_len[idx, length] = 1.0
     return AcceptanceTable(p_len=p_len, drafted=drafted, exact=True, length=length,
                            engine_drafted=float(min(shape.tokens, candidates(shape.topk, shape.depth))))
-
-
-def dynamic_step_shape(shape: DynamicShape, room: int | None, *, model_draft: bool = True):
-    """The forwards of one dynamic call: the root feed, then D−1 beam forwards of width K; N + 1 verified.
-
-    A call with room to accept anything expands the whole depth D, as the live engine does (its
-    N best are chosen among every depth, then those deeper than the room are not verified: the
-    replay's selection is the recording's, so the expansion cannot stop earlier); it verifies at
-    most the nodes of depth <= min(D, room) (counted as min(N, their number), an upper bound the
-    last calls of a request may not reach). The root feed is priced at 1 here; the accepted
-    tokens it also feeds are the next call's extra (`feeds_accepted`).
-    """
-    from specsim.sim.cost import StepShape
-
-    depth = shape.depth if room is None else min(shape.depth, max(int(room), 0))
-    if depth == 0:
-        return StepShape(verify_tokens=1, draft_levels=())
-    verify = 1 + min(shape.tokens, candidates(shape.topk, depth))
-    if not model_draft:
-        return StepShape(verify_tokens=verify, draft_levels=())
-    return StepShape(verify_tokens=verify, draft_levels=(1, *[shape.topk] * (shape.depth - 1)))

@@ -25,6 +25,7 @@ import numpy as np
 from specsim.errors import SpecError
 from specsim.sim.engine import AcceptanceTable, EngineTail, at_depth, drafted_per_call, leaves_above_full_depth
 from specsim.specs import PolicySpec, load
+from specsim.expansion import DynamicTree
 from specsim.trees import Tree
 
 
@@ -151,7 +152,7 @@ def run_policy(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator,
     _check(features, tree, spec)
     if spec.kind.adaptive:
         return load(spec.kind.function)(features, tree, spec, rng, pricing)
-    if tree.dynamic is not None:
+    if isinstance(tree, DynamicTree):
         if features.model_free:
             raise SpecError(f"a dynamic tree grows from a draft model's expansion; {features.draft} is model-free")
         fn = load("specsim.sim.dynamic:dynamic_table")
@@ -218,9 +219,9 @@ def _check(features, tree: Tree, spec: PolicySpec) -> None:
     """What every replay of `spec` on `features` needs: a temperature it accepts; head drafts replay
     static trees under lossless non-adaptive rules only."""
     check_temperature(spec, features.temperature)
-    if features.depth is not None and (spec.kind.adaptive or not spec.lossless or tree.dynamic is not None):
+    if features.depth is not None and (spec.kind.adaptive or not spec.lossless or isinstance(tree, DynamicTree)):
         what = "an adaptive rule" if spec.kind.adaptive else (
-            "a dynamic tree" if tree.dynamic is not None else f"lossy rule {spec.label}")
+            "a dynamic tree" if isinstance(tree, DynamicTree) else f"lossy rule {spec.label}")
         raise SpecError(f"{what} is not replayed for head draft {features.draft} (its laws are keyed by depth); "
                         "use greedy or sample with static trees")
 

@@ -22,6 +22,7 @@ from specsim.sim.features import Features, FeatureSource, target_name
 from specsim.sim.policies import run_policy
 from specsim.specs import (PolicySpec, drafts_in_one_pass, feeds_accepted, is_model_free,
                            prompt_fed_at_admission)
+from specsim.expansion import DynamicTree
 from specsim.trees import Tree
 
 
@@ -134,7 +135,7 @@ class Pricing:
             idx = np.flatnonzero(cut == m)
             if idx.size:
                 L = contexts[idx]
-                if tree.dynamic is not None and drafted is not None:  # the nodes each call kept within its room
+                if isinstance(tree, DynamicTree) and drafted is not None:  # the nodes each call kept within its room
                     seconds = model.verify_s(batch, 1 + np.asarray(drafted)[idx], L)
                 else:
                     seconds = model.verify_s(batch, shape.verify_tokens, L)
@@ -184,7 +185,7 @@ class Pricing:
 def proposed_nodes(features: Features, table, tree: Tree | None = None) -> np.ndarray | None:
     """The nodes each call proposed, where pricing verifies only those: model-free drafts, and dynamic trees
     (the N best of the expansion, those deeper than the room not verified)."""
-    dynamic = tree is not None and tree.dynamic is not None
+    dynamic = isinstance(tree, DynamicTree)
     return table.drafted if (features.model_free or dynamic) and isinstance(table, AcceptanceTable) else None
 
 

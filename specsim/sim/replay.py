@@ -24,6 +24,7 @@ from specsim.sim.policies import run_adaptive
 from specsim.sim.pricing import Pricing, priced_walk
 from specsim.sim.rows import batch_rows, config_rows, request_rows, row_head, skip_line
 from specsim.specs import PolicySpec, fitted_budget, parse_tree
+from specsim.expansion import DynamicTree
 from specsim.trees import Tree
 
 
@@ -227,7 +228,7 @@ def _warm_width(specs: list[str], fixed: dict[str, Tree]) -> int:
     Monte-Carlo estimates do not depend on how trees are grouped into tasks (one process or workers)."""
     from specsim.sim.optimize import fit_width
 
-    widths = [int(t.n_children.max()) for s, t in fixed.items() if s in specs and t.budget and t.dynamic is None]
+    widths = [int(t.n_children.max()) for s, t in fixed.items() if s in specs and t.budget and not isinstance(t, DynamicTree)]
     budgets = [fitted_budget(s) for s in specs if s not in fixed]
     return max(widths + ([fit_width(budgets)] if budgets else []) + [1])
 
@@ -466,7 +467,7 @@ def _warm_candidates(features: Features, policy: PolicySpec, trees: list[Tree], 
     """
     if policy.name != "sample" or features.model_free or features.temperature <= 0:
         return
-    width = max([int(t.n_children.max()) for t in trees if t.budget and t.dynamic is None] + [width])
+    width = max([int(t.n_children.max()) for t in trees if t.budget and not isinstance(t, DynamicTree)] + [width])
     if width <= 1:
         return
     from specsim.sim.multidraft import candidate_acceptance

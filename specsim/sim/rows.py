@@ -19,6 +19,7 @@ from specsim.sim.features import Features, FeatureSource
 from specsim.sim.metrics import ALL, summarize_many
 from specsim.sim.pricing import Pricing
 from specsim.specs import PolicySpec, check_batch
+from specsim.expansion import DynamicTree
 from specsim.trees import Tree
 
 
@@ -26,25 +27,26 @@ def skip_line(features: Features, policy: PolicySpec, spec: str, exc: Exception)
     return (f"skipped {spec} x {features.draft} x {policy.label} at T={features.temperature:g}: {exc}")
 
 
-def _samples_used(source: FeatureSource, tree: Tree, policy: PolicySpec) -> int:
+def _samples_used(source: FeatureSource, tree: Tree | DynamicTree, policy: PolicySpec) -> int:
     """Monte-Carlo samples per position behind a swor estimate: the recording's own where it recorded π for the
     tree's fan-out (`multidraft.candidate_acceptance` reads those, not --samples), else `policy.samples`."""
     recorded = getattr(source, "recorded_stats", None)
-    fan_out = int(tree.n_children.max()) if tree.budget else 0
+    fan_out = int(tree.n_children.max()) if tree.budget and isinstance(tree, Tree) else 0
     if recorded is not None and not source.model_free and fan_out <= getattr(recorded, "candidates", 0):
         return int(recorded.swor_samples)
     return policy.samples
 
 
-def row_head(source: FeatureSource, tree: Tree, policy: PolicySpec, pricing: Pricing, reader: CacheReader,
+def row_head(source: FeatureSource, tree: Tree | DynamicTree, policy: PolicySpec, pricing: Pricing, reader: CacheReader,
              stats: TrajectoryStats, *, fit: str | None, n_boot: int, seed: int) -> dict:
     """The row's description columns of one configuration."""
     storage = reader.spec.storage
-    greedy_exact_tail = policy.kind.ranked and (not tree.budget or int(tree.ranks.max()) < reader.spec.top_k)
-    approximate = (not policy.lossless) or (
-        not source.exact_tail and not source.model_free and not greedy_exact_tail and tree.dynamic is None)
-    sampling_tree = (not policy.kind.ranked and tree.budget and int(tree.n_children.max()) > 1
-                     and tree.dynamic is None)
+    if isinstance(tree, DynamicTree):  # exact on the recorded expansion, a point-mass draft
+        approximate, sampling_tree = not policy.lossless, False
+    else:
+        greedy_exact_tail = policy.kind.ranked and (not tree.budget or int(tree.ranks.max()) < reader.spec.top_k)
+        approximate = (not policy.lossless) or (not source.exact_tail and not source.model_free and not greedy_exact_tail)
+        sampling_tree = not policy.kind.ranked and tree.budget and int(tree.n_children.max()) > 1
     config = {
         "tree": tree.name, "budget": tree.budget, "depth": tree.max_depth, "draft": source.draft,
         "target": source.models["target"], "policy": policy.label, "temperature": source.temperature,
