@@ -15,7 +15,8 @@ from tests.synthetic import random_cache
 
 
 def run(*args):
-    return CliRunner().invoke(main, ["simulate", *map(str, args)])
+    """`specsim simulate` in a 200-column terminal (the table drops columns to fit a narrower one)."""
+    return CliRunner().invoke(main, ["simulate", *map(str, args)], env={"COLUMNS": "200"})
 
 
 def test_table_rows_with_cis_and_a_footer(tiny_cache):
