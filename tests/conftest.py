@@ -11,6 +11,18 @@ from pathlib import Path
 
 import pytest
 
+# The slowest modules, longest first. `make test` runs two pytest-xdist workers, a module to a worker
+# (--dist loadscope), in this order: one takes vLLM's runs (its engine binds one core) while the other
+# works through the rest, instead of vLLM starting last.
+SLOW_FIRST = ("test_vllm.py", "test_validate.py", "test_coupling.py", "test_report.py", "test_heads.py",
+              "test_dynamic.py", "test_lossless_live.py", "test_cost.py", "test_cli_cache.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
