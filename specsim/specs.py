@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specsim.errors import SpecError
+from specsim.errors import ArgumentError, SpecError
 from specsim.expansion import DynamicTree, parse_dynamic
 from specsim.trees import Tree, chain, file, kary, kary_prefix, medusa, widths
 
@@ -155,7 +155,7 @@ def expand_trees(specs: Sequence[str], budgets: Sequence[int] | None) -> list[st
     if isinstance(specs, str):
         specs = [specs]
     if not specs:
-        raise SpecError("give at least one tree, e.g. --tree chain:4 (or --tree chain --budget 4)")
+        raise ArgumentError("give at least one tree in {trees}, e.g. chain:4 (or chain with {budgets} 4)")
     for b in budgets or ():
         if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
             raise SpecError(f"budget {b!r} must be an integer >= 1")
@@ -170,7 +170,8 @@ def expand_trees(specs: Sequence[str], budgets: Sequence[int] | None) -> list[st
             continue
         if not budgets:
             full = f"{spec},3" if ":" in spec else f"{spec}:8"
-            raise SpecError(f"tree family {spec!r} needs --budget N (or a full spec such as {full})")
+            raise ArgumentError("tree family {spec!r} needs a budget: {budgets} N (or a full spec such as {full})", spec=spec,
+                                full=full)
         out += [kind.over_budget(spec.replace(" ", ""), int(b)) for b in budgets]
     return list(dict.fromkeys(out))
 
@@ -353,10 +354,10 @@ POLICY_KINDS: dict[str, PolicyKind] = {
                           False, "along target trajectories (approximate), with the TV distortion", ">0",
                           "specsim.sim.lossy:lossy_table"),
     "adaptive-hf": PolicyKind("adaptive-hf", "adaptive-hf", "Hugging Face's heuristic chain length schedule", (0,),
-                              True, "exact", "any", "specsim.sim.adaptive:adaptive_stats", adaptive=True, live=True),
+                              True, "exact", "any", "specsim.sim.adaptive:adaptive_stats_many", adaptive=True, live=True),
     "adaptive-history": PolicyKind("adaptive-history", "adaptive-history:0.8,0.4",
                                    "chain length grows/shrinks with the last call's acceptance rate", (0, 2), True,
-                                   "exact", "any", "specsim.sim.adaptive:adaptive_stats", adaptive=True,
+                                   "exact", "any", "specsim.sim.adaptive:adaptive_stats_many", adaptive=True,
                                    live=True),
 }
 
@@ -404,7 +405,7 @@ def parse_policy(text: str, *, multi_draft: str = "iid", samples: int = 64) -> P
         want = " or ".join(str(c) for c in kind.params)
         raise SpecError(f"{text}: {name} takes {want} parameter(s), got {len(params)} (e.g. {kind.example})")
     if isinstance(samples, bool) or int(samples) < 2:
-        raise SpecError(f"--samples must be at least 2 (a standard error needs two), got {samples}")
+        raise ArgumentError("{samples} {value}: at least 2 (a standard error needs two)", value=samples)
     return PolicySpec(name=name, multi_draft=multi_draft, params=tuple(params), lossless=kind.lossless,
                       samples=int(samples))
 

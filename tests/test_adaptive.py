@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from specsim.errors import SpecError
-from specsim.sim.adaptive import adaptive_stats, next_gamma_table
+from specsim.sim.adaptive import next_gamma_table
 from specsim.sim.pricing import Pricing
 from specsim.sim.cost import parse_cost
 from specsim.sim.engine import walk
 from specsim.sim.features import load_features
-from specsim.sim.policies import run_policy
+from specsim.sim.policies import run_adaptive, run_policy
 from specsim.specs import parse_policy
 from specsim.specs import parse_tree
 from tests.synthetic import random_cache, rank_cache
@@ -38,7 +38,7 @@ def test_frozen_rule_equals_the_fixed_chain_walk(cache, T, policy):
     features = load_features(cache, "small", T, progress=False)
     pricing = Pricing(parse_cost("c=0.1"), "small", "assumed")
     tree = parse_tree("chain:3")
-    frozen = run_policy(features, tree, parse_policy("adaptive-history:1,0"), np.random.default_rng(0), pricing)
+    frozen = run_adaptive(features, [tree], parse_policy("adaptive-history:1,0"), [pricing])[0]
     call, plain, feed = pricing.priced(features, tree)
     fixed = walk(run_policy(features, tree, parse_policy(policy), np.random.default_rng(0)), features, call,
                  plain_cost=plain, next_feed_cost=feed)
@@ -53,7 +53,7 @@ def test_frozen_rule_equals_the_fixed_chain_walk(cache, T, policy):
 def test_forward_pass_equals_backward_recursion(cache, rule, T):
     features = load_features(cache, "small", T, progress=False)
     spec = parse_policy(rule)
-    stats = adaptive_stats(features, parse_tree("chain:2"), spec, np.random.default_rng(0), None)
+    stats = run_adaptive(features, [parse_tree("chain:2")], spec, [None])[0]
     beta = (features.rank == 0).astype(float) if T == 0 else np.exp(np.minimum(0, features.logq - features.logp))
     nxt = next_gamma_table(spec.name, 16, spec.params)
     for i in range(features.n_traj):
@@ -83,7 +83,7 @@ def test_forward_pass_equals_backward_recursion(cache, rule, T):
 def test_hf_schedule_grows_by_two_on_full_acceptance(tmp_path):
     path = rank_cache(tmp_path / "zeros.h5", [np.zeros(30, dtype=int)])  # the draft's top choice, always
     features = load_features(path, "d", 0.0, progress=False)
-    stats = adaptive_stats(features, parse_tree("chain:3"), parse_policy("adaptive-hf"), None, None)
+    stats = run_adaptive(features, [parse_tree("chain:3")], parse_policy("adaptive-hf"), [None])[0]
     # calls of γ = 3, 5, 7, 9 emit 4 + 6 + 8 + 10 = 28 tokens; γ = 11 is capped to the last 2, and that
     # call drafts only the 1 token it could accept (as HF's assisted generation does near max_new_tokens)
     assert stats.calls[0] == 5 and stats.accepted[0] == 25 and stats.drafted[0] == 3 + 5 + 7 + 9 + 1
@@ -92,10 +92,19 @@ def test_hf_schedule_grows_by_two_on_full_acceptance(tmp_path):
 def test_adaptive_rules_need_a_chain_and_a_model_draft(cache):
     features = load_features(cache, "small", 1.0, progress=False)
     with pytest.raises(SpecError, match="apply to chains"):
-        adaptive_stats(features, parse_tree("kary:2,2"), parse_policy("adaptive-hf"), None, None)
+        run_adaptive(features, [parse_tree("kary:2,2")], parse_policy("adaptive-hf"), [None])
     free = load_features(cache, "ngram:2", 1.0, progress=False)
     with pytest.raises(SpecError, match="model-free"):
-        adaptive_stats(free, parse_tree("chain:2"), parse_policy("adaptive-hf"), None, None)
+        run_adaptive(free, [parse_tree("chain:2")], parse_policy("adaptive-hf"), [None])
+
+
+def test_each_entry_point_returns_one_type(cache):
+    """run_policy gives acceptance tables only; an adaptive rule (no single table) is run_adaptive's."""
+    features = load_features(cache, "small", 1.0, progress=False)
+    with pytest.raises(SpecError, match="run_adaptive"):
+        run_policy(features, parse_tree("chain:2"), parse_policy("adaptive-hf"), np.random.default_rng(0))
+    with pytest.raises(SpecError, match="not an adaptive rule"):
+        run_adaptive(features, [parse_tree("chain:2")], parse_policy("sample"), [None])
 
 
 @pytest.mark.parametrize("rule", ["adaptive-hf", "adaptive-history", "adaptive-history:0.6,0.3"])
@@ -182,6 +191,6 @@ def test_a_sweep_walks_chains_together_to_each_chains_totals(cache, trees):
     want = ["chain:1", "chain:2", "chain:3", "chain:9"] + (["kary:2@1"] if "kary:2" in trees else [])  # a 1-node chain
     assert df["tree"].to_list() == want
     for row in df.iter_rows(named=True):
-        alone = adaptive_stats(features, parse_tree(row["tree"]), parse_policy("adaptive-hf"), None, pricing)
+        alone = run_adaptive(features, [parse_tree(row["tree"])], parse_policy("adaptive-hf"), [pricing])[0]
         assert row["tokens_per_call"] == pytest.approx(alone.tokens.sum() / alone.calls.sum(), rel=1e-12)
         assert row["speedup_assumed"] == pytest.approx(alone.plain.sum() / alone.cost.sum(), rel=1e-12)

@@ -144,7 +144,7 @@ def test_simulate_batch_rows_and_their_limits(setup):
     assert b4["tokens_per_call"] == df.row(0, named=True)["tokens_per_call"]
     with pytest.raises(SpecError, match=r"batch 9 is beyond what it measured \(1-4"):
         specsim.simulate(path, trees=["chain:3"], cost_profile=model.path, batches=[9], n_boot=0)
-    with pytest.raises(SpecError, match="--batch needs measured costs"):
+    with pytest.raises(SpecError, match="^batches: batch sizes need measured costs: give cost_profile"):
         specsim.simulate(path, trees=["chain:3"], cost="c=0.1", batches=[2])
     assert TARGET_NAME in df["target"][0]
 

@@ -153,7 +153,7 @@ def test_monte_carlo_rows_do_not_depend_on_the_worker_count(tmp_path):
 
 
 def test_workers_must_be_a_positive_count(cache):
-    with pytest.raises(SpecError, match="--workers 0: use 1 or more processes"):
+    with pytest.raises(SpecError, match="^workers 0: use 1 or more processes"):  # the argument, not the flag
         simulate(cache, trees=["chain:2"], workers=0)
 
 

@@ -127,12 +127,12 @@ def test_greedy_needs_greedy_trajectories(tiny_cache):
 def test_bad_inputs_are_one_line_errors(tmp_path):
     cache = random_cache(tmp_path / "c.h5", n_prompts=2, length=6, vocab=8)
     cases = [
-        (["--tree", "chain"], "tree family 'chain' needs --budget N"),
+        (["--tree", "chain"], "tree family 'chain' needs a budget: --budget N"),
         (["--tree", "chain:2", "--out", tmp_path / "x.txt"], "unknown format .txt"),
         (["--tree", "chain:2", "--out", tmp_path], "is a directory"),
         (["--tree", "chain:2", "--cost", ""], "expected c=RATIO"),
         (["--tree", "chain:2", "--cost", "c=0.1", "--cost-profile", cache], "or an assumed --cost, not both"),
-        (["--tree", "chain:2", "--batch", "4"], "--batch needs measured costs"),
+        (["--tree", "chain:2", "--batch", "4"], "--batch: batch sizes need measured costs: give --cost-profile"),
         (["--tree", "chain:2", "--policy", "sometimes"], "'sometimes' is not a policy"),
 
         (["--tree", "bush:3"], "'bush:3' is not a tree spec"),
@@ -147,6 +147,25 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     assert res.exit_code == 1 and "no draft named 'huge'; recorded drafts: small" in res.output
     res = run(tmp_path / "missing.h5", "--tree", "chain:2")
     assert res.exit_code == 1 and res.output.strip().endswith("missing.h5: no such file")
+
+
+def test_one_error_names_the_argument_in_the_library_and_the_flag_on_the_command_line(tmp_path):
+    """The library's errors speak of its arguments; the CLI renders the same error with its flags."""
+    from specsim.errors import SpecError
+
+    cache = random_cache(tmp_path / "c.h5", n_prompts=2, length=6, vocab=8)
+    cases = [({"cost": "c=0.1", "batches": [2]}, ["--cost", "c=0.1", "--batch", "2"],
+              "batches: batch sizes need measured costs: give cost_profile",
+              "--batch: batch sizes need measured costs: give --cost-profile"),
+             ({"cost": "c=x"}, ["--cost", "c=x"], "cost 'c=x': 'x' is not a number", "--cost 'c=x': 'x' is not"),
+             ({"trees": ["chain"]}, [], "needs a budget: budgets N", "needs a budget: --budget N")]
+    for kwargs, flags, library, command_line in cases:
+        with pytest.raises(SpecError) as raised:
+            specsim.simulate(cache, **{"trees": ["chain:2"], **kwargs})
+        assert library in str(raised.value), raised.value
+        assert "--" not in str(raised.value), raised.value
+        res = run(cache, "--tree", "chain" if "trees" in kwargs else "chain:2", *flags)
+        assert res.exit_code == 2 and command_line in res.output, res.output
 
 
 def test_help_has_examples():

@@ -140,7 +140,7 @@ def test_model_free_live_equals_plain_greedy(tiny):
 def test_config_errors_say_what_to_do():
     from specsim.errors import SpecError
 
-    with pytest.raises(SpecError, match="use --policy sample"):
+    with pytest.raises(SpecError, match="use policy sample"):
         LiveConfig(tree=parse_tree("chain:2"), policy="greedy", temperature=0.7)
     with pytest.raises(SpecError, match="temperature > 0"):
         LiveConfig(tree=parse_tree("chain:2"), policy="sample", temperature=0.0)

@@ -99,7 +99,7 @@ def test_profile_json_round_trips_into_the_cost_model(pair, tmp_path):
     hot = model.for_temperature(1.0, model_draft=True)
     assert float(hot.verify_s(2, 3, 32)) == pytest.approx(cell["median"] + overhead["walk_sample"]["2"]["3"]["median"]
                                                          + overhead["draft_sample"]["2"]["3"]["median"])
-    with pytest.raises(SpecError, match="exists; pass --overwrite"):
+    with pytest.raises(SpecError, match="exists; pass overwrite to replace it"):
         write_profile(body, path)
 
 

@@ -47,7 +47,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from specsim.errors import ModelError, SpecError
+from specsim.errors import ArgumentError, ModelError, SpecError
 from specsim.sim.cost import OVERHEAD_KINDS
 
 FORMAT = "specsim-cost-profile"
@@ -438,7 +438,7 @@ def write_profile(body: dict, path: str | Path, *, overwrite: bool = False) -> P
     """Write the profile JSON atomically (temporary file + rename); refuse to replace a file unless asked."""
     path = Path(path)
     if path.exists() and not overwrite:
-        raise SpecError(f"{path} exists; pass --overwrite to replace it")
+        raise ArgumentError("{path} exists; pass {overwrite} to replace it", path=path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".writing")
     tmp.write_text(json.dumps(body, indent=1) + "\n")
@@ -448,13 +448,13 @@ def write_profile(body: dict, path: str | Path, *, overwrite: bool = False) -> P
 
 def _validate(config: ProfileConfig) -> None:
     if not config.batches or min(config.batches) < 1:
-        raise SpecError(f"--batch sizes must be positive, got {config.batches}")
+        raise ArgumentError("{batches} {value}: batch sizes are positive", value=config.batches)
     if not config.contexts or min(config.contexts) < 1:
-        raise SpecError(f"--contexts must be positive token counts, got {config.contexts}")
+        raise ArgumentError("{contexts} {value}: contexts are positive token counts", value=config.contexts)
     if config.max_tokens < 2:
-        raise SpecError(f"--max-tokens must be at least 2 (N = 1 is the plain step), got {config.max_tokens}")
+        raise ArgumentError("{max_tokens} {value}: at least 2 (N = 1 is the plain step)", value=config.max_tokens)
     if not config.draft_widths or min(config.draft_widths) < 1 or 1 not in config.draft_widths:
-        raise SpecError(f"--draft-widths must be positive and include 1, got {config.draft_widths}")
+        raise ArgumentError("{draft_widths} {value}: positive, and 1 among them", value=config.draft_widths)
     if config.repeats < 1 or config.warmup < 0:
         raise SpecError(f"repeats must be >= 1 and warmup >= 0, got {config.repeats} and {config.warmup}")
 

@@ -33,17 +33,29 @@ class SpecUsageError(click.ClickException):
     exit_code = 2
 
 
+# Library arguments whose flag is not the argument's name with dashes: a list argument takes its flag once per
+# value (`trees=[...]` is `--tree A --tree B`).
+FLAGS = {"trees": "--tree", "drafts": "--draft", "policies": "--policy", "temperatures": "--temperature",
+         "batches": "--batch", "budgets": "--budget", "hidden": "--hidden-states"}
+
+
+def flag(argument: str) -> str:
+    """The command-line flag of a library argument: n_boot -> --n-boot, policies -> --policy."""
+    return FLAGS.get(argument, "--" + argument.replace("_", "-"))
+
+
 def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a command body, printing `SpecsimError`s as one line (SpecError: exit 2, others: exit 1)."""
+    """Run a command body, printing `SpecsimError`s as one line (SpecError: exit 2, others: exit 1).
+    Where an error names the library's arguments (`SpecsimError.naming`), here it names their flags."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except SpecError as exc:
-            raise SpecUsageError(str(exc)) from None
+            raise SpecUsageError(exc.render(flag)) from None
         except SpecsimError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(exc.render(flag)) from None
 
     return wrapper
 

@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from specsim.errors import SpecError
+from specsim.errors import ArgumentError, SpecError
 from specsim.live.drafting import Drafter, Proposal, probabilities
 from specsim.record.kv import SlotKV
 from specsim.specs import BATCHING, MULTI_DRAFT, parse_policy, policy_names
@@ -82,17 +82,19 @@ class LiveConfig:
                 raise SpecError(f"{rule.label}: adaptive speculation lengths apply to chains, not to the tree "
                                 f"{self.tree.name or self.tree.to_spec()}")
         if self.multi_draft not in MULTI_DRAFT:
-            raise SpecError(f"--multi-draft {self.multi_draft!r} is not one of {', '.join(MULTI_DRAFT)}")
+            raise ArgumentError("{multi_draft} {value!r} is not one of {known}", value=self.multi_draft,
+                                known=", ".join(MULTI_DRAFT))
         if self.policy == "greedy" and self.temperature != 0:
-            raise SpecError(f"policy greedy decodes at temperature 0, got {self.temperature:g}; use --policy sample")
+            raise ArgumentError("{policy} greedy decodes at {temperature} 0, got {value:g}; use {policy} sample",
+                                value=self.temperature)
         if self.policy == "sample" and not self.temperature > 0:
-            raise SpecError("policy sample needs a temperature > 0 (e.g. --temperature 0.7); T = 0 is greedy")
+            raise ArgumentError("{policy} sample needs {temperature} > 0 (e.g. 0.7); T = 0 is greedy")
         if self.max_new_tokens < 1:
-            raise SpecError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+            raise ArgumentError("{max_new_tokens} {value}: at least 1", value=self.max_new_tokens)
         if self.batch < 1:
-            raise SpecError(f"--batch must be at least 1, got {self.batch}")
+            raise ArgumentError("{batch} {value}: at least 1", value=self.batch)
         if self.batching not in BATCHING:
-            raise SpecError(f"--batching {self.batching!r} is not one of {', '.join(BATCHING)}")
+            raise ArgumentError("{batching} {value!r} is not one of {known}", value=self.batching, known=", ".join(BATCHING))
 
     def plain(self) -> "LiveConfig":
         """The plain-decoding baseline of this configuration: same policy, limits and batching."""

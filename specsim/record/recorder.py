@@ -33,13 +33,16 @@ import hashlib
 import platform
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from specsim.cache.store import CacheWriter, PromptRecord
 from specsim.errors import ModelError, ResumeMismatchError
 from specsim.record.models import LoadedModel, eos_token_ids
+
+if TYPE_CHECKING:  # torch is imported where a recording runs
+    import torch
 
 # How a T > 0 recording draws its tokens (a setting: a file is never continued by another sampler).
 # Before it, files drew with torch.multinomial and a generator on the model's device, which differs

@@ -62,21 +62,23 @@ class RecordOutcome:
 def check_output(out: Path, *, resume: bool, overwrite: bool) -> None:
     """Fail before loading any model if the output cannot be (re)written as asked."""
     if resume and overwrite:
-        raise CacheError("--resume and --overwrite exclude each other")
+        raise CacheError.naming("{resume} and {overwrite} exclude each other")
     if not str(out).strip():
-        raise CacheError("--out: an empty path; give a file name such as cache/run.h5")
+        raise CacheError.naming("{out}: an empty path; give a file name such as cache/run.h5")
     if out.is_dir():
-        raise CacheError(f"--out {out} is a directory; give a file name such as {out / 'run.h5'}")
+        raise CacheError.naming("{out} {path} is a directory; give a file name such as {example}", path=out,
+                                example=out / "run.h5")
     if out.exists() and not (resume or overwrite):
-        raise CacheError(f"{out} exists; pass --resume to continue it or --overwrite to replace it")
+        raise CacheError.naming("{path} exists; pass {resume} to continue it or {overwrite} to replace it", path=out)
     if resume and not out.exists():
-        raise CacheError(f"{out}: no such file to --resume; drop --resume to start a new cache")
+        raise CacheError.naming("{path}: no such file to {resume}; drop {resume} to start a new cache", path=out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CacheError(f"--out {out}: cannot create directory {out.parent} ({exc.strerror or exc})") from None
+        raise CacheError.naming("{out} {path}: cannot create directory {parent} ({why})", path=out, parent=out.parent,
+                                why=exc.strerror or exc) from None
     if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise CacheError(f"--out {out}: not writable; choose another path")
+        raise CacheError.naming("{out} {path}: not writable; choose another path", path=out)
 
 
 def check_prompt_lengths(records, model, max_new_tokens: int, overhang: int = 0) -> None:
@@ -102,7 +104,7 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
 
     out = Path(out)
     if request.seed < 0:
-        raise CacheError(f"--seed {request.seed}: seeds are non-negative integers")
+        raise CacheError.naming("{seed} {value}: seeds are non-negative integers", value=request.seed)
     temperatures = tuple(dict.fromkeys(float(t) for t in request.temperatures)) or (0.0,)
     cats = list(request.categories) if request.categories else None
     check_output(out, resume=resume, overwrite=overwrite)
@@ -117,15 +119,17 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
         raise CacheError(f"--expand records a draft model's EAGLE-2 expansion; head draft {head_specs[0]} is not "
                          "expanded: record it without --expand (or in a cache of its own)")
     if request.head_depth is not None and not 1 <= request.head_depth <= 16:
-        raise CacheError(f"--head-depth {request.head_depth}: give 1..16")
+        raise CacheError.naming("{head_depth} {value}: give 1..16", value=request.head_depth)
     if not 0 <= request.overhang <= MAX_OVERHANG:
-        raise CacheError(f"--overhang {request.overhang}: give 0..{MAX_OVERHANG} positions past each end")
+        raise CacheError.naming("{overhang} {value}: give 0..{most} positions past each end", value=request.overhang,
+                                most=MAX_OVERHANG)
     config = RecordConfig(max_new_tokens=request.max_new_tokens, temperatures=temperatures, seed=request.seed,
                           batch_size=request.batch_size, shard=request.shard, overhang=request.overhang)
     if request.store not in ("full", "stats"):
-        raise CacheError(f"--store {request.store!r}: use full (statistics and logits) or stats (statistics only)")
+        raise CacheError.naming("{store} {value!r}: use full (statistics and logits) or stats (statistics only)",
+                                value=request.store)
     if request.store == "stats" and request.top_k:
-        raise CacheError("--top-k keeps truncated logits; --store stats keeps none: choose one")
+        raise CacheError.naming("{top_k} keeps truncated logits; {store} stats keeps none: choose one")
     storage = "stats" if request.store == "stats" else "topk" if request.top_k else "full"
     run_settings = settings(target=request.target, drafts=request.drafts, prompt_spec=prompt_spec, config=config,
                             dtype=request.dtype, storage=storage, top_k=request.top_k,
@@ -211,8 +215,8 @@ def head_depth(head, asked: int | None) -> int:
     """Depths recorded for a head draft: Medusa's head count (no deeper), EAGLE's --head-depth or 5."""
     if head.kind == "medusa":
         if asked is not None and asked > head.config.heads:
-            raise CacheError(f"--head-depth {asked}: {head.name} has {head.config.heads} heads, so it drafts at most "
-                             f"{head.config.heads} deep")
+            raise CacheError.naming("{head_depth} {value}: {head} has {heads} heads, so it drafts at most {heads} deep",
+                                    value=asked, head=head.name, heads=head.config.heads)
         return asked or head.config.heads
     return asked or EAGLE_DEPTH
 
@@ -225,7 +229,7 @@ def parse_hidden(layers) -> tuple[str, ...]:
     out = []
     for item in items:
         if item != "last" and not item.isdigit():
-            raise CacheError(f"--hidden-states {item!r}: give 'last' or decoder layer numbers, e.g. last,12")
+            raise CacheError.naming("{hidden} {value!r}: give 'last' or decoder layer numbers, e.g. last,12", value=item)
         out.append(item)
     return tuple(dict.fromkeys(out))
 

@@ -246,20 +246,14 @@ def check_chain(tree: Tree, what: str = "") -> None:
                         f"{tree.name or tree.to_spec()}")
 
 
-def adaptive_stats(features: "Features", tree: Tree, spec, rng: np.random.Generator, pricing) -> "TrajectoryStats":
-    """Exact expected totals per trajectory of a chain whose length adapts by `spec.name`.
-
-    pricing (`specsim.sim.pricing.Pricing`, or None for no speed columns): a call of γ drafts at t
-    costs what a chain:γ call costs there (its context, its output cap), as fixed trees are
-    priced, and a call that accepts all γ adds what chain:γ's does: the next call's 2-token root feed.
-    """
-    return adaptive_stats_many(features, [tree], spec, [pricing])[0]
-
-
 def adaptive_stats_many(features: "Features", trees: Sequence[Tree], spec, pricings: Sequence) -> list["TrajectoryStats"]:
-    """`adaptive_stats` of several chains under one rule (pricings[i] prices trees[i]): chains with the
-    same cap Γ and pricing are walked together, sharing every per-position read (the totals are the
-    same as walking each alone)."""
+    """Exact expected totals per trajectory of each chain in `trees` whose length adapts by `spec.name`.
+
+    pricings[i] (`specsim.sim.pricing.Pricing`, or None for no speed columns) prices trees[i]: a call
+    of γ drafts at t costs what a chain:γ call costs there (its context, its output cap), as fixed
+    trees are priced, and a call that accepts all γ adds what chain:γ's does: the next call's 2-token
+    root feed. Chains with the same cap Γ and pricing are walked together, sharing every per-position
+    read (the totals are the same as walking each alone)."""
     from specsim.sim.engine import TrajectoryStats
 
     for tree in trees:

@@ -130,9 +130,9 @@ def fit_on_cache(cache, budgets: Sequence[int], *, draft: str | None = None, pol
         if temperature is None:
             hot = [t for t in reader.spec.temperatures if t > 0]
             if policy == "greedy" and 0.0 not in reader.spec.temperatures:
-                raise CacheError(f"{reader.path}: no greedy (T=0) trajectories; use --policy sample")
+                raise CacheError.naming("{path}: no greedy (T=0) trajectories; use {policy} sample", path=reader.path)
             if policy == "sample" and not hot:
-                raise CacheError(f"{reader.path}: only greedy (T=0) trajectories; use --policy greedy")
+                raise CacheError.naming("{path}: only greedy (T=0) trajectories; use {policy} greedy", path=reader.path)
             temperature = 0.0 if policy == "greedy" else hot[0]
         spec = parse_policy(policy, multi_draft=multi_draft, samples=samples)
         check_temperature(spec, float(temperature))

@@ -56,7 +56,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from specsim.errors import SpecError
+from specsim.errors import ArgumentError, SpecError
 from specsim.expansion import DynamicShape, DynamicTree, candidates
 from specsim.trees import Tree
 
@@ -150,13 +150,14 @@ def parse_cost(text: str) -> AssumedCost:
     """'c=0.1' → AssumedCost(0.1)."""
     key, sep, value = str(text).strip().partition("=")
     if key.strip().lower() != "c" or not sep:
-        raise SpecError(f"--cost {text!r}: expected c=RATIO (draft step / target step), e.g. c=0.1")
+        raise ArgumentError("{cost} {text!r}: expected c=RATIO (draft step / target step), e.g. c=0.1", text=text)
     try:
         c = float(value)
     except ValueError:
-        raise SpecError(f"--cost {text!r}: {value.strip()!r} is not a number (e.g. c=0.1)") from None
+        raise ArgumentError("{cost} {text!r}: {value!r} is not a number (e.g. c=0.1)", text=text,
+                            value=value.strip()) from None
     if not 0 <= c < 1e6 or c != c:
-        raise SpecError(f"--cost {text!r}: the ratio must be a number >= 0")
+        raise ArgumentError("{cost} {text!r}: the ratio must be a number >= 0", text=text)
     return AssumedCost(c)
 
 

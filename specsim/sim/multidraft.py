@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specsim.cache.stats import acceptance_iid, acceptance_swor
-from specsim.errors import SpecError
+from specsim.errors import ArgumentError, SpecError
 from specsim.sim.engine import EndCap, at_depth, leaves_above_full_depth
 from specsim.specs import MULTI_DRAFT
 from specsim.trees import Tree
@@ -320,7 +320,7 @@ def sample_tree_table(features: "Features", tree: Tree, spec, rng: np.random.Gen
     scheme = getattr(spec, "multi_draft", "iid")
     samples = int(getattr(spec, "samples", 0) or 64)
     if samples < 2:
-        raise SpecError(f"--samples must be at least 2 for a standard error, got {samples}")
+        raise ArgumentError("{samples} {value}: at least 2 (a standard error needs two)", value=samples)
     k = int(tree.n_children.max())
     pi, reps = candidate_acceptance(features, k, scheme=scheme, samples=samples, rng=rng)
     remaining = features.remaining()

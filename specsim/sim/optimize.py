@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from specsim.errors import SpecError
+from specsim.errors import ArgumentError, SpecError
 from specsim.sim.engine import EndCap, at_depth
 from specsim.trees import Tree
 
@@ -365,7 +365,7 @@ def _sample_trees(features: "Features", budgets: Sequence[int], max_depth: int, 
     from specsim.sim.multidraft import candidate_acceptance, length_distribution, reach_by_depth
 
     if features.temperature <= 0:
-        raise SpecError("sampling trees need trajectories sampled at T > 0; at T=0 use --policy greedy")
+        raise ArgumentError("sampling trees need trajectories sampled at T > 0; at T=0 use {policy} greedy")
     if features.rank is None:
         raise SpecError(f"draft {features.draft!r} is model-free: its proposals are not sampled from a q")
     width = fit_width(budgets)

@@ -13,7 +13,8 @@ docs/design.md §2. Two policies are exact closed forms over the cached features
 Everything else is named in `specsim.specs.POLICY_KINDS` and imported lazily from
 the module that owns it: multi-draft sampling trees (``--multi-draft iid|swor``),
 model-free drafts, lossy acceptance rules and adaptive speculation lengths.
-`run_policy` is the one entry point the simulator calls.
+`run_policy` returns the acceptance table of any rule with one; `run_adaptive` the walk's totals of a
+rule whose chain length changes call by call (it has no single table).
 numpy only.
 """
 
@@ -143,15 +144,17 @@ def sample_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generato
 # -- the one entry point ---------------------------------------------------------------------------
 
 
-def run_policy(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator, pricing=None):
-    """The acceptance table (or, for adaptive rules, the walk's totals) of one configuration.
+def run_policy(features, tree: Tree | DynamicTree, spec: PolicySpec, rng: np.random.Generator) -> AcceptanceTable:
+    """The acceptance table of one configuration.
 
     The policy's function is the one `specsim.specs.POLICY_KINDS` names; model-free drafts use the
-    candidate trie of `specsim.sim.modelfree` (point masses) under any lossless policy.
+    candidate trie of `specsim.sim.modelfree` (point masses) under any lossless policy. An adaptive
+    rule has no table (its chain length depends on the calls before): `run_adaptive` replays it.
     """
     _check(features, tree, spec)
     if spec.kind.adaptive:
-        return load(spec.kind.function)(features, tree, spec, rng, pricing)
+        raise SpecError(f"{spec.label} changes the chain length call by call and has no acceptance table; "
+                        "replay it with run_adaptive")
     if isinstance(tree, DynamicTree):
         if features.model_free:
             raise SpecError(f"a dynamic tree grows from a draft model's expansion; {features.draft} is model-free")
@@ -203,16 +206,14 @@ def with_engine_counts(table: AcceptanceTable, features, tree: Tree, replay_tail
 
 
 def run_adaptive(features, trees: list[Tree], spec: PolicySpec, pricings: list) -> list:
-    """`run_policy`'s totals for several chains under one adaptive rule (pricings[i] prices trees[i]),
-    walked together: chains of the same cap share one pass over the positions. The totals are
-    run_policy's, chain by chain."""
+    """The walk's totals (`TrajectoryStats`) of each chain in `trees` under the adaptive rule `spec`, starting at
+    its length; pricings[i] (a `specsim.sim.pricing.Pricing`, or None for no speed columns) prices trees[i].
+    Chains of the same cap are walked together, sharing one pass over the positions."""
     if not spec.kind.adaptive:
-        raise SpecError(f"{spec.label} is not an adaptive rule")
+        raise SpecError(f"{spec.label} is not an adaptive rule; run_policy gives its acceptance table")
     for tree in trees:
         _check(features, tree, spec)
-    from specsim.sim.adaptive import adaptive_stats_many
-
-    return adaptive_stats_many(features, trees, spec, pricings)
+    return load(spec.kind.function)(features, trees, spec, pricings)
 
 
 def _check(features, tree: Tree, spec: PolicySpec) -> None:

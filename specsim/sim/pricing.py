@@ -17,9 +17,9 @@ import numpy as np
 
 from specsim.cache.store import CacheReader
 from specsim.errors import SpecError
-from specsim.sim.engine import AcceptanceTable, walk
+from specsim.sim.engine import walk
 from specsim.sim.features import Features, FeatureSource, target_name
-from specsim.sim.policies import run_policy
+from specsim.sim.policies import run_adaptive, run_policy
 from specsim.specs import (PolicySpec, drafts_in_one_pass, feeds_accepted, is_model_free,
                            prompt_fed_at_admission)
 from specsim.expansion import DynamicTree
@@ -186,15 +186,15 @@ def proposed_nodes(features: Features, table, tree: Tree | None = None) -> np.nd
     """The nodes each call proposed, where pricing verifies only those: model-free drafts, and dynamic trees
     (the N best of the expansion, those deeper than the room not verified)."""
     dynamic = isinstance(tree, DynamicTree)
-    return table.drafted if (features.model_free or dynamic) and isinstance(table, AcceptanceTable) else None
+    return table.drafted if features.model_free or dynamic else None
 
 
-def priced_walk(features: Features, tree: Tree, policy: PolicySpec, pricing: Pricing, rng: np.random.Generator):
+def priced_walk(features: Features, tree: Tree | DynamicTree, policy: PolicySpec, pricing: Pricing,
+                rng: np.random.Generator):
     """The walk's totals of one configuration on `features` and its acceptance table (None for adaptive rules)."""
-    result = run_policy(features, tree, policy, rng, pricing if pricing.model is not None else None)
-    table = result if isinstance(result, AcceptanceTable) else None
-    if table is None:
-        return result, None
+    if policy.kind.adaptive:
+        return run_adaptive(features, [tree], policy, [pricing if pricing.model is not None else None])[0], None
+    table = run_policy(features, tree, policy, rng)
     if pricing.model is not None:
         drafted = proposed_nodes(features, table, tree)
         leaf = table.leaf_given()

@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from specsim.cache.store import CacheReader
-from specsim.errors import CacheError, SpecError
+from specsim.errors import ArgumentError, CacheError, SpecError
 from specsim.sim.cost import ProfileCost, load_cost_profile, parse_cost
 from specsim.sim.features import feature_source
 from specsim.sim.policies import check_temperature
@@ -146,32 +146,32 @@ def sweep(cache, config: SweepConfig, *, progress: bool = False,
     by_category, n_boot, samples, seed, top_k = c.by_category, c.n_boot, c.samples, c.seed, c.top_k
     unpriced, block_positions, fit_positions, workers = c.unpriced, c.block_positions, c.fit_positions, c.workers
     if cost is not None and cost_profile is not None:
-        raise SpecError("give a measured --cost-profile or an assumed --cost, not both")
+        raise ArgumentError("give a measured {cost_profile} or an assumed {cost}, not both")
     if isinstance(n_boot, bool) or not 0 <= int(n_boot) <= MAX_BOOT:
-        raise SpecError(f"--n-boot {n_boot}: use 0 (no CIs) to {MAX_BOOT} bootstrap resamples")
+        raise ArgumentError("{n_boot} {value}: use 0 (no CIs) to {most} bootstrap resamples", value=n_boot, most=MAX_BOOT)
     if isinstance(seed, bool) or int(seed) < 0:
-        raise SpecError(f"--seed {seed}: seeds are non-negative integers")
+        raise ArgumentError("{seed} {value}: seeds are non-negative integers", value=seed)
     if isinstance(workers, bool) or int(workers) < 1:
-        raise SpecError(f"--workers {workers}: use 1 or more processes")
+        raise ArgumentError("{workers} {value}: use 1 or more processes", value=workers)
     workers = int(workers)
     cost_model = (cost_profile if isinstance(cost_profile, ProfileCost) else load_cost_profile(cost_profile)
                   if cost_profile is not None else parse_cost(cost) if cost is not None else None)
     batches = sorted({int(b) for b in (batches or ())})
     if batches and (cost_model is None or not cost_model.measured):
-        raise SpecError("--batch needs measured costs: give --cost-profile (a profile measured at those batch sizes)")
+        raise ArgumentError("{batches}: batch sizes need measured costs: give {cost_profile} (a profile measured at them)")
     if batches:
         cost_model.plain_s(np.array(batches), cost_model.contexts[0])  # refuses a batch beyond its range
     if any(b < 1 for b in batches):
-        raise SpecError(f"batch sizes must be at least 1, got {batches}")
+        raise ArgumentError("{batches} {value}: batch sizes are at least 1", value=batches)
     if batching not in BATCHING:
-        raise SpecError(f"--batching {batching!r} is not one of {', '.join(BATCHING)}")
+        raise ArgumentError("{batching} {value!r} is not one of {known}", value=batching, known=", ".join(BATCHING))
     if unpriced not in ("skip", "keep"):
-        raise SpecError(f"unpriced={unpriced!r}: use 'skip' or 'keep'")
+        raise ArgumentError("{unpriced}={value!r}: use 'skip' or 'keep'", value=unpriced)
     specs = expand_trees(list(trees), budgets)
     fixed = {s: resolve_tree(s) for s in specs if not needs_fit(s)}  # spec errors before any work
     pols = [parse_policy(p, multi_draft=multi_draft, samples=samples) for p in policies]
     if not pols:
-        raise SpecError("give at least one policy, e.g. --policy greedy")
+        raise ArgumentError("give at least one policy in {policies}, e.g. greedy")
     if on_skip is None:
         on_skip = lambda line: print(line, file=sys.stderr)  # noqa: E731
     skipped: list[str] = []
@@ -182,7 +182,8 @@ def sweep(cache, config: SweepConfig, *, progress: bool = False,
                 raise CacheError(f"{reader.path}: no draft named {d!r}; recorded drafts: "
                                  f"{', '.join(reader.spec.drafts)}; model-free: {model_free_help()}")
         if not drafts:
-            raise CacheError(f"{reader.path}: records no draft; name a model-free one (--draft ngram:3)")
+            raise CacheError.naming("{path}: records no draft; name a model-free one in {drafts} (e.g. ngram:3)",
+                                   path=reader.path)
         pricing = {d: Pricing.for_draft(cost_model, reader, d) for d in drafts}  # refuses a mismatched profile
         plan = _temperature_plan(reader, pols, temperatures)
         n_configs = len(plan) * len(drafts) * len(specs)
