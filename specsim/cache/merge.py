@@ -70,7 +70,7 @@ def merge_shards(out, shards: Sequence, *, overwrite: bool = False, allow_partia
             if replace(reader.spec, meta={}) != replace(first.spec, meta={}):
                 raise CacheError(f"{reader.path} has another layout than {first.path} (storage, drafts or vocabulary)")
             if not reader.prompts.equals(first.prompts) or \
-                    reader.meta.get("tokenizer_sha256") != first.meta.get("tokenizer_sha256"):
+                    reader.run.tokenizer_sha256 != first.run.tokenizer_sha256:
                 raise CacheError(f"{reader.path} holds other prompts (or another tokenizer's ids) than {first.path}")
             if reader.fingerprint is None:
                 raise CacheError(f"{reader.path} was written before cache format 3; re-record it to merge")
@@ -92,7 +92,7 @@ def merge_shards(out, shards: Sequence, *, overwrite: bool = False, allow_partia
         meta = dict(first.meta)
         meta["settings"] = {**settings0, "shard": None}
         meta["merged_from"] = [{"path": str(r.path), "shard": f"{_shard(r)[0]}/{n_shards}",
-                                "device": r.meta.get("device"), "created": r.meta.get("created"),
+                                "device": r.run.device, "created": r.run.created,
                                 "fingerprint": r.fingerprint} for r in readers]
         spec = replace(first.spec, meta=meta)  # the same layout: drafts, depths, hidden states, statistics
         tmp = out.with_name(out.name + ".merging")
@@ -121,15 +121,10 @@ def merge_shards(out, shards: Sequence, *, overwrite: bool = False, allow_partia
 
 
 def _settings(reader) -> dict:
-    settings = reader.meta.get("settings")
-    if not isinstance(settings, dict):
+    if reader.run.settings is None:
         raise CacheError(f"{reader.path}: records no settings; it was not written by `specsim cache`")
-    return {k: v for k, v in settings.items() if k != "shard"}
+    return {k: v for k, v in reader.run.settings.items() if k != "shard"}
 
 
 def _shard(reader) -> tuple[int, int]:
-    text = (reader.meta.get("settings") or {}).get("shard")
-    if not text:
-        return 0, 1  # an unsharded recording is the only shard of its run
-    i, n = (int(x) for x in str(text).split("/"))
-    return i, n
+    return reader.run.shard

@@ -54,6 +54,7 @@ from specsim.cache.stats import (
     draft_stats,
     target_stats,
 )
+from specsim.cache.meta import RunMeta
 from specsim.errors import CacheError
 
 FORMAT = "specsim-cache"
@@ -300,12 +301,8 @@ def _committed_rows(f: h5py.File) -> np.ndarray:
 def _expected_positions(spec: CacheSpec, prompts: Sequence[PromptRecord]) -> int:
     """Positions the recording will hold at most (prompts x temperatures x max_new_tokens); 0 when the
     settings do not say. Only sizes the statistics' chunks."""
-    settings = spec.meta.get("settings") if isinstance(spec.meta, dict) else None
-    try:
-        limit = int((settings or {}).get("max_new_tokens") or 0)
-    except (TypeError, ValueError):
-        limit = 0
-    return len(prompts) * len(spec.temperatures) * max(limit, 0)
+    limit = RunMeta.parse(spec.meta).max_new_tokens or 0
+    return len(prompts) * len(spec.temperatures) * limit
 
 
 class CacheWriter:
@@ -666,7 +663,8 @@ class CacheReader:
                     "re-record it (specsim cache ... --resume keeps what a readable file holds)"
                 )
             self.spec = _read_spec(self._f, self.path)
-            self.meta: dict = dict(self.spec.meta)
+            self.meta: dict = dict(self.spec.meta)  # the JSON as stored (merge and resume copy it whole)
+            self.run = RunMeta.parse(self.meta)  # the same, read once into fields
             rows = _committed_rows(self._f)
             if probe:
                 self._probe(rows)

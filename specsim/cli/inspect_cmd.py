@@ -59,18 +59,17 @@ def inspect(file: Path, verify: bool, quiet: bool) -> None:
     if verify:
         return _verify(file, quiet)
     with CacheReader(file) as reader:
-        meta, spec = reader.meta, reader.spec
+        run, spec = reader.run, reader.spec
         storage = {"full": "full float16 logits", "topk": f"top-{spec.top_k} logits + tail log-sum-exp",
                    "stats": "statistics only (no logits)"}[spec.storage]
         click.echo(f"{file}: {_human_bytes(reader.size_bytes)} on disk, storage {storage}, vocab (logits) {spec.vocab_size:,}")
-        target = meta.get("target", {})
-        click.echo(f"target     {target.get('spec', '?')} ({_model_line(target)})")
+        click.echo(f"target     {run.target.get('spec', '?')} ({_model_line(run.target)})")
         for name in spec.drafts:
             keyed = f"; head draft: laws per call start and depth 1..{spec.depths[name]}" if name in spec.depths else ""
-            click.echo(f"draft      {name} ({_model_line(meta.get('drafts', {}).get(name, {}))}{keyed})")
+            click.echo(f"draft      {name} ({_model_line(run.drafts.get(name, {}))}{keyed})")
         if not spec.drafts:
             click.echo("draft      none (model-free drafts only)")
-        click.echo(f"tokenizer  sha256 {str(meta.get('tokenizer_sha256', '?'))[:16]}")
+        click.echo(f"tokenizer  sha256 {(run.tokenizer_sha256 or '?')[:16]}")
         if spec.hidden:
             click.echo(f"hidden     target hidden states {', '.join(spec.hidden)} (width {spec.hidden_size}, float16)")
         expansion = spec.stats.expansion if spec.stats is not None and spec.stats.expand is not None else None
@@ -78,17 +77,16 @@ def inspect(file: Path, verify: bool, quiet: bool) -> None:
             click.echo(f"expansion  EAGLE-2 draft expansion {expansion.label} ({expansion.candidates} candidates per "
                        f"position): replays dynamic:topk={expansion.topk},depth<={expansion.depth},"
                        f"tokens<={expansion.candidates}")
-        settings, versions = meta.get("settings", {}), meta.get("versions", {})
         click.echo(
-            f"run        seed {settings.get('seed', '?')}, max_new_tokens {settings.get('max_new_tokens', '?')}, "
-            f"dtype {settings.get('dtype', '?')}, device {meta.get('device', '?')}, created {meta.get('created', '?')}; "
-            + ", ".join(f"{k} {v}" for k, v in versions.items())
+            f"run        seed {run.setting('seed', '?')}, max_new_tokens {run.setting('max_new_tokens', '?')}, "
+            f"dtype {run.setting('dtype', '?')}, device {run.device or '?'}, created {run.created or '?'}; "
+            + ", ".join(f"{k} {v}" for k, v in run.versions.items())
         )
 
         prompts = reader.prompts
         by_cat = prompts.group_by("category", maintain_order=True).len()
         cats = ", ".join(f"{c or '(none)'} {n}" for c, n in by_cat.iter_rows())
-        source = meta.get("prompts", {}).get("source", "?")
+        source = run.prompts.get("source", "?")
         click.echo(f"prompts    {prompts.height} from {source}: {cats}")
 
         trajs = reader.trajectories

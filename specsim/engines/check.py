@@ -86,13 +86,12 @@ class _Cache:
 
 def read_cache(cache) -> _Cache:
     with CacheReader(cache) as reader:
-        meta = reader.meta
-        settings = meta.get("settings") if isinstance(meta.get("settings"), dict) else {}
-        if "target" not in settings or "max_new_tokens" not in settings:
-            raise CacheError(f"{cache}: records no settings (target, max_new_tokens); cannot rerun it in vLLM")
+        run = reader.run
+        settings = run.require_settings(cache, "cannot rerun it in vLLM")
         prompts = tuple(tuple(int(x) for x in reader.prompt_token_ids(i)) for i in range(reader.prompts.height))
-        return _Cache(path=reader.path, target=settings["target"], target_info=dict(meta.get("target") or {}),
-                      drafts_info=dict(meta.get("drafts") or {}), max_new_tokens=int(settings["max_new_tokens"]),
+        return _Cache(path=reader.path, target=settings["target"], target_info=dict(run.target),
+                      drafts_info={k: dict(v) for k, v in run.drafts.items()},
+                      max_new_tokens=int(settings["max_new_tokens"]),
                       prompts=prompts, temperatures=tuple(reader.spec.temperatures), drafts=tuple(reader.spec.drafts),
                       storage=reader.spec.storage)
 

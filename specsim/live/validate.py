@@ -65,9 +65,7 @@ class CacheSetup:
 
 def cache_setup(path) -> CacheSetup:
     with CacheReader(path) as reader:
-        s = reader.meta.get("settings")
-        if not isinstance(s, dict) or "target" not in s:
-            raise CacheError(f"{path}: records no settings (target, max_new_tokens); cannot rerun it live")
+        s = reader.run.require_settings(path, "cannot rerun it live")
         cats = reader.prompts["category"].to_list()
         prompts = tuple(LivePrompt(prompt_index=i, category=cats[i],
                                    token_ids=np.asarray(reader.prompt_token_ids(i), dtype=np.int64))

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from specsim.cache.meta import RunMeta
 from specsim.cache.store import CacheWriter, PromptRecord
 from specsim.errors import ModelError, ResumeMismatchError
 from specsim.record.models import LoadedModel, eos_token_ids
@@ -288,8 +289,8 @@ def settings(*, target: str, drafts: Sequence[str], prompt_spec: dict, config: R
 
 def check_resume(path, file_meta: dict, now: dict) -> None:
     """ResumeMismatchError naming the first setting that differs (file vs now)."""
-    recorded = file_meta.get("settings")
-    if not isinstance(recorded, dict):
+    recorded = RunMeta.parse(file_meta).settings
+    if recorded is None:
         raise ResumeMismatchError(f"{path}: the file records no settings to compare; record a new file")
     for key in now:
         if key == "sampler" and recorded.get(key) != now[key]:

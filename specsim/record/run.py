@@ -141,7 +141,7 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
         if resume:
             with CacheReader(out) as reader:
                 check_resume(out, reader.meta, run_settings)
-                file_tokenizer = reader.meta.get("tokenizer_sha256")
+                file_tokenizer = reader.run.tokenizer_sha256
         loaded = _load(request, echo)
         p_target, q_drafts = loaded
         from specsim.record.recorder import build_meta, prompt_records, record

@@ -74,9 +74,9 @@ def load_sequences(cache, target) -> list[tuple[int, TrainSequence]]:
         if "last" not in reader.spec.hidden:
             raise CacheError(f"{reader.path} has no hidden states to train on; record it with "
                              "`specsim cache ... --hidden-states last`")
-        want = reader.meta.get("tokenizer_sha256")
+        want = reader.run.tokenizer_sha256
         if want and want != target.info.get("tokenizer_sha256"):
-            raise ModelError(f"{reader.path} was recorded with target {reader.meta.get('settings', {}).get('target')!r} "
+            raise ModelError(f"{reader.path} was recorded with target {reader.run.setting('target')!r} "
                              f"(another tokenizer); --target {target.name} is not that model")
         H = int(target.model.config.hidden_size)
         if reader.spec.hidden_size != H:

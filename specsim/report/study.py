@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import polars as pl
@@ -30,7 +30,7 @@ import polars as pl
 from specsim.cache.store import CacheReader
 from specsim.errors import CacheError, SpecError
 from specsim.sim.replay import BLOCK_POSITIONS, fit_sample
-from specsim.sim.features import feature_source, target_name
+from specsim.sim.features import feature_source
 from specsim.specs import is_model_free, tree_family
 from specsim.trees import Tree, draw_tree
 
@@ -176,25 +176,24 @@ def short_name(name: str) -> str:
 
 def setup_tables(reader: CacheReader) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(one row per temperature, one row per temperature × category) from a cache's metadata."""
-    meta, spec = reader.meta, reader.spec
-    settings = meta.get("settings") if isinstance(meta.get("settings"), dict) else {}
-    drafts_meta = meta.get("drafts") if isinstance(meta.get("drafts"), dict) else {}
+    run, spec = reader.run, reader.spec
+    drafts_meta = run.drafts
     draft_text = ", ".join(f"{d} ({_describe(drafts_meta.get(d))})".replace(" ()", "") for d in spec.drafts)
     traj = reader.trajectories
     rows, cats = [], []
     for T in spec.temperatures:
         sub = traj.filter((pl.col("temperature") - T).abs() < 1e-6)
         rows.append({
-            "cache": reader.path.name, "target": short_name(target_name(meta)),
-            "target_info": _describe(meta.get("target")), "drafts": draft_text,
+            "cache": reader.path.name, "target": short_name(run.target_name),
+            "target_info": _describe(run.target), "drafts": draft_text,
             "temperature": float(T), "policy": "greedy" if T == 0 else "sample",
             "prompts": int(sub["prompt_index"].n_unique()), "trajectories": sub.height,
             "positions": int(sub["length"].sum()),
             "categories": int(sub["category"].n_unique()),
-            "max_new_tokens": settings.get("max_new_tokens"),
+            "max_new_tokens": run.setting("max_new_tokens"),
             "storage": spec.storage + (f" (top-{spec.top_k})" if spec.storage == "topk" else ""),
-            "dtype": settings.get("dtype"), "device": meta.get("device"), "vocab": spec.vocab_size,
-            "created": meta.get("created"),
+            "dtype": run.setting("dtype"), "device": run.device, "vocab": spec.vocab_size,
+            "created": run.created,
         })
         for (cat,), g in sorted(sub.group_by("category"), key=lambda kv: str(kv[0][0])):
             cats.append({"cache": reader.path.name, "temperature": float(T), "category": cat,
@@ -206,7 +205,7 @@ def setup_tables(reader: CacheReader) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 def _describe(info) -> str:
     """'135M params, derived from smollm2-135m' from a model's recorded info."""
-    if not isinstance(info, dict):
+    if not isinstance(info, Mapping) or not info:
         return ""
     parts = [f"{info['params'] / 1e6:.0f}M params"] if isinstance(info.get("params"), (int, float)) else []
     if info.get("source") == "derived":
@@ -296,10 +295,10 @@ def run_study(
                             {"cost": config.cost} if assumed is not None else {})
             basis[path.name] = (profile.describe() if profile is not None else
                                 assumed.describe() if assumed is not None else "none: no cost profile for this "
-                                f"target ({short_name(target_name(reader.meta))}); run `specsim profile`")
+                                f"target ({short_name(reader.run.target_name)}); run `specsim profile`")
             if profiles and profile is None:
                 notes.append(f"{path.name}: none of the cost profiles measured its target "
-                             f"{short_name(target_name(reader.meta))}; its speedups are "
+                             f"{short_name(reader.run.target_name)}; its speedups are "
                              + ("ASSUMED" if assumed is not None else "omitted"))
             recorded = set(reader.trajectories["temperature"].to_list())
             stats = reader.spec.stats
@@ -396,7 +395,7 @@ def _profile_for(reader: CacheReader, profiles):
 
     for profile in profiles:
         try:
-            check_profile(profile, target_name(reader.meta), reader.meta.get("target"))
+            check_profile(profile, reader.run.target_name, reader.run.target)
         except SpecError:
             continue
         return profile

@@ -474,7 +474,7 @@ def _source(reader: CacheReader, draft: str, temperature: float, top_k: int, pro
     categories = reader.prompts["category"].to_list()
     base = dict(
         draft=draft, temperature=T, cache_path=reader.path,
-        models={"target": target_name(reader.meta), "draft": draft},
+        models={"target": reader.run.target_name, "draft": draft},
         traj_start=np.concatenate([[0], np.cumsum(lens[:-1], dtype=np.int64)]).astype(np.int64),
         traj_len=lens,
         traj_prompt=np.array([r.prompt_index for r in rows], dtype=np.int32),
@@ -482,7 +482,7 @@ def _source(reader: CacheReader, draft: str, temperature: float, top_k: int, pro
         cache_start=np.array([r.start for r in rows], dtype=np.int64),
         exact_tail=reader.spec.storage != "topk",  # top-k: flagged approximate wherever logits could be read
         prompt_len=np.array([len(reader.prompt_token_ids(r.prompt_index)) for r in rows], dtype=np.int64),
-        max_new_tokens=_max_new_tokens(reader.meta),
+        max_new_tokens=reader.run.max_new_tokens,
         recorded_stats=reader.spec.stats,
         has_distributions=reader.has_distributions and (model_free or reader.depth(draft) is None),
         depth=None if model_free else reader.depth(draft),
@@ -501,20 +501,6 @@ def _source(reader: CacheReader, draft: str, temperature: float, top_k: int, pro
     arrays = _empty(base, K)  # the features file cannot be written here: derive into memory
     _derive(reader, base, draft, T, K, progress, arrays)
     return FeatureSource(base, None, arrays)
-
-
-def _max_new_tokens(meta: dict) -> int | None:
-    settings = meta.get("settings") if isinstance(meta.get("settings"), dict) else {}
-    value = settings.get("max_new_tokens")
-    return int(value) if isinstance(value, (int, float)) and value >= 1 else None
-
-
-def target_name(meta: dict) -> str:
-    """The target model's name as the recorder wrote it (the spec string it was loaded from)."""
-    settings = meta.get("settings") if isinstance(meta.get("settings"), dict) else {}
-    target = meta.get("target")
-    name = settings.get("target") or (target.get("spec") if isinstance(target, dict) else target)
-    return str(name or "target")
 
 
 # -- derivation ----------------------------------------------------------------------------

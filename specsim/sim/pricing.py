@@ -18,7 +18,7 @@ import numpy as np
 from specsim.cache.store import CacheReader
 from specsim.errors import SpecError
 from specsim.sim.engine import walk
-from specsim.sim.features import Features, FeatureSource, target_name
+from specsim.sim.features import Features, FeatureSource
 from specsim.sim.policies import run_adaptive, run_policy
 from specsim.specs import (PolicySpec, drafts_in_one_pass, feeds_accepted, is_model_free,
                            prompt_fed_at_admission)
@@ -43,9 +43,8 @@ class Pricing:
             return cls(cost_model, None if free else draft, cost_model.describe())
         from specsim.sim.cost import check_profile
 
-        check_profile(cost_model, target_name(reader.meta), reader.meta.get("target"))
-        drafts_meta = reader.meta.get("drafts") if isinstance(reader.meta.get("drafts"), dict) else {}
-        key = None if free else cost_model.draft_for(draft, drafts_meta.get(draft))
+        check_profile(cost_model, reader.run.target_name, reader.run.target)
+        key = None if free else cost_model.draft_for(draft, reader.run.drafts.get(draft))
         return cls(cost_model, key, cost_model.describe())
 
     def at_temperature(self, temperature: float) -> "Pricing":
