@@ -300,3 +300,34 @@ def test_verify_finds_changed_prompts_and_a_row_whose_data_no_longer_hashes_to_i
     assert len(row) == 1
     lo, hi = (int(x) for x in row[0].split("positions ")[1].split(")")[0].split(":"))
     assert lo <= 25 < hi  # the trajectory holding the rewritten rank, and only it
+
+
+def test_verify_finds_a_changed_header_and_a_damaged_trajectory_table(tmp_path):
+    """The last unguarded parts: the header attributes (run metadata, spec) are checked against their sha256,
+    the trajectory table by its HDF5 checksum."""
+    import h5py
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+    from tests.synthetic import random_cache
+
+    path = random_cache(tmp_path / "c.h5", n_prompts=3, length=20, vocab=40, temperatures=(0.0,))
+    ok = CliRunner().invoke(main, ["inspect", str(path), "--verify", "-q"])
+    assert ok.exit_code == 0 and "header against its sha256" in ok.output
+    with h5py.File(path, "r+") as f:
+        assert f["trajectories"].fletcher32
+        meta = f.attrs["meta"]
+        f.attrs["meta"] = meta.replace('"target": {', '"target": {"edited": 1, ', 1)  # the run metadata rewritten
+        assert f.attrs["meta"] != meta
+    res = CliRunner().invoke(main, ["inspect", str(path), "--verify", "-q"])
+    assert res.exit_code == 1 and "damaged: header: the file's attributes" in res.output, res.output
+
+    path = random_cache(tmp_path / "d.h5", n_prompts=3, length=20, vocab=40, temperatures=(0.0,))
+    with h5py.File(path, "r") as f:
+        info = f["trajectories"].id.get_chunk_info(0)
+    data = bytearray(path.read_bytes())
+    data[info.byte_offset + info.size // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    res = CliRunner().invoke(main, ["inspect", str(path), "--verify", "-q"])
+    assert res.exit_code == 1 and "corrupt or truncated cache" in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1  # one line, no traceback

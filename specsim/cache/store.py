@@ -202,6 +202,20 @@ def row_digest(previous: bytes, prompt_index: int, n: int, temperature: float, o
     return digest.digest()
 
 
+HEADER_DIGEST = "header_sha256"  # the file's attributes (format, spec, run metadata) as written
+
+
+def header_digest(attrs: Mapping) -> str:
+    """sha256 of a cache's header attributes, every one but this digest, in name order: a byte changed in the run
+    metadata or the spec is found by `CacheReader.verify`."""
+    h = hashlib.sha256()
+    for name in sorted(k for k in attrs.keys() if k != HEADER_DIGEST):
+        value = attrs[name]
+        h.update(name.encode() + b"\0" + (value.encode() if isinstance(value, str) else np.asarray(value).tobytes())
+                 + b"\0")
+    return h.hexdigest()
+
+
 def prompts_digest(prompts: Sequence[PromptRecord]) -> str:
     """sha256 of every stored prompt field (ids, categories, texts, token ids), kept in the header (version 4)."""
     h = hashlib.sha256()
@@ -396,6 +410,7 @@ class CacheWriter:
         for i, p in enumerate(prompts):
             ids[i] = np.asarray(p.token_ids, dtype=np.int32)
         f.attrs["prompts_sha256"] = prompts_digest(prompts)
+        f.attrs[HEADER_DIGEST] = header_digest(f.attrs)
         fill = np.zeros((), dtype=_TRAJ_DTYPE)
         f.create_dataset("trajectories", (0,), maxshape=(None,), dtype=_TRAJ_DTYPE, chunks=(256,), fillvalue=fill,
                          fletcher32=True)
@@ -616,6 +631,7 @@ class Verification:
     datasets: int  # per-position datasets read for each
     digests: bool  # rows carry content digests (format 3+) and were recomputed
     prompts_checked: bool  # the prompts were checked against their recorded sha256 (format 4)
+    header_checked: bool  # the header attributes were checked against their recorded sha256 (files written since)
     damaged: tuple[str, ...]  # one line per damaged chunk, row or table
 
     @property
@@ -861,8 +877,13 @@ class CacheReader:
             want = self._f.attrs.get("prompts_sha256")
             if want is not None and prompts_digest(prompts) != want:
                 damaged.append("prompts: their ids, categories, texts or token ids no longer match their sha256")
+        header = self._f.attrs.get(HEADER_DIGEST)
+        if header is not None and header_digest(self._f.attrs) != header:
+            damaged.append("header: the file's attributes (format, drafts, temperatures, statistics or run metadata) "
+                           "no longer match their sha256")
         return Verification(rows=len(self._rows), positions=positions, datasets=len(names), digests=chained,
-                            prompts_checked=self._f.attrs.get("prompts_sha256") is not None, damaged=tuple(damaged))
+                            prompts_checked=self._f.attrs.get("prompts_sha256") is not None,
+                            header_checked=header is not None, damaged=tuple(damaged))
 
     @property
     def fingerprint(self) -> str | None:

@@ -133,7 +133,9 @@ def _verify(file: Path, quiet: bool) -> None:
     checked = (f"{found.rows} trajectories, {found.positions:,} position rows x {found.datasets} datasets read"
                + (", every content digest recomputed" if found.digests else ", no digests (written before format 3)")
                + (", prompts against their sha256" if found.prompts_checked else
-                  ", prompts read (the file records no sha256 of them)"))
+                  ", prompts read (the file records no sha256 of them)")
+               + (", header against its sha256" if found.header_checked else
+                  ", header read (the file records no sha256 of it)"))
     if found.ok:
         click.echo(f"{file}: intact ({checked})")
         return
