@@ -3,7 +3,7 @@
 Every script in analyses/ regenerates one chart of `specsim report` from the tables a
 report wrote (``reports/NAME/tables``), without re-simulating:
 
-    python analyses/tokens_per_call_vs_budget.py reports/demo/tables --out reports/demo/charts
+    python -m analyses.tokens_per_call_vs_budget reports/demo/tables --out reports/demo/charts
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Acceptance rate (accepted / drafted) vs draft budget, one line per tree family (report section 3).
 
-    python analyses/acceptance_rate_vs_budget.py reports/demo/tables --out reports/demo/charts
+    python -m analyses.acceptance_rate_vs_budget reports/demo/tables --out reports/demo/charts
 """
 
-from _tables import command, read
+from analyses._tables import command, read
 
 from specsim.report.charts import metric_vs_budget
 

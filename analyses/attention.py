@@ -1,14 +1,14 @@
 """Tree-attention timing charts of a `specsim bench-attention` table (report section 6).
 
-Reuses `specsim.attention.charts` (time vs context, speedup over per-branch, batch x tree heatmap).
+Reuses `specsim.attention.timing_charts` (time vs context, speedup over per-branch, batch x tree heatmap).
 
-    python analyses/attention.py reports/study/tables --out reports/study/charts
+    python -m analyses.attention reports/study/tables --out reports/study/charts
 """
 
 from pathlib import Path
 
 import click
-from _tables import read
+from analyses._tables import read
 
 
 @click.command(help=__doc__)
@@ -16,7 +16,7 @@ from _tables import read
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Directory for the PNG and SVG files (default: TABLES/../charts).")
 def main(tables: Path, out_dir: Path | None) -> None:
-    from specsim.attention.charts import CHARTS
+    from specsim.attention.timing_charts import CHARTS
     from specsim.report.charts import save
 
     table = read(tables, "attention")

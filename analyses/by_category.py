@@ -1,9 +1,9 @@
 """Tokens per call by prompt category: which tasks speculate well (report section 4).
 
-    python analyses/by_category.py reports/demo/tables --out reports/demo/charts
+    python -m analyses.by_category reports/demo/tables --out reports/demo/charts
 """
 
-from _tables import command, read
+from analyses._tables import command, read
 
 from specsim.report.charts import by_category
 

@@ -1,9 +1,9 @@
 """Per-depth acceptance P(A >= d) of each tree family at one budget (report section 4).
 
-    python analyses/depth_acceptance.py reports/demo/tables --out reports/demo/charts
+    python -m analyses.depth_acceptance reports/demo/tables --out reports/demo/charts
 """
 
-from _tables import command, read
+from analyses._tables import command, read
 
 from specsim.report.charts import depth_acceptance
 

@@ -1,9 +1,9 @@
 """Leviathan et al.'s improvement over acceptance x draft cost ratio x draft length (report section 5).
 
-    python analyses/speedup_grid.py reports/demo/tables --out reports/demo/charts
+    python -m analyses.speedup_grid reports/demo/tables --out reports/demo/charts
 """
 
-from _tables import command, read
+from analyses._tables import command, read
 
 from specsim.report.charts import speedup_grid
 

@@ -1,9 +1,9 @@
 """Speedup vs batch size, with the best draft budget chosen at each batch size (report section 6).
 
-    python analyses/speedup_vs_batch.py reports/demo/tables --out reports/demo/charts
+    python -m analyses.speedup_vs_batch reports/demo/tables --out reports/demo/charts
 """
 
-from _tables import command, read
+from analyses._tables import command, read
 
 from specsim.report.charts import speedup_vs_batch
 

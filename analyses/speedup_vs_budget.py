@@ -1,10 +1,10 @@
 """Speedup vs draft budget from measured step times (or, labelled, an assumed cost) (report section 6).
 
-    python analyses/speedup_vs_budget.py reports/demo/tables --out reports/demo/charts
+    python -m analyses.speedup_vs_budget reports/demo/tables --out reports/demo/charts
 """
 
 import click
-from _tables import command, read
+from analyses._tables import command, read
 
 from specsim.report.charts import metric_vs_budget
 

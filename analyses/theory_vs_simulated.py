@@ -1,9 +1,9 @@
 """Simulated chains vs Leviathan et al.'s closed form at the measured acceptance (report section 5).
 
-    python analyses/theory_vs_simulated.py reports/demo/tables --out reports/demo/charts
+    python -m analyses.theory_vs_simulated reports/demo/tables --out reports/demo/charts
 """
 
-from _tables import command, read
+from analyses._tables import command, read
 
 from specsim.report.charts import theory_vs_simulated
 

@@ -1,9 +1,9 @@
 """Tokens per target call vs draft budget, one line per tree family (report section 3).
 
-    python analyses/tokens_per_call_vs_budget.py reports/demo/tables --out reports/demo/charts
+    python -m analyses.tokens_per_call_vs_budget reports/demo/tables --out reports/demo/charts
 """
 
-from _tables import command, read
+from analyses._tables import command, read
 
 from specsim.report.charts import metric_vs_budget
 

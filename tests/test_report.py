@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -234,3 +235,21 @@ def test_the_report_compares_chain_and_optimal_at_equal_budgets_without_an_expan
     assert "No cache recorded a draft expansion" in text
     table = pl.read_csv(report_dir / "tables" / "trees_at_equal_budget.csv")
     assert set(table["budget"]) == {1, 2, 4} and table["optimal_tokens_per_call"].is_not_null().all()
+
+
+@pytest.mark.parametrize("module", sorted(p.stem for p in (Path(__file__).parent.parent / "analyses").glob("[a-z]*.py")))
+def test_each_analysis_module_redraws_its_chart_from_the_reports_tables(report_dir, tmp_path, module):
+    """`python -m analyses.NAME TABLES --out DIR` from the checkout: a PNG and an SVG, or, where this report has
+    no table for it (attention needs --attention), one line naming the missing table."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).parent.parent
+    done = subprocess.run([sys.executable, "-m", f"analyses.{module}", str(report_dir / "tables"), "--out",
+                           str(tmp_path)], cwd=root, capture_output=True, text=True, timeout=300)
+    if module == "attention":
+        assert done.returncode == 1 and "no attention.parquet or attention.csv" in done.stderr, done.stderr
+        return
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = {p.suffix for p in tmp_path.iterdir() if p.stat().st_size > 0}
+    assert written == {".png", ".svg"}, (sorted(tmp_path.iterdir()), done.stdout)
