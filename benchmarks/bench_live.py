@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from specsim.live.engine import LiveConfig, Target, plain_decode, speculative_decode
+from specsim.live.decoder import LiveConfig, Target, plain_decode, speculative_decode
 from specsim.live.runs import build_drafter
 from specsim.prompts import encode, load_prompts
 from specsim.record.models import eos_token_ids, load_model

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specsim.attention import bench, charts
+from specsim.attention import bench, timing_charts
 from specsim.attention.tree_attention import (
     IMPLEMENTATIONS,
     DenseMask,
@@ -128,7 +128,7 @@ def test_sweep_checks_then_times_every_implementation():
     assert table["device"].str.starts_with("cpu").all() and set(table["timer"]) == {"perf_counter"}
     per_branch = table.filter((pl.col("impl") == "per_branch") & (pl.col("shape") == "kary2") & (pl.col("N") == 8))
     assert set(per_branch["calls"]) == {4}  # a binary tree cut to 8 nodes has 4 leaves
-    speedups = charts.with_speedups(table).filter(pl.col("impl") == "per_branch")
+    speedups = timing_charts.with_speedups(table).filter(pl.col("impl") == "per_branch")
     assert (speedups["speedup_vs_per_branch"] == 1.0).all()
 
 

@@ -94,7 +94,7 @@ def _greedy_case(expanded_cache, tokens: int) -> dict:
 def test_live_dynamic_decoding_matches_the_replay_call_for_call(expanded_cache, tokens):
     """Greedy, float32: live EAGLE-2 decoding emits plain greedy's tokens, in the target calls replay predicts."""
     from specsim.live.drafting import ModelDrafter
-    from specsim.live.engine import LiveConfig, Target, speculative_decode
+    from specsim.live.decoder import LiveConfig, Target, speculative_decode
     from specsim.record.models import eos_token_ids
     from specsim.specs import parse_tree
 
@@ -126,7 +126,7 @@ def test_batched_live_dynamic_trees_match_the_replay_call_for_call(expanded_cach
     """Each request grows its own tree in the shared draft forwards and is verified in its own columns of
     one target forward: every request's calls equal the replay's, as at batch 1."""
     from specsim.live.drafting import ModelDrafter
-    from specsim.live.engine import LiveConfig, Target, decode
+    from specsim.live.decoder import LiveConfig, Target, decode
     from specsim.record.models import eos_token_ids
     from specsim.specs import parse_tree
 

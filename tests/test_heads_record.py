@@ -105,8 +105,8 @@ def test_head_columns_are_keyed_by_depth(heads_cache):
 def test_live_head_decoding_matches_the_replay_call_for_call(heads_cache, which, tree):
     """Greedy float32: live decoding with the heads emits plain greedy's tokens, in the calls replay predicts."""
     from specsim.cache.store import CacheReader
-    from specsim.live.engine import LiveConfig, Target, speculative_decode
-    from specsim.live.heads import head_drafter
+    from specsim.live.decoder import LiveConfig, Target, speculative_decode
+    from specsim.live.head_drafting import head_drafter
     from specsim.record.models import eos_token_ids, load_model
     from specsim.sim.sweep import SweepConfig, sweep
     from specsim.specs import parse_tree
@@ -156,7 +156,7 @@ def test_medusa_sampling_laws_are_keyed_by_the_calls_start(heads_cache):
     import torch
 
     from specsim.cache.store import CacheReader
-    from specsim.live.heads import head_drafter
+    from specsim.live.head_drafting import head_drafter
     from specsim.record.models import load_model
     from tests.test_structure import features_of
 
@@ -321,8 +321,8 @@ def test_batched_head_decoding_matches_the_replay_call_for_call(heads_cache, whi
     """Medusa and EAGLE heads at batch > 1 (EAGLE's own cache padded across rows): every request's output
     and every call's accepted length equal the replay's."""
     from specsim.cache.store import CacheReader
-    from specsim.live.engine import LiveConfig, Target, decode
-    from specsim.live.heads import head_drafter
+    from specsim.live.decoder import LiveConfig, Target, decode
+    from specsim.live.head_drafting import head_drafter
     from specsim.record.models import eos_token_ids, load_model
     from specsim.sim.features import load_features
     from specsim.sim.policies import run_policy
@@ -352,8 +352,8 @@ def test_batched_head_decoding_matches_the_replay_call_for_call(heads_cache, whi
 def test_batched_eagle_laws_equal_one_request_at_a_time(heads_cache):
     """The padded, shared EAGLE cache gives each request the draft laws it gets alone (the sampling laws
     q at every node, compared wherever both runs drafted from the same committed tokens)."""
-    from specsim.live.engine import LiveConfig, Target, decode
-    from specsim.live.heads import head_drafter
+    from specsim.live.decoder import LiveConfig, Target, decode
+    from specsim.live.head_drafting import head_drafter
     from specsim.record.models import eos_token_ids, load_model
     from specsim.specs import parse_tree
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from specsim.cli import main
 from specsim.live.drafting import ModelDrafter, ModelFreeDrafter, top_ranked
-from specsim.live.engine import LiveConfig, Target, decode, plain_decode, speculative_decode, verify_tree
+from specsim.live.decoder import LiveConfig, Target, decode, plain_decode, speculative_decode, verify_tree
 from specsim.record.kv import SlotKV
 from specsim.record.models import eos_token_ids, load_draft, load_model
 from specsim.specs import parse_tree
@@ -187,7 +187,7 @@ def test_batched_throughput_is_a_ratio_of_engine_timelines():
     """At batch > 1 requests share engine steps: the 'all' row's tokens/s is the run's tokens over the
     engine's step time (not over the requests' summed times, which count a shared step once per request),
     and its speedup the ratio of the two timelines. Figures worked by hand from a made-up run."""
-    from specsim.live.engine import DecodeRun, Decoded, EngineStep, StepRecord
+    from specsim.live.decoder import DecodeRun, Decoded, EngineStep, StepRecord
     from specsim.live.runs import LivePrompt, LiveRun, LiveTrajectory, summary_rows
 
     def step(seconds, batch=2):

@@ -15,7 +15,7 @@ import torch
 from scipy import stats
 
 from specsim.live.drafting import ModelDrafter
-from specsim.live.engine import LiveConfig, Target, plain_decode, speculative_decode
+from specsim.live.decoder import LiveConfig, Target, plain_decode, speculative_decode
 from specsim.record.models import eos_token_ids, load_draft, load_model
 from specsim.specs import parse_tree
 from tests.conftest import build_tiny_model

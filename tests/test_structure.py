@@ -90,7 +90,7 @@ def timeline_counts(features, tree, draft: str, *, model_free: bool, batch: int,
 def decode_live(cache, draft: str, tree_spec: str, *, batch: int = 1, batching: str = "lockstep",
                 policy: str = "greedy", temperature: float = 0.0, multi_draft: str = "iid"):
     """The cache's prompts decoded live with its target and `draft` (float32; greedy verification at T = 0)."""
-    from specsim.live.engine import LiveConfig, Target
+    from specsim.live.decoder import LiveConfig, Target
     from specsim.live.runs import build_drafter, run_live
     from specsim.live.validate import cache_setup
     from specsim.record.models import eos_token_ids, load_model

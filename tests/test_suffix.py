@@ -286,7 +286,7 @@ def test_live_engine_equals_the_replay_call_for_call(tiny_model_dir, tmp_path):
 
     from specsim.cache.store import CacheSpec, CacheWriter, PromptRecord
     from specsim.live.drafting import SuffixDrafter
-    from specsim.live.engine import LiveConfig, Target, decode, plain_decode
+    from specsim.live.decoder import LiveConfig, Target, decode, plain_decode
     from specsim.record.models import eos_token_ids, load_model
     from specsim.sim.features import load_features
     from specsim.sim.policies import run_policy

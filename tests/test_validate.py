@@ -25,7 +25,7 @@ def _validate(*args: str):
 
 def _shifted(run: LiveRun) -> LiveRun:
     """The same live run with every call's accepted length shifted by one (mod 4): a wrong replay."""
-    from specsim.live.engine import Decoded, StepRecord
+    from specsim.live.decoder import Decoded, StepRecord
 
     return LiveRun(config=run.config, target=run.target, draft=run.draft, trajectories=[
         LiveTrajectory(t.prompt, t.repeat, t.seed, Decoded(
@@ -38,7 +38,7 @@ def _shifted(run: LiveRun) -> LiveRun:
 def _live_layers2(cache, model_dir):
     """Live chain:3 decoding of the cache's prompts with the tiny model and its layers:2 draft."""
     from specsim.live.drafting import ModelDrafter
-    from specsim.live.engine import LiveConfig, Target
+    from specsim.live.decoder import LiveConfig, Target
     from specsim.live.runs import run_live
     from specsim.live.validate import cache_setup
     from specsim.record.models import eos_token_ids, load_draft, load_model
@@ -224,7 +224,7 @@ def test_a_wrong_schedule_fails_the_call_check(tiny_cache, tiny_model_dir):
     (adaptive-history:1,0 keeps γ = 2) disagrees on the calls that accepted more than two drafts."""
     import torch
 
-    from specsim.live.engine import LiveConfig, Target
+    from specsim.live.decoder import LiveConfig, Target
     from specsim.live.runs import run_live
     from specsim.live.validate import cache_setup
     from specsim.live.drafting import ModelDrafter

@@ -219,7 +219,7 @@ def _overhead_runs(batch: int, sizes: Sequence[int], vocab: int, device: torch.d
     """{(kind, N): one run} of the per-step work outside the forwards (`OVERHEAD_KINDS`) for B = `batch`
     requests over the N-token tree the target entries verify, with the live engine's functions."""
     from specsim.live.drafting import fill_children, probabilities
-    from specsim.live.engine import verify_tree
+    from specsim.live.decoder import verify_tree
     from specsim.trees import Tree
 
     gen = torch.Generator(device="cpu").manual_seed(int(rng.integers(2**31)))

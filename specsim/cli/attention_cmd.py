@@ -114,7 +114,7 @@ def bench_attention(preset, device, dtype, batch_sizes, contexts, tree_sizes, sh
     if target is not None:
         echo(f"wrote {c.write_frame(table, target, fmt)} ({table.height} rows)")
     if charts_dir is not None:
-        from specsim.attention.charts import save_charts
+        from specsim.attention.timing_charts import save_charts
 
         paths = save_charts(table, charts_dir)
         echo(f"wrote {len(paths)} chart files to {charts_dir}" if paths else "no timed rows: no charts written")

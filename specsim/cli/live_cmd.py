@@ -111,7 +111,7 @@ def live(target, draft, prompts, categories, per_category, tree, policy, tempera
     Ctrl-C stops after the decode in progress and prints what finished.
     """
     from specsim.interrupts import sigterm_as_interrupt
-    from specsim.live.engine import LiveConfig
+    from specsim.live.decoder import LiveConfig
     from specsim.prompts import load_prompts
     from specsim.specs import parse_tree
 
@@ -129,7 +129,7 @@ def live(target, draft, prompts, categories, per_category, tree, policy, tempera
     check_batch(draft, batch)
     prompt_set = load_prompts(prompts, categories=list(categories) or None, per_category=per_category)
 
-    from specsim.live.engine import Target
+    from specsim.live.decoder import Target
     from specsim.live.runs import build_drafter, device_label, live_prompts, load_target, run_live
     from specsim.record.models import eos_token_ids
 

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
-from specsim.live.engine import DecodeRun, Decoded, LiveConfig, Target, decode
+from specsim.live.decoder import DecodeRun, Decoded, LiveConfig, Target, decode
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,7 @@ def build_drafter(spec: str, target, *, device: str, dtype: str):
     if is_model_free(spec):
         return model_free_drafter(spec)
     if is_head_draft(spec):
-        from specsim.live.heads import head_drafter
+        from specsim.live.head_drafting import head_drafter
 
         return head_drafter(spec, target)
     return ModelDrafter(load_draft(spec, target, device=device, dtype=dtype).model, spec)

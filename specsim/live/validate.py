@@ -40,7 +40,7 @@ from specsim.live.runs import LivePrompt, LiveRun
 from specsim.trees import Tree
 
 if TYPE_CHECKING:  # pragma: no cover
-    from specsim.live.engine import LiveConfig
+    from specsim.live.decoder import LiveConfig
 
 UNCLASSIFIED = "unclassified (stats-only cache: no target logits)"
 NEAR_TIE_ABS = 1e-3  # float32 noise between batched and one-token forward passes, in logits
@@ -363,7 +363,7 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
     size) beside the live one (plain decoding of the same requests in the same run).
     """
     from specsim.specs import is_model_free
-    from specsim.live.engine import LiveConfig, Target
+    from specsim.live.decoder import LiveConfig, Target
     from specsim.live.runs import build_drafter, device_label, load_target, run_live, summary_rows
     from specsim.record.models import eos_token_ids
     from specsim.sim.sweep import simulate

@@ -11,7 +11,7 @@ it was computed from: prompts and positions, models, exact or Monte-Carlo.
 * Leviathan's improvement over α × draft cost ratio × draft length;
 * speedup vs budget (measured, or labelled ASSUMED) and vs batch size (measured).
 
-Tree-attention timing charts live in `specsim.attention.charts` and are reused as is.
+Tree-attention timing charts live in `specsim.attention.timing_charts` and are reused as is.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A self-contained HTML report of a draft-strategy study.
 
 `write_report` renders every chart of `specsim.report.charts` (and the attention
-sweep charts of `specsim.attention.charts` when a timing table is given) to PNG
+sweep charts of `specsim.attention.timing_charts` when a timing table is given) to PNG
 and SVG, writes the study's tables as Parquet and CSV, and assembles
 ``index.html``: the PNGs are inlined as base64 data URIs and the page has no
 script and no external reference, so it opens offline, from a mail attachment or
@@ -118,7 +118,7 @@ def _plan(study: Study) -> list[tuple[int, str, Callable[[], object], str]]:
                      "The best speedup at each batch size, choosing the best draft budget per batch; measured "
                      "costs; bands: 95% bootstrap replicates of the batch schedule."))
     if study.attention is not None:
-        from specsim.attention import charts as attention_charts
+        from specsim.attention import timing_charts as attention_charts
 
         timed = study.attention.filter(pl.col("check_passed") & pl.col("median_ms").is_not_null())
         if not timed.is_empty():
