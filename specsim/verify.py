@@ -35,7 +35,7 @@ from typing import Iterator
 import numpy as np
 
 from specsim.errors import SpecError
-from specsim.specs import MULTI_DRAFT, policy_names
+from specsim.specs import MULTI_DRAFT
 
 _NO_MASS = 1e-12  # a residual with less total mass than this is rounding noise of p == q
 _MAX_ENUMERATED = 2_000_000  # candidate tuples output_joint will enumerate
@@ -330,8 +330,8 @@ def output_joint(
         raise ValueError(f"k must be at least 1, got {k}")
     if scheme not in MULTI_DRAFT:
         raise ValueError(f"scheme must be one of {', '.join(MULTI_DRAFT)}, got {scheme!r}")
-    if not (rule in policy_names(live=True, adaptive=False) or isinstance(rule, LossyRule)):  # the rules live decoding verifies with
-        raise ValueError(f"rule must be one of {', '.join(policy_names(live=True, adaptive=False))} or a LossyRule, got {rule!r}")
+    if not (rule in ("greedy", "sample") or isinstance(rule, LossyRule)):  # the per-position rules (block: a chain's)
+        raise ValueError(f"rule must be 'greedy', 'sample' or a LossyRule, got {rule!r}")
     q = q / q.sum()
     vocab = p.shape[0]
     joint = np.zeros((vocab, k + 1))  # (V, k + 1)
@@ -404,3 +404,109 @@ def accept_probability_given_output(
 def total_variation(a: np.ndarray, b: np.ndarray) -> float:
     """TV distance ½ Σ |a - b|: the distortion a lossy rule adds to p."""
     return 0.5 * float(np.abs(np.asarray(a, float) - np.asarray(b, float)).sum())
+
+
+# ---------------------------------------------------------------------------- block verification
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    """What block verification of one drafted chain decided."""
+
+    kept: int  # τ: the drafts kept, 0..γ
+    token: int  # the token emitted after them: the correction (τ < γ) or the bonus (τ = γ)
+
+
+def _block_inputs(p_rows, q_rows, drafts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    p = np.asarray(p_rows, dtype=np.float64)
+    q = np.asarray(q_rows, dtype=np.float64)
+    if p.ndim != 2 or q.ndim != 2 or p.shape[0] != q.shape[0] + 1 or p.shape[1] != q.shape[1]:
+        raise ValueError(f"p_rows must be (γ+1, V) and q_rows (γ, V); got {p.shape} and {q.shape}")
+    x = _tokens(drafts, p.shape[1])
+    if x.shape[0] != q.shape[0]:
+        raise ValueError(f"{x.shape[0]} drafts for {q.shape[0]} draft rows")
+    return p, q, x
+
+
+def block_thresholds(p_rows, q_rows, drafts) -> tuple[np.ndarray, np.ndarray]:
+    """(a, h) of block verification (Sun et al., ICLR 2025, arXiv 2403.10444; vLLM's `block` rejection
+    sampler) for a chain x_1..x_γ drafted from q.
+
+    p_rows[i] is the target's law of token i+1 after the first i drafts (γ+1 rows, the last one the
+    bonus position's), q_rows[i] the draft's law it drew x_{i+1} from (γ rows). a_0 = 1,
+    a_i = min(1, a_{i-1} p_i(x_i) / q_i(x_i)); for i < γ, η_i = Σ_x max(a_i p_{i+1}(x) − q_{i+1}(x), 0)
+    and h_i = η_i / (η_i + 1 − a_i) (1 where that is 0/0); h_γ = a_γ. Returns a (γ+1,) and h (γ+1,),
+    h_0 unused (0).
+    """
+    p, q, x = _block_inputs(p_rows, q_rows, drafts)
+    g = x.shape[0]
+    a = np.ones(g + 1)
+    for i in range(g):
+        px, qx = p[i, x[i]], q[i, x[i]]
+        a[i + 1] = min(1.0, a[i] * px / qx) if qx > 0 else (1.0 if px > 0 and a[i] > 0 else 0.0)
+    h = np.zeros(g + 1)
+    for i in range(1, g):
+        eta = float(np.maximum(a[i] * p[i] - q[i], 0.0).sum())
+        denominator = eta + 1.0 - a[i]
+        h[i] = eta / denominator if denominator > 0 else 1.0
+    if g:
+        h[g] = a[g]
+    return a, h
+
+
+def block_kept_law(p_rows, q_rows, drafts) -> np.ndarray:
+    """P(τ = i | the drafts), i = 0..γ: τ is the largest i >= 1 with u_i <= h_i (u_i independent uniforms),
+    0 if none, so P(τ = i) = h_i Π_{j>i} (1 − h_j)."""
+    _, h = block_thresholds(p_rows, q_rows, drafts)
+    g = h.shape[0] - 1
+    law = np.empty(g + 1)
+    tail = 1.0  # Π_{j>i} (1 − h_j)
+    for i in range(g, 0, -1):
+        law[i] = h[i] * tail
+        tail *= 1.0 - h[i]
+    law[0] = tail
+    return law
+
+
+def block_correction(p_rows, q_rows, drafts, kept: int) -> np.ndarray:
+    """The law of the token emitted after τ = `kept` drafts: norm(max(a_τ p_{τ+1} − q_{τ+1}, 0)) for τ < γ (p_{τ+1}
+    itself if that has no mass), the bonus position's p_{γ+1} for τ = γ."""
+    p, q, x = _block_inputs(p_rows, q_rows, drafts)
+    if kept == x.shape[0]:
+        return p[kept]
+    a, _ = block_thresholds(p, q, x)
+    r = np.maximum(a[kept] * p[kept] - q[kept], 0.0)
+    total = r.sum()
+    return p[kept] if total <= _NO_MASS else r / total
+
+
+def verify_block(p_rows, q_rows, drafts, rng: np.random.Generator) -> BlockResult:
+    """Block verification of a drafted chain, as vLLM's `rejection_sample_method="block"` runs it: one uniform
+    u_i per draft, τ = the largest i with u_i <= h_i (0 if none), then one token from `block_correction`.
+
+    Lossless (the emitted tokens are distributed as the target's; tests/test_block.py enumerates it) and, for
+    one drafted chain, optimal in expected tokens kept among valid rules. For drafts that are point masses
+    (greedy drafting, vLLM's default `draft_sample_method`), its law of (τ, token) is token-wise verification's
+    (docs/design.md, "Block verification").
+    """
+    _, h = block_thresholds(p_rows, q_rows, drafts)
+    kept = 0
+    for i in range(1, h.shape[0]):
+        if rng.random() <= h[i]:
+            kept = i
+    return BlockResult(kept=kept, token=_sample(block_correction(p_rows, q_rows, drafts, kept), rng))
+
+
+def token_wise_kept_law(p_rows, q_rows, drafts) -> np.ndarray:
+    """P(τ = i | the drafts) under token-by-token speculative sampling of the same chain: draft i is kept w.p.
+    min(1, p_i(x_i) / q_i(x_i)) once all before it were."""
+    p, q, x = _block_inputs(p_rows, q_rows, drafts)
+    g = x.shape[0]
+    law, reach = np.zeros(g + 1), 1.0
+    for i in range(g):
+        px, qx = p[i, x[i]], q[i, x[i]]
+        keep = 1.0 if px >= qx else px / qx
+        law[i] = reach * (1.0 - keep)
+        reach *= keep
+    law[g] = reach
+    return law

@@ -228,7 +228,7 @@ def test_live_cli_errors_are_one_line(tiny_model_dir, tmp_path):
                                       "--temperature", "0.5"])
     one_line_error(greedy_hot, "use --policy sample", code=2)
     lossy = runner.invoke(main, ["live", "--target", str(tiny_model_dir), "--draft", "int8", "--policy", "typical"])
-    one_line_error(lossy, "live policy 'typical' is not one of greedy, sample, adaptive-hf, adaptive-history", code=2)
+    one_line_error(lossy, "live policy 'typical' is not one of greedy, sample, block, adaptive-hf, adaptive-history", code=2)
 
 
 def test_ctrl_c_keeps_the_decodes_that_finished(tiny):

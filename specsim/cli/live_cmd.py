@@ -60,11 +60,13 @@ def footer(df, run) -> str:
               help="Draft tree: chain:4, kary:2,3, widths:4,2,1, medusa:[[0],[1]], file:t.json.")
 @click.option("--policy", default="greedy", show_default=True,
               metavar="|".join(registry.policy_names(live=True)),
-              help="greedy (argmax, T=0), sample (lossless speculative sampling at --temperature), or a chain "
-                   "whose length adapts call by call: adaptive-hf (Hugging Face's schedule) or "
-                   "adaptive-history[:hi,lo]; these verify greedily at T=0 and by sampling at T>0.")
+              help="greedy (argmax, T=0), sample (lossless speculative sampling at --temperature), block (block "
+                   "verification of a chain drafted from q at --temperature: kept or cut as a whole, as vLLM's "
+                   "rejection_sample_method=block), or a chain whose length adapts call by call: adaptive-hf "
+                   "(Hugging Face's schedule) or adaptive-history[:hi,lo]; these verify greedily at T=0 and by "
+                   "sampling at T>0.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=None,
-              help="Sampling temperature  [default: 1 for sample, else 0]")
+              help="Sampling temperature  [default: 1 for sample and block, else 0]")
 @click.option("--multi-draft", type=c.choice(registry.MULTI_DRAFT), default="iid", show_default=True,
               help="How a sampling tree draws a node's k candidates from q. "
                    + registry.vocab_help(registry.MULTI_DRAFT) + ".")
@@ -118,7 +120,7 @@ def live(target, draft, prompts, categories, per_category, tree, policy, tempera
     target_out = c.out_target(out, out_format, overwrite)
     steps_target = c.out_target(steps_out, None, overwrite, "--steps-out") if steps_out else (None, None)
     if temperature is None:
-        temperature = 1.0 if policy == "sample" else 0.0
+        temperature = 1.0 if registry.parse_policy(policy).kind.temperature == ">0" else 0.0
     parsed = parse_tree(tree)
     if parsed.name == "":
         parsed = type(parsed)(parsed.parents, parsed.ranks, name=tree)

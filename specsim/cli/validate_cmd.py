@@ -128,6 +128,10 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
     if rounds or engine_log is not None or fix_vllm_cpu:
         raise SpecError("--rounds, --engine-log and --fix-vllm-cpu go with --engine vllm")
     from specsim.live.validate import ValidateConfig, run_validation
+    unreplayed = [p for p in policies if not registry.parse_policy(p).kind.replayed]
+    if unreplayed:
+        raise SpecError(f"--policy {unreplayed[0]!r} is run live, not replayed, so there is nothing to validate: "
+                        f"`specsim live --policy {unreplayed[0]}` measures it")
     bad = [p for p in policies if not registry.parse_policy(p).kind.live]
     if bad:
         raise SpecError(f"--policy {bad[0]!r}: specsim's live engine decodes with "

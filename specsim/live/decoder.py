@@ -47,7 +47,7 @@ from specsim.live.drafting import Drafter, Proposal, probabilities
 from specsim.record.kv import SlotKV
 from specsim.specs import BATCHING, MULTI_DRAFT, parse_policy, policy_names
 from specsim.trees import Tree, chain
-from specsim.verify import verify_multi_iid, verify_multi_swor, verify_point_mass, verify_single
+from specsim.verify import verify_block, verify_multi_iid, verify_multi_swor, verify_point_mass, verify_single
 
 POLICIES = tuple(policy_names(live=True, adaptive=False))  # what this engine verifies with
 SCHEDULES = tuple(policy_names(live=True, adaptive=True))  # the chain-length schedules it runs
@@ -59,8 +59,9 @@ class LiveConfig:
     """One speculative decoding configuration."""
 
     tree: Tree  # static draft tree (chain:γ is a tree too; ROOT_ONLY is plain decoding)
-    policy: str = "greedy"  # 'greedy' (argmax, T = 0) or 'sample' (lossless speculative sampling at temperature)
-    temperature: float = 0.0  # sampling temperature; must be 0 for greedy and > 0 for sample
+    policy: str = "greedy"  # 'greedy' (argmax, T = 0), 'sample' (lossless speculative sampling at temperature) or
+    #                         'block' (a chain drafted from q, kept or cut as a block: `specsim.verify.verify_block`)
+    temperature: float = 0.0  # sampling temperature; must be 0 for greedy and > 0 for sample and block
     multi_draft: str = "iid"  # how a node with k children draws them under sampling: 'iid' or 'swor'
     max_new_tokens: int = 128  # output length limit per request
     batch: int = 1  # requests decoded together
@@ -87,8 +88,13 @@ class LiveConfig:
         if self.policy == "greedy" and self.temperature != 0:
             raise ArgumentError("{policy} greedy decodes at {temperature} 0, got {value:g}; use {policy} sample",
                                 value=self.temperature)
-        if self.policy == "sample" and not self.temperature > 0:
-            raise ArgumentError("{policy} sample needs {temperature} > 0 (e.g. 0.7); T = 0 is greedy")
+        if self.policy in ("sample", "block") and not self.temperature > 0:
+            raise ArgumentError("{policy} {name} needs {temperature} > 0 (e.g. 0.7); T = 0 is greedy",
+                                name=self.policy)
+        if self.policy == "block":
+            from specsim.sim.adaptive import check_chain
+
+            check_chain(self.tree, "block verification: ")
         if self.max_new_tokens < 1:
             raise ArgumentError("{max_new_tokens} {value}: at least 1", value=self.max_new_tokens)
         if self.batch < 1:
@@ -209,6 +215,8 @@ def verify_tree(tree: Tree, tokens: np.ndarray, valid: np.ndarray, *, policy: st
     the target's argmax after the node (lowest id on ties); sampling needs `p_of(node)`, the
     target's probabilities there, and `q_of(node)` the draft's (None: point-mass candidates).
     """
+    if policy == "block":
+        return _verify_block(tree, tokens, valid, rng, p_of, q_of)
     node, path = 0, []
     while True:
         children = tree.children(node)
@@ -236,6 +244,23 @@ def verify_tree(tree: Tree, tokens: np.ndarray, valid: np.ndarray, *, policy: st
             return TreeVerdict(path=tuple(path), token=step.token)
         node = int(children[step.accepted])
         path.append(node)
+
+
+def _verify_block(tree: Tree, tokens: np.ndarray, valid: np.ndarray, rng: np.random.Generator,
+                  p_of: Callable[[int], np.ndarray], q_of: Callable[[int], np.ndarray] | None) -> TreeVerdict:
+    """Block verification of one request's drafted chain (the valid nodes of a chain tree, root first): the
+    target's laws after the root and after each draft, the draft's law each draft was drawn from (one-hot
+    for point-mass proposals), and `verify_block`'s kept count and token."""
+    chain = [0]
+    while (children := tree.children(chain[-1])).size and valid[children[0]]:
+        chain.append(int(children[0]))
+    drafts = tokens[chain[1:]]
+    p_rows = np.stack([p_of(node) for node in chain])
+    vocab = p_rows.shape[1]
+    q_rows = np.stack([q_of(node) if q_of is not None else np.eye(vocab)[int(x)] for node, x in zip(chain, drafts)]) \
+        if drafts.size else np.zeros((0, vocab))
+    step = verify_block(p_rows, q_rows, drafts, rng)
+    return TreeVerdict(path=tuple(chain[1:step.kept + 1]), token=step.token)
 
 
 def _finish(emitted: list[int], produced: int, max_new_tokens: int, eos: set[int]) -> tuple[list[int], bool]:

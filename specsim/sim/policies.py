@@ -141,6 +141,15 @@ def sample_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generato
     return AcceptanceTable(p_len=p_len, drafted=drafted_per_call(tree, features.room()), exact=True)
 
 
+def block_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator) -> AcceptanceTable:
+    """Block verification of sampled drafts is not replayed: SpecError saying why and what is."""
+    raise SpecError("block verification of drafts sampled from q is not replayed: its thresholds need the target's "
+                    "laws after the draft's own proposals, which a cache recorded along the target's trajectories "
+                    "does not hold; run it live (`specsim live --policy block`). For greedy-drafted chains (vLLM's "
+                    "default draft_sample_method) its law is exactly greedy-draft's, which is replayed "
+                    "(docs/design.md, 2d)")
+
+
 # -- the one entry point ---------------------------------------------------------------------------
 
 
