@@ -65,14 +65,16 @@ def _chi_square_p(counts: np.ndarray, law: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize(
-    ("tree", "multi_draft"),
-    [("chain:3", "iid"), ("widths:3,2", "iid"), ("widths:3,2", "swor")],
+    ("tree", "multi_draft", "policy"),
+    [("chain:3", "iid", "sample"), ("widths:3,2", "iid", "sample"), ("widths:3,2", "swor", "sample"),
+     ("chain:3", "iid", "block")],
 )
-def test_speculative_sampling_emits_the_target_law(pair, tree, multi_draft):
+def test_speculative_sampling_emits_the_target_law(pair, tree, multi_draft, policy):
+    """Speculative sampling, and block verification (`verify_block` on a chain drafted from q, `live --policy block`)."""
     target_model, draft_model = pair
     law = _exact_first_two(target_model)
     target, drafter = Target(target_model, eos=set()), ModelDrafter(draft_model, "draft")
-    config = LiveConfig(tree=parse_tree(tree), policy="sample", temperature=TEMPERATURE, multi_draft=multi_draft,
+    config = LiveConfig(tree=parse_tree(tree), policy=policy, temperature=TEMPERATURE, multi_draft=multi_draft,
                         max_new_tokens=2)
     rng = np.random.default_rng(1234)
     counts = np.zeros((VOCAB, VOCAB))
@@ -82,23 +84,6 @@ def test_speculative_sampling_emits_the_target_law(pair, tree, multi_draft):
         counts[out.tokens[0], out.tokens[1]] += 1
         accepted += sum(s.accepted for s in out.steps)
     assert accepted > 0, "the draft never got a token accepted: the test would not exercise verification"
-    assert _chi_square_p(counts, law) > 1e-3
-
-
-def test_block_verification_live_emits_the_target_law(pair):
-    """`live --policy block` (`verify_block` on a chain drafted from q) keeps the target's law of the first two tokens."""
-    target_model, draft_model = pair
-    law = _exact_first_two(target_model)
-    target, drafter = Target(target_model, eos=set()), ModelDrafter(draft_model, "draft")
-    config = LiveConfig(tree=parse_tree("chain:3"), policy="block", temperature=TEMPERATURE, max_new_tokens=2)
-    rng = np.random.default_rng(99)
-    counts = np.zeros((VOCAB, VOCAB))
-    accepted = 0
-    for _ in range(SAMPLES):
-        out = speculative_decode(target, drafter, PROMPT, config, rng)
-        counts[out.tokens[0], out.tokens[1]] += 1
-        accepted += sum(s.accepted for s in out.steps)
-    assert accepted > 0
     assert _chi_square_p(counts, law) > 1e-3
 
 
