@@ -227,8 +227,12 @@ def test_live_cli_errors_are_one_line(tiny_model_dir, tmp_path):
     greedy_hot = runner.invoke(main, ["live", "--target", str(tiny_model_dir), "--draft", "int8",
                                       "--temperature", "0.5"])
     one_line_error(greedy_hot, "use --policy sample", code=2)
-    lossy = runner.invoke(main, ["live", "--target", str(tiny_model_dir), "--draft", "int8", "--policy", "typical"])
-    one_line_error(lossy, "live policy 'typical' is not one of greedy, sample, block, adaptive-hf, adaptive-history", code=2)
+    unrun = runner.invoke(main, ["live", "--target", str(tiny_model_dir), "--draft", "int8", "--policy", "greedy-draft"])
+    one_line_error(unrun, "live policy 'greedy-draft' is not one of greedy, sample, block, p>=q, p>=lq, typical, "
+                          "adaptive-hf, adaptive-history", code=2)
+    cold = runner.invoke(main, ["live", "--target", str(tiny_model_dir), "--draft", "int8", "--policy", "typical",
+                                "--temperature", "0"])
+    one_line_error(cold, "--policy typical needs --temperature > 0", code=2)
 
 
 def test_ctrl_c_keeps_the_decodes_that_finished(tiny):

@@ -87,37 +87,64 @@ def test_speculative_sampling_emits_the_target_law(pair, tree, multi_draft, poli
     assert _chi_square_p(counts, law) > 1e-3
 
 
-def _first_call_kept(target_model, draft_model, gamma: int) -> tuple[float, float]:
-    """E[drafts kept] in the first call from PROMPT, block vs token-wise, enumerating every chain the draft can draw."""
-    from specsim.verify import block_kept_law, token_wise_kept_law
-
+def _first_call_kept(target_model, draft_model, gamma: int, *laws) -> list[float]:
+    """E[drafts kept] in the first call from PROMPT under each rule's law of the kept count given the chain
+    (law(p_rows, q_rows, x) -> (γ+1,)), enumerating every chain the draft can draw."""
     chains = np.array(list(itertools.product(range(VOCAB), repeat=gamma)))
     ids = torch.as_tensor(np.hstack([np.tile(PROMPT, (len(chains), 1)), chains]))
     with torch.inference_mode():
         p = torch.softmax(target_model(ids).logits[:, len(PROMPT) - 1:].double() / TEMPERATURE, -1).numpy()
         q = torch.softmax(draft_model(ids).logits[:, len(PROMPT) - 1:-1].double() / TEMPERATURE, -1).numpy()
-    block = token = 0.0
+    means = [0.0] * len(laws)
     for x, p_rows, q_rows in zip(chains, p, q):
         weight = np.prod(q_rows[np.arange(gamma), x])
-        block += weight * block_kept_law(p_rows, q_rows, x) @ np.arange(gamma + 1)
-        token += weight * token_wise_kept_law(p_rows, q_rows, x) @ np.arange(gamma + 1)
-    return block, token
+        for i, law in enumerate(laws):
+            means[i] += weight * law(p_rows, q_rows, x) @ np.arange(gamma + 1)
+    return means
+
+
+def _live_first_call_kept(pair, config, samples: int) -> tuple[float, float]:
+    """Mean and standard error of the first call's kept drafts over `samples` live decodes of PROMPT."""
+    target_model, draft_model = pair
+    target, drafter = Target(target_model, eos=set()), ModelDrafter(draft_model, "draft")
+    rng = np.random.default_rng(5)
+    kept = np.array([speculative_decode(target, drafter, PROMPT, config, rng).steps[0].accepted
+                     for _ in range(samples)], dtype=float)
+    return kept.mean(), kept.std(ddof=1) / np.sqrt(len(kept))
 
 
 def test_block_verification_live_keeps_what_the_rule_keeps(pair):
     """The first call's kept drafts, live, against their exact mean by enumeration (within 4 SE): the engine feeds the
     rule the target's and the draft's laws along the drafted chain. Token-wise verification keeps fewer here, by more
     than the test's tolerance."""
-    target_model, draft_model = pair
-    exact, token_wise = _first_call_kept(target_model, draft_model, 3)
-    target, drafter = Target(target_model, eos=set()), ModelDrafter(draft_model, "draft")
+    from specsim.verify import block_kept_law, token_wise_kept_law
+
+    exact, token_wise = _first_call_kept(*pair, 3, block_kept_law, token_wise_kept_law)
     config = LiveConfig(tree=parse_tree("chain:3"), policy="block", temperature=TEMPERATURE, max_new_tokens=4)
-    rng = np.random.default_rng(5)
-    kept = np.array([speculative_decode(target, drafter, PROMPT, config, rng).steps[0].accepted
-                     for _ in range(2 * SAMPLES)], dtype=float)
-    se = kept.std(ddof=1) / np.sqrt(len(kept))
-    assert abs(kept.mean() - exact) <= 4 * se, (kept.mean(), exact, se)
+    mean, se = _live_first_call_kept(pair, config, 2 * SAMPLES)
+    assert abs(mean - exact) <= 4 * se, (mean, exact, se)
     assert exact - token_wise > 4 * se, (exact, token_wise, se)
+
+
+@pytest.mark.parametrize("policy", ["p>=q", "p>=lq:0.5", "typical:0.3,0.5"])
+def test_lossy_rules_live_keep_what_the_rule_keeps(pair, policy):
+    """`live --policy p>=q | p>=lq:λ | typical`: each draft of the chain kept while the rule passes it, no coin
+    (specsim.verify.LossyRule), against the exact mean by enumeration (within 4 SE)."""
+    from specsim.cache.stats import lossy_rule
+    from specsim.verify import token_wise_kept_law
+
+    rule = lossy_rule(policy)
+
+    def lossy_law(p_rows, q_rows, x):
+        passes = [bool(rule.passes(p_rows[i], q_rows[i])[x[i]]) for i in range(len(x))]
+        kept = int(np.argmin(passes + [False]))  # the first draft that fails
+        return np.eye(len(x) + 1)[kept]
+
+    exact, lossless = _first_call_kept(*pair, 2, lossy_law, token_wise_kept_law)
+    config = LiveConfig(tree=parse_tree("chain:2"), policy=policy, temperature=TEMPERATURE, max_new_tokens=3)
+    mean, se = _live_first_call_kept(pair, config, SAMPLES)
+    assert abs(mean - exact) <= 4 * se, (mean, exact, se)
+    assert abs(exact - lossless) > 4 * se, (exact, lossless, se)  # not speculative sampling under another name
 
 
 def test_block_verification_is_for_chains_at_a_temperature(pair):

@@ -55,7 +55,8 @@ def test_cli_choices_are_the_registry_vocabularies(flag, vocab):
 def test_policy_choices_follow_the_policy_flags():
     # live --policy takes parameters (adaptive-history:0.9,0.3), so it is free text checked by the registry
     assert _choices("--policy") == {"optimize": specs.policy_names(fitted=True)}
-    assert specs.policy_names(live=True) == ["greedy", "sample", "block", "adaptive-hf", "adaptive-history"]
+    assert specs.policy_names(live=True) == ["greedy", "sample", "block", "p>=q", "p>=lq", "typical", "adaptive-hf",
+                                             "adaptive-history"]
     live_help = next(p for where, p in _options(cli) if where == "live" and "--policy" in p.opts)
     assert live_help.metavar == "|".join(specs.policy_names(live=True))
     assert "greedy-draft" in specs.policy_names(fitted=True) and "greedy-draft" in specs.policy_names(vllm=True)

@@ -62,7 +62,8 @@ def footer(df, run) -> str:
               metavar="|".join(registry.policy_names(live=True)),
               help="greedy (argmax, T=0), sample (lossless speculative sampling at --temperature), block (block "
                    "verification of a chain drafted from q at --temperature: kept or cut as a whole, as vLLM's "
-                   "rejection_sample_method=block), or a chain whose length adapts call by call: adaptive-hf "
+                   "rejection_sample_method=block), a lossy rule (p>=q, p>=lq:λ, typical[:eps,delta]: each draft kept "
+                   "while the rule passes it), or a chain whose length adapts call by call: adaptive-hf "
                    "(Hugging Face's schedule) or adaptive-history[:hi,lo]; these verify greedily at T=0 and by "
                    "sampling at T>0.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=None,

@@ -47,7 +47,8 @@ from specsim.live.drafting import Drafter, Proposal, probabilities
 from specsim.record.kv import SlotKV
 from specsim.specs import BATCHING, MULTI_DRAFT, parse_policy, policy_names
 from specsim.trees import Tree, chain
-from specsim.verify import verify_block, verify_multi_iid, verify_multi_swor, verify_point_mass, verify_single
+from specsim.verify import (LossyRule, verify_block, verify_lossy, verify_multi_iid, verify_multi_swor,
+                            verify_point_mass, verify_single)
 
 POLICIES = tuple(policy_names(live=True, adaptive=False))  # what this engine verifies with
 SCHEDULES = tuple(policy_names(live=True, adaptive=True))  # the chain-length schedules it runs
@@ -59,9 +60,10 @@ class LiveConfig:
     """One speculative decoding configuration."""
 
     tree: Tree  # static draft tree (chain:γ is a tree too; ROOT_ONLY is plain decoding)
-    policy: str = "greedy"  # 'greedy' (argmax, T = 0), 'sample' (lossless speculative sampling at temperature) or
+    policy: str = "greedy"  # 'greedy' (argmax, T = 0), 'sample' (lossless speculative sampling at temperature),
     #                         'block' (a chain drafted from q, kept or cut as a block: `specsim.verify.verify_block`)
-    temperature: float = 0.0  # sampling temperature; must be 0 for greedy and > 0 for sample and block
+    #                         or a lossy rule with its parameters ('p>=q', 'p>=lq:0.5', 'typical:0.09,0.3')
+    temperature: float = 0.0  # sampling temperature; must be 0 for greedy and > 0 for the others
     multi_draft: str = "iid"  # how a node with k children draws them under sampling: 'iid' or 'swor'
     max_new_tokens: int = 128  # output length limit per request
     batch: int = 1  # requests decoded together
@@ -70,7 +72,11 @@ class LiveConfig:
     #                     chain starts at the tree's depth and changes call by call (`specsim.sim.adaptive`)
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
+        try:
+            rule = parse_policy(self.policy)
+        except SpecError:
+            rule = None
+        if rule is None or rule.name not in POLICIES:
             raise SpecError(f"live policy {self.policy!r} is not one of {', '.join(POLICIES)}")
         if self.schedule:
             rule = parse_policy(self.schedule)
@@ -88,8 +94,11 @@ class LiveConfig:
         if self.policy == "greedy" and self.temperature != 0:
             raise ArgumentError("{policy} greedy decodes at {temperature} 0, got {value:g}; use {policy} sample",
                                 value=self.temperature)
-        if self.policy in ("sample", "block") and not self.temperature > 0:
+        if rule.kind.temperature == ">0" and not self.temperature > 0:
             raise ArgumentError("{policy} {name} needs {temperature} > 0 (e.g. 0.7); T = 0 is greedy",
+                                name=self.policy)
+        if not rule.lossless and self.multi_draft != "iid" and self.tree.budget and int(self.tree.n_children.max()) > 1:
+            raise ArgumentError("lossy rule {name} tries i.i.d. candidates in order; use {multi_draft} iid",
                                 name=self.policy)
         if self.policy == "block":
             from specsim.sim.adaptive import check_chain
@@ -118,7 +127,17 @@ class LiveConfig:
         if rule.kind.adaptive:
             return cls(tree=tree, policy="greedy" if temperature == 0 else "sample", temperature=temperature,
                        schedule=rule.label, **kwargs)
-        return cls(tree=tree, policy=rule.name, temperature=temperature, **kwargs)
+        return cls(tree=tree, policy=rule.label, temperature=temperature, **kwargs)
+
+    @property
+    def lossy_rule(self) -> LossyRule | None:
+        """The lossy acceptance rule this configuration verifies with (None: a lossless policy)."""
+        rule = parse_policy(self.policy)
+        if rule.lossless:
+            return None
+        from specsim.cache.stats import lossy_rule
+
+        return lossy_rule(rule.label)
 
     @property
     def label(self) -> str:
@@ -208,7 +227,7 @@ class Target:
 def verify_tree(tree: Tree, tokens: np.ndarray, valid: np.ndarray, *, policy: str, multi_draft: str,
                 rng: np.random.Generator, top_of: Callable[[int], int] | None = None,
                 p_of: Callable[[int], np.ndarray] | None = None,
-                q_of: Callable[[int], np.ndarray] | None = None) -> TreeVerdict:
+                q_of: Callable[[int], np.ndarray] | None = None, lossy: LossyRule | None = None) -> TreeVerdict:
     """Walk one request's tree from the root and follow the accepted child.
 
     tokens, valid (n_nodes,): the request's row of the proposal. Greedy needs `top_of(node)`,
@@ -234,6 +253,8 @@ def verify_tree(tree: Tree, tokens: np.ndarray, valid: np.ndarray, *, policy: st
         if children.size == 0 or q_of is None:
             # A leaf (the bonus token y ~ p), or candidates that are a function of the prefix.
             step = verify_point_mass(p, candidates, rng)
+        elif lossy is not None:
+            step = verify_lossy(lossy, p, q_of(node), candidates, rng)
         elif children.size == 1:
             step = verify_single(p, q_of(node), int(candidates[0]), rng)
         elif multi_draft == "swor":
@@ -414,6 +435,9 @@ def _step(target: Target, drafter: Drafter | None, active: list[_Active], config
     logits = target.kv.forward(cols_tok, depth, attend)  # (B, width, V)
     greedy = config.policy == "greedy"
     top = logits.argmax(dim=-1).cpu().numpy() if greedy else None  # (B, m): first maximum = lowest id
+    lossy = config.lossy_rule
+    if lossy is not None and proposal.q_draft is None and drafting:
+        raise SpecError(f"lossy rule {config.policy} compares p with q; this draft proposes point masses (no q)")
     keeps, paths, emitted_total = [], [], 0
     for r, a in enumerate(active):
         q = proposal.q_draft
@@ -423,7 +447,7 @@ def _step(target: Target, drafter: Drafter | None, active: list[_Active], config
             multi_draft=config.multi_draft, rng=a.rng,
             top_of=(lambda node, r=r: top[r, col_of[r][node]]) if greedy else None,
             p_of=None if greedy else (lambda node, r=r: probabilities(logits[r, col_of[r][node]], config.temperature)),
-            q_of=None if q is None else (lambda node, r=r: q[node][r]))
+            q_of=None if q is None else (lambda node, r=r: q[node][r]), lossy=lossy)
         emitted = [int(proposal.tokens[r, n]) for n in verdict.path] + [verdict.token]
         start = a.produced
         emitted, a.done = _finish(emitted, start, config.max_new_tokens, target.eos)
