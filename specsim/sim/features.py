@@ -286,6 +286,7 @@ class FeatureSource:
     base: dict  # Features' per-trajectory fields (see `Features`)
     key: str | None  # the group in the features file; None: `arrays` holds the arrays
     arrays: dict | None  # token, rank, logp, logq, top_ids in memory (None: in the file)
+    model_free: bool = False  # a model-free draft: no draft column, its only array is the tokens
 
     @property
     def n_traj(self) -> int:
@@ -294,10 +295,6 @@ class FeatureSource:
     @property
     def n_positions(self) -> int:
         return int(self.base["traj_len"].sum())
-
-    @property
-    def model_free(self) -> bool:
-        return self.arrays is not None and self.arrays.get("rank", 0) is None
 
     def __getattr__(self, name: str):  # the per-trajectory fields: draft, temperature, traj_prompt, traj_len, ...
         try:
@@ -490,7 +487,8 @@ def _source(reader: CacheReader, draft: str, temperature: float, top_k: int, pro
     )
     if model_free:
         token = np.concatenate([reader.tokens(r.start, r.stop) for r in rows])
-        return FeatureSource(base, None, dict(token=token, rank=None, logp=None, logq=None, top_ids=None))
+        return FeatureSource(base, None, dict(token=token, rank=None, logp=None, logq=None, top_ids=None),
+                             model_free=True)
     K = max(1, min(int(top_k), reader.spec.vocab_size))
     key = f"{draft.replace('/', '|')}@T={T:g}@K={K}"
     if _stored(reader, key):
