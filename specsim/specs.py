@@ -50,6 +50,8 @@ EMIT_TARGETS = {  # engines `optimize --emit` writes a configuration for
 HEAD_KINDS = {  # heads `train-draft` trains
     "medusa": "K residual-block heads on the target's last hidden state, sharing its LM head",
     "eagle": "one decoder layer fed the target's feature and the next token's embedding",
+    "eagle3": "EAGLE-3: the target's low, middle and high layers fused, one decoder layer, its own LM head "
+              "(optionally over a smaller draft vocabulary), trained with training-time test",
 }
 
 
@@ -224,6 +226,11 @@ DRAFT_KINDS: dict[str, DraftKind] = {
                        "an EAGLE-1/2 draft layer on the target's features, autoregressive over its own",
                        "its column in the cache, recorded per call start and depth", model_free=False, heads=True,
                        feeds_accepted=True),
+    "eagle3": DraftKind("eagle3", "eagle3:DIR_OR_HUB_ID", "eagle3:heads/eagle3",
+                        "an EAGLE-3 head: the target's low, middle and high layers fused, autoregressive over its "
+                        "own features, its own LM head (speculators' layout or the EAGLE-3 reference layout)",
+                        "its column in the cache, recorded per call start and depth", model_free=False, heads=True,
+                        feeds_accepted=True),
     "ngram": DraftKind("ngram", "ngram:N", "ngram:3",
                        "suffix matching on the last N tokens of prompt + output (SGLang's NGRAM speculator)",
                        "nothing: tokens only", model_free=True, parse="specsim.sim.modelfree:parse_modelfree",
@@ -260,7 +267,8 @@ def is_model_free(spec: str) -> bool:
 
 
 def is_head_draft(spec: str) -> bool:
-    """Medusa / EAGLE heads (`medusa:DIR`, `eagle:DIR`): loaded onto the target, one law per call start and depth."""
+    """Medusa / EAGLE / EAGLE-3 heads (`medusa:DIR`, `eagle:DIR`, `eagle3:DIR`): loaded onto the target, one law
+    per call start and depth."""
     return draft_kind(spec).heads
 
 

@@ -189,18 +189,42 @@ def test_medusa_sampling_laws_are_keyed_by_the_calls_start(heads_cache):
     assert checked > 100
 
 
-def test_pickle_checkpoints_and_heads_for_another_target_are_refused(heads_cache, tmp_path):
+class _RunsCode:
+    """A pickle that runs code when loaded (writes a file): what torch.load(weights_only=True) must refuse."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_tensor_pickles_load_code_pickles_and_heads_for_another_target_are_refused(heads_cache, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
     from specsim.record.heads import load_heads
     from specsim.record.models import load_model
 
     _, _, target_dir = heads_cache
     target = load_model(target_dir)
-    pickled = tmp_path / "pickled"
-    pickled.mkdir()
-    (pickled / "config.json").write_text(json.dumps({"medusa_num_heads": 2}))
-    (pickled / "medusa_lm_head.pt").write_bytes(b"not really")
-    with pytest.raises(ModelError, match="pickle checkpoint; specsim loads safetensors only"):
-        load_heads(f"medusa:{pickled}", target)
+    published = _medusa_published(tmp_path / "safetensors", target)
+    as_bin = tmp_path / "bin"
+    as_bin.mkdir()
+    (as_bin / "config.json").write_text((published / "config.json").read_text())
+    torch.save(load_file(str(published / "medusa_lm_head.safetensors")), as_bin / "pytorch_model.bin")
+    state = torch.randn(3, target.model.config.hidden_size)
+    a, b = load_heads(f"medusa:{published}", target), load_heads(f"medusa:{as_bin}", target)
+    assert torch.equal(a.module(state, a.lm_head), b.module(state, b.lm_head))
+    marker = tmp_path / "code-ran"
+    torch.save({"0.0.linear.weight": _RunsCode(marker)}, as_bin / "pytorch_model.bin")
+    with pytest.raises(ModelError, match=r"weights_only=True\) refused it .*runs no pickled code"):
+        load_heads(f"medusa:{as_bin}", target)
+    assert not marker.exists()
+    (as_bin / "pytorch_model.bin").unlink()
+    (as_bin / "model.pt").write_bytes(b"not really")
+    with pytest.raises(ModelError, match="specsim reads model.safetensors.*convert it once"):
+        load_heads(f"medusa:{as_bin}", target)
     other = _eagle_published(tmp_path / "other", target)
     cfg = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**cfg, "hidden_size": 128}))

@@ -174,8 +174,10 @@ class _Bench:
 
 
 class _HeadBench:
-    """A head draft at B requests and context L: Medusa's head pass at the root state, or an EAGLE layer
-    forward of w entries over a cache of L entries (random features and tokens; never committed)."""
+    """A head draft at B requests and context L: Medusa's head pass at the root state, or an EAGLE / EAGLE-3 layer
+    forward of w entries over a cache of L entries (random features and tokens; never committed). The timed
+    forward is a tree level's (the head's own features; EAGLE-3's fusion of the target's layers runs on the root
+    feed only)."""
 
     def __init__(self, head, batch: int, context: int, rng: np.random.Generator):
         self.head, self.B, self.L = head, batch, context
@@ -186,16 +188,17 @@ class _HeadBench:
         self.rand = lambda *shape: torch.randn(*shape, generator=self.gen).to(device=dev, dtype=dtype)  # noqa: E731
         self.ids = lambda *shape: torch.randint(0, self.V, shape, generator=self.gen).to(dev)  # noqa: E731
         self.past = None
-        if head.kind == "eagle":
+        if head.autoregressive:
             mask = torch.ones(context, context, dtype=torch.bool, device=dev).tril().expand(batch, -1, -1)
             positions = torch.arange(context, device=dev).expand(batch, -1)
-            _, self.past = head.module(self.rand(batch, context, H), self.ids(batch, context), positions, mask,
-                                       None, head.embed)
+            width = H * len(head.hidden_layers)  # the target's states the head reads, side by side
+            _, self.past = head.forward(self.rand(batch, context, width), self.ids(batch, context), positions, mask,
+                                        None, from_target=True)
 
     def run(self, w: int, pick: Callable) -> Callable[[], None]:
         head, B, L = self.head, self.B, self.L
         H = head.config.hidden_size
-        if head.kind == "medusa":  # one pass of every head at the root's state, whatever the tree
+        if not head.autoregressive:  # Medusa: one pass of every head at the root's state, whatever the tree
             state = self.rand(B, H)
             return lambda: pick(head.module(state, head.lm_head))
         dev = self.past[0][0].device
@@ -205,8 +208,8 @@ class _HeadBench:
                          dim=1).expand(B, -1, -1)
 
         def once() -> None:
-            out, _ = head.module(feats, ids, positions, mask, self.past, head.embed)
-            pick(head.lm_head(out))
+            out, _ = head.forward(feats, ids, positions, mask, self.past, from_target=False)
+            pick(head.logits(out))
 
         return once
 

@@ -102,6 +102,7 @@ def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft,
     if emit_acceptance is not None:
         _check_emit_path(emit_acceptance, overwrite)
     requests_target = c.out_target(per_request, None, overwrite, "--per-request") if per_request else (None, None)
+    from specsim.cache.provenance import leakage_lines
     from specsim.sim.sweep import SweepConfig, sweep
 
     config = SweepConfig(trees=list(trees), drafts=list(drafts) or None, policies=list(policies) or ["greedy"],
@@ -117,6 +118,8 @@ def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft,
     echo(format_table(shown))
     echo()
     echo(footer(df))
+    for line in leakage_lines(cache, df["draft"].unique().to_list() if "draft" in df.columns else []):
+        click.echo(line, err=True)
     if target is not None:
         where = c.write_frame(_serving_columns(df), target, fmt)
         echo(f"wrote {len(df)} rows to {where}")

@@ -1,4 +1,4 @@
-"""`specsim train-draft`: train Medusa or EAGLE-style heads from a cache's hidden states."""
+"""`specsim train-draft`: train Medusa, EAGLE or EAGLE-3 heads from a cache's hidden states."""
 
 from __future__ import annotations
 
@@ -17,10 +17,19 @@ from specsim.cli import _common as c
               help=registry.vocab_help(registry.HEAD_KINDS) + ".")
 @click.option("--target", required=True, help="The cache's target model (its LM head gives the training targets).")
 @click.option("--from", "cache", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
-              help="A cache recorded with --hidden-states last.")
+              help="A cache recorded with --hidden-states last (EAGLE-3: last and the layers it fuses, e.g. "
+                   "last,2,15,27 for SmolLM2's 30 layers).")
 @click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True,
               help="Medusa: heads (the deepest depth drafted). EAGLE drafts autoregressively: `specsim cache "
                    "--head-depth` sets how deep it is recorded.")
+@click.option("--aux-layers", default=None, metavar="K1,K2,K3",
+              help="EAGLE-3: the target layers fused (the inputs of those decoder layers, vLLM's "
+                   "eagle_aux_hidden_state_layer_ids). Default: 2, L/2 and L-3 of the target's L layers.")
+@click.option("--ttt-steps", type=click.IntRange(1, 16), default=4, show_default=True,
+              help="EAGLE-3: training-time test depth: the head is unrolled this many steps on its own features.")
+@click.option("--draft-vocab", type=click.IntRange(min=0), default=0, show_default=True,
+              help="EAGLE-3: draft over the N most frequent tokens of the training trajectories (d2t maps them to the "
+                   "target's ids); 0: the target's whole vocabulary.")
 @click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True, help="Optimiser steps.")
 @click.option("--batch", type=click.IntRange(min=1), default=4, show_default=True, help="Trajectories per step.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True,
@@ -35,15 +44,17 @@ from specsim.cli import _common as c
 @c.seed_option
 @c.quiet_option
 @c.friendly_errors
-def train_draft(kind, target, cache, heads, steps, batch, lr, holdout_every, save_every, device, out, overwrite, seed,
-                quiet):
+def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, draft_vocab, steps, batch, lr, holdout_every, save_every,
+                device, out, overwrite, seed, quiet):
     """Train head drafts for TARGET by self-distillation on a cache's trajectories.
 
     The loss is against the target's whole next-token law (softmax of its LM head on the
     recorded hidden states), not only its sampled token. The heads are saved as
     config.json + safetensors in the published layouts (Medusa's medusa_lm_head.safetensors,
-    EAGLE's model.safetensors), ready for --draft medusa:DIR / eagle:DIR. Ctrl-C saves the
-    last checkpoint and stops.
+    EAGLE's model.safetensors, EAGLE-3 in speculators' layout, which vLLM's eagle3 method
+    loads), ready for --draft medusa:DIR / eagle:DIR / eagle3:DIR. EAGLE-3 is trained with
+    training-time test (--ttt-steps deep on its own features). Ctrl-C saves the last
+    checkpoint and stops.
 
     \b
     Examples:
@@ -52,6 +63,9 @@ def train_draft(kind, target, cache, heads, steps, batch, lr, holdout_every, sav
       specsim train-draft --kind medusa --target smollm2-135m --from cache/train.h5 --out heads/medusa
       specsim train-draft --kind eagle --target smollm2-135m --from cache/train.h5 --out heads/eagle
       specsim cache --target smollm2-135m --draft medusa:heads/medusa,eagle:heads/eagle --out cache/heads.h5
+      specsim cache --target smollm2-135m --hidden-states last,2,15,27 --store stats --out cache/train3.h5
+      specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 --draft-vocab 16384 \
+          --out heads/eagle3
     """
     import transformers
 
@@ -61,12 +75,18 @@ def train_draft(kind, target, cache, heads, steps, batch, lr, holdout_every, sav
 
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise CacheError(f"--out {out} is not empty; pass --overwrite to replace the heads in it")
+    if kind != "eagle3" and (aux_layers or draft_vocab):
+        raise CacheError.naming("{aux_layers} and {draft_vocab} are EAGLE-3's: use {kind} eagle3")
+    try:
+        aux = tuple(int(k) for k in aux_layers.split(",")) if aux_layers else ()
+    except ValueError:
+        raise CacheError.naming("{aux_layers} {value!r}: give layer numbers, e.g. 2,15,27", value=aux_layers) from None
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     click.echo(f"loading target {target} ...", err=True)
     loaded = load_model(target, device=device)
     config = TrainConfig(kind=kind, heads=heads, steps=steps, lr=lr, batch=batch, holdout_every=holdout_every,
-                         save_every=save_every, seed=seed)
+                         save_every=save_every, seed=seed, ttt_steps=ttt_steps, aux_layers=aux, draft_vocab=draft_vocab)
     outcome = train(cache, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True))
 
     def agreement(result):

@@ -155,6 +155,7 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
     setup = report.setup
     echo(f"\nlive on {report.device} vs simulate on {cache} (target {setup.target}, {len(setup.prompts)} "
          f"prompts, max {setup.max_new_tokens} new tokens, batch {batch} {batching})")
+    _warn_leaks(cache, [ch.draft for ch in report.checks])
     if cost_profile is not None:
         echo(f"speedup: predicted from {cost_profile} (measured costs) vs live over plain decoding of the "
              "same requests in the same run (decode steps only); ratio = predicted / live")
@@ -177,6 +178,14 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
 def _tolerance(value: float | None) -> dict:
     """--speed-tolerance as a config field: given, or the config's own default (each engine has one)."""
     return {} if value is None else {"speed_tolerance": value}
+
+
+def _warn_leaks(cache, drafts) -> None:
+    """Say when a head draft is checked on prompts it was trained on (its numbers there are not held out)."""
+    from specsim.cache.provenance import leakage_lines
+
+    for line in leakage_lines(cache, drafts):
+        click.echo(line, err=True)
 
 
 def _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_profile, batch, rounds,
@@ -209,6 +218,7 @@ def _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_p
     echo(f"\nvLLM {report.vllm_version} vs simulate on {cache} (target {setup['target']}, {setup['prompts']} prompts "
          f"as token ids, max {setup['max_new_tokens']} new tokens, batch {batch}); counters with vLLM's meaning "
          "(docs/design.md §6)")
+    _warn_leaks(cache, [ch.draft for ch in report.checks])
     if target is not None:
         frame = pl.DataFrame([{"engine": f"vllm {report.vllm_version}", "draft": ch.draft, "tree": ch.tree,
                                "policy": ch.policy, "temperature": ch.temperature, "batch": ch.batch,

@@ -58,6 +58,9 @@ def draft_directory(draft: str, target: str, *, target_info: dict | None = None,
                           "a draft model directory")
     if draft.startswith("eagle:"):
         return str(export_eagle(draft, target, target_info=target_info, echo=echo))
+    if draft.startswith("eagle3:"):  # speculators' layout (what train-draft writes) or the reference one: as it is
+        where = Path(draft.partition(":")[2]).expanduser()
+        return str(where.resolve()) if where.is_dir() else model_directory(draft.partition(":")[2])
     return model_directory(draft, draft_info)
 
 

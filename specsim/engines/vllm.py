@@ -19,6 +19,10 @@ A configuration maps to vLLM's `speculative_config` (vLLM 0.32, `vllm/config/spe
 * `eagle:DIR` (an EAGLE-1/2 head, `specsim train-draft --kind eagle` or a published one) +
   `chain:k` -> method "eagle" on the head's directory in vLLM's layout (`export_eagle`), with
   the same draft_sample_method;
+* `eagle3:DIR` (an EAGLE-3 head: `specsim train-draft --kind eagle3` writes speculators' layout,
+  which vLLM reads as it is, as it reads a published speculators or EAGLE-3 reference checkpoint)
+  + `chain:k` -> method "eagle3" on the directory, vLLM collecting the target's states at the
+  head's `eagle_aux_hidden_state_layer_ids`;
 * `suffix[:...]` + `chain:k` -> method "suffix" with its suffix_decoding_* settings (vLLM's
   SuffixDecodingProposer over arctic-inference: `make vllm-suffix`).
 
@@ -144,7 +148,7 @@ def speculative_config(draft: str, tree, policy: str, *, draft_dir: str | None =
                           "use layers:K or a draft model directory")
     if draft_dir is None:
         raise EngineError(f"draft {draft}: no model directory for vLLM to load")
-    method = "eagle" if kind.name == "eagle" else "draft_model"
+    method = kind.name if kind.name in ("eagle", "eagle3") else "draft_model"
     config = {"method": method, "model": str(draft_dir), "num_speculative_tokens": k}
     if name != "greedy":
         config["draft_sample_method"] = "greedy" if name == "greedy-draft" else "probabilistic"

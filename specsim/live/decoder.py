@@ -329,7 +329,7 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[np.ndarray
     needs_hidden = bool(getattr(drafter, "needs_hidden", False))  # head drafts read the target's hidden states
     if needs_hidden and any(p.size < 2 for p in prompts):
         raise SpecError("head drafts need prompts of at least two tokens (the root's predecessor state)")
-    target.kv.keep_hidden = needs_hidden
+    target.kv.keep_hidden = tuple(drafter.hidden_layers) if needs_hidden else ()  # the states the heads read
     if hasattr(drafter, "begin"):  # drafters that learn from earlier requests start this run afresh
         drafter.begin()
     run = DecodeRun(decoded=[None] * len(prompts))

@@ -1,17 +1,19 @@
-"""Live drafting with heads on the target: Medusa and EAGLE (`specsim.record.heads`).
+"""Live drafting with heads on the target: Medusa, EAGLE and EAGLE-3 (`specsim.record.heads`).
 
-Both read the target's final hidden state at the root's predecessor, which the engine hands
-over after every verification (`needs_hidden`: the engine keeps the target's hidden states
-of the last forward and passes those of the accepted path). A static tree is filled level by
+All read the target's hidden states at the root's predecessor, which the engine hands over
+after every verification (`needs_hidden`: the engine keeps the states `hidden_layers` names
+from the last forward — the final state, or EAGLE-3's low, middle and high layers side by
+side — and passes those of the accepted path). A static tree is filled level by
 level as a draft model fills it (`specsim.live.drafting`): greedy takes the r-th most likely
 token of the law at the parent, sampling draws the parent's children from it.
 
 * Medusa: the law at any node of depth d - 1 is head d's at the root's state (Medusa's
   top-k-per-head trees), so one head pass serves the whole tree.
-* EAGLE: the layer keeps its own KV cache over committed entries (h_i, y_{i+1}); each call
-  feeds the entries the last verification produced, then one forward per tree level on
-  (parent's predicted feature, node token), each node seeing the committed entries and its
-  ancestors. Tree entries are dropped after the call. A batch shares one padded cache.
+* EAGLE and EAGLE-3: the layer keeps its own KV cache over committed entries (h_i, y_{i+1});
+  each call feeds the entries the last verification produced (EAGLE-3 fuses the target's
+  layers first), then one forward per tree level on (parent's predicted feature, node token),
+  each node seeing the committed entries and its ancestors. Tree entries are dropped after
+  the call. A batch shares one padded cache.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class MedusaDrafter:
     def __init__(self, head):
         self.head = head
         self.name = head.name
+        self.hidden_layers = head.hidden_layers
         self.levels: list[int] = []
         self._state: torch.Tensor | None = None  # (B, H) target state before each request's root
 
@@ -71,7 +74,7 @@ class MedusaDrafter:
 
 
 class EagleDrafter:
-    """An EAGLE-1/2 layer with its own KV cache over each request's committed entries, for a batch.
+    """An EAGLE-1/2 or EAGLE-3 layer with its own KV cache over each request's committed entries, for a batch.
 
     The cache is one (B, Hkv, M, d) tensor per layer whose entries are appended for every row
     at once; `_real` (B, M) marks each row's committed entries (a row that fed fewer entries in
@@ -84,6 +87,7 @@ class EagleDrafter:
     def __init__(self, head):
         self.head = head
         self.name = head.name
+        self.hidden_layers = head.hidden_layers
         self.levels: list[int] = []
         self._past = None  # per layer (k, v) (B, Hkv, M, d)
         self._real = np.zeros((0, 0), dtype=bool)  # (B, M) committed entries of each row
@@ -121,8 +125,8 @@ class EagleDrafter:
         if not keep.size:
             self._past = None
 
-    def _forward(self, feats, ids, positions, mask, past):
-        return self.head.module(feats, ids, positions, mask, past, self.head.embed)
+    def _forward(self, feats, ids, positions, mask, past, *, from_target: bool):
+        return self.head.forward(feats, ids, positions, mask, past, from_target=from_target)
 
     @torch.inference_mode()
     def _feed(self, committed, rows=None) -> int:
@@ -150,7 +154,7 @@ class EagleDrafter:
         mask = np.concatenate([np.broadcast_to(self._real[:, None, :], (B, K, M)), causal], axis=2)
         positions = self._count[:, None] + np.arange(K)[None, :]
         out, new = self._forward(feats, torch.as_tensor(ids, device=dev), torch.as_tensor(positions, device=dev),
-                                 torch.as_tensor(mask, device=dev), self._past)
+                                 torch.as_tensor(mask, device=dev), self._past, from_target=True)
         self._past = concat_kv(self._past, new)
         self._real = np.concatenate([self._real, new_real], axis=1)
         self._count = self._count + ks
@@ -176,7 +180,7 @@ class EagleDrafter:
         sampling = policy != "greedy"
         q_draft: dict | None = {} if sampling else None
         feature = {0: root_feat}  # node -> (B, H) the predicted feature after it
-        level_logits = {0: self.head.lm_head(root_feat).float()}  # node -> (B, V)
+        level_logits = {0: self.head.logits(root_feat).float()}  # node -> (B, V)
         anc = tree.ancestor_mask()
         slot = np.full(n, -1, dtype=np.int64)  # node -> index among the tree entries fed this call
         tree_past = None
@@ -206,11 +210,12 @@ class EagleDrafter:
             parent_feats = torch.stack([feature[int(tree.parents[v])] for v in to_feed], dim=1)  # (B, w, H)
             positions = self._count[:, None] - 1 + tree.depths[to_feed][None, :]
             out, new = self._forward(parent_feats, torch.as_tensor(tokens[:, to_feed], device=dev),
-                                     torch.as_tensor(positions, device=dev), torch.as_tensor(mask, device=dev), past)
+                                     torch.as_tensor(positions, device=dev), torch.as_tensor(mask, device=dev), past,
+                                     from_target=False)
             tree_past = concat_kv(tree_past, new)
             for i, v in enumerate(to_feed):
                 feature[int(v)] = out[:, i]
-                level_logits[int(v)] = self.head.lm_head(out[:, i]).float()
+                level_logits[int(v)] = self.head.logits(out[:, i]).float()
             slot[to_feed] = fed + np.arange(w)
             fed += w
             self.levels.append(w)
@@ -223,5 +228,5 @@ class EagleDrafter:
 
 def head_drafter(spec: str, target) -> MedusaDrafter | EagleDrafter:
     head = load_heads(spec, target)
-    return MedusaDrafter(head) if head.kind == "medusa" else EagleDrafter(head)
+    return EagleDrafter(head) if head.autoregressive else MedusaDrafter(head)
 

@@ -11,7 +11,15 @@ instead of running a model of their own:
   `llama_eagle.py`): one Llama decoder layer fed fc([embed(x_{i+1}), h_i]) predicts the next
   feature; the target's LM head turns a feature into a distribution. The first layer has no
   input norm, there is no final norm. Deeper drafts feed the layer its own predicted feature.
-  EAGLE-3 (multi-layer fused features, its own vocabulary map) is not this layout.
+* **EAGLE-3** (Li et al. 2025; SafeAILab/EAGLE `eagle/model/cnets.py`, vLLM's
+  `llama_eagle3.py`, `speculators`' `models/eagle3`): fc fuses the target's states at three
+  layers (low, middle, high: the inputs of decoder layers k, HF's `hidden_states[k]`, vLLM's
+  `eagle_aux_hidden_state_layer_ids`, by default 2, L // 2 and L - 3) into one feature; the
+  first decoder layer's attention reads cat(norm(embed(token)), norm(feature)) (2H wide), its
+  residual is the feature; a final norm and the head's own LM head over a draft vocabulary
+  (`d2t[i]` + i is draft token i's target id; target tokens outside it get no mass). Deeper
+  drafts feed back the layer's own output (before the final norm). Trained with training-time
+  test (`specsim.record.train`): the head unrolled on its own features.
 
 Their draft law for the token d places after a call's start depends on (start, depth), not on
 the position alone: q_{s,d}. `start_logits` computes it for every start of a recorded
@@ -22,7 +30,12 @@ so the cache can store it keyed by depth (docs/cache-format.md).
 A head checkpoint is a directory: `config.json` and a safetensors file, in the published
 layouts (Medusa: `medusa_lm_head.safetensors`, keys `{k}.{j}.linear.weight|bias` and
 `{k}.{L}.weight`; EAGLE: `model.safetensors`, keys `fc.weight`, `layers.0.…`, optionally
-`embed_tokens.weight`). Pickle checkpoints (`*.pt`, `*.bin`) are refused.
+`embed_tokens.weight`; EAGLE-3: `speculators`' layout — config.json with
+`speculators_model_type: eagle3` and `transformer_layer_config`, keys `fc.weight`, `layers.*`,
+`norm.weight`, `lm_head.weight`, `d2t`, `t2d` — or the EAGLE-3 reference layout, a Llama
+config.json with `draft_vocab_size` and `midlayer.*` for `layers.0.*`). `pytorch_model.bin`
+loads with `torch.load(weights_only=True)`, the restricted unpickler that runs no code (as
+transformers loads it); other pickles are refused.
 """
 
 from __future__ import annotations
@@ -39,15 +52,17 @@ from torch import nn
 from specsim.errors import ModelError
 from specsim.specs import is_head_draft
 
-WEIGHTS = {"medusa": "medusa_lm_head.safetensors", "eagle": "model.safetensors"}
-PICKLES = ("medusa_lm_head.pt", "pytorch_model.bin", "model.pt", "model.bin")
+WEIGHTS = {"medusa": "medusa_lm_head.safetensors", "eagle": "model.safetensors", "eagle3": "model.safetensors"}
+TENSOR_PICKLES = ("pytorch_model.bin", "medusa_lm_head.pt")  # loaded with torch.load(weights_only=True)
+PICKLES = ("model.pt", "model.bin")
+MASKED = -1e9  # an EAGLE-3 logit for a target token outside the draft vocabulary: softmax gives it exactly 0
 
 
 @dataclass(frozen=True)
 class HeadConfig:
     """What a head checkpoint is (saved as the `specsim` block of its config.json)."""
 
-    kind: str  # "medusa" | "eagle"
+    kind: str  # "medusa" | "eagle" | "eagle3"
     hidden_size: int  # the target's hidden size
     vocab_size: int  # the target's logits width
     heads: int = 4  # Medusa: number of heads (= the deepest depth it drafts); EAGLE: unused (autoregressive)
@@ -61,7 +76,20 @@ class HeadConfig:
     rope_theta: float = 10000.0
     attention_bias: bool = False  # q/k/v projections with bias (Qwen2 targets)
     fc_bias: bool = False  # EAGLE's fc with bias (EAGLE's own code defaults to True)
+    aux_layers: tuple = ()  # EAGLE-3: the target layers whose inputs are fused (HF hidden_states[k])
+    draft_vocab_size: int = 0  # EAGLE-3: its LM head's width, when smaller than the target's (d2t maps it)
+    norm_before_residual: bool = False  # EAGLE-3: the first layer's residual is the normed feature
+    norm_output: bool = False  # EAGLE-3 (3.1): the fed-back feature is the normed output
+    fc_input_norm: str = ""  # EAGLE-3: "" | "concat" (one norm of the fused input) | "each" (one per target layer)
     target: dict = field(default_factory=dict)  # name, tokenizer_sha256, hidden_size, vocab_size of the target
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "aux_layers", tuple(int(k) for k in self.aux_layers))
+
+    @property
+    def hidden_layers(self) -> tuple[str, ...]:
+        """The target states the head reads, in `target_hidden`'s keys: EAGLE-3's fused layers, else "last"."""
+        return tuple(str(k) for k in self.aux_layers) if self.kind == "eagle3" else ("last",)
 
 
 # -- Medusa ---------------------------------------------------------------------------------------
@@ -135,13 +163,14 @@ def _rotate(x, cos, sin):
 
 
 class EagleAttention(nn.Module):
-    def __init__(self, c: HeadConfig):
+    def __init__(self, c: HeadConfig, width: int | None = None):
         super().__init__()
         self.c = c
         H, d = c.hidden_size, c.head_dim
-        self.q_proj = nn.Linear(H, c.num_attention_heads * d, bias=c.attention_bias)
-        self.k_proj = nn.Linear(H, c.num_key_value_heads * d, bias=c.attention_bias)
-        self.v_proj = nn.Linear(H, c.num_key_value_heads * d, bias=c.attention_bias)
+        width = width or H  # EAGLE-3's first layer reads [embedding, feature]: 2H
+        self.q_proj = nn.Linear(width, c.num_attention_heads * d, bias=c.attention_bias)
+        self.k_proj = nn.Linear(width, c.num_key_value_heads * d, bias=c.attention_bias)
+        self.v_proj = nn.Linear(width, c.num_key_value_heads * d, bias=c.attention_bias)
         self.o_proj = nn.Linear(c.num_attention_heads * d, H, bias=False)
 
     def forward(self, x, positions, mask, past):
@@ -198,10 +227,11 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList(EagleLayer(config, i) for i in range(config.layers))
         self.embed_tokens: nn.Embedding | None = None  # the checkpoint's own, else the target's (set on load)
 
-    def forward(self, feats, ids, positions, mask, past=None, embed=None):
+    def forward(self, feats, ids, positions, mask, past=None, embed=None, *, from_target: bool = True):
         """feats (B, n, H) target or predicted features; ids (B, n) the token after each feature; positions
         (B, n); mask (B, n, m + n) bool; past: per layer (k, v) of m earlier entries, or None.
-        Returns predicted features (B, n, H) and per layer the (k, v) of these n entries."""
+        Returns predicted features (B, n, H) and per layer the (k, v) of these n entries. (EAGLE-1/2 reads
+        the target's features and its own in one space: `from_target` changes nothing.)"""
         embed = self.embed_tokens if self.embed_tokens is not None else embed
         x = self.fc(torch.cat([embed(ids).to(feats.dtype), feats], dim=-1))
         news = []
@@ -228,6 +258,110 @@ class EagleHead(nn.Module):
         self.load_state_dict({k: v for k, v in state.items() if k in ours}, strict=False)
 
 
+class Eagle3FirstLayer(nn.Module):
+    """EAGLE-3's first decoder layer: attention over cat(norm(embedding), norm(feature)), the feature (or its norm,
+    `norm_before_residual`) as the residual (speculators' `Eagle3FirstLayerMixin`, vLLM's `llama_eagle3.py`)."""
+
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.c = c
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)  # on the embedding
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)  # on the feature
+        self.self_attn = EagleAttention(c, width=2 * c.hidden_size)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = EagleMLP(c)
+
+    def forward(self, embeds, x, positions, mask, past):
+        normed = self.hidden_norm(x)
+        residual = normed if self.c.norm_before_residual else x
+        attn, new = self.self_attn(torch.cat([self.input_layernorm(embeds), normed], dim=-1), positions, mask, past)
+        x = residual + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), new
+
+
+class Eagle3Head(nn.Module):
+    """fc over the target's fused states (first step only), the layers, a final norm and the head's own LM head."""
+
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        c = self.config = config
+        H, n_aux = c.hidden_size, len(c.aux_layers)
+        if n_aux < 1:
+            raise ModelError("an EAGLE-3 head fuses at least one target layer (aux_layers is empty)")
+        self.fc = nn.Linear(n_aux * H, H, bias=False)
+        if c.fc_input_norm == "concat":
+            self.input_norm = RMSNorm(n_aux * H, c.rms_norm_eps)
+        elif c.fc_input_norm == "each":
+            self.fc_norm = nn.ModuleList(RMSNorm(H, c.rms_norm_eps) for _ in range(n_aux))
+        self.layers = nn.ModuleList([Eagle3FirstLayer(c)] + [EagleLayer(c, i) for i in range(1, c.layers)])
+        self.norm = RMSNorm(H, c.rms_norm_eps)
+        V = c.draft_vocab_size or c.vocab_size
+        self.lm_head = nn.Linear(H, V, bias=False)
+        self.register_buffer("d2t", torch.zeros(V, dtype=torch.long) if c.draft_vocab_size else None)
+        self.embed_tokens: nn.Embedding | None = None  # the checkpoint's own, else the target's (set on load)
+
+    def fuse(self, states):
+        """(..., n_aux * H) target states, concatenated in aux_layers' order -> (..., H)."""
+        if self.config.fc_input_norm == "concat":
+            states = self.input_norm(states)
+        elif self.config.fc_input_norm == "each":
+            chunks = states.chunk(len(self.fc_norm), dim=-1)
+            states = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(states)
+
+    def forward(self, feats, ids, positions, mask, past=None, embed=None, *, from_target: bool = True):
+        """As `EagleHead.forward`; `from_target`: feats are the target's fused states (B, n, n_aux * H), else the
+        head's own fed-back features (B, n, H). Returns the features to feed back (B, n, H) (`logits` reads them)."""
+        embed = self.embed_tokens if self.embed_tokens is not None else embed
+        x = self.fuse(feats) if from_target else feats
+        embeds = embed(ids).to(x.dtype)
+        news = []
+        for i, layer in enumerate(self.layers):
+            x, new = layer(embeds, x, positions, mask, None if past is None else past[i]) if i == 0 else \
+                layer(x, positions, mask, None if past is None else past[i])
+            news.append(new)
+        return (self.norm(x) if self.config.norm_output else x), news
+
+    def logits(self, features, vocab_size: int):
+        """(..., vocab_size) logits over the target's vocabulary of fed-back `features`: draft token i at target id
+        i + d2t[i], every other target token MASKED (vLLM's compute_logits fills them with -inf)."""
+        out = self.lm_head(features if self.config.norm_output else self.norm(features))
+        if self.d2t is None:
+            return out
+        full = out.new_full(out.shape[:-1] + (vocab_size,), MASKED)
+        full[..., torch.arange(out.shape[-1], device=out.device) + self.d2t] = out
+        return full
+
+    def weights(self) -> dict:
+        state = dict(self.state_dict())
+        if self.d2t is not None:  # the reference layout's and speculators' target-side mask, for their readers
+            t2d = torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.d2t.device)
+            t2d[torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t] = True
+            state["t2d"] = t2d
+        return state
+
+    def load_weights(self, state: dict) -> None:
+        state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
+                 for k, v in state.items()}  # the EAGLE-3 reference layout's name for the first layer
+        emb = state.pop("embed_tokens.weight", None)
+        if emb is not None:
+            self.embed_tokens = nn.Embedding(*emb.shape)
+            self.embed_tokens.weight.data.copy_(emb)
+        ignored = {"t2d", "verifier_lm_head.weight", "verifier_norm.weight"}  # derived from d2t, or the target's
+        ours = {k for k in self.state_dict() if not k.startswith("embed_tokens.")}
+        extra = sorted(set(state) - ours - ignored)
+        missing = sorted(ours - set(state))
+        if missing or extra:
+            raise ModelError(f"EAGLE-3 checkpoint does not match its config: missing {missing[:3]}, unexpected "
+                             f"{extra[:3]}")
+        if self.d2t is not None:
+            d2t = state["d2t"].long()
+            if d2t.shape != self.d2t.shape or int((torch.arange(len(d2t)) + d2t).max()) >= self.config.vocab_size:
+                raise ModelError(f"EAGLE-3 d2t of shape {tuple(d2t.shape)} does not map a draft vocabulary of "
+                                 f"{self.d2t.shape[0]:,} into the target's {self.config.vocab_size:,}")
+        self.load_state_dict({k: v for k, v in state.items() if k in ours}, strict=False)
+
+
 def concat_kv(*parts):
     """Per layer (k, v) of several runs of entries, joined along the entries' axis (None parts skipped)."""
     parts = [p for p in parts if p is not None]
@@ -245,7 +379,7 @@ class HeadDraft:
     """A head draft bound to its target: the module plus the target's LM head and embeddings."""
 
     name: str  # the spec as given: "medusa:DIR"
-    kind: str  # "medusa" | "eagle"
+    kind: str  # "medusa" | "eagle" | "eagle3"
     config: HeadConfig
     module: nn.Module
     target: object  # the target's LoadedModel
@@ -259,50 +393,86 @@ class HeadDraft:
     def embed(self):
         return self.target.model.get_input_embeddings()
 
+    @property
+    def hidden_layers(self) -> tuple[str, ...]:
+        """The target states the head reads (`target_hidden`'s keys), concatenated in this order."""
+        return self.config.hidden_layers
+
+    @property
+    def autoregressive(self) -> bool:
+        """EAGLE-1/2 and EAGLE-3 draft one level at a time over their own features; Medusa reads one state."""
+        return self.kind in ("eagle", "eagle3")
+
+    def features(self, states: dict) -> torch.Tensor:
+        """The head's input from `target_hidden`'s states: "last", or EAGLE-3's layers side by side."""
+        return torch.cat([states[k] for k in self.hidden_layers], dim=-1)
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits over the target's vocabulary of predicted features (EAGLE: the target's LM head; EAGLE-3: its own,
+        over its draft vocabulary)."""
+        if self.kind == "eagle3":
+            return self.module.logits(features, int(self.target.vocab_size))
+        return self.lm_head(features)
+
+    def forward(self, feats, ids, positions, mask, past, *, from_target: bool):
+        """The autoregressive heads' forward (`EagleHead.forward`), with the target's embeddings."""
+        return self.module(feats, ids, positions, mask, past, self.embed, from_target=from_target)
+
     @torch.inference_mode()
     def start_logits(self, hidden: torch.Tensor, x: torch.Tensor, plen: int, depth: int) -> torch.Tensor:
         """(n, depth, V) float32 logits of q_{s,d}: the draft at call start s (generated index 0..n-1) for the
         token d - 1 places after s, with the target's tokens y_s, y_{s+1}, … accepted before it.
 
-        hidden (L - 1, H): the target's final hidden state at input indices 0..L-2 of x = prompt + y (L tokens),
+        hidden (L - 1, F): the head's input (`features`) at input indices 0..L-2 of x = prompt + y (L tokens),
         the state at index i giving p for x_{i+1}; a call at s has root x_{plen+s-1} and the state at plen+s-2.
         """
         if plen < 2:
             raise ModelError("head drafts need prompts of at least two tokens (the root's state precedes it)")
         L = x.shape[0]
         n = L - plen
-        rows = hidden[plen - 2 : plen - 2 + n]  # (n, H): the state before each call's root
         if self.kind == "medusa":
             if depth > self.config.heads:
                 raise ModelError(f"{self.name} has {self.config.heads} heads; cannot draft depth {depth}")
+            rows = hidden[plen - 2 : plen - 2 + n]  # (n, H): the state before each call's root
             return self.module(rows, self.lm_head)[:, :depth].float()  # (n, depth, V)
-        return self._eagle_start_logits(hidden, x, plen, n, depth)
+        starts = torch.arange(n, device=hidden.device) + plen - 2  # the entry each start's chain continues from
+        feats = unroll(self.forward, hidden, x[1:], starts, depth)
+        return torch.stack([self.logits(f) for f in feats], dim=1).float()  # (n, depth, V)
 
-    def _eagle_start_logits(self, hidden, x, plen, n, depth):
-        dev = hidden.device
-        m = L1 = hidden.shape[0]  # teacher-forced entries: input indices 0..L-2
-        pos = torch.arange(L1, device=dev)
-        causal = pos[None, :] <= pos[:, None]  # (L1, L1)
-        feats, kv = self.module(hidden[None], x[None, 1:], pos[None], causal[None], None, self.embed)
-        out = [self.lm_head(feats[0, plen - 2 : plen - 2 + n])]  # depth 1: (n, V)
-        prev = feats[0, plen - 2 : plen - 2 + n]  # (n, H) each start's predicted feature
-        starts = torch.arange(n, device=dev)
-        own = starts + plen - 2  # the teacher entry each start's chain continues from
-        chain = []  # per depth >= 2: per layer (k, v) (1, Hkv, n, d)
-        for d in range(2, depth + 1):
-            ids = x[torch.clamp(plen + starts + d - 2, max=x.shape[0] - 1)]  # y_{s+d-2}: the token the chain took
-            positions = own + d - 1
-            width = m + n * (d - 1)
-            mask = torch.zeros((n, width), dtype=torch.bool, device=dev)
-            mask[:, :m] = pos[None, :] <= own[:, None]  # the target's features up to the start's root state
-            for e in range(d - 1):  # its own entries at depths 2..d (the last block: this forward's)
-                mask[starts, m + e * n + starts] = True
-            past = concat_kv(kv, *chain)
-            feats, new = self.module(prev[None], ids[None], positions[None], mask[None], past, self.embed)
-            prev = feats[0]
-            chain.append(new)
-            out.append(self.lm_head(prev))
-        return torch.stack(out, dim=1).float()  # (n, depth, V)
+
+def unroll(forward, hidden: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    """An autoregressive head's predicted features at `depth` levels from every start: [(n, H)] per depth.
+
+    hidden (m, F): the target's states of m entries (teacher-forced, causal), entry e paired with ids[e], the
+    token after it. A chain from entry j predicts at depth 1 from the teacher pass, then at depth d >= 2 feeds
+    its own depth d - 1 feature with ids[j + d - 1] (the token the target took: on a recorded trajectory that is
+    the path a call accepts), seeing the teacher entries up to j and its own earlier entries — one batched
+    forward per depth for every start. The same unrolling records the heads (`HeadDraft.start_logits`) and
+    trains EAGLE-3 (training-time test, `specsim.record.train`); with grad enabled it is differentiable.
+    """
+    dev = hidden.device
+    m = hidden.shape[0]
+    n = starts.shape[0]
+    pos = torch.arange(m, device=dev)
+    causal = pos[None, :] <= pos[:, None]  # (m, m)
+    feats, kv = forward(hidden[None], ids[None], pos[None], causal[None], None, from_target=True)
+    prev = feats[0, starts]  # (n, H) each start's depth-1 feature
+    out = [prev]
+    lanes = torch.arange(n, device=dev)
+    chain = []  # per depth >= 2: per layer (k, v) (1, Hkv, n, d)
+    for d in range(2, depth + 1):
+        step_ids = ids[torch.clamp(starts + d - 1, max=m - 1)]  # past the end: never read
+        positions = starts + d - 1
+        mask = torch.zeros((n, m + n * (d - 1)), dtype=torch.bool, device=dev)
+        mask[:, :m] = pos[None, :] <= starts[:, None]  # the target's entries up to the start's root state
+        for e in range(d - 1):  # its own entries at depths 2..d (the last block: this forward's)
+            mask[lanes, m + e * n + lanes] = True
+        feats, new = forward(prev[None], step_ids[None], positions[None], mask[None], concat_kv(kv, *chain),
+                             from_target=False)
+        prev = feats[0]
+        chain.append(new)
+        out.append(prev)
+    return out
 
 
 # -- files ------------------------------------------------------------------------------------------
@@ -319,22 +489,90 @@ def _resolve(where: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(where, allow_patterns=["*.json", "*.safetensors"]))
+        return Path(snapshot_download(where, allow_patterns=["*.json", "*.safetensors", "pytorch_model.bin"]))
     except Exception as exc:  # offline, unknown repo, ...
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"could not fetch head checkpoint {where!r} from the hub: {first}") from None
 
 
 def _weights_file(path: Path, kind: str) -> Path:
-    for name in (WEIGHTS[kind], "model.safetensors", "medusa_lm_head.safetensors"):
+    for name in (WEIGHTS[kind], "model.safetensors", "medusa_lm_head.safetensors", *TENSOR_PICKLES):
         if (path / name).is_file():
             return path / name
     pickles = [p.name for p in path.iterdir() if p.name in PICKLES or p.suffix in (".pt", ".bin", ".pth")]
     if pickles:
-        raise ModelError(f"{path / pickles[0]} is a pickle checkpoint; specsim loads safetensors only (pickle runs "
-                         "code on load). Convert it once: python -c \"import torch, safetensors.torch as s; "
-                         f"s.save_file(torch.load('{pickles[0]}', weights_only=True), '{WEIGHTS[kind]}')\"")
+        raise ModelError(f"{path / pickles[0]}: specsim reads model.safetensors, medusa_lm_head.safetensors or "
+                         f"{' / '.join(TENSOR_PICKLES)} (tensors only); convert it once: python -c \"import torch, "
+                         f"safetensors.torch as s; s.save_file(torch.load('{pickles[0]}', weights_only=True), "
+                         f"'{WEIGHTS[kind]}')\"")
     raise ModelError(f"{path}: no {WEIGHTS[kind]} (a {kind} checkpoint's weights)")
+
+
+def _read_weights(weights: Path) -> dict:
+    """A safetensors file, or a pickle of tensors read by torch's restricted unpickler (no code runs: anything but
+    tensors and plain containers is refused, as transformers loads `pytorch_model.bin`)."""
+    if weights.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(weights))
+        except Exception as exc:
+            raise ModelError(f"{weights}: not a readable safetensors file ({exc})") from None
+    try:
+        state = torch.load(str(weights), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ModelError(f"{weights}: torch.load(weights_only=True) refused it ({type(exc).__name__}): not a "
+                         "checkpoint of tensors only, and specsim runs no pickled code") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelError(f"{weights}: not a state dict of tensors")
+    return state
+
+
+def _default_aux_layers(n_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low, middle and high target layers when a checkpoint names none: (2, L // 2, L - 3), as vLLM's
+    `get_eagle3_default_aux_hidden_state_layers` and speculators' `resolve_target_layer_ids`."""
+    return (2, n_layers // 2, n_layers - 3)
+
+
+def _eagle3_config(path: Path, raw: dict, state: dict, target) -> HeadConfig:
+    """EAGLE-3 in speculators' layout (`speculators_model_type: eagle3`, `transformer_layer_config`) or the
+    reference layout (a Llama config.json with `draft_vocab_size`; `midlayer.*`)."""
+    t = target.model.config
+    layer = raw.get("transformer_layer_config") if raw.get("speculators_model_type") == "eagle3" else raw
+    if not isinstance(layer, dict) or "hidden_size" not in layer:
+        raise ModelError(f"{path / 'config.json'}: neither speculators' EAGLE-3 config (speculators_model_type: "
+                         "eagle3) nor the EAGLE-3 reference config (a Llama config with draft_vocab_size)")
+    if "fc.weight" not in state or not any(k.startswith(("midlayer.", "layers.0.")) for k in state):
+        raise ModelError(f"{path}: no fc.weight and first layer (layers.0.* or midlayer.*): not an EAGLE-3 checkpoint")
+    H = int(layer["hidden_size"])
+    target_H = int(raw.get("target_hidden_size") or H)
+    if target_H != H:
+        raise ModelError(f"{path}: its layer is {H} wide over a target of hidden size {target_H}; specsim runs "
+                         "EAGLE-3 heads as wide as their target")
+    eagle = raw.get("eagle_config") or {}
+    aux = raw.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids")
+    aux = tuple(int(k) for k in aux) if aux else _default_aux_layers(int(t.num_hidden_layers))
+    n_fused = state["fc.weight"].shape[1] // H
+    if n_fused != len(aux):
+        raise ModelError(f"{path}: fc.weight fuses {n_fused} target layers, the config names {len(aux)} ({list(aux)})")
+    vocab = int(state["t2d"].shape[0]) if "t2d" in state else int(layer.get("vocab_size") or target.vocab_size)
+    draft_vocab = int(state["lm_head.weight"].shape[0]) if "lm_head.weight" in state else vocab
+    heads = int(layer.get("num_attention_heads", t.num_attention_heads))
+    norm_before_fc = bool(raw.get("norm_before_fc") or eagle.get("norm_before_fc"))
+    first = "midlayer." if any(k.startswith("midlayer.") for k in state) else "layers.0."
+    return HeadConfig(
+        kind="eagle3", hidden_size=H, vocab_size=vocab, layers=int(layer.get("num_hidden_layers", 1)),
+        num_attention_heads=heads, num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
+        head_dim=int(layer.get("head_dim") or H // heads),
+        intermediate_size=int(layer.get("intermediate_size", t.intermediate_size)),
+        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)), rope_theta=_rope_theta_of(layer),
+        attention_bias=f"{first}self_attn.q_proj.bias" in state, aux_layers=aux,
+        draft_vocab_size=draft_vocab if draft_vocab != vocab else 0,
+        # absent: vLLM reads a speculators config as norm_before_residual=True (configs/speculators/algos.py), a
+        # reference-layout config as False (llama_eagle3.py); speculators itself always writes the field
+        norm_before_residual=bool(raw.get("norm_before_residual", raw.get("speculators_model_type") == "eagle3")),
+        norm_output=bool(raw.get("norm_output", False)),
+        fc_input_norm="concat" if norm_before_fc else "each" if raw.get("fc_norm") else "")
 
 
 def _config_from(path: Path, kind: str, state: dict, target) -> HeadConfig:
@@ -357,9 +595,14 @@ def _config_from(path: Path, kind: str, state: dict, target) -> HeadConfig:
         layers = int(raw.get("medusa_num_layers", 1))
         return HeadConfig(kind="medusa", hidden_size=H, vocab_size=V, heads=int(raw["medusa_num_heads"]),
                           layers=layers, own_lm_head=f"0.{layers}.weight" in state)
+    eagle3 = raw.get("speculators_model_type") == "eagle3" or "draft_vocab_size" in raw or any(
+        k.startswith("midlayer.") for k in state)
+    if kind == "eagle3":
+        return _eagle3_config(path, raw, state, target)
+    if eagle3:
+        raise ModelError(f"{path} is an EAGLE-3 checkpoint: use eagle3:{path}")
     if "fc.weight" not in state:
-        raise ModelError(f"{path}: no fc.weight: not an EAGLE-1/2 checkpoint (EAGLE-3's fused layout is not "
-                         "supported)")
+        raise ModelError(f"{path}: no fc.weight: not an EAGLE-1/2 checkpoint")
     heads = int(raw.get("num_attention_heads", t.num_attention_heads))
     return HeadConfig(
         kind="eagle", hidden_size=int(raw.get("hidden_size", H)), vocab_size=int(raw.get("vocab_size", V)),
@@ -378,6 +621,11 @@ def _check_target(name: str, config: HeadConfig, target) -> None:
     if config.vocab_size != V:
         raise ModelError(f"{name} was built for a vocabulary of {config.vocab_size:,}; target {target.name} has "
                          f"{V:,}")
+    n_layers = int(target.model.config.num_hidden_layers)
+    outside = [k for k in config.aux_layers if not 0 < k < n_layers]
+    if config.kind == "eagle3" and outside:
+        raise ModelError(f"{name} fuses target layers {list(config.aux_layers)}; target {target.name} has "
+                         f"{n_layers} decoder layers, so each must be in 1..{n_layers - 1} (the input of that layer)")
     want = config.target.get("tokenizer_sha256")
     if want and want != target.info.get("tokenizer_sha256"):
         raise ModelError(f"{name} was trained for target {config.target.get('name')!r} (tokenizer "
@@ -386,22 +634,17 @@ def _check_target(name: str, config: HeadConfig, target) -> None:
 
 
 def build(config: HeadConfig) -> nn.Module:
-    return MedusaHeads(config) if config.kind == "medusa" else EagleHead(config)
+    return {"medusa": MedusaHeads, "eagle": EagleHead, "eagle3": Eagle3Head}[config.kind](config)
 
 
 def load_heads(spec: str, target) -> HeadDraft:
-    """`medusa:PATH_OR_HUB_ID` or `eagle:PATH_OR_HUB_ID`, bound to `target` (a LoadedModel)."""
-    from safetensors.torch import load_file
-
+    """`medusa:`, `eagle:` or `eagle3:PATH_OR_HUB_ID`, bound to `target` (a LoadedModel)."""
     kind, _, where = spec.partition(":")
     if not is_head_draft(spec) or not where.strip():
-        raise ModelError(f"{spec!r}: write medusa:DIR or eagle:DIR (a directory or hub id)")
+        raise ModelError(f"{spec!r}: write medusa:DIR, eagle:DIR or eagle3:DIR (a directory or hub id)")
     path = _resolve(where.strip())
     weights = _weights_file(path, kind)
-    try:
-        state = load_file(str(weights))
-    except Exception as exc:
-        raise ModelError(f"{weights}: not a readable safetensors file ({exc})") from None
+    state = _read_weights(weights)
     config = _config_from(path, kind, state, target)
     _check_target(spec, config, target)
     module = build(config)
@@ -434,19 +677,50 @@ def save_heads(out: Path, config: HeadConfig, module: nn.Module, extra: dict | N
     if config.kind == "medusa":  # readable by Medusa's own loader too
         raw.update(medusa_num_heads=config.heads, medusa_num_layers=config.layers,
                    base_model_name_or_path=config.target.get("name"))
+    if config.kind == "eagle3":  # speculators' layout: what vLLM's eagle3 method and speculators load
+        raw.update(speculators_layout(config))
     tmp = out / "config.json.tmp"
     tmp.write_text(json.dumps(raw, indent=2) + "\n")
     os.replace(tmp, out / "config.json")
 
 
-def head_config_for(kind: str, target, *, heads: int = 4, layers: int = 1) -> HeadConfig:
-    """A fresh config for `target` (what `specsim train-draft` builds)."""
+def speculators_layout(config: HeadConfig, speculative_tokens: int = 3) -> dict:
+    """config.json fields of an EAGLE-3 head in speculators' format (speculators `Eagle3SpeculatorConfig`; read by
+    vLLM's `transformers_utils/configs/speculators`): a one-layer Llama `transformer_layer_config` and the fusion."""
+    c = config
+    layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": c.hidden_size,
+             "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
+             "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "num_hidden_layers": c.layers,
+             "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+             "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta}, "vocab_size": c.vocab_size,
+             "attention_bias": c.attention_bias, "mlp_bias": False, "hidden_act": "silu",
+             "max_position_embeddings": int(c.target.get("max_position_embeddings") or 8192),
+             "tie_word_embeddings": False}
+    verifier = {"name_or_path": c.target.get("path") or c.target.get("name"),
+                "architectures": c.target.get("architectures") or ["LlamaForCausalLM"]}
+    return {"architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",
+            "draft_vocab_size": c.draft_vocab_size or c.vocab_size,
+            "eagle_aux_hidden_state_layer_ids": list(c.aux_layers), "norm_before_residual": c.norm_before_residual,
+            "norm_output": c.norm_output, "norm_before_fc": c.fc_input_norm == "concat",
+            "fc_norm": c.fc_input_norm == "each", "target_hidden_size": None, "transformer_layer_config": layer,
+            "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                   "proposal_methods": [{"proposal_type": "greedy",
+                                                         "speculative_tokens": speculative_tokens}],
+                                   "verifier": verifier}}
+
+
+def head_config_for(kind: str, target, *, heads: int = 4, layers: int = 1, aux_layers: tuple = (),
+                    draft_vocab_size: int = 0) -> HeadConfig:
+    """A fresh config for `target` (what `specsim train-draft` builds); EAGLE-3 fuses `aux_layers` (by default
+    the target's low, middle and high layers) and drafts over `draft_vocab_size` tokens (0: all)."""
     t = target.model.config
     H = int(t.hidden_size)
     n_heads = int(t.num_attention_heads)
     base = dict(kind=kind, hidden_size=H, vocab_size=int(target.vocab_size), heads=heads, layers=layers,
                 target={"name": target.name, "tokenizer_sha256": target.info.get("tokenizer_sha256"),
-                        "hidden_size": H, "vocab_size": int(target.vocab_size)})
+                        "hidden_size": H, "vocab_size": int(target.vocab_size), "path": target.info.get("path"),
+                        "architectures": list(getattr(t, "architectures", None) or []),
+                        "max_position_embeddings": getattr(t, "max_position_embeddings", None)})
     if kind == "medusa":
         return HeadConfig(**base)
     return HeadConfig(**base, num_attention_heads=n_heads,
@@ -455,20 +729,28 @@ def head_config_for(kind: str, target, *, heads: int = 4, layers: int = 1) -> He
                       intermediate_size=int(t.intermediate_size), rms_norm_eps=float(getattr(t, "rms_norm_eps", 1e-6)),
                       rope_theta=_rope_theta(t),
                       attention_bias=bool(getattr(t, "attention_bias", False) or t.model_type == "qwen2"),
-                      fc_bias=False)
+                      fc_bias=False,
+                      **({"aux_layers": tuple(aux_layers) or _default_aux_layers(int(t.num_hidden_layers)),
+                          "draft_vocab_size": draft_vocab_size} if kind == "eagle3" else {}))
 
 
 def _rope_theta(config) -> float:
-    theta = getattr(config, "rope_theta", None)
-    if theta is None:  # newer transformers keep it in rope_parameters
-        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
+    return _rope_theta_of({k: getattr(config, k, None) for k in ("rope_theta", "rope_parameters", "rope_scaling")})
+
+
+def _rope_theta_of(config: dict) -> float:
+    """rope_theta from a config's fields (newer transformers keep it in rope_parameters)."""
+    theta = config.get("rope_theta")
+    if theta is None:
+        theta = (config.get("rope_parameters") or config.get("rope_scaling") or {}).get("rope_theta")
     return float(theta or 10000.0)
 
 
 def target_hidden(target, x: torch.Tensor, layers: tuple[str, ...] = ("last",)) -> dict[str, torch.Tensor]:
     """The target's hidden states at input indices 0..L-2 of x (L,), one teacher-forced pass:
-    "last" is the final (normed) state the LM head reads; an integer k is decoder layer k's output
-    (k = 0: the embeddings). (L - 1, H) float32 tensors on the target's device."""
+    "last" is the final (normed) state the LM head reads; an integer k is the input of decoder layer k,
+    the state after k layers (HF's hidden_states[k]; 0: the embeddings; vLLM's EAGLE-3 aux layer k).
+    (L - 1, H) float32 tensors on the target's device."""
     model = target.model
     base = getattr(model, model.base_model_prefix)
     ints = [int(k) for k in layers if k != "last"]

@@ -54,10 +54,12 @@ class _SlotCache(Cache):
 class SlotKV:
     """One causal LM and its slot cache for a batch of rows; see the module docstring."""
 
-    def __init__(self, model, *, keep_hidden: bool = False) -> None:
+    def __init__(self, model, *, keep_hidden: tuple[str, ...] = ()) -> None:
         self.model = model
-        self.keep_hidden = keep_hidden  # keep the last forward's final hidden states (head drafts read them)
-        self.hidden: torch.Tensor | None = None  # (B, n, H) of the last forward, when keep_hidden
+        # the target states a head draft reads, kept from the last forward side by side: "last" (the LM head's
+        # input) and/or layer numbers k (the input of decoder layer k: EAGLE-3's fused layers); () keeps none
+        self.keep_hidden = tuple(keep_hidden)
+        self.hidden: torch.Tensor | None = None  # (B, n, F) of the last forward, when keep_hidden
         params = next(model.parameters())
         self.device = params.device
         self.lengths = np.zeros(0, dtype=np.int64)  # (B,) committed entries per row
@@ -138,10 +140,12 @@ class SlotKV:
         positions = torch.as_tensor(self.lengths[:, None] + depth, device=dev)  # (B, n)
         if self.keep_hidden:  # the base model, then the LM head: the same logits, and the state they came from
             base = getattr(self.model, self.model.base_model_prefix)
+            layers = self.keep_hidden
             out = base(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self._cache,
-                       use_cache=True)
-            self.hidden = out.last_hidden_state
-            out_logits = self.model.get_output_embeddings()(self.hidden) if logits else None
+                       use_cache=True, output_hidden_states=layers != ("last",))
+            states = [out.last_hidden_state if k == "last" else out.hidden_states[int(k)] for k in layers]
+            self.hidden = states[0] if len(states) == 1 else torch.cat(states, dim=-1)
+            out_logits = self.model.get_output_embeddings()(out.last_hidden_state) if logits else None
         else:
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self._cache,
                              use_cache=True, logits_to_keep=0 if logits else 1)

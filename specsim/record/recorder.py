@@ -390,7 +390,7 @@ def trajectory_stats(y: Trajectory, drafts: dict, temperature: float, seed: int,
     return out
 
 
-def head_stats(head, p_logits, hidden_last, prompt_ids, tokens, depth: int, temperature: float, seed: int,
+def head_stats(head, p_logits, features, prompt_ids, tokens, depth: int, temperature: float, seed: int,
                spec) -> dict:
     """A head draft's statistics for one trajectory, keyed by depth: name -> (n, depth, ...).
 
@@ -404,7 +404,7 @@ def head_stats(head, p_logits, hidden_last, prompt_ids, tokens, depth: int, temp
     device = p_logits.device
     y = torch.as_tensor(np.asarray(tokens, dtype=np.int64), device=device)
     x = torch.cat([torch.as_tensor(np.asarray(prompt_ids, dtype=np.int64), device=device), y])
-    q_start = head.start_logits(hidden_last, x, len(prompt_ids), depth)  # (n, D, V)
+    q_start = head.start_logits(features, x, len(prompt_ids), depth)  # (n, D, V)
     n = len(tokens)
     per_depth = []
     for d in range(1, depth + 1):
@@ -434,7 +434,7 @@ def record(
 
     heads = [d for d in drafts if isinstance(d, HeadDraft)]
     drafts = [d for d in drafts if not isinstance(d, HeadDraft)]
-    hidden_layers = tuple(dict.fromkeys(("last",) * bool(heads) + tuple(writer.spec.hidden)))
+    hidden_layers = tuple(dict.fromkeys([k for h in heads for k in h.hidden_layers] + list(writer.spec.hidden)))
 
     started = time.perf_counter()
     mine = shard_prompts(len(writer.prompts), config.shard)
@@ -481,7 +481,7 @@ def record(
                         hidden = {layer: states[layer][plen - 1 : plen - 1 + n].half().cpu().numpy()
                                   for layer in writer.spec.hidden}  # row t: the state giving p_t
                         for h in heads:
-                            stats[h.name] = head_stats(h, y.p_target_logits, states["last"], prompt_ids[k],
+                            stats[h.name] = head_stats(h, y.p_target_logits, h.features(states), prompt_ids[k],
                                                        y.recorded, writer.spec.depths[h.name], t, seed,
                                                        writer.spec.stats)
                     if writer.spec.stats.expand is not None:

@@ -12,6 +12,15 @@ recommend for matching the deployed distribution), not only its sampled token.
   SmoothL1(ĥ_{t+1}, h_{t+1}) + 0.1 · CE(p_{t+1}, softmax(lm_head(ĥ_{t+1}))) — EAGLE's
   feature-regression and token losses with its weights (v_w = 1, p_w = 0.1). Teacher-forced
   on each trajectory's generated part (its prompt's features are not stored), causal.
+* EAGLE-3 (Li et al. 2025; speculators' `Eagle3DraftModel.forward`, SpecForge's online
+  trainer): the layer reads the target's fused low/middle/high states (the cache must hold
+  them: `--hidden-states last,K1,K2,K3`) and is trained with training-time test: unrolled
+  `ttt_steps` deep on its own features (`specsim.record.heads.unroll`, the same unrolling
+  the recorder replays), the target's tokens fed at each step; loss = Σ_d decay^(d-1) ·
+  CE(p_{t+d}, q_d), no feature regression. Its LM head is the target's rows for the draft
+  vocabulary (frozen, as speculators freezes it); with `draft_vocab` > 0 the draft vocabulary
+  is the most frequent tokens of the training trajectories (speculators' `vocab_mapping`)
+  and p is renormalised over it in the loss.
 
 Prompts are split into training and held-out sets by index (every k-th prompt held out), so
 the held-out numbers are on prompts the heads never saw. Checkpoints go to `--out` every
@@ -34,7 +43,7 @@ from specsim.specs import HEAD_KINDS
 
 @dataclass(frozen=True)
 class TrainConfig:
-    kind: str  # "medusa" | "eagle"
+    kind: str  # "medusa" | "eagle" | "eagle3"
     heads: int = 4  # Medusa: heads (the deepest depth drafted); EAGLE drafts autoregressively: unused
     steps: int = 300  # optimiser steps (one trajectory batch each)
     lr: float = 1e-3  # AdamW learning rate
@@ -43,6 +52,10 @@ class TrainConfig:
     save_every: int = 100  # checkpoint every this many steps
     seed: int = 0  # initialisation and batch order
     eagle_token_weight: float = 0.1  # EAGLE's p_w: the token loss's weight beside feature regression
+    ttt_steps: int = 4  # EAGLE-3: training-time test depth (the deepest draft trained on its own features)
+    ttt_decay: float = 1.0  # EAGLE-3: step d's loss weight is decay^(d - 1) (speculators' ttt_step_loss_decay)
+    aux_layers: tuple = ()  # EAGLE-3: the target layers fused (default: the target's low, middle and high)
+    draft_vocab: int = 0  # EAGLE-3: draft vocabulary size (0: the target's whole vocabulary)
 
 
 @dataclass
@@ -63,17 +76,21 @@ class TrainSequence:
     hidden: torch.Tensor  # (n, H) float32: row t gave p_t
     tokens: torch.Tensor  # (n,) int64 y_t
     start: int  # input position of row 0 (prompt length - 1)
+    features: torch.Tensor | None = None  # (n, F) EAGLE-3: the fused layers' states, side by side
 
 
-def load_sequences(cache, target) -> list[tuple[int, TrainSequence]]:
+def load_sequences(cache, target, layers: tuple[str, ...] = ()) -> list[tuple[int, TrainSequence]]:
     """(prompt index, trajectory) of every trajectory of 2+ tokens in a cache with hidden states, checked
-    against `target`."""
+    against `target`; `layers` (EAGLE-3's) are read side by side into `features`."""
     from specsim.cache.store import CacheReader
 
     with CacheReader(cache) as reader:
-        if "last" not in reader.spec.hidden:
-            raise CacheError(f"{reader.path} has no hidden states to train on; record it with "
-                             "`specsim cache ... --hidden-states last`")
+        want = ("last", *layers)
+        missing = [k for k in want if k not in reader.spec.hidden]
+        if missing:
+            raise CacheError(f"{reader.path} has no hidden states {','.join(missing)} to train on (it holds "
+                             f"{','.join(reader.spec.hidden) or 'none'}); record it with `specsim cache ... "
+                             f"--hidden-states {','.join(want)}`")
         want = reader.run.tokenizer_sha256
         if want and want != target.info.get("tokenizer_sha256"):
             raise ModelError(f"{reader.path} was recorded with target {reader.run.setting('target')!r} "
@@ -83,10 +100,13 @@ def load_sequences(cache, target) -> list[tuple[int, TrainSequence]]:
             raise ModelError(f"{reader.path} stores hidden states of width {reader.spec.hidden_size}; --target "
                              f"{target.name} has hidden size {H}")
         rows = list(reader.iter_trajectories())
+        states = lambda k, row: reader.hidden(k, row.start, row.stop).astype(np.float32)  # noqa: E731
         return [(row.prompt_index, TrainSequence(
-            hidden=torch.as_tensor(reader.hidden("last", row.start, row.stop).astype(np.float32)),
+            hidden=torch.as_tensor(states("last", row)),
             tokens=torch.as_tensor(reader.tokens(row.start, row.stop).astype(np.int64)),
-            start=len(reader.prompt_token_ids(row.prompt_index)) - 1)) for row in rows if row.length >= 2]
+            start=len(reader.prompt_token_ids(row.prompt_index)) - 1,
+            features=torch.as_tensor(np.concatenate([states(k, row) for k in layers], axis=1)) if layers else None))
+            for row in rows if row.length >= 2]
 
 
 def split(seqs, every: int) -> tuple[list[TrainSequence], list[TrainSequence]]:
@@ -99,8 +119,10 @@ def split(seqs, every: int) -> tuple[list[TrainSequence], list[TrainSequence]]:
     return train, held
 
 
-def _soft_ce(logits: torch.Tensor, p_logits: torch.Tensor) -> torch.Tensor:
-    """Mean over rows of -Σ p log q (p, q softmaxes of the given logits)."""
+def _soft_ce(logits: torch.Tensor, p_logits: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over rows of -Σ p log q (p, q softmaxes of the given logits; over the ids `vocab` only, when given)."""
+    if vocab is not None:
+        logits, p_logits = logits[..., vocab], p_logits[..., vocab]
     p = torch.softmax(p_logits.float(), dim=-1)
     return -(p * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
 
@@ -111,11 +133,13 @@ class Terms:
 
     depths: list  # per depth d = 1, 2, ...: (q logits (m, V), the target's logits there (m, V), tokens y (m,))
     regression: tuple | None = None  # EAGLE: (predicted features ĥ_{t+1}, the target's h_{t+1})
+    vocab: torch.Tensor | None = None  # EAGLE-3 with a draft vocabulary: its target ids (the loss is over them)
 
 
-def terms(kind: str, module, target, seq: TrainSequence) -> Terms:
+def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1) -> Terms:
     """Medusa: head k at h_t against p_{t+1+k}. EAGLE: the layer on (h_t, embed(y_t)), teacher-forced and causal,
-    its feature against h_{t+1} and its law against p_{t+1}."""
+    its feature against h_{t+1} and its law against p_{t+1}. EAGLE-3: unrolled `depth` deep on its own features
+    from every start t, depth d's law against p_{t+d}."""
     lm_head = target.model.get_output_embeddings()
     h = seq.hidden.to(next(module.parameters()).device)
     y = seq.tokens.to(h.device)
@@ -128,6 +152,21 @@ def terms(kind: str, module, target, seq: TrainSequence) -> Terms:
                 p_logits = lm_head(h[1 + k :])  # (n - 1 - k, V)
             depths.append((q_all[: n - 1 - k, k], p_logits, y[1 + k :]))
         return Terms(depths)
+    if kind == "eagle3":
+        from specsim.record.heads import unroll
+
+        embed = target.model.get_input_embeddings()
+        m = n - 1  # entries (f_t, y_t), t = 0..n-2: the last row has no next token to predict
+        feats = unroll(lambda *a, from_target: module(*a, embed, from_target=from_target), seq.features.to(h.device)[:m],
+                       y[:m], torch.arange(m, device=h.device), min(depth, m))
+        V = int(target.vocab_size)
+        depths = []
+        for d, f in enumerate(feats, start=1):
+            with torch.no_grad():
+                p_logits = lm_head(h[d:n])  # (n - d, V): p_{t+d} for starts t = 0..n-1-d
+            depths.append((module.logits(f[: n - d], V), p_logits, y[d:n]))
+        vocab = None if module.d2t is None else torch.arange(len(module.d2t), device=h.device) + module.d2t
+        return Terms(depths, vocab=vocab)
     pos = torch.arange(n - 1, device=h.device) + seq.start
     causal = torch.ones(n - 1, n - 1, dtype=torch.bool, device=h.device).tril()
     feats, _ = module(h[None, :-1], y[None, :-1], pos[None], causal[None], None, target.model.get_input_embeddings())
@@ -138,7 +177,11 @@ def terms(kind: str, module, target, seq: TrainSequence) -> Terms:
 
 
 def loss(t: Terms, config: "TrainConfig") -> torch.Tensor:
-    """Medusa: the mean over heads of CE(p, q). EAGLE: SmoothL1 on the features + the token loss's weight × CE."""
+    """Medusa: the mean over heads of CE(p, q). EAGLE: SmoothL1 on the features + the token loss's weight × CE.
+    EAGLE-3: Σ_d decay^(d-1) CE(p, q_d) / Σ_d decay^(d-1), over the draft vocabulary."""
+    if config.kind == "eagle3":
+        weights = [config.ttt_decay ** d for d in range(len(t.depths))]
+        return sum(w * _soft_ce(q, p, t.vocab) for w, (q, p, _) in zip(weights, t.depths)) / sum(weights)
     if t.regression is None:
         return sum(_soft_ce(q, p) for q, p, _ in t.depths) / max(1, len(t.depths))
     q, p_logits, _ = t.depths[0]
@@ -148,10 +191,11 @@ def loss(t: Terms, config: "TrainConfig") -> torch.Tensor:
 @torch.no_grad()
 def evaluate(kind, module, target, seqs, config: TrainConfig) -> dict:
     """Held-out loss, top-1 agreement with the target's token and overlap Σ min(p, q) (a one-token draft's
-    acceptance at T = 1) per depth (Medusa: head k; EAGLE: depth 1, teacher-forced)."""
+    acceptance at T = 1) per depth (Medusa: head k; EAGLE: depth 1, teacher-forced; EAGLE-3: depths 1..ttt_steps
+    on its own features, the target's tokens fed)."""
     losses, hits, counts, overlap = [], {}, {}, {}
     for seq in seqs:
-        t = terms(kind, module, target, seq)
+        t = terms(kind, module, target, seq, config.ttt_steps)
         losses.append(float(loss(t, config)))
         for d, (q, p_logits, y) in enumerate(t.depths, start=1):
             hits[d] = hits.get(d, 0) + int((q.argmax(-1) == y).sum())
@@ -162,23 +206,51 @@ def evaluate(kind, module, target, seqs, config: TrainConfig) -> dict:
             "overlap": {d: overlap[d] / counts[d] for d in sorted(counts)}}
 
 
+def draft_vocabulary(seqs: list[TrainSequence], size: int, vocab: int) -> np.ndarray:
+    """The `size` most frequent target tokens of the training trajectories, ascending (ties: the lower id), as
+    speculators' `build_vocab_mappings_from_distribution` picks an EAGLE-3 draft vocabulary."""
+    if not 0 < size <= vocab:
+        raise ModelError(f"--draft-vocab {size}: give 1..{vocab:,} (the target's vocabulary), or 0 for all of it")
+    counts = np.bincount(np.concatenate([s.tokens.numpy() for s in seqs]), minlength=vocab)
+    order = np.lexsort((np.arange(vocab), -counts))  # by count, descending; then by id
+    return np.sort(order[:size])
+
+
 def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = True,
           echo: Callable[[str], None] = lambda line: None) -> TrainOutcome:
     """Train `config.kind` heads for `target` on `cache`'s hidden states and save them in `out`."""
     from tqdm.auto import tqdm
 
+    from specsim.cache.provenance import trained_on
+    from specsim.cache.store import CacheReader
     from specsim.record.heads import build, head_config_for, save_heads
 
     if config.kind not in HEAD_KINDS:
         raise ModelError(f"--kind {config.kind!r}: one of {', '.join(HEAD_KINDS)}")
     torch.manual_seed(config.seed)
-    train_seqs, held = split(load_sequences(cache, target), config.holdout_every)
-    head_config = head_config_for(config.kind, target, heads=config.heads)
+    aux = tuple(config.aux_layers) or (head_config_for("eagle3", target).aux_layers if config.kind == "eagle3" else ())
+    seqs = load_sequences(cache, target, tuple(str(k) for k in aux))
+    train_seqs, held = split(seqs, config.holdout_every)
+    with CacheReader(cache) as reader:  # which prompts it saw: simulate, validate and report say when it meets them
+        seen = trained_on(reader, {i for i, _ in seqs if i % config.holdout_every != config.holdout_every - 1})
+    draft_ids = draft_vocabulary(train_seqs, config.draft_vocab, int(target.vocab_size)) if config.draft_vocab else None
+    head_config = head_config_for(config.kind, target, heads=config.heads, aux_layers=aux,
+                                  draft_vocab_size=0 if draft_ids is None else len(draft_ids))
     module = build(head_config).to(target.info["device"])
-    if config.kind == "eagle":  # EAGLE's init: small weights, so the layer starts near its residual path
+    if config.kind in ("eagle", "eagle3"):  # EAGLE's init: small weights, so the layer starts near its residual path
         for name, param in module.named_parameters():
             if param.dim() == 2:
                 torch.nn.init.normal_(param, std=0.02)
+    if config.kind == "eagle3":  # the target's LM head rows for the draft vocabulary, frozen (as speculators')
+        lm = target.model.get_output_embeddings().weight.detach()
+        with torch.no_grad():
+            if draft_ids is None:
+                module.lm_head.weight.copy_(lm)
+            else:
+                ids = torch.as_tensor(draft_ids, device=lm.device)
+                module.lm_head.weight.copy_(lm[ids])
+                module.d2t.copy_(ids - torch.arange(len(ids), device=lm.device))
+        module.lm_head.weight.requires_grad_(False)
     for p in target.model.parameters():
         p.requires_grad_(False)
     n_train = sum(int(s.tokens.shape[0]) for s in train_seqs)
@@ -191,7 +263,8 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     optimiser = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=config.lr)
     rng = np.random.default_rng(config.seed)
     extra = lambda: {"training": {"cache": str(cache), "steps": outcome.steps, "config": config.__dict__,  # noqa: E731
-                                  "positions": n_train, "heldout": outcome.after or outcome.before}}
+                                  "positions": n_train, "heldout": outcome.after or outcome.before,
+                                  "trained_on": seen}}
     started = time.perf_counter()
     bar = tqdm(total=config.steps, unit="step", desc=f"train {config.kind}", disable=not progress, dynamic_ncols=True)
     try:
@@ -199,7 +272,8 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
         for step in range(config.steps):
             batch = rng.choice(len(train_seqs), size=min(config.batch, len(train_seqs)), replace=False)
             optimiser.zero_grad()
-            total = sum(loss(terms(config.kind, module, target, train_seqs[i]), config) for i in batch) / len(batch)
+            total = sum(loss(terms(config.kind, module, target, train_seqs[i], config.ttt_steps), config)
+                        for i in batch) / len(batch)
             total.backward()
             optimiser.step()
             outcome.steps = step + 1

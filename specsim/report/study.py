@@ -27,11 +27,12 @@ from typing import Mapping, Sequence
 import numpy as np
 import polars as pl
 
+from specsim.cache.provenance import shared_prompts
 from specsim.cache.store import CacheReader
 from specsim.errors import CacheError, SpecError
 from specsim.sim.replay import BLOCK_POSITIONS, fit_sample
 from specsim.sim.features import feature_source
-from specsim.specs import is_model_free, tree_family
+from specsim.specs import is_head_draft, is_model_free, tree_family
 from specsim.trees import Tree, draw_tree
 
 ALL = "all"  # category label of the rows over every prompt (specsim.sim.metrics.ALL)
@@ -296,6 +297,8 @@ def run_study(
             basis[path.name] = (profile.describe() if profile is not None else
                                 assumed.describe() if assumed is not None else "none: no cost profile for this "
                                 f"target ({short_name(reader.run.target_name)}); run `specsim profile`")
+            notes.extend(f"{path.name}: {o.line().removeprefix('warning: ')}" for o in (
+                shared_prompts(reader, d) for d in reader.spec.drafts if is_head_draft(d)) if o is not None)
             if profiles and profile is None:
                 notes.append(f"{path.name}: none of the cost profiles measured its target "
                              f"{short_name(reader.run.target_name)}; its speedups are "

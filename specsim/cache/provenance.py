@@ -1,0 +1,77 @@
+"""Which prompts a trained head saw, and whether an evaluated cache shares them.
+
+`specsim train-draft` writes into the head's config.json (`training.trained_on`) the question
+id and a fingerprint of the token ids of every prompt it trained on. A cache that evaluates
+the head records the head's directory (its run metadata, `drafts[name].path`); `shared_prompts`
+compares the two by fingerprint, so a head evaluated on its own training prompts is named as
+such by `simulate`, `validate` and `report` rather than passing as held out (heads trained on
+the first three Spec-Bench prompts per category and evaluated on the first reach 1.9-2.4
+tokens per call where held-out prompts give 1.2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+def prompt_fingerprint(token_ids) -> str:
+    """A prompt's identity across caches: the sha256 of its token ids (int64), first 16 hex digits."""
+    return hashlib.sha256(np.asarray(token_ids, dtype=np.int64).tobytes()).hexdigest()[:16]
+
+
+def trained_on(reader, indices) -> dict:
+    """The `training.trained_on` record of a head trained on prompts `indices` of an open CacheReader."""
+    qids = reader.prompts["question_id"].to_list()
+    prompts = [{"question_id": int(qids[i]), "tokens": prompt_fingerprint(reader.prompt_token_ids(i))}
+               for i in sorted(indices)]
+    digest = hashlib.sha256(json.dumps([p["tokens"] for p in prompts]).encode()).hexdigest()[:16]
+    return {"cache": str(reader.path), "prompts": prompts, "fingerprint": digest}
+
+
+@dataclass(frozen=True)
+class Overlap:
+    draft: str  # the head draft's spec
+    shared: int  # the cache's prompts the head trained on
+    prompts: int  # the cache's prompts
+    question_ids: tuple[int, ...]  # the shared ones' question ids
+
+    def line(self) -> str:
+        ids = ", ".join(map(str, self.question_ids[:8])) + (" ..." if len(self.question_ids) > 8 else "")
+        return (f"warning: {self.draft} was trained on {self.shared} of this cache's {self.prompts} prompts "
+                f"(question ids {ids}): its numbers on them are not held out")
+
+
+def shared_prompts(reader, draft: str) -> Overlap | None:
+    """The overlap of a head draft's training prompts with an open CacheReader's prompts, or None when the head
+    records none (a published head, or one trained before heads recorded their prompts) or shares none."""
+    info = (reader.run.drafts or {}).get(draft) or {}
+    where = info.get("path") or draft.partition(":")[2]
+    try:
+        raw = json.loads((Path(where) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    seen = {p["tokens"] for p in ((raw.get("training") or {}).get("trained_on") or {}).get("prompts", [])}
+    if not seen:
+        return None
+    qids = reader.prompts["question_id"].to_list()
+    shared = [i for i in range(len(qids)) if prompt_fingerprint(reader.prompt_token_ids(i)) in seen]
+    if not shared:
+        return None
+    return Overlap(draft, len(shared), len(qids), tuple(int(qids[i]) for i in shared))
+
+
+def leakage_lines(cache, drafts) -> list[str]:
+    """A warning line for each head draft in `drafts` evaluated on a cache that shares prompts with its training."""
+    from specsim.cache.store import CacheReader
+    from specsim.specs import is_head_draft
+
+    heads = [d for d in dict.fromkeys(drafts) if d and is_head_draft(d)]
+    if not heads:
+        return []
+    with CacheReader(cache) as reader:
+        return [o.line() for o in (shared_prompts(reader, d) for d in heads) if o is not None]

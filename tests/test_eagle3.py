@@ -1,0 +1,401 @@
+"""EAGLE-3 heads: published layouts load and compute what their library computes; record, replay, live, train.
+
+Layouts are written by the library that defines them: `speculators` (in vLLM's environment,
+`make vllm`; `tests/speculators_eagle3.py`) writes a head for the tiny target and runs its own
+training-time-test forward on fixed inputs; specsim loads the checkpoint and its unrolling
+(`specsim.record.heads.unroll`, what the recorder replays) must give the same logits at every
+step. The EAGLE-3 reference layout (SafeAILab's `midlayer.*`, a Llama config with
+`draft_vocab_size`, often `pytorch_model.bin`) has no library on the package index; speculators'
+converter (`convert/eagle/eagle3_converter.py`) defines its mapping to speculators' names, and
+the test writes its inverse from the speculators checkpoint.
+
+Then a head on the tiny target records, and greedy float32 live decoding with it emits plain
+greedy's tokens in exactly the calls the replay predicts, at batch 1 and in batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specsim.errors import EngineError, ModelError
+
+AUX = (1, 2, 3)  # the tiny target has 4 layers: the inputs of layers 1, 2 and 3
+STEPS = 3
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_env_python():
+    from specsim.engines.vllm import vllm_python
+
+    try:
+        found = vllm_python()
+        subprocess.run([found, "-c", "import speculators"], check=True, capture_output=True, timeout=300)
+    except (EngineError, subprocess.CalledProcessError) as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"speculators is not installed in vLLM's environment (make vllm): {exc}")
+    return found
+
+
+def _speculators_head(python, target_dir, out: Path, *, draft_vocab: int, norm_before_residual: bool, seed: int):
+    """A speculators-written head, and (hidden, ids, reference logits per step, draft vocabulary's target ids)."""
+    rng = np.random.default_rng(seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    inputs = out.parent / f"{out.name}-inputs.npz"
+    hidden = rng.standard_normal((24, 64 * len(AUX))).astype(np.float32)
+    ids = rng.integers(0, 300, 24)
+    np.savez(inputs, hidden=hidden, ids=ids)
+    cmd = [python, str(ROOT / "tests" / "speculators_eagle3.py"), str(target_dir), str(out), str(inputs),
+           "--aux", ",".join(map(str, AUX)), "--draft-vocab", str(draft_vocab), "--ttt-steps", str(STEPS),
+           "--seed", str(seed)] + ["--norm-before-residual"] * norm_before_residual
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    ref = np.load(out / "reference.npz")
+    return hidden, ids, ref["logits"], ref["vocab"]
+
+
+@pytest.fixture(scope="module")
+def written(vllm_env_python, tiny_model_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("eagle3")
+    return {(vocab, nbr): (folder / f"v{vocab}-n{int(nbr)}", *_speculators_head(
+                vllm_env_python, tiny_model_dir, folder / f"v{vocab}-n{int(nbr)}", draft_vocab=vocab,
+                norm_before_residual=nbr, seed=vocab + nbr))
+            for vocab, nbr in [(200, False), (0, True)]}
+
+
+def _unrolled(head, hidden, ids):
+    """specsim's logits per step, on the draft vocabulary when the head has one: (steps, m, V_draft)."""
+    import torch
+
+    from specsim.record.heads import unroll
+
+    m = hidden.shape[0]
+    with torch.no_grad():
+        feats = unroll(head.forward, torch.as_tensor(hidden), torch.as_tensor(ids), torch.arange(m), STEPS)
+        return np.stack([head.logits(f).numpy() for f in feats])
+
+
+@pytest.mark.parametrize("vocab, nbr", [(200, False), (0, True)])
+def test_a_speculators_checkpoint_loads_and_computes_what_speculators_computes(written, tiny_model_dir, vocab, nbr):
+    """Every training-time-test step's logits equal speculators' own forward's (float32), with a draft vocabulary
+    mapped through d2t or the whole vocabulary, with the feature's residual normed or not; the same check fails for
+    a head that reads the layout's flag the other way, so it can tell."""
+    import dataclasses
+
+    from specsim.record.heads import Eagle3Head, load_heads
+    from specsim.record.models import load_model
+
+    folder, hidden, ids, reference, draft_ids = written[vocab, nbr]
+    target = load_model(str(tiny_model_dir))
+    head = load_heads(f"eagle3:{folder}", target)
+    assert head.config.aux_layers == AUX and head.config.norm_before_residual == nbr
+    assert head.config.draft_vocab_size == vocab and head.module.embed_tokens is not None  # speculators saves one
+    ours = _unrolled(head, hidden, ids)
+    if vocab:  # outside the draft vocabulary a target token gets no mass
+        outside = np.setdiff1d(np.arange(ours.shape[-1]), draft_ids)
+        assert (ours[..., outside] < -1e8).all()
+    ours = ours[..., draft_ids]
+    for step in range(STEPS):  # speculators pads the last `step` positions' tokens: those rows are not compared
+        rows = hidden.shape[0] - step
+        np.testing.assert_allclose(ours[step, :rows], reference[step, :rows], atol=1e-4, rtol=1e-4)
+    assert np.abs(reference).max() > 1.0  # logits of some size: the comparison is not of zeros
+
+    flipped = dataclasses.replace(head.config, norm_before_residual=not nbr)
+    wrong = dataclasses.replace(head, module=Eagle3Head(flipped))
+    wrong.module.embed_tokens = head.module.embed_tokens
+    wrong.module.load_state_dict(head.module.state_dict())
+    assert np.abs(_unrolled(wrong, hidden, ids)[..., draft_ids][0] - reference[0]).max() > 1e-2
+
+
+def test_the_eagle3_reference_layout_loads_from_pytorch_model_bin(written, tiny_model_dir, tmp_path):
+    """SafeAILab's layout: `midlayer.*` for `layers.0.*`, no embeddings (the target's are used), a Llama config.json
+    with draft_vocab_size and the fused layers, weights in pytorch_model.bin read with weights_only=True."""
+    import torch
+    from safetensors.torch import load_file
+
+    from specsim.record.heads import load_heads
+    from specsim.record.models import load_model
+
+    folder, hidden, ids, reference, draft_ids = written[200, False]
+    state = load_file(str(folder / "model.safetensors"))
+    embed = state.pop("embed_tokens.weight")
+    ref_dir = tmp_path / "reference"
+    ref_dir.mkdir()
+    torch.save({k.replace("layers.0.", "midlayer."): v for k, v in state.items()}, ref_dir / "pytorch_model.bin")
+    spec_config = json.loads((folder / "config.json").read_text())
+    layer = spec_config["transformer_layer_config"]
+    (ref_dir / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "draft_vocab_size": 200,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(AUX)},
+        **{k: layer[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                                 "num_hidden_layers", "rms_norm_eps", "vocab_size")}}))
+    target = load_model(str(tiny_model_dir))
+    assert torch.equal(target.model.get_input_embeddings().weight, embed)  # speculators copied the target's
+    head = load_heads(f"eagle3:{ref_dir}", target)
+    assert head.module.embed_tokens is None and not head.config.norm_before_residual
+    ours = _unrolled(head, hidden, ids)[..., draft_ids]
+    np.testing.assert_allclose(ours[0], reference[0], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ModelError, match="is an EAGLE-3 checkpoint: use eagle3:"):
+        load_heads(f"eagle:{ref_dir}", target)
+
+
+def test_heads_that_do_not_fit_the_target_are_refused_naming_both(written, tiny_model_dir, tmp_path):
+    import shutil
+
+    from specsim.record.heads import load_heads
+    from specsim.record.models import load_model
+
+    folder = written[200, False][0]
+    target = load_model(str(tiny_model_dir))
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": [1, 2, 7]}))
+    with pytest.raises(ModelError, match=r"fuses target layers \[1, 2, 7\]; target .* has 4 decoder layers"):
+        load_heads(f"eagle3:{bad}", target)
+    (bad / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": [1, 2]}))
+    with pytest.raises(ModelError, match=r"fc.weight fuses 3 target layers, the config names 2"):
+        load_heads(f"eagle3:{bad}", target)
+
+
+# -- record, replay, live -------------------------------------------------------------------------
+
+
+def eagle3_for(target, folder: Path, *, draft_vocab: int = 0, seed: int = 0, mix: float = 0.05) -> Path:
+    """An EAGLE-3 head built from the tiny target's last layer, so that it drafts well enough for deep calls: fc
+    passes the fused state of layer 3's input through, the head's layer is the target's layer 3 (its q/k/v reading
+    that state; the embedding half small random weights of scale `mix`), its norm and LM head the target's. At
+    depth 1 it nearly reproduces the target's law, so most calls reach depth 2 and beyond, where it runs on its
+    own fed-back features and the tokens the chain took."""
+    import torch
+
+    from specsim.record.heads import build, head_config_for, save_heads
+
+    torch.manual_seed(seed)
+    config = head_config_for("eagle3", target, aux_layers=AUX, draft_vocab_size=draft_vocab)
+    module = build(config)
+    H = config.hidden_size
+    last = target.model.model.layers[AUX[-1]]
+    with torch.no_grad():
+        module.fc.weight.zero_()
+        module.fc.weight[:, 2 * H:] = torch.eye(H)
+        first = module.layers[0]
+        first.hidden_norm.weight.copy_(last.input_layernorm.weight)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            weight = getattr(first.self_attn, name).weight
+            weight[:, :H].normal_(0.0, mix)
+            weight[:, H:] = getattr(last.self_attn, name).weight
+        first.self_attn.o_proj.weight.copy_(last.self_attn.o_proj.weight)
+        first.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(first.mlp, name).weight.copy_(getattr(last.mlp, name).weight)
+        module.norm.weight.copy_(target.model.model.norm.weight)
+        lm = target.model.get_output_embeddings().weight
+        ids = torch.arange(config.vocab_size) if not draft_vocab else torch.sort(
+            torch.randperm(config.vocab_size)[:draft_vocab]).values
+        module.lm_head.weight.copy_(lm[ids])
+        if draft_vocab:
+            module.d2t.copy_(ids - torch.arange(draft_vocab))
+    save_heads(folder, config, module)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def eagle3_cache(tiny_model_dir, tiny_prompts_file, tmp_path_factory):
+    import torch
+
+    from specsim.record.models import load_model
+    from specsim.record.run import RecordRequest, record_cache
+
+    torch.set_num_threads(1)
+    folder = tmp_path_factory.mktemp("eagle3-record")
+    target = load_model(str(tiny_model_dir))
+    drafts = (f"eagle3:{eagle3_for(target, folder / 'full')}",
+              f"eagle3:{eagle3_for(target, folder / 'reduced', draft_vocab=300, seed=1)}")
+    request = RecordRequest(target=str(tiny_model_dir), drafts=drafts, prompts=str(tiny_prompts_file),
+                            max_new_tokens=12, temperatures=(0.0, 1.0), device="cpu", head_depth=3)
+    path = folder / "eagle3.h5"
+    record_cache(path, request, progress=False)
+    return path, drafts, str(tiny_model_dir)
+
+
+@pytest.mark.parametrize("which, tree", [(0, "chain:3"), (0, "kary:2,2"), (1, "widths:3,2,1")])
+def test_live_eagle3_decoding_matches_the_replay_call_for_call(eagle3_cache, which, tree):
+    """Greedy float32: live decoding with an EAGLE-3 head (the target's layers 1..3 kept from every forward, fused,
+    its own cache) emits plain greedy's tokens, in the calls the replay predicts."""
+    from specsim.cache.store import CacheReader
+    from specsim.live.decoder import LiveConfig, Target, speculative_decode
+    from specsim.live.head_drafting import head_drafter
+    from specsim.record.models import eos_token_ids, load_model
+    from specsim.sim.sweep import SweepConfig, sweep
+    from specsim.specs import parse_tree
+
+    path, drafts, target_dir = eagle3_cache
+    draft = drafts[which]
+    replay = sweep(path, SweepConfig(trees=[tree], drafts=[draft], policies=["greedy"], n_boot=0,
+                                     by_category=False)).requests.sort("prompt_index")
+    with CacheReader(path) as reader:
+        rows = [r for r in reader.iter_trajectories() if r.temperature == 0]
+        max_new = int(reader.meta["settings"]["max_new_tokens"])
+        cases = [(reader.prompt_token_ids(r.prompt_index), reader.tokens(r.start, r.stop)) for r in rows]
+    target = load_model(target_dir)
+    drafter = head_drafter(draft, target)
+    accepted = 0
+    for (prompt, expected), row in zip(cases, replay.iter_rows(named=True)):
+        live = speculative_decode(Target(target.model, eos_token_ids(target)), drafter, np.asarray(prompt),
+                                  LiveConfig(tree=parse_tree(tree), max_new_tokens=max_new), np.random.default_rng(0))
+        assert live.tokens.tolist() == expected.tolist()
+        assert live.target_calls == row["target_calls"], (draft, tree)
+        accepted += sum(s.accepted for s in live.steps)
+    assert accepted > 0  # drafts were accepted: equal call counts are not those of a draft that never agrees
+
+
+def test_batched_eagle3_decoding_matches_the_replay_call_for_call(eagle3_cache):
+    from specsim.cache.store import CacheReader
+    from specsim.live.decoder import LiveConfig, Target, decode
+    from specsim.live.head_drafting import head_drafter
+    from specsim.record.models import eos_token_ids, load_model
+    from specsim.sim.features import load_features
+    from specsim.sim.policies import run_policy
+    from specsim.specs import parse_policy, parse_tree
+
+    path, drafts, target_dir = eagle3_cache
+    features = load_features(path, drafts[0], 0.0, progress=False)
+    length = run_policy(features, parse_tree("kary:2,2"), parse_policy("greedy"), np.random.default_rng(0)).length
+    with CacheReader(path) as reader:
+        rows = [r for r in reader.iter_trajectories() if r.temperature == 0]
+        max_new = int(reader.meta["settings"]["max_new_tokens"])
+        prompts = [np.asarray(reader.prompt_token_ids(r.prompt_index)) for r in rows]
+        expected = [reader.tokens(r.start, r.stop).tolist() for r in rows]
+    target = load_model(target_dir)
+    run = decode(Target(target.model, eos_token_ids(target)), head_drafter(drafts[0], target), prompts,
+                 [np.random.default_rng(i) for i in range(len(prompts))],
+                 LiveConfig(tree=parse_tree("kary:2,2"), max_new_tokens=max_new, batch=3, batching="continuous"))
+    for i, (decoded, want) in enumerate(zip(run.decoded, expected)):
+        assert decoded.tokens.tolist() == want
+        start = int(features.traj_start[i])
+        assert [s.accepted for s in decoded.steps] == [int(length[start + s.start]) for s in decoded.steps]
+
+
+def test_replay_prices_the_forwards_live_eagle3_runs(eagle3_cache):
+    """Structural fidelity (tests/test_structure.py): an EAGLE-3 lane feeds 1 + the accepted entries, then one
+    forward per tree level with children, as EAGLE's."""
+    from specsim.specs import parse_tree
+    from tests.test_structure import decode_live, features_of, live_counts, per_request_steps, replayed_counts
+
+    path, drafts, _ = eagle3_cache
+    run = decode_live(path, drafts[0], "kary:2,2")
+    features = features_of(path, drafts[0])
+    replay = replayed_counts(features, parse_tree("kary:2,2"), drafts[0], model_free=False)
+    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
+    for trajectory, steps in zip(run.trajectories, per_request_steps(run)):
+        assert replay[by_prompt[trajectory.prompt.prompt_index]] == pytest.approx(live_counts(steps))
+
+
+def test_a_written_eagle3_head_is_in_speculators_layout(eagle3_cache, vllm_env_python):
+    """What specsim writes, speculators reads: its config validates as an Eagle3SpeculatorConfig and the weights load
+    into speculators' Eagle3DraftModel with nothing missing or left over (the target's embeddings aside)."""
+    path, drafts, _ = eagle3_cache
+    folder = drafts[1].partition(":")[2]
+    code = (
+        "import sys, json\n"
+        "from safetensors.torch import load_file\n"
+        "from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig\n"
+        "raw = json.load(open(sys.argv[1] + '/config.json'))\n"
+        "raw = {k: v for k, v in raw.items() if k != 'specsim'}\n"
+        "raw['transformer_layer_config']['_attn_implementation'] = 'eager'\n"
+        "model = Eagle3DraftModel(Eagle3SpeculatorConfig(**raw))\n"
+        "missing, unexpected = model.load_state_dict(load_file(sys.argv[1] + '/model.safetensors'), strict=False)\n"
+        "print(json.dumps({'missing': sorted(missing), 'unexpected': sorted(unexpected),\n"
+        "                  'aux': model.config.eagle_aux_hidden_state_layer_ids, 'vocab': model.draft_vocab_size}))\n")
+    out = subprocess.run([vllm_env_python, "-c", code, folder], check=True, capture_output=True, text=True, timeout=300)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["unexpected"] == [] and got["aux"] == list(AUX) and got["vocab"] == 300
+    assert set(got["missing"]) <= {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"}
+
+
+# -- training -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def training(tiny_model_dir, tmp_path_factory):
+    """24 short prompts x 24 tokens at T = 0 and 1 with the states EAGLE-3 fuses, and a head trained on them."""
+    import random
+
+    from specsim.record.models import load_model
+    from specsim.record.run import RecordRequest, record_cache
+    from specsim.record.train import TrainConfig, train
+
+    words = "the cat sat on a mat while dogs ran far away from home and birds sang".split()
+    rng = random.Random(0)
+    folder = tmp_path_factory.mktemp("eagle3-train")
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(rng.sample(words, 6)), "category": "x",
+                                           "question_id": 100 + i}) + "\n" for i in range(24)))
+    cache = folder / "train.h5"
+    record_cache(cache, RecordRequest(target=str(tiny_model_dir), prompts=str(prompts), max_new_tokens=24,
+                                      temperatures=(0.0, 1.0), device="cpu", hidden=("last", "1", "2", "3")),
+                 progress=False)
+    target = load_model(str(tiny_model_dir))
+    out = folder / "head"
+    outcome = train(cache, target, out, TrainConfig(kind="eagle3", steps=60, lr=1e-2, batch=4, holdout_every=4,
+                                                    ttt_steps=3, aux_layers=AUX, draft_vocab=300), progress=False)
+    return folder, prompts, cache, out, outcome
+
+
+def test_training_time_test_lowers_heldout_loss_at_every_depth(training, tiny_model_dir):
+    from specsim.record.heads import load_heads
+    from specsim.record.models import load_model
+
+    folder, _, _, out, outcome = training
+    assert outcome.after["loss"] < outcome.before["loss"] - 0.1, (outcome.before, outcome.after)
+    assert sorted(outcome.after["overlap"]) == [1, 2, 3]  # held out at each unrolled depth, on its own features
+    for d in (1, 2, 3):
+        assert outcome.after["overlap"][d] > outcome.before["overlap"][d] + 0.01, (outcome.before, outcome.after)
+    head = load_heads(f"eagle3:{out}", load_model(str(tiny_model_dir)))
+    assert head.config.aux_layers == AUX and head.config.draft_vocab_size == 300 and head.module.d2t is not None
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["speculators_model_type"] == "eagle3" and raw["draft_vocab_size"] == 300
+    seen = raw["training"]["trained_on"]["prompts"]
+    assert len(seen) == 18 and {p["question_id"] for p in seen} == {100 + i for i in range(24) if i % 4 != 3}
+
+
+def test_a_cache_without_the_fused_layers_is_refused_naming_them(tiny_model_dir, tiny_cache, tmp_path):
+    from specsim.errors import CacheError
+    from specsim.record.models import load_model
+    from specsim.record.train import TrainConfig, train
+
+    with pytest.raises(CacheError, match=r"no hidden states .*--hidden-states last,1,2,3"):
+        train(tiny_cache, load_model(str(tiny_model_dir)), tmp_path / "h",
+              TrainConfig(kind="eagle3", steps=1, aux_layers=AUX), progress=False)
+
+
+def test_simulate_says_when_a_head_meets_its_training_prompts(training, tiny_model_dir, tmp_path):
+    """A cache recorded on prompts the head trained on is named as such; one on held-out prompts is not."""
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+    from specsim.record.run import RecordRequest, record_cache
+
+    folder, prompts, _, out, _ = training
+    lines = prompts.read_text().splitlines()
+    seen, held = tmp_path / "seen.jsonl", tmp_path / "held.jsonl"
+    seen.write_text("\n".join(lines[:3]) + "\n")  # prompts 0-2: trained on
+    held.write_text("\n".join([lines[3], lines[7]]) + "\n")  # every 4th: held out
+    draft = f"eagle3:{out}"
+    said = {}
+    for name, source in (("seen", seen), ("held", held)):
+        cache = tmp_path / f"{name}.h5"
+        record_cache(cache, RecordRequest(target=str(tiny_model_dir), drafts=(draft,), prompts=str(source),
+                                          max_new_tokens=8, device="cpu", head_depth=2), progress=False)
+        result = CliRunner().invoke(main, ["simulate", str(cache), "--tree", "chain:2", "--quiet"])
+        assert result.exit_code == 0, result.output
+        said[name] = result.output
+    assert f"warning: {draft} was trained on 3 of this cache's 3 prompts (question ids 100, 101, 102)" in said["seen"]
+    assert "was trained on" not in said["held"]
