@@ -69,7 +69,11 @@ $(VLLM_STAMP): Makefile
 	$(if $(VLLM_TORCH),$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_TORCH)")
 	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
 	$(if $(VLLM_TORCH),$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec)
-	$(VLLM_VENV)/bin/python -c "import vllm; print('vLLM', vllm.__version__, 'in $(VLLM_VENV)')"
+	@# speculators (vLLM's library for EAGLE-3 checkpoints) writes the test heads in its own layout; its
+	@# torchvision/torchaudio requirements are the ones removed above, so it goes in without its dependencies
+	$(VLLM_VENV)/bin/python -m pip install -q "datasets>=4.0.0,<=5.1.0"
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0"
+	$(VLLM_VENV)/bin/python -c "import vllm, speculators.models.eagle3; print('vLLM', vllm.__version__, 'with speculators in $(VLLM_VENV)')"
 	touch $@
 
 # vLLM's suffix method (validate --engine vllm --draft suffix) imports arctic-inference, which has no wheel for

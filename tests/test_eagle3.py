@@ -399,3 +399,25 @@ def test_simulate_says_when_a_head_meets_its_training_prompts(training, tiny_mod
         said[name] = result.output
     assert f"warning: {draft} was trained on 3 of this cache's 3 prompts (question ids 100, 101, 102)" in said["seen"]
     assert "was trained on" not in said["held"]
+
+
+def test_eagle3_heads_are_profiled_and_priced(eagle3_cache, tmp_path):
+    """`profile --draft eagle3:DIR` times its layer per tree level (its own features, its own LM head); simulate
+    prices a call as EAGLE's: the root feed, then one forward per level with children."""
+    import torch
+
+    from specsim.attention.profile import ProfileConfig, measure_cost_profile, write_profile
+    from specsim.record.heads import load_heads
+    from specsim.record.models import load_model
+    from specsim.sim.sweep import SweepConfig, sweep
+
+    torch.set_num_threads(1)
+    path, drafts, target_dir = eagle3_cache
+    target = load_model(target_dir)
+    config = ProfileConfig(batches=(1,), contexts=(16, 64), max_tokens=7, draft_widths=(1, 2, 4), repeats=2, warmup=1)
+    body = measure_cost_profile(target, [load_heads(d, target) for d in drafts], config=config, progress=False)
+    assert set(body["draft_step_s"]) == set(drafts) and all(body["drafts"][d]["heads"] for d in drafts)
+    profile = write_profile(body, tmp_path / "eagle3-profile.json")
+    rows = sweep(path, SweepConfig(trees=["kary:2,2"], drafts=list(drafts), policies=["greedy"], n_boot=0,
+                                   by_category=False, cost_profile=str(profile))).rows
+    assert rows["speedup"].is_not_null().all() and rows["cost_basis"].str.contains("MEASURED").all()

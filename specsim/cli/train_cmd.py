@@ -70,8 +70,9 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, draft_vocab, 
     import transformers
 
     from specsim.errors import CacheError
+    from specsim.interrupts import sigterm_as_interrupt
     from specsim.record.models import load_model
-    from specsim.record.train import TrainConfig, train
+    from specsim.record.train import CURVE_HELDOUT, TrainConfig, train
 
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise CacheError(f"--out {out} is not empty; pass --overwrite to replace the heads in it")
@@ -87,7 +88,8 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, draft_vocab, 
     loaded = load_model(target, device=device)
     config = TrainConfig(kind=kind, heads=heads, steps=steps, lr=lr, batch=batch, holdout_every=holdout_every,
                          save_every=save_every, seed=seed, ttt_steps=ttt_steps, aux_layers=aux, draft_vocab=draft_vocab)
-    outcome = train(cache, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True))
+    with sigterm_as_interrupt():  # SIGTERM (a scheduler's stop) saves the last checkpoint as Ctrl-C does
+        outcome = train(cache, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True))
 
     def agreement(result):
         return ", ".join(f"depth {d} {v:.3f} (overlap {result['overlap'][d]:.3f})" for d, v in result["top1"].items())
@@ -101,6 +103,10 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, draft_vocab, 
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)
+    for point in outcome.curve:
+        click.echo(f"step {point['step']}: training loss {point['train_loss']:.3f}; held-out (first "
+                   f"{CURVE_HELDOUT} trajectories) loss {point['heldout']['loss']:.3f}, top-1 "
+                   + ", ".join(f"depth {d} {v:.3f}" for d, v in point["heldout"]["top1"].items()))
     click.echo(f"held-out after {outcome.steps} steps ({outcome.seconds:.1f} s on {outcome.positions} training "
                f"positions): loss {outcome.after['loss']:.3f}, top-1 agreement {agreement(outcome.after)}")
     click.echo(f"wrote {out}; next: specsim cache --target {target} --draft {kind}:{out} --out CACHE")

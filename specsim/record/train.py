@@ -41,6 +41,9 @@ from specsim.errors import CacheError, ModelError
 from specsim.specs import HEAD_KINDS
 
 
+CURVE_HELDOUT = 24  # held-out trajectories the training curve evaluates at each checkpoint (all of them at the end)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     kind: str  # "medusa" | "eagle" | "eagle3"
@@ -66,6 +69,8 @@ class TrainOutcome:
     heldout_positions: int
     before: dict = field(default_factory=dict)  # held-out loss and per-depth top-1 agreement, untrained
     after: dict = field(default_factory=dict)  # the same, trained
+    curve: list = field(default_factory=list)  # per checkpoint: step, mean training loss since, held-out numbers on
+    #                                            the first CURVE_HELDOUT held-out trajectories
     interrupted: bool = False
 
 
@@ -136,10 +141,11 @@ class Terms:
     vocab: torch.Tensor | None = None  # EAGLE-3 with a draft vocabulary: its target ids (the loss is over them)
 
 
-def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1) -> Terms:
+def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full: bool = True) -> Terms:
     """Medusa: head k at h_t against p_{t+1+k}. EAGLE: the layer on (h_t, embed(y_t)), teacher-forced and causal,
     its feature against h_{t+1} and its law against p_{t+1}. EAGLE-3: unrolled `depth` deep on its own features
-    from every start t, depth d's law against p_{t+d}."""
+    from every start t, depth d's law against p_{t+d}; full=False (training) computes both laws' logits on the
+    draft vocabulary only, all the loss reads."""
     lm_head = target.model.get_output_embeddings()
     h = seq.hidden.to(next(module.parameters()).device)
     y = seq.tokens.to(h.device)
@@ -160,13 +166,15 @@ def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1) -> Term
         feats = unroll(lambda *a, from_target: module(*a, embed, from_target=from_target), seq.features.to(h.device)[:m],
                        y[:m], torch.arange(m, device=h.device), min(depth, m))
         V = int(target.vocab_size)
+        vocab = None if module.d2t is None else torch.arange(len(module.d2t), device=h.device) + module.d2t
+        restrict = vocab is not None and not full
         depths = []
         for d, f in enumerate(feats, start=1):
-            with torch.no_grad():
-                p_logits = lm_head(h[d:n])  # (n - d, V): p_{t+d} for starts t = 0..n-1-d
-            depths.append((module.logits(f[: n - d], V), p_logits, y[d:n]))
-        vocab = None if module.d2t is None else torch.arange(len(module.d2t), device=h.device) + module.d2t
-        return Terms(depths, vocab=vocab)
+            with torch.no_grad():  # p_{t+d} for starts t = 0..n-1-d: (n - d, V), or (n - d, V_draft) restricted
+                p_logits = torch.nn.functional.linear(h[d:n], lm_head.weight[vocab]) if restrict else lm_head(h[d:n])
+            q_logits = module.lm_head(module.norm(f[: n - d])) if restrict else module.logits(f[: n - d], V)
+            depths.append((q_logits, p_logits, y[d:n]))
+        return Terms(depths, vocab=None if restrict else vocab)
     pos = torch.arange(n - 1, device=h.device) + seq.start
     causal = torch.ones(n - 1, n - 1, dtype=torch.bool, device=h.device).tril()
     feats, _ = module(h[None, :-1], y[None, :-1], pos[None], causal[None], None, target.model.get_input_embeddings())
@@ -264,7 +272,9 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     rng = np.random.default_rng(config.seed)
     extra = lambda: {"training": {"cache": str(cache), "steps": outcome.steps, "config": config.__dict__,  # noqa: E731
                                   "positions": n_train, "heldout": outcome.after or outcome.before,
-                                  "trained_on": seen}}
+                                  "curve": outcome.curve, "trained_on": seen}}
+    losses: list[float] = []
+    probe = held[:CURVE_HELDOUT]  # the held-out trajectories the training curve is measured on
     started = time.perf_counter()
     bar = tqdm(total=config.steps, unit="step", desc=f"train {config.kind}", disable=not progress, dynamic_ncols=True)
     try:
@@ -272,14 +282,19 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
         for step in range(config.steps):
             batch = rng.choice(len(train_seqs), size=min(config.batch, len(train_seqs)), replace=False)
             optimiser.zero_grad()
-            total = sum(loss(terms(config.kind, module, target, train_seqs[i], config.ttt_steps), config)
+            total = sum(loss(terms(config.kind, module, target, train_seqs[i], config.ttt_steps, full=False), config)
                         for i in batch) / len(batch)
             total.backward()
             optimiser.step()
             outcome.steps = step + 1
+            losses.append(total.item())
             bar.update()
             bar.set_postfix(loss=f"{total.item():.3f}")
             if (step + 1) % config.save_every == 0 and step + 1 < config.steps:
+                module.eval()
+                outcome.curve.append({"step": step + 1, "train_loss": float(np.mean(losses[-config.save_every:])),
+                                      "heldout": evaluate(config.kind, module, target, probe, config)})
+                module.train()
                 save_heads(out, head_config, module, extra())
     except KeyboardInterrupt:
         outcome.interrupted = True
