@@ -1,13 +1,12 @@
 """EAGLE-3 heads: published layouts load and compute what their library computes; record, replay, live, train.
 
-Layouts are written by the library that defines them: `speculators` (in vLLM's environment,
-`make vllm`; `tests/speculators_eagle3.py`) writes a head for the tiny target and runs its own
-training-time-test forward on fixed inputs; specsim loads the checkpoint and its unrolling
+Layouts are written by the library that defines them, in vLLM's environment (`make vllm`):
+`speculators` (`tests/speculators_eagle3.py`: config.json with `speculators_model_type`, `layers.0.*`)
+and SpecForge (`tests/specforge_eagle3.py`: the EAGLE-3 reference layout SGLang serves, a Llama
+config with `draft_vocab_size`, `midlayer.*`). Each writes a head for the tiny target and runs its
+own training-time test on fixed inputs; specsim loads the checkpoint and its unrolling
 (`specsim.record.heads.unroll`, what the recorder replays) must give the same logits at every
-step. The EAGLE-3 reference layout (SafeAILab's `midlayer.*`, a Llama config with
-`draft_vocab_size`, often `pytorch_model.bin`) has no library on the package index; speculators'
-converter (`convert/eagle/eagle3_converter.py`) defines its mapping to speculators' names, and
-the test writes its inverse from the speculators checkpoint.
+step. `pytorch_model.bin` is tested by re-saving the reference layout as one.
 
 Then a head on the tiny target records, and greedy float32 live decoding with it emits plain
 greedy's tokens in exactly the calls the replay predicts, at batch 1 and in batches.
@@ -44,15 +43,16 @@ def vllm_env_python():
     return found
 
 
-def _speculators_head(python, target_dir, out: Path, *, draft_vocab: int, norm_before_residual: bool, seed: int):
-    """A speculators-written head, and (hidden, ids, reference logits per step, draft vocabulary's target ids)."""
+def _written_head(python, target_dir, out: Path, *, draft_vocab: int, norm_before_residual: bool = False, seed: int,
+                  library: str = "speculators"):
+    """A head `library` wrote, and (hidden, ids, reference logits per step, draft vocabulary's target ids)."""
     rng = np.random.default_rng(seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     inputs = out.parent / f"{out.name}-inputs.npz"
     hidden = rng.standard_normal((24, 64 * len(AUX))).astype(np.float32)
     ids = rng.integers(0, 300, 24)
     np.savez(inputs, hidden=hidden, ids=ids)
-    cmd = [python, str(ROOT / "tests" / "speculators_eagle3.py"), str(target_dir), str(out), str(inputs),
+    cmd = [python, str(ROOT / "tests" / f"{library}_eagle3.py"), str(target_dir), str(out), str(inputs),
            "--aux", ",".join(map(str, AUX)), "--draft-vocab", str(draft_vocab), "--ttt-steps", str(STEPS),
            "--seed", str(seed)] + ["--norm-before-residual"] * norm_before_residual
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
@@ -63,10 +63,13 @@ def _speculators_head(python, target_dir, out: Path, *, draft_vocab: int, norm_b
 @pytest.fixture(scope="module")
 def written(vllm_env_python, tiny_model_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("eagle3")
-    return {(vocab, nbr): (folder / f"v{vocab}-n{int(nbr)}", *_speculators_head(
-                vllm_env_python, tiny_model_dir, folder / f"v{vocab}-n{int(nbr)}", draft_vocab=vocab,
-                norm_before_residual=nbr, seed=vocab + nbr))
-            for vocab, nbr in [(200, False), (0, True)]}
+    heads = {(vocab, nbr): (folder / f"v{vocab}-n{int(nbr)}", *_written_head(
+                 vllm_env_python, tiny_model_dir, folder / f"v{vocab}-n{int(nbr)}", draft_vocab=vocab,
+                 norm_before_residual=nbr, seed=vocab + nbr))
+             for vocab, nbr in [(200, False), (0, True)]}
+    heads["specforge"] = (folder / "specforge", *_written_head(vllm_env_python, tiny_model_dir, folder / "specforge",
+                                                               draft_vocab=150, seed=7, library="specforge"))
+    return heads
 
 
 def _unrolled(head, hidden, ids):
@@ -113,36 +116,39 @@ def test_a_speculators_checkpoint_loads_and_computes_what_speculators_computes(w
     assert np.abs(_unrolled(wrong, hidden, ids)[..., draft_ids][0] - reference[0]).max() > 1e-2
 
 
-def test_the_eagle3_reference_layout_loads_from_pytorch_model_bin(written, tiny_model_dir, tmp_path):
-    """SafeAILab's layout: `midlayer.*` for `layers.0.*`, no embeddings (the target's are used), a Llama config.json
-    with draft_vocab_size and the fused layers, weights in pytorch_model.bin read with weights_only=True."""
+def test_specforge_s_reference_layout_loads_and_computes_what_specforge_computes(written, tiny_model_dir, tmp_path):
+    """SpecForge's `LlamaForCausalLMEagle3` (the EAGLE-3 reference layout: `midlayer.*`, a Llama config.json with
+    draft_vocab_size and the fused layers in eagle_config): every TTT step's logits equal SpecForge's; the same
+    weights as pytorch_model.bin without embeddings (the target's are used) load through weights_only=True."""
     import torch
     from safetensors.torch import load_file
 
     from specsim.record.heads import load_heads
     from specsim.record.models import load_model
 
-    folder, hidden, ids, reference, draft_ids = written[200, False]
+    folder, hidden, ids, reference, draft_ids = written["specforge"]
     state = load_file(str(folder / "model.safetensors"))
-    embed = state.pop("embed_tokens.weight")
-    ref_dir = tmp_path / "reference"
-    ref_dir.mkdir()
-    torch.save({k.replace("layers.0.", "midlayer."): v for k, v in state.items()}, ref_dir / "pytorch_model.bin")
-    spec_config = json.loads((folder / "config.json").read_text())
-    layer = spec_config["transformer_layer_config"]
-    (ref_dir / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "draft_vocab_size": 200,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(AUX)},
-        **{k: layer[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-                                 "num_hidden_layers", "rms_norm_eps", "vocab_size")}}))
+    assert any(k.startswith("midlayer.") for k in state) and "d2t" in state  # the layout, as SpecForge wrote it
     target = load_model(str(tiny_model_dir))
-    assert torch.equal(target.model.get_input_embeddings().weight, embed)  # speculators copied the target's
-    head = load_heads(f"eagle3:{ref_dir}", target)
-    assert head.module.embed_tokens is None and not head.config.norm_before_residual
+    head = load_heads(f"eagle3:{folder}", target)
+    assert head.config.aux_layers == AUX and head.config.draft_vocab_size == 150
+    assert not head.config.norm_before_residual  # a reference-layout config: vLLM's llama_eagle3.py reads False
     ours = _unrolled(head, hidden, ids)[..., draft_ids]
-    np.testing.assert_allclose(ours[0], reference[0], atol=1e-4, rtol=1e-4)
+    for step in range(STEPS):
+        rows = hidden.shape[0] - step
+        np.testing.assert_allclose(ours[step, :rows], reference[step, :rows], atol=1e-4, rtol=1e-4)
+
+    embed = state.pop("embed_tokens.weight")
+    as_bin = tmp_path / "bin"
+    as_bin.mkdir()
+    torch.save(state, as_bin / "pytorch_model.bin")
+    (as_bin / "config.json").write_text((folder / "config.json").read_text())
+    head = load_heads(f"eagle3:{as_bin}", target)
+    assert head.module.embed_tokens is None
+    assert torch.equal(target.model.get_input_embeddings().weight, embed)  # SpecForge kept the target's
+    np.testing.assert_allclose(_unrolled(head, hidden, ids)[..., draft_ids][0], reference[0], atol=1e-4, rtol=1e-4)
     with pytest.raises(ModelError, match="is an EAGLE-3 checkpoint: use eagle3:"):
-        load_heads(f"eagle:{ref_dir}", target)
+        load_heads(f"eagle:{folder}", target)
 
 
 def test_heads_that_do_not_fit_the_target_are_refused_naming_both(written, tiny_model_dir, tmp_path):
