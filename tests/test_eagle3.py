@@ -8,8 +8,9 @@ own training-time test on fixed inputs; specsim loads the checkpoint and its unr
 (`specsim.record.heads.unroll`, what the recorder replays) must give the same logits at every
 step. `pytorch_model.bin` is tested by re-saving the reference layout as one.
 
-Then a head on the tiny target records, and greedy float32 live decoding with it emits plain
-greedy's tokens in exactly the calls the replay predicts, at batch 1 and in batches.
+Recording, replay, live decoding and pricing of EAGLE-3 heads are tested with the other heads
+(tests/test_heads_record.py); here: training with training-time test, and the prompts a head
+trained on named when a cache shares them.
 """
 
 from __future__ import annotations
@@ -170,145 +171,16 @@ def test_heads_that_do_not_fit_the_target_are_refused_naming_both(written, tiny_
         load_heads(f"eagle3:{bad}", target)
 
 
-# -- record, replay, live -------------------------------------------------------------------------
+# -- what specsim writes ------------------------------------------------------------------------
 
 
-def eagle3_for(target, folder: Path, *, draft_vocab: int = 0, seed: int = 0, mix: float = 0.05) -> Path:
-    """An EAGLE-3 head built from the tiny target's last layer, so that it drafts well enough for deep calls: fc
-    passes the fused state of layer 3's input through, the head's layer is the target's layer 3 (its q/k/v reading
-    that state; the embedding half small random weights of scale `mix`), its norm and LM head the target's. At
-    depth 1 it nearly reproduces the target's law, so most calls reach depth 2 and beyond, where it runs on its
-    own fed-back features and the tokens the chain took."""
-    import torch
-
-    from specsim.record.heads import build, head_config_for, save_heads
-
-    torch.manual_seed(seed)
-    config = head_config_for("eagle3", target, aux_layers=AUX, draft_vocab_size=draft_vocab)
-    module = build(config)
-    H = config.hidden_size
-    last = target.model.model.layers[AUX[-1]]
-    with torch.no_grad():
-        module.fc.weight.zero_()
-        module.fc.weight[:, 2 * H:] = torch.eye(H)
-        first = module.layers[0]
-        first.hidden_norm.weight.copy_(last.input_layernorm.weight)
-        for name in ("q_proj", "k_proj", "v_proj"):
-            weight = getattr(first.self_attn, name).weight
-            weight[:, :H].normal_(0.0, mix)
-            weight[:, H:] = getattr(last.self_attn, name).weight
-        first.self_attn.o_proj.weight.copy_(last.self_attn.o_proj.weight)
-        first.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            getattr(first.mlp, name).weight.copy_(getattr(last.mlp, name).weight)
-        module.norm.weight.copy_(target.model.model.norm.weight)
-        lm = target.model.get_output_embeddings().weight
-        ids = torch.arange(config.vocab_size) if not draft_vocab else torch.sort(
-            torch.randperm(config.vocab_size)[:draft_vocab]).values
-        module.lm_head.weight.copy_(lm[ids])
-        if draft_vocab:
-            module.d2t.copy_(ids - torch.arange(draft_vocab))
-    save_heads(folder, config, module)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def eagle3_cache(tiny_model_dir, tiny_prompts_file, tmp_path_factory):
-    import torch
-
-    from specsim.record.models import load_model
-    from specsim.record.run import RecordRequest, record_cache
-
-    torch.set_num_threads(1)
-    folder = tmp_path_factory.mktemp("eagle3-record")
-    target = load_model(str(tiny_model_dir))
-    drafts = (f"eagle3:{eagle3_for(target, folder / 'full')}",
-              f"eagle3:{eagle3_for(target, folder / 'reduced', draft_vocab=300, seed=1)}")
-    request = RecordRequest(target=str(tiny_model_dir), drafts=drafts, prompts=str(tiny_prompts_file),
-                            max_new_tokens=12, temperatures=(0.0, 1.0), device="cpu", head_depth=3)
-    path = folder / "eagle3.h5"
-    record_cache(path, request, progress=False)
-    return path, drafts, str(tiny_model_dir)
-
-
-@pytest.mark.parametrize("which, tree", [(0, "chain:3"), (0, "kary:2,2"), (1, "widths:3,2,1")])
-def test_live_eagle3_decoding_matches_the_replay_call_for_call(eagle3_cache, which, tree):
-    """Greedy float32: live decoding with an EAGLE-3 head (the target's layers 1..3 kept from every forward, fused,
-    its own cache) emits plain greedy's tokens, in the calls the replay predicts."""
-    from specsim.cache.store import CacheReader
-    from specsim.live.decoder import LiveConfig, Target, speculative_decode
-    from specsim.live.head_drafting import head_drafter
-    from specsim.record.models import eos_token_ids, load_model
-    from specsim.sim.sweep import SweepConfig, sweep
-    from specsim.specs import parse_tree
-
-    path, drafts, target_dir = eagle3_cache
-    draft = drafts[which]
-    replay = sweep(path, SweepConfig(trees=[tree], drafts=[draft], policies=["greedy"], n_boot=0,
-                                     by_category=False)).requests.sort("prompt_index")
-    with CacheReader(path) as reader:
-        rows = [r for r in reader.iter_trajectories() if r.temperature == 0]
-        max_new = int(reader.meta["settings"]["max_new_tokens"])
-        cases = [(reader.prompt_token_ids(r.prompt_index), reader.tokens(r.start, r.stop)) for r in rows]
-    target = load_model(target_dir)
-    drafter = head_drafter(draft, target)
-    accepted = 0
-    for (prompt, expected), row in zip(cases, replay.iter_rows(named=True)):
-        live = speculative_decode(Target(target.model, eos_token_ids(target)), drafter, np.asarray(prompt),
-                                  LiveConfig(tree=parse_tree(tree), max_new_tokens=max_new), np.random.default_rng(0))
-        assert live.tokens.tolist() == expected.tolist()
-        assert live.target_calls == row["target_calls"], (draft, tree)
-        accepted += sum(s.accepted for s in live.steps)
-    assert accepted > 0  # drafts were accepted: equal call counts are not those of a draft that never agrees
-
-
-def test_batched_eagle3_decoding_matches_the_replay_call_for_call(eagle3_cache):
-    from specsim.cache.store import CacheReader
-    from specsim.live.decoder import LiveConfig, Target, decode
-    from specsim.live.head_drafting import head_drafter
-    from specsim.record.models import eos_token_ids, load_model
-    from specsim.sim.features import load_features
-    from specsim.sim.policies import run_policy
-    from specsim.specs import parse_policy, parse_tree
-
-    path, drafts, target_dir = eagle3_cache
-    features = load_features(path, drafts[0], 0.0, progress=False)
-    length = run_policy(features, parse_tree("kary:2,2"), parse_policy("greedy"), np.random.default_rng(0)).length
-    with CacheReader(path) as reader:
-        rows = [r for r in reader.iter_trajectories() if r.temperature == 0]
-        max_new = int(reader.meta["settings"]["max_new_tokens"])
-        prompts = [np.asarray(reader.prompt_token_ids(r.prompt_index)) for r in rows]
-        expected = [reader.tokens(r.start, r.stop).tolist() for r in rows]
-    target = load_model(target_dir)
-    run = decode(Target(target.model, eos_token_ids(target)), head_drafter(drafts[0], target), prompts,
-                 [np.random.default_rng(i) for i in range(len(prompts))],
-                 LiveConfig(tree=parse_tree("kary:2,2"), max_new_tokens=max_new, batch=3, batching="continuous"))
-    for i, (decoded, want) in enumerate(zip(run.decoded, expected)):
-        assert decoded.tokens.tolist() == want
-        start = int(features.traj_start[i])
-        assert [s.accepted for s in decoded.steps] == [int(length[start + s.start]) for s in decoded.steps]
-
-
-def test_replay_prices_the_forwards_live_eagle3_runs(eagle3_cache):
-    """Structural fidelity (tests/test_structure.py): an EAGLE-3 lane feeds 1 + the accepted entries, then one
-    forward per tree level with children, as EAGLE's."""
-    from specsim.specs import parse_tree
-    from tests.test_structure import decode_live, features_of, live_counts, per_request_steps, replayed_counts
-
-    path, drafts, _ = eagle3_cache
-    run = decode_live(path, drafts[0], "kary:2,2")
-    features = features_of(path, drafts[0])
-    replay = replayed_counts(features, parse_tree("kary:2,2"), drafts[0], model_free=False)
-    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
-    for trajectory, steps in zip(run.trajectories, per_request_steps(run)):
-        assert replay[by_prompt[trajectory.prompt.prompt_index]] == pytest.approx(live_counts(steps))
-
-
-def test_a_written_eagle3_head_is_in_speculators_layout(eagle3_cache, vllm_env_python):
+def test_a_written_eagle3_head_is_in_speculators_layout(vllm_env_python, tiny_model_dir, tmp_path):
     """What specsim writes, speculators reads: its config validates as an Eagle3SpeculatorConfig and the weights load
     into speculators' Eagle3DraftModel with nothing missing or left over (the target's embeddings aside)."""
-    path, drafts, _ = eagle3_cache
-    folder = drafts[1].partition(":")[2]
+    from specsim.record.models import load_model
+    from tests.test_heads_record import eagle3_from_last_layer
+
+    folder = str(eagle3_from_last_layer(load_model(str(tiny_model_dir)), tmp_path / "head", draft_vocab=300))
     code = (
         "import sys, json\n"
         "from safetensors.torch import load_file\n"
@@ -405,25 +277,3 @@ def test_simulate_says_when_a_head_meets_its_training_prompts(training, tiny_mod
         said[name] = result.output
     assert f"warning: {draft} was trained on 3 of this cache's 3 prompts (question ids 100, 101, 102)" in said["seen"]
     assert "was trained on" not in said["held"]
-
-
-def test_eagle3_heads_are_profiled_and_priced(eagle3_cache, tmp_path):
-    """`profile --draft eagle3:DIR` times its layer per tree level (its own features, its own LM head); simulate
-    prices a call as EAGLE's: the root feed, then one forward per level with children."""
-    import torch
-
-    from specsim.attention.profile import ProfileConfig, measure_cost_profile, write_profile
-    from specsim.record.heads import load_heads
-    from specsim.record.models import load_model
-    from specsim.sim.sweep import SweepConfig, sweep
-
-    torch.set_num_threads(1)
-    path, drafts, target_dir = eagle3_cache
-    target = load_model(target_dir)
-    config = ProfileConfig(batches=(1,), contexts=(16, 64), max_tokens=7, draft_widths=(1, 2, 4), repeats=2, warmup=1)
-    body = measure_cost_profile(target, [load_heads(d, target) for d in drafts], config=config, progress=False)
-    assert set(body["draft_step_s"]) == set(drafts) and all(body["drafts"][d]["heads"] for d in drafts)
-    profile = write_profile(body, tmp_path / "eagle3-profile.json")
-    rows = sweep(path, SweepConfig(trees=["kary:2,2"], drafts=list(drafts), policies=["greedy"], n_boot=0,
-                                   by_category=False, cost_profile=str(profile))).rows
-    assert rows["speedup"].is_not_null().all() and rows["cost_basis"].str.contains("MEASURED").all()

@@ -11,11 +11,14 @@ plain greedy's tokens in exactly the target calls the replay predicts.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from specsim.errors import CacheError, ModelError
+
+EAGLE3_LAYERS = (1, 2, 3)  # the tiny target has 4 layers: the inputs of layers 1, 2 and 3
 
 
 def _medusa_published(folder, target, heads=3, seed=0):
@@ -67,6 +70,45 @@ def _eagle_published(folder, target, seed=0):
     return folder
 
 
+def eagle3_from_last_layer(target, folder: Path, *, draft_vocab: int = 0, seed: int = 0, mix: float = 0.05) -> Path:
+    """An EAGLE-3 head built from the tiny target's last layer: fc passes the fused state of layer 3's input through,
+    the head's layer is the target's layer 3 (its q/k/v reading that state; the embedding half small random weights
+    of scale `mix`), its norm and LM head the target's. Its depth-1 law is the target's law at the root's
+    predecessor, so it proposes the root token again, as a barely trained EAGLE layer does: the target accepts it
+    where it repeats itself. (The draft vocabulary, when given, is a random subset.)"""
+    import torch
+
+    from specsim.record.heads import build, head_config_for, save_heads
+
+    torch.manual_seed(seed)
+    config = head_config_for("eagle3", target, aux_layers=EAGLE3_LAYERS, draft_vocab_size=draft_vocab)
+    module = build(config)
+    H = config.hidden_size
+    last = target.model.model.layers[EAGLE3_LAYERS[-1]]
+    with torch.no_grad():
+        module.fc.weight.zero_()
+        module.fc.weight[:, 2 * H:] = torch.eye(H)
+        first = module.layers[0]
+        first.hidden_norm.weight.copy_(last.input_layernorm.weight)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            weight = getattr(first.self_attn, name).weight
+            weight[:, :H].normal_(0.0, mix)
+            weight[:, H:] = getattr(last.self_attn, name).weight
+        first.self_attn.o_proj.weight.copy_(last.self_attn.o_proj.weight)
+        first.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(first.mlp, name).weight.copy_(getattr(last.mlp, name).weight)
+        module.norm.weight.copy_(target.model.model.norm.weight)
+        lm = target.model.get_output_embeddings().weight
+        ids = torch.arange(config.vocab_size) if not draft_vocab else torch.sort(
+            torch.randperm(config.vocab_size)[:draft_vocab]).values
+        module.lm_head.weight.copy_(lm[ids])
+        if draft_vocab:
+            module.d2t.copy_(ids - torch.arange(draft_vocab))
+    save_heads(folder, config, module)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def heads_cache(tiny_model_dir, tiny_prompts_file, tmp_path_factory):
     import torch
@@ -79,7 +121,8 @@ def heads_cache(tiny_model_dir, tiny_prompts_file, tmp_path_factory):
     target = load_model(str(tiny_model_dir))
     medusa = _medusa_published(folder / "medusa", target)
     eagle = _eagle_published(folder / "eagle", target)
-    drafts = (f"medusa:{medusa}", f"eagle:{eagle}")
+    drafts = (f"medusa:{medusa}", f"eagle:{eagle}", f"eagle3:{eagle3_from_last_layer(target, folder / 'eagle3')}",
+              f"eagle3:{eagle3_from_last_layer(target, folder / 'eagle3-v300', draft_vocab=300, seed=1)}")
     request = RecordRequest(target=str(tiny_model_dir), drafts=drafts, prompts=str(tiny_prompts_file),
                             max_new_tokens=12, temperatures=(0.0, 1.0), device="cpu", hidden=("last",),
                             head_depth=3)
@@ -101,7 +144,8 @@ def test_head_columns_are_keyed_by_depth(heads_cache):
             reader.logits(drafts[1], row.start, row.stop)
 
 
-@pytest.mark.parametrize("which, tree", [(0, "kary:2,3"), (1, "chain:3"), (1, "kary:2,2")])
+@pytest.mark.parametrize("which, tree", [(0, "kary:2,3"), (1, "chain:3"), (1, "kary:2,2"), (2, "chain:3"),
+                                         (2, "kary:2,2"), (3, "widths:3,2,1")])
 def test_live_head_decoding_matches_the_replay_call_for_call(heads_cache, which, tree):
     """Greedy float32: live decoding with the heads emits plain greedy's tokens, in the calls replay predicts."""
     from specsim.cache.store import CacheReader
@@ -130,7 +174,7 @@ def test_live_head_decoding_matches_the_replay_call_for_call(heads_cache, which,
     assert accepted > 0  # the comparison means something: drafts were accepted
 
 
-@pytest.mark.parametrize("which", [0, 1])
+@pytest.mark.parametrize("which", [0, 1, 3])
 def test_head_sampling_is_priced_as_live_runs_it(heads_cache, which):
     """Medusa and EAGLE heads at T = 1 on kary:2,2: along live's own sampled path, the replay charges the
     forwards live ran (EAGLE's feed of the root and every accepted draft included)."""
@@ -323,7 +367,7 @@ def test_heads_are_profiled_and_priced_as_the_engine_drafts_with_them(heads_cach
     assert step_shape(tree, one_pass=True).draft_levels == (1,)  # Medusa: every head at the root state
     assert step_shape(tree).draft_levels == (1, 2, 4)  # EAGLE, like a model draft: the root, then each level
     model = load_cost_profile(profile)
-    for draft, levels in zip(drafts, [(1,), (1, 2, 4)]):
+    for draft, levels in zip(drafts, [(1,), (1, 2, 4), (1, 2, 4), (1, 2, 4)], strict=True):
         features = load_features(path, draft, 0.0, progress=False)
         with CacheReader(path) as reader:
             pricing = Pricing.for_draft(model, reader, draft)
@@ -340,7 +384,7 @@ def test_heads_are_profiled_and_priced_as_the_engine_drafts_with_them(heads_cach
 
 
 @pytest.mark.parametrize("which, tree, batch, batching", [(1, "kary:2,2", 2, "lockstep"), (1, "chain:3", 3, "continuous"),
-                                                           (0, "kary:2,3", 3, "lockstep")])
+                                                           (0, "kary:2,3", 3, "lockstep"), (2, "kary:2,2", 3, "continuous")])
 def test_batched_head_decoding_matches_the_replay_call_for_call(heads_cache, which, tree, batch, batching):
     """Medusa and EAGLE heads at batch > 1 (EAGLE's own cache padded across rows): every request's output
     and every call's accepted length equal the replay's."""
@@ -447,7 +491,7 @@ def test_eagle_heads_are_written_in_the_layout_vllm_loads(tiny_model_dir, tmp_pa
         export_eagle(f"eagle:{tmp_path / 'medusa'}", str(tiny_model_dir), out=tmp_path / "x")
 
 
-@pytest.mark.parametrize("which, tree", [(0, "kary:2,3"), (1, "chain:3"), (1, "widths:3,2,1")])
+@pytest.mark.parametrize("which, tree", [(0, "kary:2,3"), (1, "chain:3"), (1, "widths:3,2,1"), (2, "kary:2,2")])
 def test_replay_prices_the_forwards_live_heads_run(heads_cache, which, tree):
     """Structural fidelity (tests/test_structure.py) for heads: Medusa's one pass of every head per call, an
     EAGLE layer's root feed of 1 + the accepted entries and one forward per tree level with children."""
@@ -465,7 +509,7 @@ def test_replay_prices_the_forwards_live_heads_run(heads_cache, which, tree):
 
 
 @pytest.mark.parametrize("which, tree, batch, batching", [(1, "kary:2,2", 2, "lockstep"), (1, "chain:3", 3, "continuous"),
-                                                           (0, "kary:2,3", 3, "lockstep")])
+                                                           (0, "kary:2,3", 3, "lockstep"), (3, "chain:3", 2, "lockstep")])
 def test_batch_timeline_prices_the_forwards_live_heads_run(heads_cache, which, tree, batch, batching):
     """Structural fidelity in batches: an EAGLE lane's root feed is 1 + what it accepted (none right after its
     prompt pass), padded to the batch's longest; Medusa's one pass per step."""
