@@ -135,3 +135,25 @@ def tiny_profile(tiny_model_dir, tmp_path_factory) -> Path:
                            warmup=1)
     body = measure_cost_profile(target, drafts, config=config, progress=False)
     return write_profile(body, tmp_path_factory.mktemp("profile") / "tiny-profile.json")
+
+
+@pytest.fixture(scope="session")
+def training_cache(tiny_model_dir, tmp_path_factory):
+    """24 short prompts x 24 tokens at T = 0 and 1 with the target's hidden states ("last" and the inputs of layers
+    1, 2, 3, which EAGLE-3 fuses): enough to learn from. (cache path, prompts file)."""
+    import json
+    import random
+
+    from specsim.record.run import RecordRequest, record_cache
+
+    words = "the cat sat on a mat while dogs ran far away from home and birds sang".split()
+    rng = random.Random(0)
+    folder = tmp_path_factory.mktemp("train")
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(rng.sample(words, 6)), "category": "x",
+                                           "question_id": 100 + i}) + "\n" for i in range(24)))
+    path = folder / "train.h5"
+    record_cache(path, RecordRequest(target=str(tiny_model_dir), prompts=str(prompts), max_new_tokens=24,
+                                     temperatures=(0.0, 1.0), device="cpu", hidden=("last", "1", "2", "3")),
+                 progress=False)
+    return path, prompts

@@ -1,8 +1,8 @@
 """EAGLE-3 heads: published layouts load and compute what their library computes; record, replay, live, train.
 
 Layouts are written by the library that defines them, in vLLM's environment (`make vllm`):
-`speculators` (`tests/speculators_eagle3.py`: config.json with `speculators_model_type`, `layers.0.*`)
-and SpecForge (`tests/specforge_eagle3.py`: the EAGLE-3 reference layout SGLang serves, a Llama
+`speculators` (config.json with `speculators_model_type`, `layers.0.*`) and SpecForge
+(`tests/eagle3_writers.py` runs both; the EAGLE-3 reference layout SGLang serves, a Llama
 config with `draft_vocab_size`, `midlayer.*`). Each writes a head for the tiny target and runs its
 own training-time test on fixed inputs; specsim loads the checkpoint and its unrolling
 (`specsim.record.heads.unroll`, what the recorder replays) must give the same logits at every
@@ -53,7 +53,7 @@ def _written_head(python, target_dir, out: Path, *, draft_vocab: int, norm_befor
     hidden = rng.standard_normal((24, 64 * len(AUX))).astype(np.float32)
     ids = rng.integers(0, 300, 24)
     np.savez(inputs, hidden=hidden, ids=ids)
-    cmd = [python, str(ROOT / "tests" / f"{library}_eagle3.py"), str(target_dir), str(out), str(inputs),
+    cmd = [python, str(ROOT / "tests" / "eagle3_writers.py"), library, str(target_dir), str(out), str(inputs),
            "--aux", ",".join(map(str, AUX)), "--draft-vocab", str(draft_vocab), "--ttt-steps", str(STEPS),
            "--seed", str(seed)] + ["--norm-before-residual"] * norm_before_residual
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
@@ -202,36 +202,24 @@ def test_a_written_eagle3_head_is_in_speculators_layout(vllm_env_python, tiny_mo
 
 
 @pytest.fixture(scope="module")
-def training(tiny_model_dir, tmp_path_factory):
-    """24 short prompts x 24 tokens at T = 0 and 1 with the states EAGLE-3 fuses, and a head trained on them."""
-    import random
-
+def training(training_cache, tiny_model_dir, tmp_path_factory):
+    """A head trained with training-time test on the shared training cache (tests/conftest.py)."""
     from specsim.record.models import load_model
-    from specsim.record.run import RecordRequest, record_cache
     from specsim.record.train import TrainConfig, train
 
-    words = "the cat sat on a mat while dogs ran far away from home and birds sang".split()
-    rng = random.Random(0)
-    folder = tmp_path_factory.mktemp("eagle3-train")
-    prompts = folder / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": " ".join(rng.sample(words, 6)), "category": "x",
-                                           "question_id": 100 + i}) + "\n" for i in range(24)))
-    cache = folder / "train.h5"
-    record_cache(cache, RecordRequest(target=str(tiny_model_dir), prompts=str(prompts), max_new_tokens=24,
-                                      temperatures=(0.0, 1.0), device="cpu", hidden=("last", "1", "2", "3")),
-                 progress=False)
-    target = load_model(str(tiny_model_dir))
-    out = folder / "head"
-    outcome = train(cache, target, out, TrainConfig(kind="eagle3", steps=60, lr=1e-2, batch=4, holdout_every=4,
-                                                    ttt_steps=3, aux_layers=AUX, draft_vocab=300), progress=False)
-    return folder, prompts, cache, out, outcome
+    cache, prompts = training_cache
+    out = tmp_path_factory.mktemp("eagle3-train") / "head"
+    outcome = train(cache, load_model(str(tiny_model_dir)), out,
+                    TrainConfig(kind="eagle3", steps=60, lr=1e-2, batch=4, holdout_every=4, ttt_steps=3,
+                                aux_layers=AUX, draft_vocab=300), progress=False)
+    return prompts, out, outcome
 
 
 def test_training_time_test_lowers_heldout_loss_at_every_depth(training, tiny_model_dir):
     from specsim.record.heads import load_heads
     from specsim.record.models import load_model
 
-    folder, _, _, out, outcome = training
+    _, out, outcome = training
     assert outcome.after["loss"] < outcome.before["loss"] - 0.1, (outcome.before, outcome.after)
     assert sorted(outcome.after["overlap"]) == [1, 2, 3]  # held out at each unrolled depth, on its own features
     for d in (1, 2, 3):
@@ -261,7 +249,7 @@ def test_simulate_says_when_a_head_meets_its_training_prompts(training, tiny_mod
     from specsim.cli import main
     from specsim.record.run import RecordRequest, record_cache
 
-    folder, prompts, _, out, _ = training
+    prompts, out, _ = training
     lines = prompts.read_text().splitlines()
     seen, held = tmp_path / "seen.jsonl", tmp_path / "held.jsonl"
     seen.write_text("\n".join(lines[:3]) + "\n")  # prompts 0-2: trained on

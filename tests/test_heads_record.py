@@ -276,26 +276,8 @@ def test_tensor_pickles_load_code_pickles_and_heads_for_another_target_are_refus
         load_heads(f"eagle:{other}", target)
 
 
-@pytest.fixture(scope="module")
-def training_cache(tiny_model_dir, tmp_path_factory):
-    """24 short prompts x 24 tokens at T = 0 and 1 with the target's hidden states: enough to learn from."""
-    import random
-
-    from specsim.record.run import RecordRequest, record_cache
-
-    words = "the cat sat on a mat while dogs ran far away from home and birds sang".split()
-    rng = random.Random(0)
-    folder = tmp_path_factory.mktemp("train")
-    prompts = folder / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": " ".join(rng.sample(words, 6)), "category": "x"}) + "\n"
-                               for _ in range(24)))
-    path = folder / "train.h5"
-    record_cache(path, RecordRequest(target=str(tiny_model_dir), prompts=str(prompts), max_new_tokens=24,
-                                     temperatures=(0.0, 1.0), device="cpu", hidden=("last",)), progress=False)
-    return path
-
-
 def test_training_lowers_heldout_loss_and_raises_acceptance(training_cache, tiny_model_dir, tmp_path):
+    training_cache = training_cache[0]
     import torch
 
     from specsim.record.heads import load_heads

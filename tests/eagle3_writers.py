@@ -1,0 +1,152 @@
+"""Write an EAGLE-3 head with the library that defines its layout, and run that library's own TTT steps.
+
+Run in vLLM's environment (`make vllm` installs speculators and SpecForge's model code there), not
+specsim's:
+
+    .venv-vllm/bin/python tests/eagle3_writers.py LIBRARY TARGET_DIR OUT_DIR INPUTS.npz \
+        --aux 1,2,3 --draft-vocab 200 --ttt-steps 3 --seed 0
+
+* `speculators`: `speculators.models.eagle3.Eagle3DraftModel` (config.json with
+  `speculators_model_type: eagle3`, `layers.0.*`), its embeddings and LM head from the target (as
+  its `load_verifier_weights`), a draft vocabulary mapped through d2t/t2d; the library's training
+  forward (`ttt_steps` steps of training-time test), each step's LM-head output captured.
+* `specforge`: `specforge.modeling.draft.llama3_eagle.LlamaForCausalLMEagle3` (the EAGLE-3
+  reference layout SGLang serves: a Llama config with `draft_vocab_size` and the fused layers in
+  `eagle_config`, `midlayer.*`); its trainer's loop (`algorithms/eagle3/model.py`:
+  `project_hidden_states`, then per step `backbone` with its `cache_hidden` attention, the output
+  fed back, `compute_logits`, the token ids shifted left).
+
+Both get random weights (large enough that the laws differ from the target's), are saved with
+`save_pretrained`, and run on INPUTS.npz's `hidden` (m, 3H: the target layers' states side by side)
+and `ids` (m,); OUT_DIR/reference.npz holds `logits` (steps, m, draft vocabulary) and `vocab` (the
+draft tokens' target ids).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def _layer_config(args):
+    from transformers import AutoConfig, LlamaConfig
+
+    t = AutoConfig.from_pretrained(args.target)
+    return t, LlamaConfig(vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+                          num_hidden_layers=1, num_attention_heads=t.num_attention_heads,
+                          num_key_value_heads=t.num_key_value_heads, rms_norm_eps=t.rms_norm_eps,
+                          max_position_embeddings=t.max_position_embeddings, tie_word_embeddings=False)
+
+
+def speculators(args, out: Path, hidden, ids):
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+
+    t, layer = _layer_config(args)
+    layer._attn_implementation = "eager"  # the dense-mask path: flex attention's block masks want a GPU
+    V = t.vocab_size
+    draft_vocab = args.draft_vocab or V
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer, draft_vocab_size=draft_vocab,
+        norm_before_residual=args.norm_before_residual,
+        eagle_aux_hidden_state_layer_ids=[int(k) for k in args.aux.split(",")],
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=args.ttt_steps)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=args.target, architectures=["LlamaForCausalLM"])))
+    model = Eagle3DraftModel(config)
+    if draft_vocab != V:  # a draft vocabulary: a random subset of the target's, ascending
+        vocab = torch.sort(torch.randperm(V)[:draft_vocab]).values
+        t2d = torch.zeros(V, dtype=torch.bool)
+        t2d[vocab] = True
+        model.load_vocab_mappings(t2d, vocab - torch.arange(draft_vocab))
+    else:
+        vocab = torch.arange(V)
+    model.load_verifier_weights()  # embed_tokens and lm_head (the draft vocabulary's rows) from the target
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.startswith(("layers.", "fc.")) and param.dim() == 2:
+                param.normal_(0.0, 0.2)
+            elif name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+    model.eval()
+    model.save_pretrained(str(out))
+    steps: list[torch.Tensor] = []
+    hook = model.lm_head.register_forward_hook(lambda module, inputs, output: steps.append(output.detach()))
+    with torch.no_grad():
+        model(hidden_states=hidden, input_ids=ids, document_ids=torch.zeros_like(ids), ttt_steps=args.ttt_steps)
+    hook.remove()
+    return steps, vocab
+
+
+def specforge(args, out: Path, hidden, ids):
+    from safetensors.torch import load_file
+
+    from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
+
+    t, config = _layer_config(args)
+    V, Vd = t.vocab_size, args.draft_vocab
+    config.draft_vocab_size = Vd
+    config.rope_theta = 10000.0
+    config.rope_scaling = None
+    config.eagle_config = {"eagle_aux_hidden_state_layer_ids": [int(k) for k in args.aux.split(",")]}
+    config.architectures = ["LlamaForCausalLMEagle3"]
+    model = LlamaForCausalLMEagle3(config, attention_backend="sdpa")
+    target = load_file(str(Path(args.target) / "model.safetensors"))
+    embed = target["model.embed_tokens.weight"]
+    lm = target.get("lm_head.weight", embed)  # the tiny target ties its LM head to its embeddings
+    vocab = torch.sort(torch.randperm(V)[:Vd]).values
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.startswith(("midlayer.", "fc.")) and param.dim() == 2:
+                param.normal_(0.0, 0.2)
+            elif name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+        model.embed_tokens.weight.copy_(embed)
+        model.lm_head.weight.copy_(lm[vocab])
+        model.d2t.copy_(vocab - torch.arange(Vd))
+        model.t2d.zero_()
+        model.t2d[vocab] = True
+    model.eval()
+    model.save_pretrained(str(out))
+    m = ids.shape[1]
+    steps = []
+    with torch.no_grad():
+        states = model.project_hidden_states(hidden)
+        mask = model.prepare_decoder_attention_mask(torch.ones(1, m, dtype=torch.bool), states, 1, m, 0)
+        cache = [[], []]
+        positions = torch.arange(m)[None]
+        for _ in range(args.ttt_steps):
+            states = model.backbone(model.embed_input_ids(ids), states, cache, mask, positions)
+            steps.append(model.compute_logits(states))
+            ids = torch.cat([ids[:, 1:], ids.new_zeros(1, 1)], dim=1)  # specforge's padding(left=False)
+    return steps, vocab
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("library", choices=["speculators", "specforge"])
+    parser.add_argument("target")
+    parser.add_argument("out")
+    parser.add_argument("inputs")
+    parser.add_argument("--aux", default="1,2,3")
+    parser.add_argument("--draft-vocab", type=int, default=0)
+    parser.add_argument("--ttt-steps", type=int, default=3)
+    parser.add_argument("--norm-before-residual", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    data = np.load(args.inputs)
+    hidden = torch.as_tensor(data["hidden"], dtype=torch.float32)[None]
+    ids = torch.as_tensor(data["ids"], dtype=torch.long)[None]
+    out = Path(args.out)
+    steps, vocab = {"speculators": speculators, "specforge": specforge}[args.library](args, out, hidden, ids)
+    np.savez(out / "reference.npz", logits=torch.cat(steps).float().numpy(), vocab=vocab.numpy())
+
+
+if __name__ == "__main__":
+    main()
