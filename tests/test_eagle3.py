@@ -242,8 +242,9 @@ def test_a_cache_without_the_fused_layers_is_refused_naming_them(tiny_model_dir,
               TrainConfig(kind="eagle3", steps=1, aux_layers=AUX), progress=False)
 
 
-def test_simulate_says_when_a_head_meets_its_training_prompts(training, tiny_model_dir, tmp_path):
-    """A cache recorded on prompts the head trained on is named as such; one on held-out prompts is not."""
+def test_simulate_and_report_say_when_a_head_meets_its_training_prompts(training, tiny_model_dir, tmp_path):
+    """A cache recorded on prompts the head trained on is named as such (simulate's warning, the report's note);
+    one on held-out prompts is not."""
     from click.testing import CliRunner
 
     from specsim.cli import main
@@ -265,3 +266,7 @@ def test_simulate_says_when_a_head_meets_its_training_prompts(training, tiny_mod
         said[name] = result.output
     assert f"warning: {draft} was trained on 3 of this cache's 3 prompts (question ids 100, 101, 102)" in said["seen"]
     assert "was trained on" not in said["held"]
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "seen.h5"), "--out", str(tmp_path / "report"),
+                                       "--budget", "2", "--model-free", "", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert f"note: seen.h5: {draft} was trained on 3 of this cache's 3 prompts" in result.output
