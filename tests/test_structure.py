@@ -136,7 +136,10 @@ def realized_path(run, features, tree):
     by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
     for trajectory in run.trajectories:
         i = by_prompt[trajectory.prompt.prompt_index]
-        assert trajectory.live.tokens.size == features.traj_len[i]  # same positions: same contexts and rooms
+        live_len, cached_len = trajectory.live.tokens.size, int(features.traj_len[i])
+        # same positions, so the same contexts and rooms; a live request that sampled EOS earlier (a lossy rule's
+        # law is not the target's) made its calls at positions the cache holds, with the same rooms
+        assert live_len == cached_len or (trajectory.live.stop_reason == "eos" and live_len < cached_len)
         for step in trajectory.live.steps:
             n = int(features.traj_start[i]) + step.start
             lengths[n] = step.accepted
@@ -229,6 +232,31 @@ def test_sampling_is_priced_as_live_runs_it(tiny_cache, draft, tree_spec, multi_
 
     tree = parse_tree(tree_spec)
     run = decode_live(tiny_cache, draft, tree_spec, policy="sample", temperature=1.0, multi_draft=multi_draft)
+    features = features_of(tiny_cache, draft, 1.0)
+    for trajectory, steps, replay in zip(run.trajectories, per_request_steps(run),
+                                         replayed_along(run, features, tree, draft)):
+        assert replay == pytest.approx(live_counts(steps)), f"prompt {trajectory.prompt.prompt_index}"
+    assert sum(s.accepted for t in run.trajectories for s in t.live.steps) > 0
+
+
+EOS_CUT = ("live drafts nothing below a drafted end-of-sequence token (live/drafting.cut_below_eos); the replay "
+           "prices the whole tree, not knowing where the draft proposed EOS off the target's path. Here prompt 0's "
+           "draft proposed EOS once: replay 24 target / 18 draft tokens, live 22 / 16. Without the cut (probe) all "
+           "three cases pass. Open in issue 24.")
+
+
+@pytest.mark.parametrize("policy,draft,tree_spec", [
+    pytest.param("p>=q", "layers:2", "chain:3", marks=pytest.mark.xfail(strict=True, reason=EOS_CUT)),
+    ("typical", "int8", "kary:2,2"), ("p>=lq:0.5", "int8", "widths:3,2,1"),
+])
+def test_lossy_rules_are_priced_as_live_runs_them(tiny_cache, policy, draft, tree_spec):
+    """A lossy rule run live (`verify_lossy` on a sampled tree) runs the forwards speculative sampling runs: the
+    replay's charges for each call live made equal what live ran, request by request — except where the draft
+    proposed an end-of-sequence token (EOS_CUT, a known mismatch this test found)."""
+    from specsim.specs import parse_tree
+
+    tree = parse_tree(tree_spec)
+    run = decode_live(tiny_cache, draft, tree_spec, policy=policy, temperature=1.0)
     features = features_of(tiny_cache, draft, 1.0)
     for trajectory, steps, replay in zip(run.trajectories, per_request_steps(run),
                                          replayed_along(run, features, tree, draft)):
