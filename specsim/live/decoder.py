@@ -412,8 +412,7 @@ def _step(target: Target, drafter: Drafter | None, active: list[_Active], config
         levels: tuple[int, ...] = ()
     else:
         proposal = drafter.propose([a.committed for a in active], tree, rooms, policy=config.policy,
-                                   temperature=config.temperature, multi_draft=config.multi_draft, rngs=rngs,
-                                   eos=target.eos)
+                                   temperature=config.temperature, multi_draft=config.multi_draft, rngs=rngs)
         levels = tuple(getattr(drafter, "levels", ()))
     drafted_at = time.perf_counter()
     trees = proposal.trees if proposal.trees is not None else [tree] * B  # dynamic: each request grew its own

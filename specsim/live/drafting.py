@@ -42,8 +42,10 @@ class Proposal:
     """A tree filled with draft tokens, one row per request of the batch."""
 
     tokens: np.ndarray  # (B, n_nodes) int64 token of each node; node 0 is the root (last committed token)
-    valid: np.ndarray  # (B, n_nodes) bool, prefix-closed per row; False: not drafted (output cap, below EOS,
-    #                    swor out of support, no n-gram match)
+    valid: np.ndarray  # (B, n_nodes) bool, prefix-closed per row; False: not drafted (output cap, swor out of
+    #                    support, no n-gram match). A drafted end-of-sequence token does not stop the drafting
+    #                    below it, as vLLM's proposers do not stop (v1/spec_decode): the target's verification
+    #                    ends the output there, and the replay prices the same whole tree
     q_draft: dict[int, np.ndarray] | None  # node -> (B, V) float64 draft probabilities at that node (sampling
     #                                        drafts, nodes with children); None for point masses (greedy, model-free)
     trees: list[Tree] | None = None  # each request's own tree when the drafter grew them (dynamic trees; tokens
@@ -60,8 +62,7 @@ class Drafter(Protocol):
     def drop(self, keep: np.ndarray) -> None: ...
 
     def propose(self, committed: Sequence[Sequence[int]], tree: Tree, rooms: np.ndarray, *, policy: str,
-                temperature: float, multi_draft: str, rngs: Sequence[np.random.Generator],
-                eos: set[int]) -> Proposal: ...
+                temperature: float, multi_draft: str, rngs: Sequence[np.random.Generator]) -> Proposal: ...
 
     def accept(self, paths: Sequence[Sequence[int]]) -> None: ...
 
@@ -103,19 +104,6 @@ def top_ranked(logits: torch.Tensor, k: int) -> np.ndarray:
 def allowed(tree: Tree, rooms: np.ndarray) -> np.ndarray:
     """(B, n_nodes) bool: nodes no deeper than each request's room (drafts it can still accept)."""
     return tree.depths[None, :] <= np.asarray(rooms)[:, None]
-
-
-def cut_below_eos(tree: Tree, tokens: np.ndarray, valid: np.ndarray, eos: set[int]) -> np.ndarray:
-    """valid with every node below an end-of-sequence node removed (nothing follows EOS)."""
-    if not eos:
-        return valid
-    valid = valid.copy()
-    is_eos = np.isin(tokens, list(eos))
-    is_eos[:, 0] = False  # the root is committed output, never EOS while decoding goes on
-    for v in range(1, tree.n_nodes):  # breadth-first: a parent's verdict is final before its children
-        p = tree.parents[v]
-        valid[:, v] &= valid[:, p] & ~is_eos[:, p]
-    return valid
 
 
 def fill_children(tree: Tree, parents: np.ndarray, logits, tokens: np.ndarray, valid: np.ndarray,
@@ -168,9 +156,9 @@ class ModelDrafter:
         self.kv.drop(keep)
         self._seen = self._seen[keep]
 
-    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs, eos) -> Proposal:
+    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs) -> Proposal:
         if isinstance(tree, DynamicTree):
-            return self._propose_dynamic(committed, tree.shape, rooms, eos)
+            return self._propose_dynamic(committed, tree.shape, rooms)
         B, n = len(committed), tree.n_nodes
         if not np.array_equal(self._seen, self.kv.lengths):
             raise RuntimeError("draft cache out of step with the committed tokens")
@@ -194,7 +182,6 @@ class ModelDrafter:
             logits = level_logits[:, np.searchsorted(level_nodes, parents)]  # (B, P, V)
             level_nodes = fill_children(tree, parents, logits, tokens, valid, q_draft, sampling=sampling,
                                         temperature=temperature, multi_draft=multi_draft, rngs=rngs)
-            valid = cut_below_eos(tree, tokens, valid, eos)
             # Feed this level's nodes whose children some request can still use: one draft forward.
             needs = np.array([tree.n_children[v] > 0 and valid[:, tree.children(int(v))].any() for v in level_nodes],
                              dtype=bool)
@@ -214,7 +201,7 @@ class ModelDrafter:
         self._slot = slot
         return Proposal(tokens=tokens, valid=valid, q_draft=q_draft)
 
-    def _propose_dynamic(self, committed, shape, rooms, eos) -> Proposal:
+    def _propose_dynamic(self, committed, shape, rooms) -> Proposal:
         """EAGLE-2's tree for this call, one per request (`specsim.sim.dynamic`): the recorder's expansion
         at each request's context (`specsim.record.expand.expand`, every request's beam in its own row of
         the same D − 1 forwards), the N best candidates kept, nodes deeper than the request's room not
@@ -249,7 +236,7 @@ class ModelDrafter:
             row[0, 1:] = token[r, nodes]
             valid = (tree.depths <= rooms[r])[None].copy()
             trees.append(tree)
-            rows.append((row[0], cut_below_eos(tree, row, valid, eos)[0]))
+            rows.append((row[0], valid[0]))
         n = max(t.n_nodes for t in trees)
         tokens = np.zeros((len(trees), n), dtype=np.int64)
         valid = np.zeros((len(trees), n), dtype=bool)
@@ -292,20 +279,20 @@ class ModelFreeDrafter:
     def drop(self, keep) -> None:
         pass
 
-    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs, eos) -> Proposal:
+    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs) -> Proposal:
         from specsim.sim.modelfree import tree_tokens
 
         tokens = np.stack([tree_tokens(np.asarray(c, dtype=np.int64), self.draft, tree) for c in committed])
-        return self._proposal(tokens, committed, tree, rooms, eos)
+        return self._proposal(tokens, committed, tree, rooms)
 
     @staticmethod
-    def _proposal(tokens, committed, tree, rooms, eos) -> Proposal:
-        """Point masses on the nodes with a candidate (−1: none), within each request's room and above EOS."""
+    def _proposal(tokens, committed, tree, rooms) -> Proposal:
+        """Point masses on the nodes with a candidate (−1: none), within each request's room."""
         valid = (tokens >= 0) & allowed(tree, rooms)  # -1: no candidate
         valid[:, 0] = True
         tokens[:, 0] = [c[-1] for c in committed]
         tokens = np.where(valid, tokens, 0)
-        return Proposal(tokens=tokens, valid=cut_below_eos(tree, tokens, valid, eos), q_draft=None)
+        return Proposal(tokens=tokens, valid=valid, q_draft=None)
 
     def accept(self, paths) -> None:
         pass
@@ -351,7 +338,7 @@ class SuffixDrafter(ModelFreeDrafter):
     def drop(self, keep) -> None:
         self._alone(1 + len(keep))
 
-    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs, eos) -> Proposal:
+    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs) -> Proposal:
         self._alone(len(committed))
         tokens = np.array(self.speculator.propose(np.asarray(committed[0], dtype=np.int64), tree))[None, :]
-        return self._proposal(tokens, committed, tree, rooms, eos)
+        return self._proposal(tokens, committed, tree, rooms)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from specsim.errors import SpecError
-from specsim.live.drafting import Proposal, allowed, cut_below_eos, fill_children
+from specsim.live.drafting import Proposal, allowed, fill_children
 from specsim.record.heads import concat_kv, load_heads
 
 class MedusaDrafter:
@@ -47,7 +47,7 @@ class MedusaDrafter:
         self._state = self._state[torch.as_tensor(np.asarray(keep), device=self._state.device)]
 
     @torch.inference_mode()
-    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs, eos) -> Proposal:
+    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs) -> Proposal:
         if tree.max_depth > self.head.config.heads:
             raise SpecError(f"tree {tree.name} is {tree.max_depth} deep; {self.name} has {self.head.config.heads} heads")
         B, n = len(committed), tree.n_nodes
@@ -66,7 +66,6 @@ class MedusaDrafter:
             logits = laws[:, tree.depths[parents]]  # (B, P, V): the head of the children's depth
             level = fill_children(tree, parents, logits, tokens, valid, q_draft, sampling=sampling,
                                   temperature=temperature, multi_draft=multi_draft, rngs=rngs)
-            valid = cut_below_eos(tree, tokens, valid, eos)
         return Proposal(tokens=tokens, valid=valid, q_draft=q_draft)
 
     def accept(self, paths, hidden) -> None:
@@ -164,7 +163,7 @@ class EagleDrafter:
         return K
 
     @torch.inference_mode()
-    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs, eos) -> Proposal:
+    def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs) -> Proposal:
         B = len(committed)
         dev = self._pending[0].device
         # 1. Feed each row's pending entries: the root and what the last call accepted (none right after the
@@ -194,7 +193,6 @@ class EagleDrafter:
             logits = torch.stack([level_logits[int(p)] for p in parents], dim=1)  # (B, P, V)
             level = fill_children(tree, parents, logits, tokens, valid, q_draft, sampling=sampling,
                                   temperature=temperature, multi_draft=multi_draft, rngs=rngs)
-            valid = cut_below_eos(tree, tokens, valid, eos)
             to_feed = np.array([v for v in level if tree.n_children[v] > 0 and valid[:, tree.children(int(v))].any()],
                                dtype=np.int64)
             if to_feed.size == 0:
