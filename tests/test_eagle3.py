@@ -270,3 +270,5 @@ def test_simulate_and_report_say_when_a_head_meets_its_training_prompts(training
                                        "--budget", "2", "--model-free", "", "--quiet"])
     assert result.exit_code == 0, result.output
     assert f"note: seen.h5: {draft} was trained on 3 of this cache's 3 prompts" in result.output
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "trained by specsim train-draft: 60 steps on" in page and "held-out top-1" in page  # how, in its setup

@@ -75,3 +75,23 @@ def leakage_lines(cache, drafts) -> list[str]:
         return []
     with CacheReader(cache) as reader:
         return [o.line() for o in (shared_prompts(reader, d) for d in heads) if o is not None]
+
+
+def training_summary(info) -> str:
+    """How a head draft was trained, from its checkpoint's config.json ("trained by specsim train-draft: 1,200
+    steps on 25,379 positions of train.h5; held-out top-1 0.247 at depth 1"), or "" when it says nothing (a published
+    head, or a head draft not found)."""
+    where = info.get("path") if info else None
+    try:
+        raw = json.loads((Path(where) / "config.json").read_text()) if where else {}
+    except (OSError, ValueError):
+        return ""
+    training = raw.get("training") or {}
+    if not training:
+        return ""
+    text = (f"trained by specsim train-draft: {int(training.get('steps', 0)):,} steps on "
+            f"{int(training.get('positions', 0)):,} positions of {Path(str(training.get('cache', '?'))).name}")
+    top1 = (training.get("heldout") or {}).get("top1") or {}
+    if top1:
+        text += "; held-out top-1 " + ", ".join(f"{float(v):.3f} at depth {d}" for d, v in list(top1.items())[:4])
+    return text

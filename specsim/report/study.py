@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import polars as pl
 
-from specsim.cache.provenance import shared_prompts
+from specsim.cache.provenance import shared_prompts, training_summary
 from specsim.cache.store import CacheReader
 from specsim.errors import CacheError, SpecError
 from specsim.sim.replay import BLOCK_POSITIONS, fit_sample
@@ -213,6 +213,8 @@ def _describe(info) -> str:
         parts.append(f"derived from {short_name(info.get('derived_from', 'the target'))}")
     elif info.get("source"):
         parts.append(str(info["source"]))
+    if info.get("source") == "heads" and training_summary(info):  # how the head was trained, from its checkpoint
+        parts.append(training_summary(info))
     return ", ".join(parts)
 
 
