@@ -1,8 +1,8 @@
 """EAGLE-3 heads: published layouts load and compute what their library computes; record, replay, live, train.
 
 Layouts are written by the library that defines them, in vLLM's environment (`make vllm`):
-`speculators` (config.json with `speculators_model_type`, `layers.0.*`) and SpecForge
-(`tests/eagle3_writers.py` runs both; the EAGLE-3 reference layout SGLang serves, a Llama
+`speculators` (config.json with `speculators_model_type`, `layers.0.*`), SpecForge and Medusa-1
+(`tests/head_writers.py` runs them; the EAGLE-3 reference layout SGLang serves, a Llama
 config with `draft_vocab_size`, `midlayer.*`). Each writes a head for the tiny target and runs its
 own training-time test on fixed inputs; specsim loads the checkpoint and its unrolling
 (`specsim.record.heads.unroll`, what the recorder replays) must give the same logits at every
@@ -53,7 +53,7 @@ def _written_head(python, target_dir, out: Path, *, draft_vocab: int, norm_befor
     hidden = rng.standard_normal((24, 64 * len(AUX))).astype(np.float32)
     ids = rng.integers(0, 300, 24)
     np.savez(inputs, hidden=hidden, ids=ids)
-    cmd = [python, str(ROOT / "tests" / "eagle3_writers.py"), library, str(target_dir), str(out), str(inputs),
+    cmd = [python, str(ROOT / "tests" / "head_writers.py"), library, str(target_dir), str(out), str(inputs),
            "--aux", ",".join(map(str, AUX)), "--draft-vocab", str(draft_vocab), "--ttt-steps", str(STEPS),
            "--seed", str(seed)] + ["--norm-before-residual"] * norm_before_residual
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
@@ -70,6 +70,8 @@ def written(vllm_env_python, tiny_model_dir, tmp_path_factory):
              for vocab, nbr in [(200, False), (0, True)]}
     heads["specforge"] = (folder / "specforge", *_written_head(vllm_env_python, tiny_model_dir, folder / "specforge",
                                                                draft_vocab=150, seed=7, library="specforge"))
+    heads["medusa"] = (folder / "medusa", *_written_head(vllm_env_python, tiny_model_dir, folder / "medusa",
+                                                         draft_vocab=0, seed=3, library="medusa"))
     return heads
 
 
@@ -150,6 +152,26 @@ def test_specforge_s_reference_layout_loads_and_computes_what_specforge_computes
     np.testing.assert_allclose(_unrolled(head, hidden, ids)[..., draft_ids][0], reference[0], atol=1e-4, rtol=1e-4)
     with pytest.raises(ModelError, match="is an EAGLE-3 checkpoint: use eagle3:"):
         load_heads(f"eagle:{folder}", target)
+
+
+def test_medusa_s_own_checkpoint_loads_and_computes_what_medusa_computes(written, tiny_model_dir):
+    """Medusa-1 as its library writes it (`medusa-llm`: `medusa_lm_head.pt`, the heads' state dict pickled by its
+    trainer, each head with its own LM head; `MedusaConfig`): read through torch.load(weights_only=True), every
+    head's logits equal `MedusaModel.medusa_head[k]`'s on the same target states."""
+    import torch
+
+    from specsim.record.heads import load_heads
+    from specsim.record.models import load_model
+
+    folder, hidden, _, reference, _ = written["medusa"]
+    target = load_model(str(tiny_model_dir))
+    head = load_heads(f"medusa:{folder}", target)
+    assert head.config.heads == STEPS and head.config.own_lm_head
+    H = target.model.config.hidden_size
+    with torch.no_grad():
+        ours = head.module(torch.as_tensor(hidden[:, :H]), head.lm_head).numpy()  # (m, K, V)
+    np.testing.assert_allclose(ours.transpose(1, 0, 2), reference, atol=1e-4, rtol=1e-4)
+    assert np.abs(reference[1] - reference[0]).max() > 1e-2  # the heads differ: each is compared, not one
 
 
 def test_heads_that_do_not_fit_the_target_are_refused_naming_both(written, tiny_model_dir, tmp_path):

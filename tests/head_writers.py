@@ -1,9 +1,9 @@
-"""Write an EAGLE-3 head with the library that defines its layout, and run that library's own TTT steps.
+"""Write a head draft with the library that defines its layout, and run that library's own forward.
 
-Run in vLLM's environment (`make vllm` installs speculators and SpecForge's model code there), not
-specsim's:
+Run in vLLM's environment (`make vllm` installs speculators, SpecForge's and Medusa's model code
+there), not specsim's:
 
-    .venv-vllm/bin/python tests/eagle3_writers.py LIBRARY TARGET_DIR OUT_DIR INPUTS.npz \
+    .venv-vllm/bin/python tests/head_writers.py LIBRARY TARGET_DIR OUT_DIR INPUTS.npz \
         --aux 1,2,3 --draft-vocab 200 --ttt-steps 3 --seed 0
 
 * `speculators`: `speculators.models.eagle3.Eagle3DraftModel` (config.json with
@@ -16,7 +16,13 @@ specsim's:
   `project_hidden_states`, then per step `backbone` with its `cache_hidden` attention, the output
   fed back, `compute_logits`, the token ids shifted left).
 
-Both get random weights (large enough that the laws differ from the target's), are saved with
+* `medusa`: `medusa.model.medusa_model.MedusaModel` on the target (Medusa-1, the `medusa-llm`
+  package: heads of ResBlocks, each with its own LM head initialised from the target's), saved as
+  Medusa's trainer saves it (`torch.save(medusa_head.state_dict(), "medusa_lm_head.pt")`, and its
+  `MedusaConfig`); `--ttt-steps` heads, run on the first H columns of `hidden` (the target's last
+  state); `logits` (heads, m, V).
+
+All get random weights (large enough that the laws differ from the target's), are saved with
 `save_pretrained`, and run on INPUTS.npz's `hidden` (m, 3H: the target layers' states side by side)
 and `ids` (m,); OUT_DIR/reference.npz holds `logits` (steps, m, draft vocabulary) and `vocab` (the
 draft tokens' target ids).
@@ -127,9 +133,31 @@ def specforge(args, out: Path, hidden, ids):
     return steps, vocab
 
 
+def medusa(args, out: Path, hidden, ids):
+    from transformers import AutoModelForCausalLM
+
+    from medusa.model.medusa_model import MedusaConfig, MedusaModel
+
+    base = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32)
+    model = MedusaModel(base, medusa_num_heads=args.ttt_steps, medusa_num_layers=1,
+                        base_model_name_or_path=args.target)
+    with torch.no_grad():  # Medusa starts its ResBlocks at zero (identity): move them so the heads differ
+        for name, param in model.medusa_head.named_parameters():
+            if ".linear." in name:
+                param.normal_(0.0, 0.2)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(model.medusa_head.state_dict(), out / "medusa_lm_head.pt")  # as medusa/train/train.py saves
+    MedusaConfig(medusa_num_heads=args.ttt_steps, medusa_num_layers=1,
+                 base_model_name_or_path=args.target).save_pretrained(str(out))
+    states = hidden[0, :, : base.config.hidden_size]
+    with torch.no_grad():
+        steps = [model.medusa_head[k](states)[None] for k in range(args.ttt_steps)]
+    return steps, torch.arange(base.config.vocab_size)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("library", choices=["speculators", "specforge"])
+    parser.add_argument("library", choices=["speculators", "specforge", "medusa"])
     parser.add_argument("target")
     parser.add_argument("out")
     parser.add_argument("inputs")
@@ -144,7 +172,7 @@ def main() -> None:
     hidden = torch.as_tensor(data["hidden"], dtype=torch.float32)[None]
     ids = torch.as_tensor(data["ids"], dtype=torch.long)[None]
     out = Path(args.out)
-    steps, vocab = {"speculators": speculators, "specforge": specforge}[args.library](args, out, hidden, ids)
+    steps, vocab = {"speculators": speculators, "specforge": specforge, "medusa": medusa}[args.library](args, out, hidden, ids)
     np.savez(out / "reference.npz", logits=torch.cat(steps).float().numpy(), vocab=vocab.numpy())
 
 
