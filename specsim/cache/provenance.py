@@ -46,16 +46,23 @@ class Overlap:
                 f"(question ids {ids}): its numbers on them are not held out")
 
 
+def _training_record(where) -> dict:
+    """The `training` block of the head checkpoint in directory `where` (train-draft writes it), or {} when there is
+    none (a published head, or a directory not found)."""
+    if not where:
+        return {}
+    try:
+        return json.loads((Path(where) / "config.json").read_text()).get("training") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
 def shared_prompts(reader, draft: str) -> Overlap | None:
     """The overlap of a head draft's training prompts with an open CacheReader's prompts, or None when the head
     records none (a published head, or one trained before heads recorded their prompts) or shares none."""
     info = (reader.run.drafts or {}).get(draft) or {}
-    where = info.get("path") or draft.partition(":")[2]
-    try:
-        raw = json.loads((Path(where) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    seen = {p["tokens"] for p in ((raw.get("training") or {}).get("trained_on") or {}).get("prompts", [])}
+    training = _training_record(info.get("path") or draft.partition(":")[2])
+    seen = {p["tokens"] for p in (training.get("trained_on") or {}).get("prompts", [])}
     if not seen:
         return None
     qids = reader.prompts["question_id"].to_list()
@@ -81,12 +88,7 @@ def training_summary(info) -> str:
     """How a head draft was trained, from its checkpoint's config.json ("trained by specsim train-draft: 1,200
     steps on 25,379 positions of train.h5; held-out top-1 0.247 at depth 1"), or "" when it says nothing (a published
     head, or a head draft not found)."""
-    where = info.get("path") if info else None
-    try:
-        raw = json.loads((Path(where) / "config.json").read_text()) if where else {}
-    except (OSError, ValueError):
-        return ""
-    training = raw.get("training") or {}
+    training = _training_record(info.get("path") if info else None)
     if not training:
         return ""
     text = (f"trained by specsim train-draft: {int(training.get('steps', 0)):,} steps on "

@@ -25,8 +25,9 @@ from specsim.errors import SpecError
 from specsim.live.drafting import Proposal, allowed, fill_children
 from specsim.record.heads import concat_kv, load_heads
 
-class MedusaDrafter:
-    """Medusa heads: head d at the root's predecessor state drafts every node of depth d."""
+class _HeadDrafter:
+    """What every head drafter is: a loaded head (`specsim.record.heads.HeadDraft`) that reads the target's states
+    `hidden_layers`, which the engine keeps for it (`needs_hidden`); `levels` the draft forwards of the last call."""
 
     needs_hidden = True
 
@@ -35,6 +36,13 @@ class MedusaDrafter:
         self.name = head.name
         self.hidden_layers = head.hidden_layers
         self.levels: list[int] = []
+
+
+class MedusaDrafter(_HeadDrafter):
+    """Medusa heads: head d at the root's predecessor state drafts every node of depth d."""
+
+    def __init__(self, head):
+        super().__init__(head)
         self._state: torch.Tensor | None = None  # (B, H) target state before each request's root
 
     def start(self, prompts, hidden) -> None:
@@ -72,7 +80,7 @@ class MedusaDrafter:
         self._state = torch.stack([h[-1] for h in hidden])
 
 
-class EagleDrafter:
+class EagleDrafter(_HeadDrafter):
     """An EAGLE-1/2 or EAGLE-3 layer with its own KV cache over each request's committed entries, for a batch.
 
     The cache is one (B, Hkv, M, d) tensor per layer whose entries are appended for every row
@@ -81,13 +89,8 @@ class EagleDrafter:
     the position id of the next entry.
     """
 
-    needs_hidden = True
-
     def __init__(self, head):
-        self.head = head
-        self.name = head.name
-        self.hidden_layers = head.hidden_layers
-        self.levels: list[int] = []
+        super().__init__(head)
         self._past = None  # per layer (k, v) (B, Hkv, M, d)
         self._real = np.zeros((0, 0), dtype=bool)  # (B, M) committed entries of each row
         self._count = np.zeros(0, dtype=np.int64)  # (B,) committed entries per row

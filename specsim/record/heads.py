@@ -322,10 +322,14 @@ class Eagle3Head(nn.Module):
             news.append(new)
         return (self.norm(x) if self.config.norm_output else x), news
 
+    def draft_logits(self, features):
+        """(..., V_draft) logits over the draft vocabulary of fed-back `features` (normed first unless they are)."""
+        return self.lm_head(features if self.config.norm_output else self.norm(features))
+
     def logits(self, features, vocab_size: int):
         """(..., vocab_size) logits over the target's vocabulary of fed-back `features`: draft token i at target id
         i + d2t[i], every other target token MASKED (vLLM's compute_logits fills them with -inf)."""
-        out = self.lm_head(features if self.config.norm_output else self.norm(features))
+        out = self.draft_logits(features)
         if self.d2t is None:
             return out
         full = out.new_full(out.shape[:-1] + (vocab_size,), MASKED)
@@ -528,7 +532,7 @@ def _read_weights(weights: Path) -> dict:
     return state
 
 
-def _default_aux_layers(n_layers: int) -> tuple[int, ...]:
+def default_aux_layers(n_layers: int) -> tuple[int, ...]:
     """EAGLE-3's low, middle and high target layers when a checkpoint names none: (2, L // 2, L - 3), as vLLM's
     `get_eagle3_default_aux_hidden_state_layers` and speculators' `resolve_target_layer_ids`."""
     return (2, n_layers // 2, n_layers - 3)
@@ -551,7 +555,7 @@ def _eagle3_config(path: Path, raw: dict, state: dict, target) -> HeadConfig:
                          "EAGLE-3 heads as wide as their target")
     eagle = raw.get("eagle_config") or {}
     aux = raw.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids")
-    aux = tuple(int(k) for k in aux) if aux else _default_aux_layers(int(t.num_hidden_layers))
+    aux = tuple(int(k) for k in aux) if aux else default_aux_layers(int(t.num_hidden_layers))
     n_fused = state["fc.weight"].shape[1] // H
     if n_fused != len(aux):
         raise ModelError(f"{path}: fc.weight fuses {n_fused} target layers, the config names {len(aux)} ({list(aux)})")
@@ -730,7 +734,7 @@ def head_config_for(kind: str, target, *, heads: int = 4, layers: int = 1, aux_l
                       rope_theta=_rope_theta(t),
                       attention_bias=bool(getattr(t, "attention_bias", False) or t.model_type == "qwen2"),
                       fc_bias=False,
-                      **({"aux_layers": tuple(aux_layers) or _default_aux_layers(int(t.num_hidden_layers)),
+                      **({"aux_layers": tuple(aux_layers) or default_aux_layers(int(t.num_hidden_layers)),
                           "draft_vocab_size": draft_vocab_size} if kind == "eagle3" else {}))
 
 

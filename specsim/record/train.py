@@ -172,7 +172,7 @@ def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full
         for d, f in enumerate(feats, start=1):
             with torch.no_grad():  # p_{t+d} for starts t = 0..n-1-d: (n - d, V), or (n - d, V_draft) restricted
                 p_logits = torch.nn.functional.linear(h[d:n], lm_head.weight[vocab]) if restrict else lm_head(h[d:n])
-            q_logits = module.lm_head(module.norm(f[: n - d])) if restrict else module.logits(f[: n - d], V)
+            q_logits = module.draft_logits(f[: n - d]) if restrict else module.logits(f[: n - d], V)
             depths.append((q_logits, p_logits, y[d:n]))
         return Terms(depths, vocab=None if restrict else vocab)
     pos = torch.arange(n - 1, device=h.device) + seq.start
@@ -231,12 +231,13 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
 
     from specsim.cache.provenance import trained_on
     from specsim.cache.store import CacheReader
-    from specsim.record.heads import build, head_config_for, save_heads
+    from specsim.record.heads import build, default_aux_layers, head_config_for, save_heads
 
     if config.kind not in HEAD_KINDS:
         raise ModelError(f"--kind {config.kind!r}: one of {', '.join(HEAD_KINDS)}")
     torch.manual_seed(config.seed)
-    aux = tuple(config.aux_layers) or (head_config_for("eagle3", target).aux_layers if config.kind == "eagle3" else ())
+    aux = (tuple(config.aux_layers) or default_aux_layers(int(target.model.config.num_hidden_layers))
+           if config.kind == "eagle3" else ())
     seqs = load_sequences(cache, target, tuple(str(k) for k in aux))
     train_seqs, held = split(seqs, config.holdout_every)
     with CacheReader(cache) as reader:  # which prompts it saw: simulate, validate and report say when it meets them

@@ -213,8 +213,9 @@ def _describe(info) -> str:
         parts.append(f"derived from {short_name(info.get('derived_from', 'the target'))}")
     elif info.get("source"):
         parts.append(str(info["source"]))
-    if info.get("source") == "heads" and training_summary(info):  # how the head was trained, from its checkpoint
-        parts.append(training_summary(info))
+    trained = training_summary(info) if info.get("source") == "heads" else ""  # how, from its checkpoint
+    if trained:
+        parts.append(trained)
     return ", ".join(parts)
 
 
