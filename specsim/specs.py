@@ -52,6 +52,8 @@ HEAD_KINDS = {  # heads `train-draft` trains
     "eagle": "one decoder layer fed the target's feature and the next token's embedding",
     "eagle3": "EAGLE-3: the target's low, middle and high layers fused, one decoder layer, its own LM head "
               "(optionally over a smaller draft vocabulary), trained with training-time test",
+    "mtp": "multi-token prediction (DeepSeek-V3's module, or MiMo's wiring): embedding and state projected, one "
+           "decoder block, the target's LM head; reused at every depth, trained unrolled on its own states",
 }
 
 
@@ -231,6 +233,11 @@ DRAFT_KINDS: dict[str, DraftKind] = {
                         "own features, its own LM head (speculators' layout or the EAGLE-3 reference layout)",
                         "its column in the cache, recorded per call start and depth", model_free=False, heads=True,
                         feeds_accepted=True),
+    "mtp": DraftKind("mtp", "mtp:DIR_OR_HUB_ID", "mtp:heads/mtp",
+                     "a multi-token-prediction layer (DeepSeek-V3's or MiMo's, native in a target checkpoint or "
+                     "trained by specsim), reused at every depth as vLLM chains it, or over a tree as SGLang runs it",
+                     "its column in the cache, recorded per call start and depth", model_free=False, heads=True,
+                     feeds_accepted=True),
     "ngram": DraftKind("ngram", "ngram:N", "ngram:3",
                        "suffix matching on the last N tokens of prompt + output (SGLang's NGRAM speculator)",
                        "nothing: tokens only", model_free=True, parse="specsim.sim.modelfree:parse_modelfree",
@@ -267,8 +274,8 @@ def is_model_free(spec: str) -> bool:
 
 
 def is_head_draft(spec: str) -> bool:
-    """Medusa / EAGLE / EAGLE-3 heads (`medusa:DIR`, `eagle:DIR`, `eagle3:DIR`): loaded onto the target, one law
-    per call start and depth."""
+    """Medusa / EAGLE / EAGLE-3 / MTP heads (`medusa:DIR`, `eagle:DIR`, `eagle3:DIR`, `mtp:DIR`): loaded onto the
+    target, one law per call start and depth."""
     return draft_kind(spec).heads
 
 

@@ -41,11 +41,14 @@ TINY_PROMPTS = [
 ]
 
 
-def build_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int = 4) -> Path:
-    """Save a random-weight LlamaForCausalLM and a byte-level BPE tokenizer with a chat template."""
+def build_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int = 4, final_norm: bool = False,
+                     family: str = "llama") -> Path:
+    """Save a random-weight LlamaForCausalLM and a byte-level BPE tokenizer with a chat template. `final_norm`:
+    its final norm's weights random around 1, as a trained model's are (so the state before it is not the state
+    after it up to a scale). family "qwen2": a Qwen2ForCausalLM (q/k/v with bias) with its own LM head."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -62,14 +65,18 @@ def build_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int 
     tokenizer.chat_template = CHAT_TEMPLATE
     # Logits wider than the tokenizer, as with padded embedding tables (Qwen).
     vocab = (len(tokenizer) // 64 + 1) * 64  # strictly wider than the tokenizer
-    config = LlamaConfig(
+    config_class, model_class = (Qwen2Config, Qwen2ForCausalLM) if family == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+    config = config_class(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        initializer_range=0.2, tie_word_embeddings=True,
+        initializer_range=0.2, tie_word_embeddings=family != "qwen2",
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = model_class(config).eval()
+    if final_norm:
+        with torch.no_grad():
+            model.model.norm.weight.uniform_(0.8, 1.2)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
@@ -139,8 +146,9 @@ def tiny_profile(tiny_model_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def training_cache(tiny_model_dir, tmp_path_factory):
-    """24 short prompts x 24 tokens at T = 0 and 1 with the target's hidden states ("last" and the inputs of layers
-    1, 2, 3, which EAGLE-3 fuses): enough to learn from. (cache path, prompts file)."""
+    """24 short prompts x 24 tokens at T = 0 and 1 with the target's hidden states ("last", the inputs of layers
+    1, 2, 3, which EAGLE-3 fuses, and "prenorm", which MiMo's MTP reads): enough to learn from. (cache path,
+    prompts file)."""
     import json
     import random
 
@@ -154,6 +162,6 @@ def training_cache(tiny_model_dir, tmp_path_factory):
                                            "question_id": 100 + i}) + "\n" for i in range(24)))
     path = folder / "train.h5"
     record_cache(path, RecordRequest(target=str(tiny_model_dir), prompts=str(prompts), max_new_tokens=24,
-                                     temperatures=(0.0, 1.0), device="cpu", hidden=("last", "1", "2", "3")),
+                                     temperatures=(0.0, 1.0), device="cpu", hidden=("last", "1", "2", "3", "prenorm")),
                  progress=False)
     return path, prompts

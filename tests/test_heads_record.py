@@ -109,20 +109,55 @@ def eagle3_from_last_layer(target, folder: Path, *, draft_vocab: int = 0, seed: 
     return folder
 
 
+def mtp_from_last_layer(target, folder: Path, style: str, *, seed: int = 0, mix: float = 0.05) -> Path:
+    """An MTP module in `style`'s wiring built from the tiny target: eh_proj passes the normed state through (the
+    embedding half small random weights of scale `mix`), the block is the target's last layer with its output
+    projections scaled down, the state normed as the target's LM head reads it: its law is near the target's at
+    the root's predecessor, so it proposes the root again and the target accepts it where it repeats itself."""
+    import torch
+
+    from specsim.record.heads import build, head_config_for, save_heads
+
+    torch.manual_seed(seed)
+    config = head_config_for("mtp", target, mtp_style=style)
+    module = build(config)
+    H = config.hidden_size
+    last = target.model.model.layers[-1]
+    state_half = slice(H, 2 * H) if style == "deepseek" else slice(0, H)
+    embed_half = slice(0, H) if style == "deepseek" else slice(H, 2 * H)
+    with torch.no_grad():
+        module.eh_proj.weight[:, state_half] = torch.eye(H)
+        module.eh_proj.weight[:, embed_half].normal_(0.0, mix)
+        if style == "mimo":  # it reads the state before the target's final norm: apply that norm's weights
+            module.hnorm.weight.copy_(target.model.model.norm.weight)
+        block = module.layers[0]
+        block.load_state_dict(last.state_dict(), strict=False)
+        block.self_attn.o_proj.weight.mul_(0.2)  # a light touch on the passed-through state
+        block.mlp.down_proj.weight.mul_(0.2)
+    save_heads(folder, config, module)
+    return folder
+
+
 @pytest.fixture(scope="module")
-def heads_cache(tiny_model_dir, tiny_prompts_file, tmp_path_factory):
+def heads_cache(tiny_prompts_file, tmp_path_factory):
+    """The tiny target with a final norm whose weights are not all 1 (MiMo's MTP reads the state before it), six
+    heads: Medusa, EAGLE, EAGLE-3 (whole and reduced vocabulary), MTP in DeepSeek's and MiMo's wiring."""
     import torch
 
     from specsim.record.models import load_model
     from specsim.record.run import RecordRequest, record_cache
+    from tests.conftest import build_tiny_model
 
     torch.set_num_threads(1)
     folder = tmp_path_factory.mktemp("heads")
+    tiny_model_dir = build_tiny_model(folder / "target", final_norm=True)
     target = load_model(str(tiny_model_dir))
     medusa = _medusa_published(folder / "medusa", target)
     eagle = _eagle_published(folder / "eagle", target)
     drafts = (f"medusa:{medusa}", f"eagle:{eagle}", f"eagle3:{eagle3_from_last_layer(target, folder / 'eagle3')}",
-              f"eagle3:{eagle3_from_last_layer(target, folder / 'eagle3-v300', draft_vocab=300, seed=1)}")
+              f"eagle3:{eagle3_from_last_layer(target, folder / 'eagle3-v300', draft_vocab=300, seed=1)}",
+              f"mtp:{mtp_from_last_layer(target, folder / 'mtp-deepseek', 'deepseek')}",
+              f"mtp:{mtp_from_last_layer(target, folder / 'mtp-mimo', 'mimo', seed=1)}")
     request = RecordRequest(target=str(tiny_model_dir), drafts=drafts, prompts=str(tiny_prompts_file),
                             max_new_tokens=12, temperatures=(0.0, 1.0), device="cpu", hidden=("last",),
                             head_depth=3)
@@ -145,7 +180,8 @@ def test_head_columns_are_keyed_by_depth(heads_cache):
 
 
 @pytest.mark.parametrize("which, tree", [(0, "kary:2,3"), (1, "chain:3"), (1, "kary:2,2"), (2, "chain:3"),
-                                         (2, "kary:2,2"), (3, "widths:3,2,1")])
+                                         (2, "kary:2,2"), (3, "widths:3,2,1"), (4, "chain:3"), (4, "kary:2,2"),
+                                         (5, "chain:3"), (5, "widths:3,2,1")])
 def test_live_head_decoding_matches_the_replay_call_for_call(heads_cache, which, tree):
     """Greedy float32: live decoding with the heads emits plain greedy's tokens, in the calls replay predicts."""
     from specsim.cache.store import CacheReader
@@ -174,7 +210,7 @@ def test_live_head_decoding_matches_the_replay_call_for_call(heads_cache, which,
     assert accepted > 0  # the comparison means something: drafts were accepted
 
 
-@pytest.mark.parametrize("which", [0, 1, 3])
+@pytest.mark.parametrize("which", [0, 1, 3, 5])
 def test_head_sampling_is_priced_as_live_runs_it(heads_cache, which):
     """Medusa and EAGLE heads at T = 1 on kary:2,2: along live's own sampled path, the replay charges the
     forwards live ran (EAGLE's feed of the root and every accepted draft included)."""
@@ -349,7 +385,7 @@ def test_heads_are_profiled_and_priced_as_the_engine_drafts_with_them(heads_cach
     assert step_shape(tree, one_pass=True).draft_levels == (1,)  # Medusa: every head at the root state
     assert step_shape(tree).draft_levels == (1, 2, 4)  # EAGLE, like a model draft: the root, then each level
     model = load_cost_profile(profile)
-    for draft, levels in zip(drafts, [(1,), (1, 2, 4), (1, 2, 4), (1, 2, 4)], strict=True):
+    for draft, levels in zip(drafts, [(1,)] + [(1, 2, 4)] * 5, strict=True):
         features = load_features(path, draft, 0.0, progress=False)
         with CacheReader(path) as reader:
             pricing = Pricing.for_draft(model, reader, draft)
@@ -366,7 +402,8 @@ def test_heads_are_profiled_and_priced_as_the_engine_drafts_with_them(heads_cach
 
 
 @pytest.mark.parametrize("which, tree, batch, batching", [(1, "kary:2,2", 2, "lockstep"), (1, "chain:3", 3, "continuous"),
-                                                           (0, "kary:2,3", 3, "lockstep"), (2, "kary:2,2", 3, "continuous")])
+                                                           (0, "kary:2,3", 3, "lockstep"), (2, "kary:2,2", 3, "continuous"),
+                                                           (4, "chain:3", 3, "continuous"), (5, "kary:2,2", 2, "lockstep")])
 def test_batched_head_decoding_matches_the_replay_call_for_call(heads_cache, which, tree, batch, batching):
     """Medusa and EAGLE heads at batch > 1 (EAGLE's own cache padded across rows): every request's output
     and every call's accepted length equal the replay's."""
@@ -473,7 +510,8 @@ def test_eagle_heads_are_written_in_the_layout_vllm_loads(tiny_model_dir, tmp_pa
         export_eagle(f"eagle:{tmp_path / 'medusa'}", str(tiny_model_dir), out=tmp_path / "x")
 
 
-@pytest.mark.parametrize("which, tree", [(0, "kary:2,3"), (1, "chain:3"), (1, "widths:3,2,1"), (2, "kary:2,2")])
+@pytest.mark.parametrize("which, tree", [(0, "kary:2,3"), (1, "chain:3"), (1, "widths:3,2,1"), (2, "kary:2,2"),
+                                         (4, "widths:3,2,1"), (5, "chain:3")])
 def test_replay_prices_the_forwards_live_heads_run(heads_cache, which, tree):
     """Structural fidelity (tests/test_structure.py) for heads: Medusa's one pass of every head per call, an
     EAGLE layer's root feed of 1 + the accepted entries and one forward per tree level with children."""
@@ -505,3 +543,49 @@ def test_batch_timeline_prices_the_forwards_live_heads_run(heads_cache, which, t
     replay = timeline_counts(features, parse_tree(tree), drafts[which], model_free=False, batch=batch,
                              batching=batching)
     assert replay == pytest.approx(live_counts(run.spec_run.steps))
+
+
+@pytest.mark.parametrize("which", [1, 2, 4, 5])
+def test_live_draft_laws_equal_the_recorders(heads_cache, which):
+    """Every law an autoregressive head drafts from live (T = 1, chain:2: depth 1 at the root, depth 2 after the
+    drafted token) equals the one the recorder computes for that prefix (`target_hidden` + `HeadDraft.start_logits`,
+    the code that fills the cache) within float32 rounding — the states the engine keeps (EAGLE-3's layers, MiMo's
+    state before the final norm) are the ones the recorder reads. Unlike the call-for-call tests, this compares
+    whole laws, not only their argmax."""
+    import torch
+
+    from specsim.live.decoder import LiveConfig, Target, decode
+    from specsim.live.head_drafting import head_drafter
+    from specsim.record.heads import target_hidden
+    from specsim.record.models import eos_token_ids, load_model
+    from specsim.specs import parse_tree
+
+    path, drafts, target_dir = heads_cache
+    target = load_model(target_dir)
+    drafter = head_drafter(drafts[which], target)
+    seen = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(drafter, name)
+
+        def propose(self, committed, *args, **kwargs):
+            proposal = drafter.propose(committed, *args, **kwargs)
+            seen.extend((np.asarray(c), proposal.tokens[r].copy(), {v: q[r] for v, q in proposal.q_draft.items()})
+                        for r, c in enumerate(committed))
+            return proposal
+
+    prompts = [np.arange(5, 5 + n) * 7 % 300 for n in (6, 9)]
+    decode(Target(target.model, eos_token_ids(target)), Spy(), prompts, [np.random.default_rng(i) for i in range(2)],
+           LiveConfig(tree=parse_tree("chain:2"), policy="sample", temperature=1.0, max_new_tokens=12))
+    head, worst, checked = drafter.head, 0.0, 0
+    for committed, tokens, laws in seen:
+        plen = next(len(p) for p in prompts if np.array_equal(p, committed[: len(p)]))
+        x = torch.as_tensor(np.concatenate([committed, tokens[1:2]]))  # the drafted depth-1 token fed at depth 2
+        states = target_hidden(target, x, head.hidden_layers)
+        want = torch.softmax(head.start_logits(head.features(states), x, plen, 2)[len(committed) - plen], -1)
+        for depth in [d for d in (1, 2) if d - 1 in laws]:  # near the end the chain is cut to the room left
+            worst = max(worst, float(np.abs(laws[depth - 1] - want[depth - 1].numpy()).max()))
+            checked += 1
+    assert checked >= 16, checked
+    assert worst < 1e-4, worst

@@ -59,7 +59,8 @@ from specsim.record.recorder import MAX_OVERHANG, OVERHANG
                    "to this deep replay  [default: Medusa's head count; EAGLE 5].")
 @click.option("--hidden-states", "hidden", default=None, metavar="LAYERS",
               help="Also store the target's hidden states per position (float16): 'last' (the LM head's input, "
-                   "what `specsim train-draft` trains on) and/or decoder layer numbers, comma-separated.")
+                   "what `specsim train-draft` trains on), 'prenorm' (before the final norm: MiMo-style MTP) "
+                   "and/or decoder layer numbers, comma-separated.")
 @click.option("--shard", default=None, metavar="I/N|auto",
               help="Record every N-th prompt from the I-th (0-based) into its own file; `auto` reads torchrun's "
                    "RANK/WORLD_SIZE or a SLURM array's task id. --out may contain {i} and {n}. Join the shards "

@@ -1,4 +1,4 @@
-"""`specsim train-draft`: train Medusa, EAGLE or EAGLE-3 heads from a cache's hidden states."""
+"""`specsim train-draft`: train Medusa, EAGLE, EAGLE-3 or MTP heads from a cache's hidden states."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from specsim.cli import _common as c
               help=registry.vocab_help(registry.HEAD_KINDS) + ".")
 @click.option("--target", required=True, help="The cache's target model (its LM head gives the training targets).")
 @click.option("--from", "cache", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
-              help="A cache recorded with --hidden-states last (EAGLE-3: last and the layers it fuses, e.g. "
+              help="A cache recorded with --hidden-states last (MiMo-style MTP: last,prenorm; EAGLE-3: last and the layers it fuses, e.g. "
                    "last,2,15,27 for SmolLM2's 30 layers).")
 @click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True,
               help="Medusa: heads (the deepest depth drafted). EAGLE drafts autoregressively: `specsim cache "
@@ -26,7 +26,13 @@ from specsim.cli import _common as c
               help="EAGLE-3: the target layers fused (the inputs of those decoder layers, vLLM's "
                    "eagle_aux_hidden_state_layer_ids). Default: 2, L/2 and L-3 of the target's L layers.")
 @click.option("--ttt-steps", type=click.IntRange(1, 16), default=4, show_default=True,
-              help="EAGLE-3: training-time test depth: the head is unrolled this many steps on its own features.")
+              help="EAGLE-3, MTP: training-time test depth: the head is unrolled this many steps on its own features.")
+@click.option("--ttt-decay", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="EAGLE-3, MTP: depth d's loss weight is this to the power d - 1  [default: EAGLE-3 1, MTP 0.6 "
+                   "(speculators' MTP step weights)].")
+@click.option("--mtp-style", type=click.Choice(["deepseek", "mimo"]), default="deepseek", show_default=True,
+              help="MTP: DeepSeek-V3's wiring (reads the target's last state, feeds back its output before the norm) "
+                   "or MiMo's (reads the state before the target's final norm: record --hidden-states prenorm).")
 @click.option("--draft-vocab", type=click.IntRange(min=0), default=0, show_default=True,
               help="EAGLE-3: draft over the N most frequent tokens of the training trajectories (d2t maps them to the "
                    "target's ids); 0: the target's whole vocabulary.")
@@ -44,17 +50,17 @@ from specsim.cli import _common as c
 @c.seed_option
 @c.quiet_option
 @c.friendly_errors
-def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, draft_vocab, steps, batch, lr, holdout_every, save_every,
-                device, out, overwrite, seed, quiet):
+def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, draft_vocab, steps, batch, lr,
+                holdout_every, save_every, device, out, overwrite, seed, quiet):
     """Train head drafts for TARGET by self-distillation on a cache's trajectories.
 
     The loss is against the target's whole next-token law (softmax of its LM head on the
     recorded hidden states), not only its sampled token. The heads are saved as
     config.json + safetensors in the published layouts (Medusa's medusa_lm_head.safetensors,
     EAGLE's model.safetensors, EAGLE-3 in speculators' layout, which vLLM's eagle3 method
-    loads), ready for --draft medusa:DIR / eagle:DIR / eagle3:DIR. EAGLE-3 is trained with
-    training-time test (--ttt-steps deep on its own features). Ctrl-C saves the last
-    checkpoint and stops.
+    loads, MTP with its style's published keys), ready for --draft medusa:DIR / eagle:DIR /
+    eagle3:DIR / mtp:DIR. EAGLE-3 and MTP are trained with training-time test (--ttt-steps
+    deep on their own features). Ctrl-C saves the last checkpoint and stops.
 
     \b
     Examples:
@@ -66,6 +72,7 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, draft_vocab, 
       specsim cache --target smollm2-135m --hidden-states last,2,15,27 --store stats --out cache/train3.h5
       specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 --draft-vocab 16384 \
           --out heads/eagle3
+      specsim train-draft --kind mtp --target smollm2-135m --from cache/train.h5 --out heads/mtp
     """
     import transformers
 
@@ -78,6 +85,8 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, draft_vocab, 
         raise CacheError(f"--out {out} is not empty; pass --overwrite to replace the heads in it")
     if kind != "eagle3" and (aux_layers or draft_vocab):
         raise CacheError.naming("{aux_layers} and {draft_vocab} are EAGLE-3's: use {kind} eagle3")
+    if kind not in ("eagle3", "mtp") and ttt_decay is not None:
+        raise CacheError.naming("{ttt_decay} is EAGLE-3's and MTP's: use {kind} eagle3 or mtp")
     try:
         aux = tuple(int(k) for k in aux_layers.split(",")) if aux_layers else ()
     except ValueError:
@@ -87,7 +96,9 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, draft_vocab, 
     click.echo(f"loading target {target} ...", err=True)
     loaded = load_model(target, device=device)
     config = TrainConfig(kind=kind, heads=heads, steps=steps, lr=lr, batch=batch, holdout_every=holdout_every,
-                         save_every=save_every, seed=seed, ttt_steps=ttt_steps, aux_layers=aux, draft_vocab=draft_vocab)
+                         save_every=save_every, seed=seed, ttt_steps=ttt_steps, aux_layers=aux, draft_vocab=draft_vocab,
+                         ttt_decay=ttt_decay if ttt_decay is not None else 0.6 if kind == "mtp" else 1.0,
+                         mtp_style=mtp_style)
     with sigterm_as_interrupt():  # SIGTERM (a scheduler's stop) saves the last checkpoint as Ctrl-C does
         outcome = train(cache, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True))
 

@@ -58,10 +58,23 @@ def draft_directory(draft: str, target: str, *, target_info: dict | None = None,
                           "a draft model directory")
     if draft.startswith("eagle:"):
         return str(export_eagle(draft, target, target_info=target_info, echo=echo))
+    if draft.startswith("mtp:"):
+        return mtp_directory(draft, target, target_info=target_info)
     if draft.startswith("eagle3:"):  # speculators' layout (what train-draft writes) or the reference one: as it is
         where = Path(draft.partition(":")[2]).expanduser()
         return str(where.resolve()) if where.is_dir() else model_directory(draft.partition(":")[2])
     return model_directory(draft, draft_info)
+
+
+def mtp_directory(draft: str, target: str, *, target_info: dict | None = None) -> str:
+    """`mtp:DIR` for vLLM's mtp method, which runs the MTP layers inside the target's own checkpoint: DIR must be
+    the target's directory (a head `train-draft --kind mtp` wrote on its own is not a model vLLM loads)."""
+    where = Path(draft.partition(":")[2]).expanduser()
+    target_dir = model_directory(target, target_info)
+    if not where.is_dir() or not Path(target_dir).is_dir() or where.resolve() != Path(target_dir).resolve():
+        raise EngineError(f"draft {draft}: vLLM's mtp method runs the MTP layers inside the target's checkpoint; "
+                          f"give mtp:{target_dir} (a target with num_nextn_predict_layers), not a separate head")
+    return str(where.resolve())
 
 
 def eagle_config(head: dict, target_config: dict) -> dict:

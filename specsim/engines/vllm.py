@@ -23,6 +23,10 @@ A configuration maps to vLLM's `speculative_config` (vLLM 0.32, `vllm/config/spe
   which vLLM reads as it is, as it reads a published speculators or EAGLE-3 reference checkpoint)
   + `chain:k` -> method "eagle3" on the directory, vLLM collecting the target's states at the
   head's `eagle_aux_hidden_state_layer_ids`;
+* `mtp:DIR` where DIR is the target's own checkpoint with native MTP layers (MiMo's
+  `model.mtp_layers.0.*`, DeepSeek's `model.layers.{L}.*`, `num_nextn_predict_layers`) +
+  `chain:k` -> method "mtp": vLLM runs the first MTP layer k times, each step fed its previous
+  output, as specsim replays it (`specsim.record.heads.MtpHead`);
 * `suffix[:...]` + `chain:k` -> method "suffix" with its suffix_decoding_* settings (vLLM's
   SuffixDecodingProposer over arctic-inference: `make vllm-suffix`).
 
@@ -148,7 +152,7 @@ def speculative_config(draft: str, tree, policy: str, *, draft_dir: str | None =
                           "use layers:K or a draft model directory")
     if draft_dir is None:
         raise EngineError(f"draft {draft}: no model directory for vLLM to load")
-    method = kind.name if kind.name in ("eagle", "eagle3") else "draft_model"
+    method = kind.name if kind.name in ("eagle", "eagle3", "mtp") else "draft_model"
     config = {"method": method, "model": str(draft_dir), "num_speculative_tokens": k}
     if name != "greedy":
         config["draft_sample_method"] = "greedy" if name == "greedy-draft" else "probabilistic"

@@ -20,6 +20,19 @@ instead of running a model of their own:
   (`d2t[i]` + i is draft token i's target id; target tokens outside it get no mass). Deeper
   drafts feed back the layer's own output (before the final norm). Trained with training-time
   test (`specsim.record.train`): the head unrolled on its own features.
+* **MTP** (DeepSeek-V3's multi-token prediction, arXiv 2412.19437 §2.2; vLLM's
+  `deepseek_mtp.py` and `mimo_mtp.py`): one module fed proj(cat(norm(embed(x_{i+1})),
+  norm(h_i))) — the embedding zeroed at position 0, as vLLM masks it — then a whole decoder
+  block (input norm included) and a final norm before the target's LM head. vLLM runs it as a
+  chain reusing the layer, each step fed the module's previous output; SGLang as an EAGLE tree;
+  both are how specsim drafts it. Two styles, as the engines run them: DeepSeek's (`enorm`,
+  `hnorm`, `eh_proj`, `shared_head.norm`/`.head`; fed the target's final normed state; the
+  fed-back state is the block's output before the norm) and MiMo's (`token_layernorm`,
+  `hidden_layernorm`, `input_proj` over cat(state, embedding), `final_layernorm`; fed the
+  target's last layer before its final norm, "prenorm"; the fed-back state is normed). The
+  published layouts are native: the module's weights sit inside the target's checkpoint
+  (`model.layers.{L}.*` for DeepSeek, `model.mtp_layers.0.*` for MiMo, with
+  `num_nextn_predict_layers` in its config.json), so `mtp:DIR` reads those keys only.
 
 Their draft law for the token d places after a call's start depends on (start, depth), not on
 the position alone: q_{s,d}. `start_logits` computes it for every start of a recorded
@@ -52,7 +65,12 @@ from torch import nn
 from specsim.errors import ModelError
 from specsim.specs import is_head_draft
 
-WEIGHTS = {"medusa": "medusa_lm_head.safetensors", "eagle": "model.safetensors", "eagle3": "model.safetensors"}
+WEIGHTS = {"medusa": "medusa_lm_head.safetensors", "eagle": "model.safetensors", "eagle3": "model.safetensors",
+           "mtp": "model.safetensors"}
+MTP_STYLES = {  # how an MTP module is wired, as the engines run each family (module docstring)
+    "deepseek": "DeepSeek-V3's: cat(embedding, state), fed the target's normed state, feeds back its output pre-norm",
+    "mimo": "MiMo's: cat(state, embedding), fed the target's state before its final norm, feeds back its normed output",
+}
 TENSOR_PICKLES = ("pytorch_model.bin", "medusa_lm_head.pt")  # loaded with torch.load(weights_only=True)
 PICKLES = ("model.pt", "model.bin")
 MASKED = -1e9  # an EAGLE-3 logit for a target token outside the draft vocabulary: softmax gives it exactly 0
@@ -62,7 +80,7 @@ MASKED = -1e9  # an EAGLE-3 logit for a target token outside the draft vocabular
 class HeadConfig:
     """What a head checkpoint is (saved as the `specsim` block of its config.json)."""
 
-    kind: str  # "medusa" | "eagle" | "eagle3"
+    kind: str  # "medusa" | "eagle" | "eagle3" | "mtp"
     hidden_size: int  # the target's hidden size
     vocab_size: int  # the target's logits width
     heads: int = 4  # Medusa: number of heads (= the deepest depth it drafts); EAGLE: unused (autoregressive)
@@ -81,6 +99,8 @@ class HeadConfig:
     norm_before_residual: bool = False  # EAGLE-3: the first layer's residual is the normed feature
     norm_output: bool = False  # EAGLE-3 (3.1): the fed-back feature is the normed output
     fc_input_norm: str = ""  # EAGLE-3: "" | "concat" (one norm of the fused input) | "each" (one per target layer)
+    mtp_style: str = ""  # MTP: "deepseek" | "mimo" (MTP_STYLES)
+    mtp_index: int = 0  # MTP in DeepSeek's layout: its layer number in the checkpoint (the target's layer count)
     target: dict = field(default_factory=dict)  # name, tokenizer_sha256, hidden_size, vocab_size of the target
 
     def __post_init__(self) -> None:
@@ -88,8 +108,11 @@ class HeadConfig:
 
     @property
     def hidden_layers(self) -> tuple[str, ...]:
-        """The target states the head reads, in `target_hidden`'s keys: EAGLE-3's fused layers, else "last"."""
-        return tuple(str(k) for k in self.aux_layers) if self.kind == "eagle3" else ("last",)
+        """The target states the head reads, in `target_hidden`'s keys: EAGLE-3's fused layers, MiMo's MTP the last
+        layer's output before the final norm ("prenorm"), else "last"."""
+        if self.kind == "eagle3":
+            return tuple(str(k) for k in self.aux_layers)
+        return ("prenorm",) if self.kind == "mtp" and self.mtp_style == "mimo" else ("last",)
 
 
 # -- Medusa ---------------------------------------------------------------------------------------
@@ -366,6 +389,102 @@ class Eagle3Head(nn.Module):
         self.load_state_dict({k: v for k, v in state.items() if k in ours}, strict=False)
 
 
+class MtpHead(nn.Module):
+    """A multi-token-prediction module: proj over the normed embedding and state, a decoder block, a final norm.
+
+    Internal names: `enorm` (DeepSeek's enorm, MiMo's token_layernorm), `hnorm` (hnorm, hidden_layernorm),
+    `eh_proj` (eh_proj, input_proj), `layers.0` (the block), `norm` (shared_head.norm, final_layernorm), and
+    `lm_head` when the checkpoint carries its own (DeepSeek's shared_head.head), else the target's is used.
+    `weights()` and `load_weights()` speak the published keys (`mtp_keys`)."""
+
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        c = self.config = config
+        if c.mtp_style not in MTP_STYLES:
+            raise ModelError(f"MTP style {c.mtp_style!r}: one of {', '.join(MTP_STYLES)}")
+        H = c.hidden_size
+        self.enorm = RMSNorm(H, c.rms_norm_eps)
+        self.hnorm = RMSNorm(H, c.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * H, H, bias=False)
+        self.layers = nn.ModuleList([EagleLayer(c, 1)])  # a whole block: its input norm is kept
+        self.norm = RMSNorm(H, c.rms_norm_eps)
+        self.lm_head = nn.Linear(H, c.vocab_size, bias=False) if c.own_lm_head else None
+        self.embed_tokens: nn.Embedding | None = None  # the checkpoint's own, else the target's (set on load)
+
+    def forward(self, feats, ids, positions, mask, past=None, embed=None, *, from_target: bool = True):
+        """As `EagleHead.forward` (the target's state and the module's own fed-back one are read alike). The
+        embedding at position 0 is zeroed, as vLLM's MTP layers mask it. Returns the states to feed back."""
+        embed = self.embed_tokens if self.embed_tokens is not None else embed
+        e = embed(ids).to(feats.dtype)
+        e = torch.where((positions == 0)[..., None], torch.zeros_like(e), e)
+        e, h = self.enorm(e), self.hnorm(feats)
+        x = self.eh_proj(torch.cat([e, h] if self.config.mtp_style == "deepseek" else [h, e], dim=-1))
+        x, new = self.layers[0](x, positions, mask, None if past is None else past[0])
+        return (self.norm(x) if self.config.mtp_style == "mimo" else x), [new]
+
+    def logits(self, features, lm_head):
+        """Logits of fed-back `features`: the final norm (DeepSeek's; MiMo's states are normed already), then the
+        module's own LM head if it has one, else the target's `lm_head`."""
+        z = features if self.config.mtp_style == "mimo" else self.norm(features)
+        return (self.lm_head or lm_head)(z)
+
+    def weights(self) -> dict:
+        ours = {k: v for k, v in self.state_dict().items() if not k.startswith("embed_tokens.")}
+        names = {v: k for k, v in mtp_keys(self.config, ours).items()}  # internal -> published
+        return {names[k]: v for k, v in ours.items()}
+
+    def load_weights(self, state: dict) -> None:
+        """`state`: published keys (`mtp_keys`), as `_read_mtp_weights` extracts them."""
+        mapping = mtp_keys(self.config, state)
+        mine = {mapping[k]: v for k, v in state.items() if k in mapping}
+        emb = mine.pop("embed_tokens.weight", None)
+        if emb is not None:
+            self.embed_tokens = nn.Embedding(*emb.shape)
+            self.embed_tokens.weight.data.copy_(emb)
+        ours = {k for k in self.state_dict() if not k.startswith("embed_tokens.")}
+        missing, extra = sorted(ours - set(mine)), sorted(set(mine) - ours)
+        if missing or extra:
+            raise ModelError(f"MTP checkpoint ({self.config.mtp_style} layout) does not match its config: missing "
+                             f"{missing[:3]}, unexpected {extra[:3]}")
+        self.load_state_dict(mine, strict=False)
+
+
+MTP_NAMES = {  # published name (after the module's prefix) -> internal name, per style
+    "deepseek": {"enorm.": "enorm.", "hnorm.": "hnorm.", "eh_proj.": "eh_proj.", "shared_head.norm.": "norm.",
+                 "shared_head.head.": "lm_head.", "embed_tokens.": "embed_tokens."},
+    "mimo": {"token_layernorm.": "enorm.", "hidden_layernorm.": "hnorm.", "input_proj.": "eh_proj.",
+             "final_layernorm.": "norm."},
+}
+BLOCK_PARTS = ("self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm.")  # the decoder block's keys
+
+
+def mtp_prefix(config: HeadConfig) -> str:
+    """Where the MTP module's keys sit in a checkpoint: DeepSeek's `model.layers.{L}.`, MiMo's
+    `model.mtp_layers.0.` (the first MTP layer: vLLM's chain reuses it at every step)."""
+    return f"model.layers.{config.mtp_index}." if config.mtp_style == "deepseek" else "model.mtp_layers.0."
+
+
+def mtp_keys(config: HeadConfig, state) -> dict:
+    """{published key: internal key} for the keys of `state` (published or internal) under the style's prefix."""
+    prefix, names = mtp_prefix(config), MTP_NAMES[config.mtp_style]
+    out = {}
+    for key in state:
+        inner = key[len(prefix):] if key.startswith(prefix) else None
+        if inner is None:  # an internal key: its published name
+            published = next((p for p, i in names.items() if key.startswith(i)), None)
+            if published is not None:
+                out[prefix + published + key[len(names[published]):]] = key
+            elif key.startswith("layers.0."):
+                out[prefix + key[len("layers.0."):]] = key
+            continue
+        hit = next((p for p in names if inner.startswith(p)), None)
+        if hit is not None:
+            out[key] = names[hit] + inner[len(hit):]
+        elif inner.startswith(BLOCK_PARTS):
+            out[key] = "layers.0." + inner
+    return out
+
+
 def concat_kv(*parts):
     """Per layer (k, v) of several runs of entries, joined along the entries' axis (None parts skipped)."""
     parts = [p for p in parts if p is not None]
@@ -383,7 +502,7 @@ class HeadDraft:
     """A head draft bound to its target: the module plus the target's LM head and embeddings."""
 
     name: str  # the spec as given: "medusa:DIR"
-    kind: str  # "medusa" | "eagle" | "eagle3"
+    kind: str  # "medusa" | "eagle" | "eagle3" | "mtp"
     config: HeadConfig
     module: nn.Module
     target: object  # the target's LoadedModel
@@ -404,8 +523,8 @@ class HeadDraft:
 
     @property
     def autoregressive(self) -> bool:
-        """EAGLE-1/2 and EAGLE-3 draft one level at a time over their own features; Medusa reads one state."""
-        return self.kind in ("eagle", "eagle3")
+        """EAGLE-1/2, EAGLE-3 and MTP draft one level at a time over their own features; Medusa reads one state."""
+        return self.kind in ("eagle", "eagle3", "mtp")
 
     def features(self, states: dict) -> torch.Tensor:
         """The head's input from `target_hidden`'s states: "last", or EAGLE-3's layers side by side."""
@@ -416,6 +535,8 @@ class HeadDraft:
         over its draft vocabulary)."""
         if self.kind == "eagle3":
             return self.module.logits(features, int(self.target.vocab_size))
+        if self.kind == "mtp":
+            return self.module.logits(features, self.lm_head)
         return self.lm_head(features)
 
     def forward(self, feats, ids, positions, mask, past, *, from_target: bool):
@@ -444,7 +565,8 @@ class HeadDraft:
         return torch.stack([self.logits(f) for f in feats], dim=1).float()  # (n, depth, V)
 
 
-def unroll(forward, hidden: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, depth: int) -> list[torch.Tensor]:
+def unroll(forward, hidden: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, depth: int,
+           first: int = 0) -> list[torch.Tensor]:
     """An autoregressive head's predicted features at `depth` levels from every start: [(n, H)] per depth.
 
     hidden (m, F): the target's states of m entries (teacher-forced, causal), entry e paired with ids[e], the
@@ -452,21 +574,22 @@ def unroll(forward, hidden: torch.Tensor, ids: torch.Tensor, starts: torch.Tenso
     its own depth d - 1 feature with ids[j + d - 1] (the token the target took: on a recorded trajectory that is
     the path a call accepts), seeing the teacher entries up to j and its own earlier entries — one batched
     forward per depth for every start. The same unrolling records the heads (`HeadDraft.start_logits`) and
-    trains EAGLE-3 (training-time test, `specsim.record.train`); with grad enabled it is differentiable.
+    trains EAGLE-3 and MTP (training-time test, `specsim.record.train`); with grad enabled it is differentiable.
+    `first`: the position id of entry 0 (a training window starts inside a sequence).
     """
     dev = hidden.device
     m = hidden.shape[0]
     n = starts.shape[0]
     pos = torch.arange(m, device=dev)
     causal = pos[None, :] <= pos[:, None]  # (m, m)
-    feats, kv = forward(hidden[None], ids[None], pos[None], causal[None], None, from_target=True)
+    feats, kv = forward(hidden[None], ids[None], pos[None] + first, causal[None], None, from_target=True)
     prev = feats[0, starts]  # (n, H) each start's depth-1 feature
     out = [prev]
     lanes = torch.arange(n, device=dev)
     chain = []  # per depth >= 2: per layer (k, v) (1, Hkv, n, d)
     for d in range(2, depth + 1):
         step_ids = ids[torch.clamp(starts + d - 1, max=m - 1)]  # past the end: never read
-        positions = starts + d - 1
+        positions = starts + d - 1 + first
         mask = torch.zeros((n, m + n * (d - 1)), dtype=torch.bool, device=dev)
         mask[:, :m] = pos[None, :] <= starts[:, None]  # the target's entries up to the start's root state
         for e in range(d - 1):  # its own entries at depths 2..d (the last block: this forward's)
@@ -500,6 +623,8 @@ def _resolve(where: str) -> Path:
 
 
 def _weights_file(path: Path, kind: str) -> Path:
+    if kind == "mtp" and (path / "model.safetensors.index.json").is_file():
+        return path / "model.safetensors.index.json"  # a sharded target checkpoint: its MTP keys are read alone
     for name in (WEIGHTS[kind], "model.safetensors", "medusa_lm_head.safetensors", *TENSOR_PICKLES):
         if (path / name).is_file():
             return path / name
@@ -512,14 +637,25 @@ def _weights_file(path: Path, kind: str) -> Path:
     raise ModelError(f"{path}: no {WEIGHTS[kind]} (a {kind} checkpoint's weights)")
 
 
-def _read_weights(weights: Path) -> dict:
-    """A safetensors file, or a pickle of tensors read by torch's restricted unpickler (no code runs: anything but
-    tensors and plain containers is refused, as transformers loads `pytorch_model.bin`)."""
+def _read_weights(weights: Path, only=None) -> dict:
+    """A safetensors file (or a sharded checkpoint's index), or a pickle of tensors read by torch's restricted
+    unpickler (no code runs: anything but tensors and plain containers is refused, as transformers loads
+    `pytorch_model.bin`). `only(key)`: read just the keys it accepts (an MTP module inside a whole target)."""
+    if weights.name.endswith(".index.json"):
+        try:
+            files = sorted(set(json.loads(weights.read_text())["weight_map"].items()))
+        except (json.JSONDecodeError, KeyError, AttributeError) as exc:
+            raise ModelError(f"{weights}: not a safetensors index ({exc})") from None
+        state = {}
+        for name in sorted({f for k, f in files if only is None or only(k)}):
+            state.update(_read_weights(weights.parent / name, only))
+        return state
     if weights.suffix == ".safetensors":
-        from safetensors.torch import load_file
+        from safetensors import safe_open
 
         try:
-            return load_file(str(weights))
+            with safe_open(str(weights), framework="pt") as f:
+                return {k: f.get_tensor(k) for k in f.keys() if only is None or only(k)}
         except Exception as exc:
             raise ModelError(f"{weights}: not a readable safetensors file ({exc})") from None
     try:
@@ -529,7 +665,7 @@ def _read_weights(weights: Path) -> dict:
                          "checkpoint of tensors only, and specsim runs no pickled code") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ModelError(f"{weights}: not a state dict of tensors")
-    return state
+    return {k: v for k, v in state.items() if only is None or only(k)}
 
 
 def default_aux_layers(n_layers: int) -> tuple[int, ...]:
@@ -579,13 +715,57 @@ def _eagle3_config(path: Path, raw: dict, state: dict, target) -> HeadConfig:
         fc_input_norm="concat" if norm_before_fc else "each" if raw.get("fc_norm") else "")
 
 
-def _config_from(path: Path, kind: str, state: dict, target) -> HeadConfig:
+def _raw_config(path: Path) -> dict:
     try:
-        raw = json.loads((path / "config.json").read_text())
+        return json.loads((path / "config.json").read_text())
     except FileNotFoundError:
         raise ModelError(f"{path}: no config.json") from None
     except json.JSONDecodeError as exc:
         raise ModelError(f"{path / 'config.json'}: not JSON ({exc})") from None
+
+
+def _mtp_layout(path: Path, raw: dict) -> tuple[str, int]:
+    """(style, DeepSeek's layer number) of the MTP module a checkpoint's config.json declares."""
+    if "specsim" in raw:
+        return raw["specsim"].get("mtp_style", ""), int(raw["specsim"].get("mtp_index", 0))
+    if not int(raw.get("num_nextn_predict_layers") or 0):
+        raise ModelError(f"{path / 'config.json'} has no num_nextn_predict_layers: not a checkpoint with MTP layers")
+    architectures = raw.get("architectures") or []
+    style = "mimo" if any(a.startswith("MiMo") for a in architectures) else "deepseek"
+    return style, int(raw.get("num_hidden_layers", 0))
+
+
+def _mtp_config(path: Path, raw: dict, state: dict, target) -> HeadConfig:
+    """MTP from a checkpoint with native MTP layers (DeepSeek's or MiMo's keys, `num_nextn_predict_layers`): the
+    first MTP layer, its block shaped by the checkpoint's own config (Llama/Qwen2 attention, a dense MLP)."""
+    style, index = _mtp_layout(path, raw)
+    c = HeadConfig(kind="mtp", hidden_size=0, vocab_size=0, mtp_style=style, mtp_index=index)
+    prefix = mtp_prefix(c)
+    if not any(k.startswith(prefix) for k in state):
+        raise ModelError(f"{path}: no {prefix}* weights (the {style} layout's first MTP layer)")
+    if prefix + "self_attn.q_proj.weight" not in state:
+        found = sorted({k[len(prefix):].split(".")[0] + "." + k[len(prefix):].split(".")[1]
+                        for k in state if k.startswith(prefix + "self_attn.")})
+        raise ModelError(f"{path}: the MTP block's attention has {found[:4] or 'no weights'}, not q/k/v/o "
+                         "projections: specsim runs MTP blocks with Llama/Qwen2 attention and a dense MLP "
+                         "(DeepSeek's MLA and MoE are not supported)")
+    t = target.model.config
+    H = int(raw.get("hidden_size", t.hidden_size))
+    heads = int(raw.get("num_attention_heads", t.num_attention_heads))
+    return HeadConfig(
+        kind="mtp", hidden_size=H, vocab_size=int(raw.get("vocab_size", target.vocab_size)),
+        own_lm_head=prefix + "shared_head.head.weight" in state, num_attention_heads=heads,
+        num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or H // heads),
+        intermediate_size=int(raw.get("intermediate_size", t.intermediate_size)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=_rope_theta_of(raw),
+        attention_bias=prefix + "self_attn.q_proj.bias" in state, mtp_style=style, mtp_index=index)
+
+
+def _config_from(path: Path, kind: str, state: dict, target) -> HeadConfig:
+    raw = _raw_config(path)
+    if kind == "mtp" and "specsim" not in raw:
+        return _mtp_config(path, raw, state, target)
     if "specsim" in raw:
         ours = dict(raw["specsim"])
         if ours.get("kind") != kind:
@@ -638,17 +818,22 @@ def _check_target(name: str, config: HeadConfig, target) -> None:
 
 
 def build(config: HeadConfig) -> nn.Module:
-    return {"medusa": MedusaHeads, "eagle": EagleHead, "eagle3": Eagle3Head}[config.kind](config)
+    return {"medusa": MedusaHeads, "eagle": EagleHead, "eagle3": Eagle3Head, "mtp": MtpHead}[config.kind](config)
 
 
 def load_heads(spec: str, target) -> HeadDraft:
-    """`medusa:`, `eagle:` or `eagle3:PATH_OR_HUB_ID`, bound to `target` (a LoadedModel)."""
+    """`medusa:`, `eagle:`, `eagle3:` or `mtp:PATH_OR_HUB_ID`, bound to `target` (a LoadedModel)."""
     kind, _, where = spec.partition(":")
     if not is_head_draft(spec) or not where.strip():
-        raise ModelError(f"{spec!r}: write medusa:DIR, eagle:DIR or eagle3:DIR (a directory or hub id)")
+        raise ModelError(f"{spec!r}: write medusa:DIR, eagle:DIR, eagle3:DIR or mtp:DIR (a directory or hub id)")
     path = _resolve(where.strip())
     weights = _weights_file(path, kind)
-    state = _read_weights(weights)
+    only = None
+    if kind == "mtp":  # the MTP module's keys only: it may sit inside a whole target checkpoint
+        style, index = _mtp_layout(path, _raw_config(path))
+        prefix = mtp_prefix(HeadConfig(kind="mtp", hidden_size=0, vocab_size=0, mtp_style=style, mtp_index=index))
+        only = lambda key: key.startswith(prefix)  # noqa: E731
+    state = _read_weights(weights, only)
     config = _config_from(path, kind, state, target)
     _check_target(spec, config, target)
     module = build(config)
@@ -683,6 +868,8 @@ def save_heads(out: Path, config: HeadConfig, module: nn.Module, extra: dict | N
                    base_model_name_or_path=config.target.get("name"))
     if config.kind == "eagle3":  # speculators' layout: what vLLM's eagle3 method and speculators load
         raw.update(speculators_layout(config))
+    if config.kind == "mtp":  # the weights carry the style's published keys; this declares them
+        raw.update(num_nextn_predict_layers=1, num_hidden_layers=config.mtp_index)
     tmp = out / "config.json.tmp"
     tmp.write_text(json.dumps(raw, indent=2) + "\n")
     os.replace(tmp, out / "config.json")
@@ -714,9 +901,10 @@ def speculators_layout(config: HeadConfig, speculative_tokens: int = 3) -> dict:
 
 
 def head_config_for(kind: str, target, *, heads: int = 4, layers: int = 1, aux_layers: tuple = (),
-                    draft_vocab_size: int = 0) -> HeadConfig:
+                    draft_vocab_size: int = 0, mtp_style: str = "deepseek") -> HeadConfig:
     """A fresh config for `target` (what `specsim train-draft` builds); EAGLE-3 fuses `aux_layers` (by default
-    the target's low, middle and high layers) and drafts over `draft_vocab_size` tokens (0: all)."""
+    the target's low, middle and high layers) and drafts over `draft_vocab_size` tokens (0: all); MTP is wired in
+    `mtp_style` (MTP_STYLES) and uses the target's LM head."""
     t = target.model.config
     H = int(t.hidden_size)
     n_heads = int(t.num_attention_heads)
@@ -735,7 +923,8 @@ def head_config_for(kind: str, target, *, heads: int = 4, layers: int = 1, aux_l
                       attention_bias=bool(getattr(t, "attention_bias", False) or t.model_type == "qwen2"),
                       fc_bias=False,
                       **({"aux_layers": tuple(aux_layers) or default_aux_layers(int(t.num_hidden_layers)),
-                          "draft_vocab_size": draft_vocab_size} if kind == "eagle3" else {}))
+                          "draft_vocab_size": draft_vocab_size} if kind == "eagle3" else {}),
+                      **({"mtp_style": mtp_style, "mtp_index": int(t.num_hidden_layers)} if kind == "mtp" else {}))
 
 
 def _rope_theta(config) -> float:
@@ -752,16 +941,31 @@ def _rope_theta_of(config: dict) -> float:
 
 def target_hidden(target, x: torch.Tensor, layers: tuple[str, ...] = ("last",)) -> dict[str, torch.Tensor]:
     """The target's hidden states at input indices 0..L-2 of x (L,), one teacher-forced pass:
-    "last" is the final (normed) state the LM head reads; an integer k is the input of decoder layer k,
-    the state after k layers (HF's hidden_states[k]; 0: the embeddings; vLLM's EAGLE-3 aux layer k).
+    "last" is the final (normed) state the LM head reads; "prenorm" the last decoder layer's output before the
+    final norm (what MiMo's MTP reads); an integer k is the input of decoder layer k, the state after k layers
+    (HF's hidden_states[k]; 0: the embeddings; vLLM's EAGLE-3 aux layer k).
     (L - 1, H) float32 tensors on the target's device."""
     model = target.model
-    base = getattr(model, model.base_model_prefix)
-    ints = [int(k) for k in layers if k != "last"]
     with torch.inference_mode():
-        out = base(input_ids=x[None, :-1], output_hidden_states=bool(ints), use_cache=False)
-    got = {"last": out.last_hidden_state[0].float()}
+        _, states = base_states(getattr(model, model.base_model_prefix), layers, input_ids=x[None, :-1],
+                                use_cache=False)
+    return {k: v[0].float() for k, v in zip(layers, states)}
+
+
+def base_states(base, layers: tuple[str, ...], **inputs) -> tuple[object, list[torch.Tensor]]:
+    """Run a target's base model on `inputs`; (its output, the states `layers` names: "last", "prenorm" or layer
+    numbers, as `target_hidden` defines them)."""
+    ints = [k for k in layers if k not in ("last", "prenorm")]
+    prenorm: list[torch.Tensor] = []
+    hook = base.norm.register_forward_hook(lambda _m, args, _o: prenorm.append(args[0])) \
+        if "prenorm" in layers else None
+    try:
+        out = base(**inputs, output_hidden_states=bool(ints))
+    finally:
+        if hook is not None:
+            hook.remove()
+    got = {"last": out.last_hidden_state, **({"prenorm": prenorm[-1]} if prenorm else {})}
     for k in ints:
-        got[str(k)] = out.hidden_states[k][0].float()
-    return {k: got[k] for k in layers}
+        got[k] = out.hidden_states[int(k)]
+    return out, [got[k] for k in layers]
 

@@ -57,7 +57,8 @@ class SlotKV:
     def __init__(self, model, *, keep_hidden: tuple[str, ...] = ()) -> None:
         self.model = model
         # the target states a head draft reads, kept from the last forward side by side: "last" (the LM head's
-        # input) and/or layer numbers k (the input of decoder layer k: EAGLE-3's fused layers); () keeps none
+        # input), "prenorm" (before the final norm: MiMo's MTP) and/or layer numbers k (the input of decoder layer k:
+        # EAGLE-3's fused layers); () keeps none
         self.keep_hidden = tuple(keep_hidden)
         self.hidden: torch.Tensor | None = None  # (B, n, F) of the last forward, when keep_hidden
         params = next(model.parameters())
@@ -139,11 +140,11 @@ class SlotKV:
         ids = torch.as_tensor(tokens, device=dev)
         positions = torch.as_tensor(self.lengths[:, None] + depth, device=dev)  # (B, n)
         if self.keep_hidden:  # the base model, then the LM head: the same logits, and the state they came from
-            base = getattr(self.model, self.model.base_model_prefix)
-            layers = self.keep_hidden
-            out = base(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self._cache,
-                       use_cache=True, output_hidden_states=layers != ("last",))
-            states = [out.last_hidden_state if k == "last" else out.hidden_states[int(k)] for k in layers]
+            from specsim.record.heads import base_states
+
+            out, states = base_states(getattr(self.model, self.model.base_model_prefix), self.keep_hidden,
+                                      input_ids=ids, attention_mask=mask, position_ids=positions,
+                                      past_key_values=self._cache, use_cache=True)
             self.hidden = states[0] if len(states) == 1 else torch.cat(states, dim=-1)
             out_logits = self.model.get_output_embeddings()(out.last_hidden_state) if logits else None
         else:

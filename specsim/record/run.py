@@ -222,14 +222,16 @@ def head_depth(head, asked: int | None) -> int:
 
 
 def parse_hidden(layers) -> tuple[str, ...]:
-    """--hidden-states: "last" (the LM head's input) and/or decoder layer numbers, comma-separated."""
+    """--hidden-states: "last" (the LM head's input), "prenorm" (before the final norm) and/or decoder layer
+    numbers, comma-separated."""
     if not layers:
         return ()
     items = [str(x).strip() for part in ([layers] if isinstance(layers, str) else layers) for x in str(part).split(",")]
     out = []
     for item in items:
-        if item != "last" and not item.isdigit():
-            raise CacheError.naming("{hidden} {value!r}: give 'last' or decoder layer numbers, e.g. last,12", value=item)
+        if item not in ("last", "prenorm") and not item.isdigit():
+            raise CacheError.naming("{hidden} {value!r}: give 'last', 'prenorm' or decoder layer numbers, e.g. "
+                                    "last,12", value=item)
         out.append(item)
     return tuple(dict.fromkeys(out))
 

@@ -21,6 +21,12 @@ recommend for matching the deployed distribution), not only its sampled token.
   vocabulary (frozen, as speculators freezes it); with `draft_vocab` > 0 the draft vocabulary
   is the most frequent tokens of the training trajectories (speculators' `vocab_mapping`)
   and p is renormalised over it in the loss.
+* MTP (DeepSeek-V3 §2.2; speculators' `MTPDraftModel`, FastMTP's step weights): the module
+  reads the target's state ("last", or "prenorm" for MiMo's wiring: the cache must hold it)
+  and is trained unrolled like EAGLE-3 — `ttt_steps` deep, the same layer at every depth fed
+  its own previous state and the target's token, as vLLM chains it — with loss Σ_d
+  decay^(d-1) · CE(p_{t+d}, q_d) (speculators' default decay 0.6); the LM head is the target's
+  (frozen), the final norm starts from the target's.
 
 Prompts are split into training and held-out sets by index (every k-th prompt held out), so
 the held-out numbers are on prompts the heads never saw. Checkpoints go to `--out` every
@@ -46,7 +52,7 @@ CURVE_HELDOUT = 24  # held-out trajectories the training curve evaluates at each
 
 @dataclass(frozen=True)
 class TrainConfig:
-    kind: str  # "medusa" | "eagle" | "eagle3"
+    kind: str  # "medusa" | "eagle" | "eagle3" | "mtp"
     heads: int = 4  # Medusa: heads (the deepest depth drafted); EAGLE drafts autoregressively: unused
     steps: int = 300  # optimiser steps (one trajectory batch each)
     lr: float = 1e-3  # AdamW learning rate
@@ -56,9 +62,11 @@ class TrainConfig:
     seed: int = 0  # initialisation and batch order
     eagle_token_weight: float = 0.1  # EAGLE's p_w: the token loss's weight beside feature regression
     ttt_steps: int = 4  # EAGLE-3: training-time test depth (the deepest draft trained on its own features)
-    ttt_decay: float = 1.0  # EAGLE-3: step d's loss weight is decay^(d - 1) (speculators' ttt_step_loss_decay)
+    ttt_decay: float = 1.0  # EAGLE-3, MTP: step d's loss weight is decay^(d - 1) (speculators' ttt_step_loss_decay;
+    #                         its MTP step weights use 0.6)
     aux_layers: tuple = ()  # EAGLE-3: the target layers fused (default: the target's low, middle and high)
     draft_vocab: int = 0  # EAGLE-3: draft vocabulary size (0: the target's whole vocabulary)
+    mtp_style: str = "deepseek"  # MTP: "deepseek" | "mimo" (`specsim.record.heads.MTP_STYLES`)
 
 
 @dataclass
@@ -81,16 +89,17 @@ class TrainSequence:
     hidden: torch.Tensor  # (n, H) float32: row t gave p_t
     tokens: torch.Tensor  # (n,) int64 y_t
     start: int  # input position of row 0 (prompt length - 1)
-    features: torch.Tensor | None = None  # (n, F) EAGLE-3: the fused layers' states, side by side
+    features: torch.Tensor | None = None  # (n, F) EAGLE-3, MTP: the states the head reads, side by side
 
 
 def load_sequences(cache, target, layers: tuple[str, ...] = ()) -> list[tuple[int, TrainSequence]]:
     """(prompt index, trajectory) of every trajectory of 2+ tokens in a cache with hidden states, checked
-    against `target`; `layers` (EAGLE-3's) are read side by side into `features`."""
+    against `target`; `layers` (the head's: EAGLE-3's fused layers, MTP's state) are read side by side into
+    `features`."""
     from specsim.cache.store import CacheReader
 
     with CacheReader(cache) as reader:
-        want = ("last", *layers)
+        want = tuple(dict.fromkeys(("last", *layers)))
         missing = [k for k in want if k not in reader.spec.hidden]
         if missing:
             raise CacheError(f"{reader.path} has no hidden states {','.join(missing)} to train on (it holds "
@@ -158,13 +167,16 @@ def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full
                 p_logits = lm_head(h[1 + k :])  # (n - 1 - k, V)
             depths.append((q_all[: n - 1 - k, k], p_logits, y[1 + k :]))
         return Terms(depths)
-    if kind == "eagle3":
+    if kind in ("eagle3", "mtp"):
         from specsim.record.heads import unroll
 
         embed = target.model.get_input_embeddings()
         m = n - 1  # entries (f_t, y_t), t = 0..n-2: the last row has no next token to predict
         feats = unroll(lambda *a, from_target: module(*a, embed, from_target=from_target), seq.features.to(h.device)[:m],
-                       y[:m], torch.arange(m, device=h.device), min(depth, m))
+                       y[:m], torch.arange(m, device=h.device), min(depth, m), first=seq.start)
+        if kind == "mtp":  # the target's whole vocabulary, through its LM head
+            return Terms([(module.logits(f[: n - d], lm_head), _no_grad(lm_head, h[d:n]), y[d:n])
+                          for d, f in enumerate(feats, start=1)])
         V = int(target.vocab_size)
         vocab = None if module.d2t is None else torch.arange(len(module.d2t), device=h.device) + module.d2t
         restrict = vocab is not None and not full
@@ -184,10 +196,15 @@ def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full
     return Terms([(lm_head(pred), p_logits, y[1:])], regression=(pred, h[1:]))
 
 
+def _no_grad(f, x):
+    with torch.no_grad():
+        return f(x)
+
+
 def loss(t: Terms, config: "TrainConfig") -> torch.Tensor:
     """Medusa: the mean over heads of CE(p, q). EAGLE: SmoothL1 on the features + the token loss's weight × CE.
-    EAGLE-3: Σ_d decay^(d-1) CE(p, q_d) / Σ_d decay^(d-1), over the draft vocabulary."""
-    if config.kind == "eagle3":
+    EAGLE-3: Σ_d decay^(d-1) CE(p, q_d) / Σ_d decay^(d-1), over the draft vocabulary; MTP the same over all."""
+    if config.kind in ("eagle3", "mtp"):
         weights = [config.ttt_decay ** d for d in range(len(t.depths))]
         return sum(w * _soft_ce(q, p, t.vocab) for w, (q, p, _) in zip(weights, t.depths)) / sum(weights)
     if t.regression is None:
@@ -238,18 +255,23 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     torch.manual_seed(config.seed)
     aux = (tuple(config.aux_layers) or default_aux_layers(int(target.model.config.num_hidden_layers))
            if config.kind == "eagle3" else ())
-    seqs = load_sequences(cache, target, tuple(str(k) for k in aux))
+    head_config = head_config_for(config.kind, target, heads=config.heads, aux_layers=aux, mtp_style=config.mtp_style)
+    seqs = load_sequences(cache, target, head_config.hidden_layers if config.kind in ("eagle3", "mtp") else ())
     train_seqs, held = split(seqs, config.holdout_every)
     with CacheReader(cache) as reader:  # which prompts it saw: simulate, validate and report say when it meets them
         seen = trained_on(reader, {i for i, _ in seqs if i % config.holdout_every != config.holdout_every - 1})
     draft_ids = draft_vocabulary(train_seqs, config.draft_vocab, int(target.vocab_size)) if config.draft_vocab else None
-    head_config = head_config_for(config.kind, target, heads=config.heads, aux_layers=aux,
-                                  draft_vocab_size=0 if draft_ids is None else len(draft_ids))
+    if draft_ids is not None:
+        head_config = head_config_for(config.kind, target, heads=config.heads, aux_layers=aux,
+                                      draft_vocab_size=len(draft_ids))
     module = build(head_config).to(target.info["device"])
-    if config.kind in ("eagle", "eagle3"):  # EAGLE's init: small weights, so the layer starts near its residual path
+    if config.kind in ("eagle", "eagle3", "mtp"):  # EAGLE's init: small weights, the layer starts near its residual path
         for name, param in module.named_parameters():
             if param.dim() == 2:
                 torch.nn.init.normal_(param, std=0.02)
+    if config.kind == "mtp":  # its final norm feeds the target's LM head: start from the target's
+        with torch.no_grad():
+            module.norm.weight.copy_(getattr(target.model, target.model.base_model_prefix).norm.weight)
     if config.kind == "eagle3":  # the target's LM head rows for the draft vocabulary, frozen (as speculators')
         lm = target.model.get_output_embeddings().weight.detach()
         with torch.no_grad():

@@ -1,0 +1,226 @@
+"""MTP layers: native checkpoints load, vLLM's mtp method counts what the replay counts, training learns.
+
+An MTP module (DeepSeek-V3 §2.2; `specsim.record.heads.MtpHead`) sits inside its target's own
+checkpoint: MiMo's `model.mtp_layers.0.*` (a Qwen2 target whose config names MiMoForCausalLM and
+`num_nextn_predict_layers`), DeepSeek's `model.layers.{L}.*`. No library on the package index
+writes either (MiMo's modelling code is remote code; transformers' DeepSeek-V3 drops the MTP
+layer), so the MiMo checkpoint here is written with the published key names and checked by the
+implementation that reads it: vLLM's `mimo_mtp.py`, which must draft, call for call, what the
+replay of specsim's recording says (its loader also refuses unknown keys). Recording, replay, live
+decoding and pricing of MTP heads are tested with the other heads (tests/test_heads_record.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specsim.errors import CacheError, EngineError, ModelError
+from tests.conftest import build_tiny_model
+
+
+def build_mimo_target(out: Path) -> Path:
+    """A tiny Qwen2 target as a MiMo checkpoint: config.json names MiMoForCausalLM with num_nextn_predict_layers 1
+    (transformers still loads it as Qwen2) and model.safetensors also holds model.mtp_layers.0.*.
+
+    The target's layers write nothing (o_proj and down_proj zero), so it predicts the next token from the current
+    one through its final norm (weights not all 1) and its own LM head. The MTP layer passes the normed embedding
+    of the token after its state through eh_proj, so it proposes what the target will take next, disturbed by
+    everything vLLM and specsim must agree on: the state half (the target's state before its final norm, then the
+    layer's own normed output; hnorm's weights not all 1), the block (a random layer's output projections at
+    0.05: its attention reads the embedding vLLM zeroes at position 0) and the final norm. Against vLLM's 74 drafts
+    and [10, 8, 0] accepted per position at chain:3, a replay that dropped the position-0 mask counted 73 and
+    [11, 8, 0], one that swapped the concatenation 92 and [0, 0, 0], one that fed back the output before its norm
+    75 and [10, 7, 0] (probe runs). Reading the target's normed state instead of the one before the norm is not
+    told apart here (its half of eh_proj is small); tests/test_heads_record.py pins that live reads what the
+    recorder reads, and vLLM's mimo.py returns the state before the norm."""
+    import copy
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from specsim.record.heads import build, head_config_for, save_heads
+    from specsim.record.models import load_model
+
+    build_tiny_model(out, family="qwen2", final_norm=True, hidden=128)  # head_dim 32: vLLM's CPU attention needs 32+
+    target = load_model(str(out))
+    layers = target.model.model.layers
+    block = copy.deepcopy(layers[-1].state_dict())
+    with torch.no_grad():
+        for layer in layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    target.model.save_pretrained(out)
+    config = head_config_for("mtp", target, mtp_style="mimo")
+    module, H = build(config), config.hidden_size
+    torch.manual_seed(0)
+    with torch.no_grad():
+        module.eh_proj.weight[:, H:] = torch.eye(H)  # MiMo's order: cat(state, embedding)
+        module.eh_proj.weight[:, :H].normal_(0.0, 0.3 / H ** 0.5)
+        module.hnorm.weight.uniform_(0.5, 1.5)
+        module.layers[0].load_state_dict(block, strict=False)
+        module.layers[0].self_attn.o_proj.weight.mul_(0.05)
+        module.layers[0].mlp.down_proj.weight.mul_(0.05)
+        module.norm.weight.copy_(target.model.model.norm.weight)
+    head = out.parent / f"{out.name}-mtp"
+    save_heads(head, config, module)
+    weights = {**load_file(str(out / "model.safetensors")), **load_file(str(head / "model.safetensors"))}
+    assert any(k.startswith("model.mtp_layers.0.") for k in weights)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    raw = json.loads((out / "config.json").read_text())
+    raw.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    return out
+
+
+@pytest.fixture(scope="module")
+def mimo_target(tmp_path_factory) -> Path:
+    return build_mimo_target(tmp_path_factory.mktemp("mimo") / "target")
+
+
+def test_a_targets_own_mtp_layer_loads_alone_and_computes_what_was_written(mimo_target, tmp_path):
+    """`mtp:DIR` on a whole MiMo checkpoint reads model.mtp_layers.0.* only (not the target's layers) and gives the
+    module that was written; the same from a sharded checkpoint (model.safetensors.index.json)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from specsim.record.heads import load_heads
+    from specsim.record.models import load_model
+
+    target = load_model(str(mimo_target))
+    head = load_heads(f"mtp:{mimo_target}", target)
+    assert (head.config.mtp_style, head.hidden_layers, head.config.attention_bias) == ("mimo", ("prenorm",), True)
+    written = load_file(str(mimo_target.parent / f"{mimo_target.name}-mtp" / "model.safetensors"))
+    got = head.module.weights()
+    assert set(got) == set(written) and all(torch.equal(got[k], written[k]) for k in written)
+
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    full = load_file(str(mimo_target / "model.safetensors"))
+    keys = sorted(full)
+    halves = {"model-00001-of-00002.safetensors": keys[: len(keys) // 2],
+              "model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
+    for name, part in halves.items():
+        save_file({k: full[k] for k in part}, str(sharded / name), metadata={"format": "pt"})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: name for name, part in halves.items() for k in part}}))
+    (sharded / "config.json").write_text((mimo_target / "config.json").read_text())
+    again = load_heads(f"mtp:{sharded}", target).module.weights()
+    assert all(torch.equal(again[k], written[k]) for k in written)
+
+
+def test_mtp_checkpoints_that_specsim_cannot_run_are_refused_in_one_line(mimo_target, tmp_path):
+    """A DeepSeek-V3 MTP layer with MLA attention, and a checkpoint without MTP layers: one line each, naming why."""
+    import torch
+    from safetensors.torch import save_file
+
+    from specsim.record.heads import load_heads
+    from specsim.record.models import load_model
+
+    target = load_model(str(mimo_target))
+    mla = tmp_path / "deepseek"
+    mla.mkdir()
+    L = 4
+    save_file({f"model.layers.{L}.enorm.weight": torch.ones(64), f"model.layers.{L}.hnorm.weight": torch.ones(64),
+               f"model.layers.{L}.eh_proj.weight": torch.zeros(64, 128),
+               f"model.layers.{L}.self_attn.q_a_proj.weight": torch.zeros(16, 64),
+               f"model.layers.{L}.self_attn.kv_a_proj_with_mqa.weight": torch.zeros(24, 64)}, str(mla / "model.safetensors"))
+    (mla / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": L,
+                                                 "num_nextn_predict_layers": 1, "hidden_size": 64}))
+    with pytest.raises(ModelError, match=r"self_attn\.(kv_a_proj_with_mqa|q_a_proj).*DeepSeek's MLA and MoE are not "
+                                         "supported") as err:
+        load_heads(f"mtp:{mla}", target)
+    assert "\n" not in str(err.value)
+    plain = tmp_path / "plain"
+    build_tiny_model(plain, family="qwen2")
+    with pytest.raises(ModelError, match="no num_nextn_predict_layers: not a checkpoint with MTP layers"):
+        load_heads(f"mtp:{plain}", target)
+
+
+@pytest.mark.parametrize("style", ["deepseek", "mimo"])
+def test_training_unrolled_lowers_heldout_loss_at_every_depth(training_cache, tiny_model_dir, tmp_path, style):
+    """`train-draft --kind mtp`: the layer reused at every depth, fed its own states; held-out loss falls and
+    the overlap with the target rises at depths 1..3; what it saved loads back as mtp:DIR in its style's keys."""
+    from safetensors.torch import load_file
+
+    from specsim.record.heads import load_heads
+    from specsim.record.models import load_model
+    from specsim.record.train import TrainConfig, train
+
+    target = load_model(str(tiny_model_dir))
+    out = tmp_path / style
+    outcome = train(training_cache[0], target, out, TrainConfig(kind="mtp", steps=60, lr=1e-2, batch=4,
+                                                               holdout_every=4, ttt_steps=3, ttt_decay=0.6,
+                                                               mtp_style=style), progress=False)
+    assert outcome.after["loss"] < outcome.before["loss"] - 0.1, (outcome.before, outcome.after)
+    assert sorted(outcome.after["overlap"]) == [1, 2, 3]
+    for d in (1, 2, 3):
+        assert outcome.after["overlap"][d] > outcome.before["overlap"][d] + 0.01, (outcome.before, outcome.after)
+    head = load_heads(f"mtp:{out}", target)
+    assert head.config.mtp_style == style and head.hidden_layers == (("prenorm",) if style == "mimo" else ("last",))
+    prefix = "model.mtp_layers.0." if style == "mimo" else "model.layers.4."
+    assert all(k.startswith(prefix) for k in load_file(str(out / "model.safetensors")))
+    assert json.loads((out / "config.json").read_text())["num_nextn_predict_layers"] == 1
+
+
+def test_mimo_training_needs_the_state_before_the_final_norm(tiny_model_dir, tiny_cache, tmp_path):
+    from specsim.record.models import load_model
+    from specsim.record.train import TrainConfig, train
+
+    with pytest.raises(CacheError, match=r"no hidden states .*--hidden-states last,prenorm"):
+        train(tiny_cache, load_model(str(tiny_model_dir)), tmp_path / "h",
+              TrainConfig(kind="mtp", steps=1, mtp_style="mimo"), progress=False)
+
+
+def test_vllm_runs_mtp_only_from_the_targets_own_checkpoint(mimo_target, tmp_path):
+    from specsim.engines.export import draft_directory
+    from specsim.engines.vllm import speculative_config
+    from specsim.specs import parse_tree
+
+    assert draft_directory(f"mtp:{mimo_target}", str(mimo_target)) == str(mimo_target.resolve())
+    config = speculative_config(f"mtp:{mimo_target}", parse_tree("chain:3"), "greedy",
+                                draft_dir=str(mimo_target)).config
+    assert config == {"method": "mtp", "model": str(mimo_target), "num_speculative_tokens": 3}
+    with pytest.raises(EngineError, match="inside the target's checkpoint; give mtp:"):
+        draft_directory(f"mtp:{tmp_path}", str(mimo_target))
+
+
+@pytest.mark.slow
+def test_vllms_mtp_method_counts_what_the_replay_counts(mimo_target, tiny_prompts_file, tmp_path):
+    """vLLM's mtp method on the MiMo checkpoint (its mimo_mtp.py: the layer reused at each of 3 steps, the
+    embedding masked at position 0, fed the target's state before its final norm) at T = 0: the same outputs,
+    the same spec-decode counters per position and the same steps as specsim's replay of its recording."""
+    from specsim.engines.check import EngineReport, EngineValidateConfig, compare, read_cache
+    from specsim.engines.vllm import VllmRun, run_vllm, speculative_config, vllm_python, vllm_version
+    from specsim.record.run import RecordRequest, record_cache
+    from specsim.specs import parse_tree
+
+    try:
+        python = vllm_python()
+        vllm_version(python)
+    except EngineError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+    draft, chain = f"mtp:{mimo_target}", parse_tree("chain:3")
+    cache = tmp_path / "mtp.h5"
+    record_cache(cache, RecordRequest(target=str(mimo_target), drafts=(draft,), prompts=str(tiny_prompts_file),
+                                      max_new_tokens=24, device="cpu", store="stats", overhang=8), progress=False)
+    data = read_cache(cache)
+    config = speculative_config(draft, chain, "greedy", draft_dir=str(mimo_target)).config
+    run = VllmRun(model=str(mimo_target), prompts=data.prompts, max_tokens=24, configs={"spec": config},
+                  max_model_len=max(map(len, data.prompts)) + 48)
+    result = run_vllm(run, python=python)
+    report = EngineReport()
+    compare(data, draft, chain, "greedy", 0.0, EngineValidateConfig(), result, report)
+    checks = {c.kind: c for c in report.checks}
+    assert checks["trajectories"].passed, checks["trajectories"].comparison
+    assert checks["counters"].passed, checks["counters"].detail
+    assert checks["steps"].passed, checks["steps"].detail
+    counters = result["runs"]["spec"][0]["counters"]
+    assert counters["num_draft_tokens"] == 3 * counters["num_drafts"] and counters["num_drafts"] >= 20
+    assert all(n > 0 for n in counters["num_accepted_tokens_per_pos"][:2]), counters  # a reused layer was accepted
