@@ -16,7 +16,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from specsim.errors import CacheError, EngineError, ModelError
