@@ -136,3 +136,16 @@ def test_streaming_reads_interleaved_trajectories_in_few_spans(tmp_path, monkeyp
     rows = np.arange(f.n_positions)
     np.testing.assert_allclose(np.log(p_target[rows, f.token]), f.logp, atol=1e-12)
     np.testing.assert_allclose(np.log(q_draft[rows, f.token]), f.logq, atol=1e-12)
+
+
+def test_a_feature_source_declares_every_per_trajectory_field_of_features():
+    """FeatureSource carries Features' fields that are not per-position arrays as declared, typed fields (no
+    attribute lookup into a dict): adding a field to Features without it fails here."""
+    from dataclasses import fields
+
+    from specsim.sim.features import ARRAYS, TRAJECTORY_FIELDS, Features, FeatureSource
+
+    per_trajectory = {f.name for f in fields(Features)} - set(ARRAYS) - {"parent", "_memo"}
+    assert set(TRAJECTORY_FIELDS) == per_trajectory
+    assert set(TRAJECTORY_FIELDS) <= {f.name for f in fields(FeatureSource)}
+    assert not hasattr(FeatureSource, "__getattr__")

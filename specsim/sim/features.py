@@ -283,34 +283,49 @@ class FeatureSource:
     memory bounded by the block, not by the cache.
     """
 
-    base: dict  # Features' per-trajectory fields (see `Features`)
-    key: str | None  # the group in the features file; None: `arrays` holds the arrays
-    arrays: dict | None  # token, rank, logp, logq, top_ids in memory (None: in the file)
+    # Features' fields that are not per-position arrays (see `Features`: their meaning, shapes and types)
+    draft: str
+    temperature: float
+    cache_path: Path
+    models: dict
+    traj_start: np.ndarray
+    traj_len: np.ndarray
+    traj_prompt: np.ndarray
+    traj_category: np.ndarray
+    cache_start: np.ndarray
+    exact_tail: bool
+    prompt_len: np.ndarray
+    max_new_tokens: int | None
+    recorded_stats: object | None
+    has_distributions: bool
+    depth: int | None
+    traj_overhang: np.ndarray
+    # where the per-position arrays are
+    key: str | None = None  # the group in the features file; None: `arrays` holds the arrays
+    arrays: dict | None = None  # token, rank, logp, logq, top_ids in memory (None: in the file)
     model_free: bool = False  # a model-free draft: no draft column, its only array is the tokens
 
     @property
     def n_traj(self) -> int:
-        return int(self.base["traj_len"].shape[0])
+        return int(self.traj_len.shape[0])
 
     @property
     def n_positions(self) -> int:
-        return int(self.base["traj_len"].sum())
+        return int(self.traj_len.sum())
 
-    def __getattr__(self, name: str):  # the per-trajectory fields: draft, temperature, traj_prompt, traj_len, ...
-        try:
-            return self.__dict__["base"][name]
-        except KeyError:
-            raise AttributeError(name) from None
+    def facts(self) -> dict:
+        """The per-trajectory fields, by name, as `Features` takes them."""
+        return {name: getattr(self, name) for name in TRAJECTORY_FIELDS}
 
     def mean_context(self) -> float:
         """Mean context length over positions (prompt + output so far), as `Features.contexts().mean()`."""
-        n = self.base["traj_len"].astype(np.float64)
-        plen = self.base["prompt_len"].astype(np.float64)
+        n = self.traj_len.astype(np.float64)
+        plen = self.prompt_len.astype(np.float64)
         return float((plen * n + n * (n - 1) / 2).sum() / max(n.sum(), 1.0))
 
     def context_range(self) -> tuple[float, float]:
         """(least, greatest) context length of a call at any position."""
-        n, plen = self.base["traj_len"], self.base["prompt_len"]
+        n, plen = self.traj_len, self.prompt_len
         some = n > 0
         if not some.any():
             return 0.0, 0.0
@@ -322,7 +337,7 @@ class FeatureSource:
 
     def block(self, t0: int, t1: int) -> Features:
         """The features of trajectories t0..t1-1 (contiguous in the arrays: one read per array)."""
-        b = self.base
+        b = self.facts()
         lo = int(b["traj_start"][t0]) if t0 < self.n_traj else self.n_positions
         hi = lo + int(b["traj_len"][t0:t1].sum())
         if self.arrays is not None:
@@ -340,7 +355,7 @@ class FeatureSource:
     def blocks(self, positions: int) -> list[tuple[int, int]]:
         """(t0, t1) runs of whole trajectories holding at most `positions` positions each (at least one)."""
         out, t0, n = [], 0, 0
-        for t, length in enumerate(self.base["traj_len"].tolist()):
+        for t, length in enumerate(self.traj_len.tolist()):
             if t > t0 and n + length > positions:
                 out.append((t0, t))
                 t0, n = t, 0
@@ -355,7 +370,7 @@ class FeatureSource:
         if self.n_positions <= positions:
             return self.whole()
         order = np.random.default_rng([seed, 23]).permutation(self.n_traj)
-        take = np.sort(order[: int(np.searchsorted(np.cumsum(self.base["traj_len"][order]), positions)) + 1])
+        take = np.sort(order[: int(np.searchsorted(np.cumsum(self.traj_len[order]), positions)) + 1])
         parts = []
         for t0, t1 in self.blocks(block):
             here = take[(take >= t0) & (take < t1)] - t0
@@ -366,6 +381,8 @@ class FeatureSource:
 
 ARRAYS = ("token", "rank", "logp", "logq", "top_ids")
 PER_TRAJECTORY = ("traj_len", "traj_prompt", "traj_category", "cache_start", "prompt_len", "traj_overhang")
+TRAJECTORY_FIELDS = ("draft", "temperature", "cache_path", "models", "traj_start", *PER_TRAJECTORY[:4], "exact_tail",
+                     "prompt_len", "max_new_tokens", "recorded_stats", "has_distributions", "depth", "traj_overhang")
 
 
 @dataclass(frozen=True)
@@ -487,18 +504,18 @@ def _source(reader: CacheReader, draft: str, temperature: float, top_k: int, pro
     )
     if model_free:
         token = np.concatenate([reader.tokens(r.start, r.stop) for r in rows])
-        return FeatureSource(base, None, dict(token=token, rank=None, logp=None, logq=None, top_ids=None),
+        return FeatureSource(**base, arrays=dict(token=token, rank=None, logp=None, logq=None, top_ids=None),
                              model_free=True)
     K = max(1, min(int(top_k), reader.spec.vocab_size))
     key = f"{draft.replace('/', '|')}@T={T:g}@K={K}"
     if _stored(reader, key):
-        return FeatureSource(base, key, None)
+        return FeatureSource(**base, key=key)
     written = _derive_stored(reader, key, base, draft, T, K, progress)
     if written:
-        return FeatureSource(base, key, None)
+        return FeatureSource(**base, key=key)
     arrays = _empty(base, K)  # the features file cannot be written here: derive into memory
     _derive(reader, base, draft, T, K, progress, arrays)
-    return FeatureSource(base, None, arrays)
+    return FeatureSource(**base, arrays=arrays)
 
 
 # -- derivation ----------------------------------------------------------------------------
