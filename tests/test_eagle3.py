@@ -294,3 +294,45 @@ def test_simulate_and_report_say_when_a_head_meets_its_training_prompts(training
     assert f"note: seen.h5: {draft} was trained on 3 of this cache's 3 prompts" in result.output
     page = (tmp_path / "report" / "index.html").read_text()
     assert "trained by specsim train-draft: 60 steps on" in page and "held-out top-1" in page  # how, in its setup
+
+
+def test_medusa_2_heads_inside_a_whole_model_checkpoint_load(written, tiny_model_dir, tmp_path):
+    """Medusa-2 keeps the heads in the fine-tuned model's own checkpoint (`medusa_head.{k}.…` beside `model.*`
+    and `lm_head.*`, config.json with medusa_num_heads): medusa:DIR reads the heads alone, sharded or not, and
+    they compute what the Medusa-1 file of the same heads computes. (No package on the index writes Medusa-2;
+    the heads here are medusa-llm's, under the `medusa_head` name its MedusaModel gives them.)"""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from specsim.record.heads import load_heads
+    from specsim.record.models import load_model
+
+    folder, hidden, _, reference, _ = written["medusa"]
+    target = load_model(str(tiny_model_dir))
+    heads = torch.load(folder / "medusa_lm_head.pt", weights_only=True)
+    model = load_file(str(tiny_model_dir / "model.safetensors"))
+    full = {**model, **{f"medusa_head.{k}": v for k, v in heads.items()}}
+    config = {**json.loads((tiny_model_dir / "config.json").read_text()),
+              **json.loads((folder / "config.json").read_text())}
+    one, sharded = tmp_path / "one", tmp_path / "sharded"
+    for out in (one, sharded):
+        out.mkdir()
+        (out / "config.json").write_text(json.dumps(config))
+    save_file(full, str(one / "model.safetensors"), metadata={"format": "pt"})
+    keys = sorted(full)
+    parts = {"model-00001-of-00002.safetensors": keys[::2], "model-00002-of-00002.safetensors": keys[1::2]}
+    for name, part in parts.items():
+        save_file({k: full[k] for k in part}, str(sharded / name), metadata={"format": "pt"})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: name for name, part in parts.items() for k in part}}))
+    H = target.model.config.hidden_size
+    for where in (one, sharded):
+        head = load_heads(f"medusa:{where}", target)
+        assert head.config.heads == STEPS and head.config.own_lm_head
+        with torch.no_grad():
+            ours = head.module(torch.as_tensor(hidden[:, :H]), head.lm_head).numpy()
+        np.testing.assert_allclose(ours.transpose(1, 0, 2), reference, atol=1e-4, rtol=1e-4)
+    (one / "model.safetensors").unlink()
+    save_file(model, str(one / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelError, match=r"no medusa_head\.\* weights \(Medusa-2's heads\)"):
+        load_heads(f"medusa:{one}", target)

@@ -41,8 +41,9 @@ which every start sees the target's features up to itself and its own predicted 
 so the cache can store it keyed by depth (docs/cache-format.md).
 
 A head checkpoint is a directory: `config.json` and a safetensors file, in the published
-layouts (Medusa: `medusa_lm_head.safetensors`, keys `{k}.{j}.linear.weight|bias` and
-`{k}.{L}.weight`; EAGLE: `model.safetensors`, keys `fc.weight`, `layers.0.…`, optionally
+layouts (Medusa-1: `medusa_lm_head.safetensors`, keys `{k}.{j}.linear.weight|bias` and
+`{k}.{L}.weight`; Medusa-2: the same keys under `medusa_head.` inside a whole model's
+`model.safetensors`, sharded or not, beside its fine-tuned backbone; EAGLE: `model.safetensors`, keys `fc.weight`, `layers.0.…`, optionally
 `embed_tokens.weight`; EAGLE-3: `speculators`' layout — config.json with
 `speculators_model_type: eagle3` and `transformer_layer_config`, keys `fc.weight`, `layers.*`,
 `norm.weight`, `lm_head.weight`, `d2t`, `t2d` — or the EAGLE-3 reference layout, a Llama
@@ -622,9 +623,12 @@ def _resolve(where: str) -> Path:
         raise ModelError(f"could not fetch head checkpoint {where!r} from the hub: {first}") from None
 
 
+MEDUSA2_PREFIX = "medusa_head."  # Medusa-2: the heads inside a whole (fine-tuned) model's checkpoint
+
+
 def _weights_file(path: Path, kind: str) -> Path:
-    if kind == "mtp" and (path / "model.safetensors.index.json").is_file():
-        return path / "model.safetensors.index.json"  # a sharded target checkpoint: its MTP keys are read alone
+    if kind in ("mtp", "medusa") and (path / "model.safetensors.index.json").is_file():
+        return path / "model.safetensors.index.json"  # a sharded model checkpoint: its heads' keys are read alone
     for name in (WEIGHTS[kind], "model.safetensors", "medusa_lm_head.safetensors", *TENSOR_PICKLES):
         if (path / name).is_file():
             return path / name
@@ -833,7 +837,14 @@ def load_heads(spec: str, target) -> HeadDraft:
         style, index = _mtp_layout(path, _raw_config(path))
         prefix = mtp_prefix(HeadConfig(kind="mtp", hidden_size=0, vocab_size=0, mtp_style=style, mtp_index=index))
         only = lambda key: key.startswith(prefix)  # noqa: E731
+    if kind == "medusa" and weights.name.startswith("model.safetensors"):  # Medusa-2: the heads in a whole model
+        only = lambda key: key.startswith(MEDUSA2_PREFIX)  # noqa: E731
     state = _read_weights(weights, only)
+    if kind == "medusa" and only is not None:
+        if not state:
+            raise ModelError(f"{weights}: no {MEDUSA2_PREFIX}* weights (Medusa-2's heads) and no "
+                             "medusa_lm_head.safetensors / .pt (Medusa-1's)")
+        state = {k[len(MEDUSA2_PREFIX):]: v for k, v in state.items()}
     config = _config_from(path, kind, state, target)
     _check_target(spec, config, target)
     module = build(config)
