@@ -191,6 +191,44 @@ def acceptance_iid(p_target: np.ndarray, q_draft: np.ndarray, y: np.ndarray, k: 
     return out
 
 
+def node_acceptance_iid(p_target: np.ndarray, q_draft: np.ndarray, k: int) -> np.ndarray:
+    """(n, k) P(one of j i.i.d. candidates from q is accepted), j = 1..k, under the recursive rule above
+    (SpecInfer's: candidate i against the residual r_i): 1 − Π_{i<j} (1 − Σ_x min(q, r_i))."""
+    p = np.asarray(p_target, dtype=np.float64)
+    q = np.asarray(q_draft, dtype=np.float64)
+    out = np.zeros((p.shape[0], k))
+    r, survive = p, np.ones(p.shape[0])
+    for i in range(k):
+        survive = survive * np.clip(1.0 - np.minimum(q, r).sum(axis=1), 0.0, 1.0)
+        out[:, i] = 1.0 - survive
+        if i + 1 < k:
+            r = _residual(r, q)
+    return out
+
+
+def optimal_acceptance_iid(p_target: np.ndarray, q_draft: np.ndarray, k: int) -> np.ndarray:
+    """(n, k) the most any valid verifier accepts of j i.i.d. candidates from q, j = 1..k (Hu et al., "Towards
+    Optimal Multi-draft Speculative Decoding", ICLR 2025, arXiv 2502.18779: the dual of the optimal transport).
+
+    A verifier is valid when its output is distributed as p; it accepts when the output is one of the candidates.
+    The most it can accept is a max flow from candidate tuples (mass Q) to tokens (capacity p), whose min cut is
+    α* = min over token sets A of p(A) + Q(not every candidate is in A); for i.i.d. candidates that is
+    1 + min_A [p(A) − q(A)^j]. On the prefixes of the tokens in ascending p/q, p(A) for a given q(A) is at its
+    least (a fractional knapsack: convex, piecewise linear in q(A)) and −q(A)^j is concave, so their sum is
+    concave between two prefixes and the minimum over all 2^V sets is at a prefix: O(V log V) per row.
+    j = 1 gives Σ_x min(p, q), one draft's maximal coupling."""
+    p = np.asarray(p_target, dtype=np.float64)
+    q = np.asarray(q_draft, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
+    order = np.argsort(ratio, axis=1, kind="stable")
+    zeros = np.zeros((p.shape[0], 1))
+    p_cum = np.concatenate([zeros, np.cumsum(np.take_along_axis(p, order, axis=1), axis=1)], axis=1)  # (n, V+1)
+    q_cum = np.concatenate([zeros, np.cumsum(np.take_along_axis(q, order, axis=1), axis=1)], axis=1)
+    q_cum = np.clip(q_cum, 0.0, 1.0)
+    return np.stack([np.clip(1.0 + (p_cum - q_cum ** j).min(axis=1), 0.0, 1.0) for j in range(1, k + 1)], axis=1)
+
+
 def acceptance_swor(
     p_target: np.ndarray,
     q_draft: np.ndarray,

@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "trees": "specsim.cli.trees_cmd:trees",
     "simulate": "specsim.cli.simulate_cmd:simulate",
     "optimize": "specsim.cli.optimize_cmd:optimize",
+    "bound": "specsim.cli.bound_cmd:bound",
     "live": "specsim.cli.live_cmd:live",
     "validate": "specsim.cli.validate_cmd:validate",
     "bench-attention": "specsim.cli.attention_cmd:bench_attention",

@@ -1,0 +1,142 @@
+"""The most any valid verifier can accept of i.i.d. candidates (Hu et al., ICLR 2025), against enumeration.
+
+`specsim.cache.stats.optimal_acceptance_iid` takes the minimum of p(A) + 1 − q(A)^k over the prefixes of the
+tokens sorted by p/q; here it must equal (1) the minimum over all 2^V token sets and (2) the optimal transport
+itself, solved as a linear program over every candidate tuple and output token (scipy). SpecInfer's rule, the
+one specsim replays for i.i.d. trees, may not exceed it, and equals it for one candidate.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+
+def _laws(rng, n, V, concentration=0.5):
+    p = rng.dirichlet(np.full(V, concentration), size=n)
+    q = rng.dirichlet(np.full(V, concentration), size=n)
+    q[:, rng.integers(0, V)] = 0.0  # a token the draft never proposes
+    return p, q / q.sum(axis=1, keepdims=True)
+
+
+def _over_all_sets(p, q, k):
+    V = p.shape[0]
+    best = np.inf
+    for mask in itertools.product([False, True], repeat=V):
+        A = np.array(mask)
+        best = min(best, p[A].sum() + 1.0 - q[A].sum() ** k)
+    return best
+
+
+def _transport(p, q, k):
+    """max P(output ∈ candidates) over couplings of k i.i.d. candidates ~ q with an output ~ p (an LP)."""
+    from scipy.optimize import linprog
+
+    V = p.shape[0]
+    tuples = list(itertools.product(range(V), repeat=k))
+    n = len(tuples) * V  # variable (tuple t, output y) at t * V + y
+    c = np.zeros(n)
+    A_eq, b_eq = [], []
+    for t, xs in enumerate(tuples):
+        row = np.zeros(n)
+        row[t * V:(t + 1) * V] = 1.0
+        A_eq.append(row)
+        b_eq.append(np.prod([q[x] for x in xs]))
+        for y in set(xs):
+            c[t * V + y] = -1.0
+    for y in range(V):
+        row = np.zeros(n)
+        row[y::V] = 1.0
+        A_eq.append(row)
+        b_eq.append(p[y])
+    res = linprog(c, A_eq=np.array(A_eq), b_eq=np.array(b_eq), bounds=(0, None), method="highs")
+    assert res.status == 0
+    return -res.fun
+
+
+def test_the_prefix_minimum_is_the_minimum_over_every_token_set():
+    from specsim.cache.stats import optimal_acceptance_iid
+
+    rng = np.random.default_rng(0)
+    p, q = _laws(rng, 40, 7)
+    got = optimal_acceptance_iid(p, q, 4)
+    want = np.array([[_over_all_sets(p[i], q[i], k) for k in range(1, 5)] for i in range(p.shape[0])])
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    # the order matters: prefixes in descending p/q miss the minimum on these laws (the check can fail)
+    order = np.argsort(-(p / np.where(q > 0, q, 1e-300)), axis=1)
+    wrong = 1.0 + np.min(np.cumsum(np.take_along_axis(p, order, 1), 1)
+                         - np.cumsum(np.take_along_axis(q, order, 1), 1) ** 2, axis=1).clip(max=0.0)
+    assert np.abs(wrong - want[:, 1]).max() > 1e-3
+
+
+@pytest.mark.parametrize("V, k", [(4, 2), (3, 3), (5, 2)])
+def test_the_bound_is_the_optimal_transport(V, k):
+    from specsim.cache.stats import optimal_acceptance_iid
+
+    rng = np.random.default_rng(V * 10 + k)
+    p, q = _laws(rng, 6, V)
+    got = optimal_acceptance_iid(p, q, k)[:, k - 1]
+    want = np.array([_transport(p[i], q[i], k) for i in range(p.shape[0])])
+    np.testing.assert_allclose(got, want, atol=1e-8)
+
+
+def test_specinfers_rule_reaches_the_bound_with_one_candidate_and_never_passes_it():
+    from specsim.cache.stats import node_acceptance_iid, optimal_acceptance_iid
+
+    rng = np.random.default_rng(3)
+    p, q = _laws(rng, 500, 12)
+    rule, best = node_acceptance_iid(p, q, 4), optimal_acceptance_iid(p, q, 4)
+    np.testing.assert_allclose(rule[:, 0], np.minimum(p, q).sum(axis=1), atol=1e-12)
+    np.testing.assert_allclose(best[:, 0], rule[:, 0], atol=1e-12)
+    assert (rule <= best + 1e-12).all()
+    assert (np.diff(rule, axis=1) >= -1e-12).all() and (np.diff(best, axis=1) >= -1e-12).all()
+    assert (best[:, 1:] - rule[:, 1:]).max() > 1e-3  # the rule leaves acceptance on the table at k >= 2
+
+
+def test_the_rules_node_acceptance_is_what_the_replay_integrates():
+    """node_acceptance_iid = Σ_y p(y) Σ_{i<j} π_i(y), with π the per-candidate law the replay walks trees with."""
+    from specsim.cache.stats import acceptance_iid, node_acceptance_iid
+
+    rng = np.random.default_rng(5)
+    p, q = _laws(rng, 30, 9)
+    k = 3
+    by_y = np.stack([acceptance_iid(p, q, np.full(p.shape[0], y), k) for y in range(9)], axis=1)  # (n, V, k)
+    integrated = np.cumsum((p[:, :, None] * by_y).sum(axis=1), axis=1)
+    np.testing.assert_allclose(node_acceptance_iid(p, q, k), integrated, atol=1e-12)
+
+
+def test_specsim_bound_averages_both_over_the_recorded_positions(tiny_cache):
+    """`specsim bound`: the rule's and the optimal acceptance per number of candidates, averaged over every position
+    of the T = 1 trajectories; recomputed here from the cache's logits directly, trajectory by trajectory."""
+    from click.testing import CliRunner
+
+    from specsim.cache.stats import node_acceptance_iid, optimal_acceptance_iid, probabilities
+    from specsim.cache.store import CacheReader
+    from specsim.cli import main
+    from specsim.sim.bound import node_bound
+
+    got = node_bound(tiny_cache, "layers:2", 1.0, 3, progress=False)
+    rule, best = [], []
+    with CacheReader(tiny_cache) as reader:
+        for row in reader.iter_trajectories(1.0):
+            lo, hi = row.start, row.stop
+            p = probabilities(reader.logits("target", lo, hi).astype(np.float64), 1.0)
+            q = probabilities(reader.logits("layers:2", lo, hi).astype(np.float64), 1.0)
+            rule.append(node_acceptance_iid(p, q, 3))
+            best.append(optimal_acceptance_iid(p, q, 3))
+    np.testing.assert_allclose(got.rule, np.concatenate(rule).mean(axis=0), atol=1e-6)
+    np.testing.assert_allclose(got.bound, np.concatenate(best).mean(axis=0), atol=1e-6)
+    assert got.positions == sum(len(r) for r in rule) and (got.bound >= got.rule - 1e-12).all()
+    assert (got.rule_se > 0).all() and got.trajectories == len(rule)
+
+    out = CliRunner().invoke(main, ["bound", str(tiny_cache), "--draft", "layers:2", "--temperature", "1",
+                                    "--candidates", "3"])
+    assert out.exit_code == 0, out.output
+    assert "optimal (Hu et al.)" in out.output and f"{got.bound[2]:.4f} ± {got.bound_se[2]:.4f}" in out.output
+    assert f"over {got.positions:,} positions of {got.trajectories} target-sampled trajectories at T=1" in out.output
+    for args, message in [(["--draft", "layers:2", "--temperature", "0"], "at T = 0 a verifier accepts exactly"),
+                          (["--draft", "ngram:3", "--temperature", "1"], "model-free")]:
+        bad = CliRunner().invoke(main, ["bound", str(tiny_cache), *args])
+        assert bad.exit_code != 0 and message in bad.output and len(bad.output.strip().splitlines()) == 1, bad.output
