@@ -223,3 +223,26 @@ def test_vllms_mtp_method_counts_what_the_replay_counts(mimo_target, tiny_prompt
     counters = result["runs"]["spec"][0]["counters"]
     assert counters["num_draft_tokens"] == 3 * counters["num_drafts"] and counters["num_drafts"] >= 20
     assert all(n > 0 for n in counters["num_accepted_tokens_per_pos"][:2]), counters  # a reused layer was accepted
+
+
+def test_train_draft_on_the_command_line(training_cache, tiny_model_dir, tiny_cache, tmp_path):
+    """`specsim train-draft --kind mtp --mtp-style mimo`: trains, saves, says what it held out; options of other
+    kinds and a cache without the state MiMo reads are refused in one line."""
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+
+    base = ["train-draft", "--target", str(tiny_model_dir), "--quiet"]
+    out = CliRunner().invoke(main, base + ["--kind", "mtp", "--mtp-style", "mimo", "--from", str(training_cache[0]),
+                                           "--steps", "3", "--ttt-steps", "2", "--out", str(tmp_path / "mtp")])
+    assert out.exit_code == 0, out.output
+    assert "held-out" in out.output and "depth 2" in out.output
+    raw = json.loads((tmp_path / "mtp" / "config.json").read_text())
+    assert raw["specsim"]["mtp_style"] == "mimo" and raw["training"]["config"]["ttt_decay"] == 0.6
+    for args, message in [(["--kind", "medusa", "--ttt-decay", "0.5", "--from", str(training_cache[0])],
+                           "--ttt-decay is EAGLE-3's and MTP's"),
+                          (["--kind", "mtp", "--mtp-style", "mimo", "--from", str(tiny_cache)],
+                           "--hidden-states last,prenorm")]:
+        bad = CliRunner().invoke(main, base + args + ["--out", str(tmp_path / "x")])
+        assert bad.exit_code != 0 and message in bad.output, bad.output
+        assert len(bad.output.strip().splitlines()) <= 2, bad.output  # "loading target ..." then the error
