@@ -253,3 +253,21 @@ def test_each_analysis_module_redraws_its_chart_from_the_reports_tables(report_d
     assert done.returncode == 0, done.stderr[-2000:]
     written = {p.suffix for p in tmp_path.iterdir() if p.stat().st_size > 0}
     assert written == {".png", ".svg"}, (sorted(tmp_path.iterdir()), done.stdout)
+
+
+def test_the_report_says_what_the_verification_rule_leaves_on_the_table(report_dir, tiny_cache):
+    """For each model draft at T > 0 in a full cache: SpecInfer's node acceptance against the optimal verifier's,
+    per number of candidates, the same numbers `specsim bound` gives, in the table and on the page."""
+    from specsim.sim.bound import node_bound
+
+    table = pl.read_parquet(report_dir / "tables" / "verifier_bound.parquet")
+    assert set(table["draft"]) == {"layers:2", "int8"} and set(table["temperature"]) == {1.0}
+    assert sorted(table["candidates"].unique()) == [1, 2, 3, 4]
+    direct = node_bound(tiny_cache, "int8", 1.0, 4, progress=False)
+    row = table.filter((pl.col("draft") == "int8") & (pl.col("candidates") == 3)).row(0, named=True)
+    assert row["specinfer"] == pytest.approx(direct.rule[2]) and row["optimal"] == pytest.approx(direct.bound[2])
+    assert (table["optimal"] >= table["specinfer"] - 1e-12).all()
+    text = (report_dir / "index.html").read_text(encoding="utf-8")
+    shown = table.filter((pl.col("draft") == "layers:2") & (pl.col("candidates") == 2)).row(0, named=True)
+    assert "What the verification rule leaves on the table" in text
+    assert f"{round(shown['optimal'], 4)} ± {round(shown['optimal_se'], 4)}" in text

@@ -60,6 +60,7 @@ class StudyConfig:
     grid_gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10)  # draft lengths γ of the theory grid
     n_boot: int = 1000  # bootstrap resamples over prompts for the 95% intervals
     seed: int = 0  # bootstrap and Monte-Carlo seed
+    bound_candidates: int = 4  # the verifier bound's table: nodes with 1..this many i.i.d. candidates (T>0, full)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ class Study:
     batch: pl.DataFrame = field(default_factory=pl.DataFrame)  # best tree per batch size (measured costs only)
     attention: pl.DataFrame | None = None  # a `bench-attention` table, when given
     notes: tuple[str, ...] = field(default=())  # configurations skipped and why
+    bound: pl.DataFrame = field(default_factory=pl.DataFrame)  # per node with j i.i.d. candidates: SpecInfer's
+    #                                                            acceptance vs the optimal verifier's (full caches, T>0)
 
     @property
     def measured(self) -> bool:
@@ -284,7 +287,7 @@ def run_study(
                          "rename one so the report can tell them apart")
     common = dict(budgets=list(config.budgets), multi_draft=config.multi_draft, samples=config.samples,
                   by_category=True, n_boot=config.n_boot, seed=config.seed, unpriced="keep")
-    setups, cats, results, theory, drawn, notes, batch_rows = [], [], [], [], [], [], []
+    setups, cats, results, theory, drawn, notes, batch_rows, bound_rows = [], [], [], [], [], [], [], []
     steps = []  # (cache, kind, T) in the order run, for one progress bar
     expansions: dict = {}  # cache -> its recorded draft expansion (dynamic trees), or None
     priced: dict[Path, dict] = {}
@@ -344,6 +347,8 @@ def run_study(
             spec = parse_policy(policy, multi_draft=config.multi_draft, samples=config.samples)
             for draft in drafts:
                 source = feature_source(path, draft, T, progress=False)
+                if T > 0 and source.has_distributions and source.depth is None:
+                    bound_rows += _bound_rows(path, draft, T, config.bound_candidates)
                 alpha = _mean_alpha(source)  # the per-token α Leviathan assumes
                 theory.append(_theory_rows(table, draft, T, alpha, source.n_positions))
                 features = fit_sample(source, config.seed)  # fits: a bounded sample
@@ -391,8 +396,20 @@ def run_study(
         theory=_concat(theory),
         grid=speedup_grid(config.grid_alphas, config.grid_costs, config.grid_gammas),
         trees=tuple(shown + drawn), cost_basis=basis, batch=pl.DataFrame(batch_rows, infer_schema_length=None),
-        attention=attention, notes=tuple(notes),
+        attention=attention, notes=tuple(notes), bound=pl.DataFrame(bound_rows, infer_schema_length=None),
     )
+
+
+def _bound_rows(path: Path, draft: str, T: float, candidates: int) -> list[dict]:
+    """`specsim.sim.bound.node_bound` as report rows, one per number of candidates."""
+    from specsim.sim.bound import node_bound
+
+    b = node_bound(path, draft, T, candidates, progress=False)
+    return [{"cache_name": path.name, "draft": draft, "temperature": T, "candidates": j + 1,
+             "specinfer": float(b.rule[j]), "specinfer_se": float(b.rule_se[j]), "optimal": float(b.bound[j]),
+             "optimal_se": float(b.bound_se[j]), "left_on_table": float(b.bound[j] - b.rule[j]),
+             "left_se": float(b.gap_se[j]), "positions": b.positions, "trajectories": b.trajectories}
+            for j in range(candidates)]
 
 
 def _profile_for(reader: CacheReader, profiles):
@@ -453,6 +470,8 @@ def study_tables(study: Study) -> dict[str, pl.DataFrame]:
             tables["trees_at_equal_budget"] = compared
     if study.attention is not None:
         tables["attention"] = study.attention
+    if not study.bound.is_empty():
+        tables["verifier_bound"] = study.bound
     return tables
 
 
