@@ -22,12 +22,34 @@ from specsim.errors import CacheError, EngineError, ModelError
 from tests.conftest import build_tiny_model
 
 
+def build_bigram_qwen2(out: Path) -> dict:
+    """A tiny Qwen2 target (final norm not all ones, its own LM head, head_dim 32: vLLM's CPU attention needs 32+)
+    whose layers write nothing (o_proj and down_proj zero): it predicts the next token from the current one. The
+    last layer's weights before they were zeroed are returned (a block for an MTP layer)."""
+    import copy
+
+    import torch
+
+    from specsim.record.models import load_model
+
+    build_tiny_model(out, family="qwen2", final_norm=True, hidden=128)
+    target = load_model(str(out))
+    layers = target.model.model.layers
+    block = copy.deepcopy(layers[-1].state_dict())
+    with torch.no_grad():
+        for layer in layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    target.model.save_pretrained(out)
+    return block
+
+
 def build_mimo_target(out: Path) -> Path:
     """A tiny Qwen2 target as a MiMo checkpoint: config.json names MiMoForCausalLM with num_nextn_predict_layers 1
     (transformers still loads it as Qwen2) and model.safetensors also holds model.mtp_layers.0.*.
 
-    The target's layers write nothing (o_proj and down_proj zero), so it predicts the next token from the current
-    one through its final norm (weights not all 1) and its own LM head. The MTP layer passes the normed embedding
+    The target (`build_bigram_qwen2`) predicts the next token from the current one through its final norm and
+    its own LM head. The MTP layer passes the normed embedding
     of the token after its state through eh_proj, so it proposes what the target will take next, disturbed by
     everything vLLM and specsim must agree on: the state half (the target's state before its final norm, then the
     layer's own normed output; hnorm's weights not all 1), the block (a random layer's output projections at
@@ -37,23 +59,14 @@ def build_mimo_target(out: Path) -> Path:
     75 and [10, 7, 0] (probe runs). Reading the target's normed state instead of the one before the norm is not
     told apart here (its half of eh_proj is small); tests/test_heads_record.py pins that live reads what the
     recorder reads, and vLLM's mimo.py returns the state before the norm."""
-    import copy
-
     import torch
     from safetensors.torch import load_file, save_file
 
     from specsim.record.heads import build, head_config_for, save_heads
     from specsim.record.models import load_model
 
-    build_tiny_model(out, family="qwen2", final_norm=True, hidden=128)  # head_dim 32: vLLM's CPU attention needs 32+
+    block = build_bigram_qwen2(out)
     target = load_model(str(out))
-    layers = target.model.model.layers
-    block = copy.deepcopy(layers[-1].state_dict())
-    with torch.no_grad():
-        for layer in layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-    target.model.save_pretrained(out)
     config = head_config_for("mtp", target, mtp_style="mimo")
     module, H = build(config), config.hidden_size
     torch.manual_seed(0)
@@ -246,3 +259,40 @@ def test_train_draft_on_the_command_line(training_cache, tiny_model_dir, tiny_ca
         bad = CliRunner().invoke(main, base + args + ["--out", str(tmp_path / "x")])
         assert bad.exit_code != 0 and message in bad.output, bad.output
         assert len(bad.output.strip().splitlines()) <= 2, bad.output  # "loading target ..." then the error
+
+
+@pytest.mark.slow
+def test_a_head_train_draft_wrote_runs_in_vllms_mtp_method(training_cache, tiny_prompts_file, tmp_path):
+    """`train-draft --kind mtp --mtp-style mimo` for a plain Qwen2 target, then `validate --engine vllm`: the
+    target is written out with the head as a MiMo checkpoint, vLLM's mtp method runs it (as target and draft),
+    and its outputs, counters and steps equal the replay's of the head specsim recorded."""
+    from specsim.engines.check import EngineValidateConfig, validate_with_vllm
+    from specsim.engines.vllm import vllm_python, vllm_version
+    from specsim.record.models import load_model
+    from specsim.record.run import RecordRequest, record_cache
+    from specsim.record.train import TrainConfig, train
+
+    try:
+        vllm_version(vllm_python())
+    except EngineError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+    target = tmp_path / "qwen2"
+    build_bigram_qwen2(target)
+    record_cache(tmp_path / "train.h5", RecordRequest(target=str(target), prompts=str(training_cache[1]),
+                                                     max_new_tokens=24, temperatures=(0.0, 1.0), device="cpu",
+                                                     hidden=("last", "prenorm")), progress=False)
+    outcome = train(tmp_path / "train.h5", load_model(str(target)), tmp_path / "head",
+                    TrainConfig(kind="mtp", mtp_style="mimo", steps=60, lr=1e-2, batch=4, holdout_every=4,
+                                ttt_steps=3, ttt_decay=0.6), progress=False)
+    assert outcome.after["top1"][1] > 0.2, outcome.after  # a bigram target: the layer learns it
+    draft = f"mtp:{tmp_path / 'head'}"
+    cache = tmp_path / "eval.h5"
+    record_cache(cache, RecordRequest(target=str(target), drafts=(draft,), prompts=str(tiny_prompts_file),
+                                      max_new_tokens=24, device="cpu", store="stats", overhang=8), progress=False)
+    report = validate_with_vllm(cache, EngineValidateConfig(trees=("chain:3",), drafts=(draft,)))
+    checks = {c.kind: c for c in report.checks}
+    assert checks["trajectories"].passed, checks["trajectories"].comparison
+    assert checks["counters"].passed and checks["steps"].passed, (checks["counters"].detail, checks["steps"].detail)
+    assert "accepted [0, 0, 0]" not in checks["counters"].detail, checks["counters"].detail

@@ -151,7 +151,8 @@ def validate_with_vllm(cache, config: EngineValidateConfig, *, echo: Callable[[s
                 configs = {"spec": engine.config}
                 if config.rounds:
                     configs["plain"] = None
-                run = VllmRun(model=target_dir, prompts=data.prompts, max_tokens=data.max_new_tokens, configs=configs,
+                # vLLM's mtp method drafts from the target's own checkpoint: an exported one holds the head too
+                run = VllmRun(model=draft_dir if draft_kind(draft).name == "mtp" else target_dir, prompts=data.prompts, max_tokens=data.max_new_tokens, configs=configs,
                               temperature=T, repeats=1 if T == 0 else config.repeats, batch=config.batch,
                               rounds=config.rounds, seed=config.seed, threads=config.threads,
                               max_model_len=longest + data.max_new_tokens + tree.max_depth + 16,

@@ -59,22 +59,70 @@ def draft_directory(draft: str, target: str, *, target_info: dict | None = None,
     if draft.startswith("eagle:"):
         return str(export_eagle(draft, target, target_info=target_info, echo=echo))
     if draft.startswith("mtp:"):
-        return mtp_directory(draft, target, target_info=target_info)
+        return mtp_directory(draft, target, target_info=target_info, echo=echo)
     if draft.startswith("eagle3:"):  # speculators' layout (what train-draft writes) or the reference one: as it is
         where = Path(draft.partition(":")[2]).expanduser()
         return str(where.resolve()) if where.is_dir() else model_directory(draft.partition(":")[2])
     return model_directory(draft, draft_info)
 
 
-def mtp_directory(draft: str, target: str, *, target_info: dict | None = None) -> str:
-    """`mtp:DIR` for vLLM's mtp method, which runs the MTP layers inside the target's own checkpoint: DIR must be
-    the target's directory (a head `train-draft --kind mtp` wrote on its own is not a model vLLM loads)."""
+def mtp_directory(draft: str, target: str, *, target_info: dict | None = None, out: Path | None = None,
+                  echo: Callable[[str], None] = lambda line: None) -> str:
+    """`mtp:DIR` as vLLM's mtp method runs it: from the target's own checkpoint, with the MTP layers inside.
+
+    DIR is the target's directory (native MTP layers): used as it is. DIR is a head `train-draft --kind mtp
+    --mtp-style mimo` wrote for a Qwen2 target: the target is written out once into the model store as a MiMo
+    checkpoint (its own weights and tokenizer, the head's `model.mtp_layers.0.*`, config.json naming
+    MiMoForCausalLM with num_nextn_predict_layers 1), which vLLM loads as the target and the draft both — the
+    same target weights, so the same outputs. Anything else is refused with the reason."""
+    import hashlib
+
+    from specsim.record import packaged
+    from specsim.record.heads import WEIGHTS
+
     where = Path(draft.partition(":")[2]).expanduser()
-    target_dir = model_directory(target, target_info)
-    if not where.is_dir() or not Path(target_dir).is_dir() or where.resolve() != Path(target_dir).resolve():
+    target_dir = Path(model_directory(target, target_info))
+    if where.is_dir() and target_dir.is_dir() and where.resolve() == target_dir.resolve():
+        return str(where.resolve())
+    try:
+        head = json.loads((where / "config.json").read_text()).get("specsim") if where.is_dir() else None
+        target_config = json.loads((target_dir / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"draft {draft}: cannot read its or the target's config.json ({exc})") from None
+    if not head or head.get("kind") != "mtp":
         raise EngineError(f"draft {draft}: vLLM's mtp method runs the MTP layers inside the target's checkpoint; "
-                          f"give mtp:{target_dir} (a target with num_nextn_predict_layers), not a separate head")
-    return str(where.resolve())
+                          f"give mtp:{target_dir} (a target with num_nextn_predict_layers) or a head train-draft "
+                          "--kind mtp wrote")
+    if head.get("mtp_style") != "mimo" or target_config.get("model_type") != "qwen2":
+        raise EngineError(f"draft {draft}: vLLM runs a trained MTP layer as MiMo's (a Qwen2 target, --mtp-style "
+                          f"mimo); this one is {head.get('mtp_style')}-style on a "
+                          f"{target_config.get('model_type')} target, which no vLLM model class runs")
+    weights = where / WEIGHTS["mtp"]
+    sha = hashlib.sha256(weights.read_bytes()).hexdigest()
+    out = Path(out) if out is not None else packaged.model_store() / "exported" / f"{_safe(target)}-mimo-{sha[:12]}"
+    want = {"head": str(where.resolve()), "weights_sha256": sha, "target": target}
+    if _reusable(out, want):
+        return str(out)
+    echo(f"writing {target} with MTP head {where} as a MiMo checkpoint vLLM's mtp method runs: {out}")
+
+    def fill(tmp: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        from specsim.record.models import load_model
+
+        loaded = load_model(str(target_dir), device="cpu", dtype="float32")
+        loaded.model.save_pretrained(tmp)
+        loaded.tokenizer.save_pretrained(tmp)
+        state = {**load_file(str(tmp / "model.safetensors")), **load_file(str(weights))}
+        config = json.loads((tmp / "config.json").read_text())
+        if "lm_head.weight" not in state:  # tied: vLLM's MiMo MTP loads its LM head by name, so write it out
+            state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+            config["tie_word_embeddings"] = False
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    return str(_write_directory(out, want, fill))
 
 
 def eagle_config(head: dict, target_config: dict) -> dict:

@@ -24,7 +24,9 @@ A configuration maps to vLLM's `speculative_config` (vLLM 0.32, `vllm/config/spe
   + `chain:k` -> method "eagle3" on the directory, vLLM collecting the target's states at the
   head's `eagle_aux_hidden_state_layer_ids`;
 * `mtp:DIR` where DIR is the target's own checkpoint with native MTP layers (MiMo's
-  `model.mtp_layers.0.*`, DeepSeek's `model.layers.{L}.*`, `num_nextn_predict_layers`) +
+  `model.mtp_layers.0.*`, DeepSeek's `model.layers.{L}.*`, `num_nextn_predict_layers`), or a
+  MiMo-style head `train-draft --kind mtp` wrote for a Qwen2 target (written out with the target
+  as a MiMo checkpoint, `export.mtp_directory`, which vLLM then loads as the target too) +
   `chain:k` -> method "mtp": vLLM runs the first MTP layer k times, each step fed its previous
   output, as specsim replays it (`specsim.record.heads.MtpHead`);
 * `suffix[:...]` + `chain:k` -> method "suffix" with its suffix_decoding_* settings (vLLM's
