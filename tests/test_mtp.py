@@ -13,13 +13,12 @@ decoding and pricing of MTP heads are tested with the other heads (tests/test_he
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from specsim.errors import CacheError, EngineError, ModelError
-from tests.conftest import build_tiny_model
+from tests.conftest import build_tiny_model, vllm_or_skip
 
 
 def build_bigram_qwen2(out: Path) -> dict:
@@ -199,6 +198,11 @@ def test_vllm_runs_mtp_only_from_the_targets_own_checkpoint(mimo_target, tmp_pat
     assert config == {"method": "mtp", "model": str(mimo_target), "num_speculative_tokens": 3}
     with pytest.raises(EngineError, match="inside the target's checkpoint; give mtp:"):
         draft_directory(f"mtp:{tmp_path}", str(mimo_target))
+    deepseek = tmp_path / "deepseek-head"
+    (deepseek).mkdir()
+    (deepseek / "config.json").write_text(json.dumps({"specsim": {"kind": "mtp", "mtp_style": "deepseek"}}))
+    with pytest.raises(EngineError, match="deepseek-style on a qwen2 target, which no vLLM model class runs"):
+        draft_directory(f"mtp:{deepseek}", str(mimo_target))
 
 
 @pytest.mark.slow
@@ -207,17 +211,11 @@ def test_vllms_mtp_method_counts_what_the_replay_counts(mimo_target, tiny_prompt
     embedding masked at position 0, fed the target's state before its final norm) at T = 0: the same outputs,
     the same spec-decode counters per position and the same steps as specsim's replay of its recording."""
     from specsim.engines.check import EngineReport, EngineValidateConfig, compare, read_cache
-    from specsim.engines.vllm import VllmRun, run_vllm, speculative_config, vllm_python, vllm_version
+    from specsim.engines.vllm import VllmRun, run_vllm, speculative_config
     from specsim.record.run import RecordRequest, record_cache
     from specsim.specs import parse_tree
 
-    try:
-        python = vllm_python()
-        vllm_version(python)
-    except EngineError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
+    python = vllm_or_skip()
     draft, chain = f"mtp:{mimo_target}", parse_tree("chain:3")
     cache = tmp_path / "mtp.h5"
     record_cache(cache, RecordRequest(target=str(mimo_target), drafts=(draft,), prompts=str(tiny_prompts_file),
@@ -267,17 +265,11 @@ def test_a_head_train_draft_wrote_runs_in_vllms_mtp_method(training_cache, tiny_
     target is written out with the head as a MiMo checkpoint, vLLM's mtp method runs it (as target and draft),
     and its outputs, counters and steps equal the replay's of the head specsim recorded."""
     from specsim.engines.check import EngineValidateConfig, validate_with_vllm
-    from specsim.engines.vllm import vllm_python, vllm_version
     from specsim.record.models import load_model
     from specsim.record.run import RecordRequest, record_cache
     from specsim.record.train import TrainConfig, train
 
-    try:
-        vllm_version(vllm_python())
-    except EngineError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
+    vllm_or_skip()
     target = tmp_path / "qwen2"
     build_bigram_qwen2(target)
     record_cache(tmp_path / "train.h5", RecordRequest(target=str(target), prompts=str(training_cache[1]),

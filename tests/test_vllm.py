@@ -7,11 +7,9 @@ tokens, greedy, overhang 8) and one vLLM run per draft (ngram, draft_model) are 
 check trains a head for a few steps on other prompts first.
 """
 
-import os
 
 import pytest
 
-from specsim.errors import EngineError
 from specsim.record import packaged
 
 pytestmark = pytest.mark.slow
@@ -22,15 +20,9 @@ NGRAM, CHAIN = "vllm-ngram:min=2,max=3", "chain:3"
 
 @pytest.fixture(scope="module")
 def python():
-    from specsim.engines.vllm import vllm_python, vllm_version
+    from tests.conftest import vllm_or_skip
 
-    try:
-        found = vllm_python()
-        vllm_version(found)
-    except EngineError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
+    found = vllm_or_skip()
     if not packaged.is_installed("smollm2-135m"):
         pytest.skip("smollm2-135m is not in the model store (make setup fetches it)")
     return found

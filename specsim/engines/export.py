@@ -85,7 +85,8 @@ def mtp_directory(draft: str, target: str, *, target_info: dict | None = None, o
     if where.is_dir() and target_dir.is_dir() and where.resolve() == target_dir.resolve():
         return str(where.resolve())
     try:
-        head = json.loads((where / "config.json").read_text()).get("specsim") if where.is_dir() else None
+        head = json.loads((where / "config.json").read_text()).get("specsim") if (where / "config.json").is_file() \
+            else None
         target_config = json.loads((target_dir / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise EngineError(f"draft {draft}: cannot read its or the target's config.json ({exc})") from None
