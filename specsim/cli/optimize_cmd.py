@@ -245,7 +245,9 @@ def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost_ex
 
         base = speculative_config(draft, parse_tree(f"chain:{max(k_max, 1)}"), spec.label, draft_dir=draft_dir).config
         engines.write_json(path, engines.vllm_config(base, k_at))
-        click.echo(f"wrote vLLM's speculative_config to {path}: vllm serve MODEL --speculative-config \"$(cat {path})\"")
+        # vLLM's mtp method drafts from the target's own checkpoint: serve the one that holds the MTP layers
+        model = draft_dir if base["method"] == "mtp" else "MODEL"
+        click.echo(f"wrote vLLM's speculative_config to {path}: vllm serve {model} --speculative-config \"$(cat {path})\"")
     else:
         if k_max < 1:
             raise SpecError(f"plain decoding is faster at batch {batches[0]}: no speculative flags to write")
