@@ -28,8 +28,23 @@ from typing import Sequence
 import numpy as np
 import torch
 from transformers.cache_utils import Cache
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specsim.errors import ModelError
+
+# transformers 5.2x renamed a forward's KV cache, keyword and output field, from `past_key_values` to `cache` (the old
+# name still works there, with a deprecation warning on every run): pass and read whichever this transformers has.
+CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def with_cache(cache) -> dict:
+    """A forward's keyword for its KV cache: ``model(..., **with_cache(cache))``."""
+    return {CACHE_KEY: cache}
+
+
+def cache_of(out):
+    """The KV cache a forward returned."""
+    return getattr(out, CACHE_KEY)
 
 
 class _SlotCache(Cache):
@@ -144,12 +159,12 @@ class SlotKV:
 
             out, states = base_states(getattr(self.model, self.model.base_model_prefix), self.keep_hidden,
                                       input_ids=ids, attention_mask=mask, position_ids=positions,
-                                      past_key_values=self._cache, use_cache=True)
+                                      use_cache=True, **with_cache(self._cache))
             self.hidden = states[0] if len(states) == 1 else torch.cat(states, dim=-1)
             out_logits = self.model.get_output_embeddings()(out.last_hidden_state) if logits else None
         else:
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self._cache,
-                             use_cache=True, logits_to_keep=0 if logits else 1)
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                             **with_cache(self._cache), logits_to_keep=0 if logits else 1)
             out_logits = out.logits if logits else None
         self.pending += n
         self._write = None

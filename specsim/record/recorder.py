@@ -134,12 +134,14 @@ def prefill(loaded: LoadedModel, prompts: Sequence[Sequence[int]]) -> Prefill:
     import torch
     from transformers import DynamicCache
 
+    from specsim.record.kv import cache_of, with_cache
+
     pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
     ids, mask, positions = _left_pad(prompts, pad_id, loaded.info["device"])
     with torch.inference_mode():
         out = loaded.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                           past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
-    return Prefill(cache=out.past_key_values, last_logits=out.logits[:, -1, :].float(), mask=mask,
+                           use_cache=True, logits_to_keep=1, **with_cache(DynamicCache()))
+    return Prefill(cache=cache_of(out), last_logits=out.logits[:, -1, :].float(), mask=mask,
                    next_positions=positions[:, -1:] + 1)
 
 
@@ -162,6 +164,8 @@ def generate(
     trajectory itself does not depend on them.
     """
     import torch
+
+    from specsim.record.kv import cache_of, with_cache
 
     model = target.model
     eos = eos_token_ids(target)
@@ -195,8 +199,8 @@ def generate(
                 break
             mask = torch.cat([mask, mask.new_ones((B, 1))], dim=1)
             out = model(input_ids=nxt.view(B, 1), attention_mask=mask, position_ids=positions,
-                        past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache, logits, positions = out.past_key_values, out.logits[:, -1, :].float(), positions + 1
+                        use_cache=True, logits_to_keep=1, **with_cache(cache))
+            cache, logits, positions = cache_of(out), out.logits[:, -1, :].float(), positions + 1
     stacked = torch.stack(steps, dim=1)  # (B, steps, V) on the device
     return [
         Trajectory(
@@ -241,6 +245,8 @@ def teacher_forced_logits(
     """
     import torch
 
+    from specsim.record.kv import with_cache
+
     device = draft.info["device"]
     start = start if start is not None else prefill(draft, prompts)
     first = start.last_logits  # (B, V)
@@ -257,7 +263,7 @@ def teacher_forced_logits(
     mask = torch.cat([start.mask, cont_mask.to(device)], dim=1)
     with torch.inference_mode():
         out = draft.model(input_ids=ids.to(device), attention_mask=mask, position_ids=positions,
-                          past_key_values=copy.deepcopy(start.cache), use_cache=True)
+                          use_cache=True, **with_cache(copy.deepcopy(start.cache)))
         rest = out.logits.float()  # (B, width, V)
     return [torch.cat([first[i : i + 1], rest[i, : len(y) - 1]]) for i, y in enumerate(trajectories)]
 
