@@ -109,6 +109,41 @@ def test_int8_draft_is_batch_invariant_and_the_check_can_fail(target):
     assert _batching_gap(leaky, ids) > 1e-3
 
 
+def test_float32_int8_kernel_is_torch_int_mm_bit_for_bit_and_its_block_bound_is_needed():
+    """On a CPU whose int8 GEMM is slow the int8 draft multiplies in float32 on blocks of 1,024 inputs: the same
+    integers as torch._int_mm on random and on extreme operands. A block past 1,040 inputs is not exact: an odd sum
+    above 2^24 has no float32."""
+    from specsim.record.models import int8_matmul_float
+
+    gen = torch.Generator().manual_seed(5)
+    for rows, k, out in [(1, 576, 64), (9, 1536, 96), (33, 3000, 17)]:
+        x = torch.randint(-127, 128, (rows, k), dtype=torch.int8, generator=gen)
+        w = torch.randint(-127, 128, (k, out), dtype=torch.int8, generator=gen)
+        assert torch.equal(int8_matmul_float(x, w.float()), torch._int_mm(x, w))
+    x = torch.full((1, 2000), 127, dtype=torch.int8)
+    w = torch.full((2000, 1), 127, dtype=torch.int8)
+    w[0, 0] = 126  # 127 * (127 * 1999 + 126) = 32,257,873: odd, above 2^24
+    exact = torch._int_mm(torch.cat([x] * 17), w)[:1]  # (CUDA's kernel wants > 16 rows; harmless on CPU)
+    assert int(exact) == 32_257_873
+    assert torch.equal(int8_matmul_float(x, w.float()), exact)
+    assert not torch.equal(int8_matmul_float(x, w.float(), block=2000), exact)
+
+
+def test_int8_draft_logits_do_not_depend_on_the_kernel(target, monkeypatch):
+    """The kernel is chosen by speed, so it must never change a logit: the float32 and int32 kernels give the int8
+    draft bit-identical logits; the description (part of the cost fingerprint) names the kernel."""
+    from specsim.record import models
+
+    ids = [1, 17, 42, 99, 5, 7, 60, 61, 200, 13]
+    got = {}
+    for kernel in ("int32", "float32"):
+        monkeypatch.setattr(models, "_CPU_KERNEL", [kernel])
+        draft = load_draft("int8", target)
+        got[kernel] = (_logits(draft.model, ids), draft.info["quantization"])
+    np.testing.assert_array_equal(got["int32"][0], got["float32"][0])
+    assert "int32" in got["int32"][1] and "float32" in got["float32"][1]
+
+
 def test_a_draft_with_another_tokenizer_is_refused_naming_both(target, tmp_path):
     other = build_tiny_model(tmp_path / "other", seed=1)
     from tokenizers import Tokenizer

@@ -239,20 +239,75 @@ def _layer_prefix(target: LoadedModel, k: int):
     return draft
 
 
+# Products of two int8 values are at most 127² = 16,129 in magnitude, so a float32 dot product over at most 1,040 of
+# them has every partial sum an integer below 2^24: exact in any summation order, FMA or not.
+FLOAT_BLOCK = 1024
+
+
+def int8_matmul_float(xq, w_float, block: int = FLOAT_BLOCK):
+    """The exact int32 product of int8 matrices xq (rows, in) and w (in, out), computed in float32 on blocks of
+    `block` inputs (each block's result is an exact integer, converted to int32 and summed): `torch._int_mm`'s result
+    bit for bit, at float32 GEMM speed where a CPU has no fast int8 kernel."""
+    import torch
+
+    xf = xq.float()
+    acc = None
+    for start in range(0, xf.shape[1], block):
+        part = (xf[:, start:start + block] @ w_float[start:start + block]).to(torch.int32)
+        acc = part if acc is None else acc.add_(part)
+    return acc
+
+
+_CPU_KERNEL: list[str] = []  # the int8 GEMM chosen on this machine's CPU, probed once per process
+
+
+def cpu_int8_kernel() -> str:
+    """"int32" (torch._int_mm) or "float32" (`int8_matmul_float`), whichever is faster on this CPU for an MLP-sized
+    product. Both give the same integers (the probe checks), so the choice moves the draft's speed, never its logits.
+    Measured on an AVX2-only AMD EPYC: torch._int_mm 10-50x slower than float32 GEMM; with VNNI/AMX it is the faster.
+    float32 is used only where float32 matmuls run in full precision (torch.get_float32_matmul_precision "highest")."""
+    if _CPU_KERNEL:
+        return _CPU_KERNEL[0]
+    import time
+
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(-127, 128, (9, 1536), dtype=torch.int8, generator=gen)
+    w = torch.randint(-127, 128, (1536, 1536), dtype=torch.int8, generator=gen)
+    wf = w.float()
+
+    def best(f) -> float:
+        f()
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    kernel = "int32"
+    if torch.get_float32_matmul_precision() == "highest" and torch.equal(int8_matmul_float(x, wf), torch._int_mm(x, w)):
+        kernel = "float32" if best(lambda: int8_matmul_float(x, wf)) < best(lambda: torch._int_mm(x, w)) else "int32"
+    _CPU_KERNEL.append(kernel)
+    return kernel
+
+
 class Int8Linear:
     """W8A8 Linear whose result for a row never depends on the other rows of the batch.
 
     Weights: symmetric int8 per output channel. Activations: symmetric int8 per token
     (one scale per row, as LLM.int8()/SmoothQuant-style per-token dynamic quantisation).
-    The product accumulates in int32 (`torch._int_mm`), which is exact, so a row's output
-    is a function of that row alone: teacher-forced, one-token and tree-level logits are
-    bit-identical, as the coupling argument needs of a draft. (torch's dynamic int8 Linear
-    uses ONE activation scale per tensor, so its rows shift by whole quantisation steps
-    with the batch they are in.) CUDA's int8 kernel needs more than 16 rows: fewer are
-    padded with zero rows, which do not change the others.
+    The product accumulates exactly, in int32 (`torch._int_mm`) or, on a CPU whose int8 GEMM
+    is slow, in float32 on blocks small enough to be exact (`int8_matmul_float`, the same
+    integers), so a row's output is a function of that row alone: teacher-forced, one-token
+    and tree-level logits are bit-identical, as the coupling argument needs of a draft.
+    (torch's dynamic int8 Linear uses ONE activation scale per tensor, so its rows shift by
+    whole quantisation steps with the batch they are in.) CUDA's int8 kernel needs more than
+    16 rows: fewer are padded with zero rows, which do not change the others.
     """
 
-    def __new__(cls, linear):
+    def __new__(cls, linear, kernel: str = "int32"):
         import torch
 
         class _Int8Linear(torch.nn.Module):
@@ -262,9 +317,11 @@ class Int8Linear:
                 scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
                 self.in_features, self.out_features = linear.in_features, linear.out_features
                 q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)  # (out, in)
+                self.kernel = "int32" if q.is_cuda else kernel
                 # (in, out): row-major on CPU (fastest there); on CUDA a transposed view, since cuBLASLt's
-                # int8 GEMM takes its second operand column-major
-                self.register_buffer("weight_t", q.t() if q.is_cuda else q.t().contiguous())
+                # int8 GEMM takes its second operand column-major; the float32 kernel keeps the int8 values as floats
+                weight_t = q.t() if q.is_cuda else q.t().contiguous()
+                self.register_buffer("weight_t", weight_t.float() if self.kernel == "float32" else weight_t)
                 self.register_buffer("w_scale", scale)  # (out,)
                 bias = linear.bias
                 self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
@@ -274,9 +331,12 @@ class Int8Linear:
                 scale = flat.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127  # (tokens, 1)
                 xq = torch.round(flat / scale).clamp_(-127, 127).to(torch.int8)
                 rows = xq.shape[0]
-                if xq.is_cuda and rows <= 16:
-                    xq = torch.cat([xq, xq.new_zeros((17 - rows, xq.shape[1]))])
-                acc = torch._int_mm(xq, self.weight_t)[:rows]  # (tokens, out) int32, exact
+                if self.kernel == "float32":
+                    acc = int8_matmul_float(xq, self.weight_t)  # (tokens, out) int32, exact
+                else:
+                    if xq.is_cuda and rows <= 16:
+                        xq = torch.cat([xq, xq.new_zeros((17 - rows, xq.shape[1]))])
+                    acc = torch._int_mm(xq, self.weight_t)[:rows]  # (tokens, out) int32, exact
                 out = acc.float() * scale * self.w_scale
                 if self.bias is not None:
                     out = out + self.bias
@@ -332,14 +392,19 @@ def _int8_copy(target: LoadedModel):
     import torch
 
     model = copy.deepcopy(target.model)
+    on_cuda = next(model.parameters()).is_cuda
+    kernel = "int32" if on_cuda else cpu_int8_kernel()
     for parent in list(model.modules()):
         for child_name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.Linear):
-                setattr(parent, child_name, Int8Linear(child))
+                setattr(parent, child_name, Int8Linear(child, kernel))
     _register_fp64_attention()
     model.config._attn_implementation = FP64_ATTENTION
-    return model, ("W8A8 int8 (per-channel weights, per-token activations, exact int32 accumulation) with "
-                   "float64 attention: batch-invariant")
+    # the kernel is part of what the draft's cost depends on (its architecture fingerprint); its logits are the same
+    how = "exact int32 accumulation" if kernel == "int32" else \
+        f"exact integer accumulation in float32 GEMMs over blocks of {FLOAT_BLOCK} inputs, this CPU's faster kernel"
+    return model, (f"W8A8 int8 (per-channel weights, per-token activations, {how}) with float64 attention: "
+                   "batch-invariant")
 
 
 def load_draft(spec: str, target: LoadedModel, *, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
