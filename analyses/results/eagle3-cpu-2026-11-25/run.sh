@@ -4,15 +4,7 @@
 # committed beside this script.
 set -euo pipefail
 SPECSIM=${SPECSIM:-specsim}
-python - <<'PY'   # the prompt split: the first prompt of each category is held out for evaluation
-import json, importlib.resources as r
-seen = set()
-with open("train_prompts.jsonl", "w") as train, open("eval_prompts.jsonl", "w") as ev:
-    for line in (r.files("specsim") / "data" / "spec_bench_questions.jsonl").read_text().splitlines():
-        q = json.loads(line)
-        (ev if q["category"] not in seen else train).write(line + "\n")
-        seen.add(q["category"])
-PY
+python "$(dirname "$0")/split_prompts.py"   # the prompt split: the first prompt of each category is held out for evaluation
 lscpu > lscpu.txt
 # 1. training data: the target's greedy outputs with the states EAGLE-3 fuses (SmolLM2 has 30 layers: 2, 15, 27)
 /usr/bin/time -v $SPECSIM cache --target smollm2-135m --prompts train_prompts.jsonl --max-new-tokens 128 \
