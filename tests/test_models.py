@@ -144,6 +144,19 @@ def test_int8_draft_logits_do_not_depend_on_the_kernel(target, monkeypatch):
     assert "int32" in got["int32"][1] and "float32" in got["float32"][1]
 
 
+def test_the_int8_kernel_can_be_pinned_and_a_bad_pin_is_refused_in_one_line(monkeypatch):
+    from specsim.record import models
+
+    for kernel in ("int32", "float32"):
+        monkeypatch.setattr(models, "_CPU_KERNEL", [])
+        monkeypatch.setenv("SPECSIM_INT8_KERNEL", kernel)
+        assert models.cpu_int8_kernel() == kernel
+    monkeypatch.setattr(models, "_CPU_KERNEL", [])
+    monkeypatch.setenv("SPECSIM_INT8_KERNEL", "fp8")
+    with pytest.raises(SpecError, match=r"SPECSIM_INT8_KERNEL='fp8': give int32 .* or float32"):
+        models.cpu_int8_kernel()
+
+
 def test_a_draft_with_another_tokenizer_is_refused_naming_both(target, tmp_path):
     other = build_tiny_model(tmp_path / "other", seed=1)
     from tokenizers import Tokenizer

@@ -261,17 +261,27 @@ def int8_matmul_float(xq, w_float, block: int = FLOAT_BLOCK):
 _CPU_KERNEL: list[str] = []  # the int8 GEMM chosen on this machine's CPU, probed once per process
 
 
+KERNEL_ENV = "SPECSIM_INT8_KERNEL"  # pins the int8 draft's CPU kernel: "int32" or "float32"
+FLOAT_KERNEL_GAIN = 3.0  # how much faster the float32 kernel must be to be chosen
+
+
 def cpu_int8_kernel() -> str:
-    """"int32" (torch._int_mm) or "float32" (`int8_matmul_float`), whichever is faster on this CPU for an MLP-sized
-    product. Both give the same integers (the probe checks), so the choice moves the draft's speed, never its logits.
-    Measured on an AVX2-only AMD EPYC: torch._int_mm 10-50x slower than float32 GEMM; with VNNI/AMX it is the faster.
-    float32 is used only where float32 matmuls run in full precision (torch.get_float32_matmul_precision "highest")."""
+    """"int32" (torch._int_mm) or "float32" (`int8_matmul_float`) for the int8 draft on this CPU. Both give the same
+    integers (the probe checks), so the choice moves the draft's speed, never its logits. The float32 kernel is chosen
+    only where it is FLOAT_KERNEL_GAIN times faster on an MLP-sized product, so the choice does not flip between runs
+    where the two are close (the kernel is part of the draft's cost fingerprint: a cache and a profile must agree on
+    it). Measured on an AVX2-only AMD EPYC: torch._int_mm 10-50x slower than float32 GEMM; on CPUs with VNNI or AMX it
+    is fast. $SPECSIM_INT8_KERNEL pins the choice. float32 is used only where float32 matmuls run in full precision
+    (torch.get_float32_matmul_precision "highest")."""
     if _CPU_KERNEL:
         return _CPU_KERNEL[0]
     import time
 
     import torch
 
+    pinned = os.environ.get(KERNEL_ENV, "").strip()
+    if pinned and pinned not in ("int32", "float32"):
+        raise SpecError(f"{KERNEL_ENV}={pinned!r}: give int32 (torch._int_mm) or float32 (exact blocked float32 GEMM)")
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(-127, 128, (9, 1536), dtype=torch.int8, generator=gen)
     w = torch.randint(-127, 128, (1536, 1536), dtype=torch.int8, generator=gen)
@@ -286,9 +296,17 @@ def cpu_int8_kernel() -> str:
             times.append(time.perf_counter() - t)
         return min(times)
 
-    kernel = "int32"
-    if torch.get_float32_matmul_precision() == "highest" and torch.equal(int8_matmul_float(x, wf), torch._int_mm(x, w)):
-        kernel = "float32" if best(lambda: int8_matmul_float(x, wf)) < best(lambda: torch._int_mm(x, w)) else "int32"
+    exact = torch.get_float32_matmul_precision() == "highest" and torch.equal(int8_matmul_float(x, wf),
+                                                                              torch._int_mm(x, w))
+    if pinned == "float32" and not exact:
+        raise SpecError(f"{KERNEL_ENV}=float32: float32 matmuls are not exact here "
+                        f"(torch.get_float32_matmul_precision() is {torch.get_float32_matmul_precision()!r})")
+    if pinned:
+        kernel = pinned
+    elif exact and best(lambda: int8_matmul_float(x, wf)) * FLOAT_KERNEL_GAIN < best(lambda: torch._int_mm(x, w)):
+        kernel = "float32"
+    else:
+        kernel = "int32"
     _CPU_KERNEL.append(kernel)
     return kernel
 
