@@ -288,12 +288,28 @@ def test_simulate_and_report_say_when_a_head_meets_its_training_prompts(training
         said[name] = result.output
     assert f"warning: {draft} was trained on 3 of this cache's 3 prompts (question ids 100, 101, 102)" in said["seen"]
     assert "was trained on" not in said["held"]
-    result = CliRunner().invoke(main, ["report", str(tmp_path / "seen.h5"), "--out", str(tmp_path / "report"),
-                                       "--budget", "2", "--model-free", "", "--quiet"])
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "seen.h5"), str(tmp_path / "held.h5"), "--out",
+                                       str(tmp_path / "report"), "--budget", "2", "--model-free", "suffix", "--quiet"])
     assert result.exit_code == 0, result.output
     assert f"note: seen.h5: {draft} was trained on 3 of this cache's 3 prompts" in result.output
+    assert "note: held.h5" not in result.output
     page = (tmp_path / "report" / "index.html").read_text()
     assert "trained by specsim train-draft: 60 steps on" in page and "held-out top-1" in page  # how, in its setup
+    # the heads section: the head beside the suffix draft at equal budget, how it was trained, which prompts it saw
+    import polars as pl
+
+    from specsim.sim.sweep import SweepConfig, sweep
+
+    assert "Head drafts side by side" in page and "3 of 3: NOT held out" in page and "none of 2: held out" in page
+    side = pl.read_csv(tmp_path / "report" / "tables" / "heads_side_by_side.csv")
+    assert sorted(side.filter(pl.col("cache_name") == "seen.h5")["draft"].to_list()) == sorted([draft, "suffix"])
+    for name, trained_on in (("seen", 3), ("held", 0)):
+        row = side.filter((pl.col("cache_name") == f"{name}.h5") & (pl.col("draft") == draft)).row(0, named=True)
+        assert row["budget"] == 2 and row["kind"] == "head" and row["prompts_trained_on"] == trained_on
+        assert row["trained"].startswith("trained by specsim train-draft: 60 steps")
+        expected = sweep(tmp_path / f"{name}.h5", SweepConfig(trees=["chain:2"], drafts=[draft], policies=["greedy"],
+                                                               n_boot=0, by_category=False)).rows
+        assert row["tokens_per_call"] == pytest.approx(float(expected["tokens_per_call"][0]), abs=1e-12)
 
 
 def test_medusa_2_heads_inside_a_whole_model_checkpoint_load(written, tiny_model_dir, tmp_path):

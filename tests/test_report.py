@@ -173,6 +173,36 @@ def test_a_speedup_whose_ci_includes_one_is_not_called_a_speedup():
     assert "plain decoding is faster" in verdict(0.8, 0.7, 0.9)
 
 
+def test_heads_side_by_side_keeps_chains_at_the_budgets_a_head_reached_in_caches_with_heads():
+    """Chains only, category "all" only, budgets some head of that cache reached, caches without heads left out;
+    heads first, then model drafts, then model-free; each head joined with how it was trained."""
+    from specsim.report.findings import heads_side_by_side
+    from specsim.report.study import HEAD_SCHEMA
+
+    def row(cache, draft, tree, budget, value, category="all"):
+        return {"cache_name": cache, "draft": draft, "tree": tree, "budget": budget, "category": category,
+                "temperature": 0.0, "policy": "greedy", "tokens_per_call": value, "tokens_per_call_lo": value - 0.1,
+                "tokens_per_call_hi": value + 0.1, "n_prompts": 13, "n_positions": 1664}
+
+    results = pl.DataFrame([
+        row("a.h5", "suffix", "chain:2", 2, 1.34), row("a.h5", "suffix", "chain:8", 8, 1.40),
+        row("a.h5", "layers:20", "chain:2", 2, 1.21), row("a.h5", "layers:20", "kary:2@2", 2, 1.25),
+        row("a.h5", "eagle3:h", "chain:2", 2, 1.30), row("a.h5", "eagle3:h", "chain:2", 2, 9.9, category="math"),
+        row("a.h5", "mtp:m", "chain:4", 4, 1.28), row("a.h5", "layers:20", "chain:4", 4, 1.22),
+        row("b.h5", "int8", "chain:2", 2, 3.1)])
+    heads = pl.DataFrame([{"cache_name": "a.h5", "draft": "eagle3:h", "trained": "trained by specsim: 60 steps",
+                           "prompts_trained_on": 0, "prompts": 13},
+                          {"cache_name": "a.h5", "draft": "mtp:m", "trained": "unknown", "prompts_trained_on": None,
+                           "prompts": 13}], schema=HEAD_SCHEMA)
+    table = heads_side_by_side(results, heads)
+    got = [(r["draft"], r["kind"], r["budget"], r["tokens_per_call"]) for r in table.iter_rows(named=True)]
+    assert got == [("eagle3:h", "head", 2, 1.30), ("mtp:m", "head", 4, 1.28), ("layers:20", "model", 2, 1.21),
+                   ("layers:20", "model", 4, 1.22), ("suffix", "model-free", 2, 1.34)]
+    assert table.filter(pl.col("draft") == "eagle3:h")["trained"].to_list() == ["trained by specsim: 60 steps"]
+    assert table.filter(pl.col("draft") == "mtp:m")["prompts_trained_on"].to_list() == [None]
+    assert heads_side_by_side(results.filter(pl.col("cache_name") == "b.h5"), heads).is_empty()
+
+
 def test_bad_inputs_are_one_line_errors(tiny_cache, tmp_path):
     runner = CliRunner()
     missing = runner.invoke(main, ["report", str(tmp_path / "nope.h5"), "--out", str(tmp_path / "r")])

@@ -96,6 +96,35 @@ def equal_budget(results: pl.DataFrame) -> pl.DataFrame:
     return table.with_columns(pl.col(numbers).cast(pl.Float64)).sort("cache_name", "pair", "setting", "budget")
 
 
+def heads_side_by_side(results: pl.DataFrame, heads: pl.DataFrame) -> pl.DataFrame:
+    """Every draft of each cache that holds head drafts, as chains at equal verified budgets (category "all").
+
+    One row per cache × setting × draft × budget, at the budgets some head of that cache reached (a head recorded
+    D deep drafts chains up to D): its tokens per call with the 95% interval, its kind (head, model, model-free) and,
+    for a head, how it was trained and on how many of the cache's prompts (`heads`, from `run_study`).
+    """
+    from specsim.specs import is_head_draft, is_model_free
+
+    if heads.is_empty() or results.is_empty():
+        return pl.DataFrame()
+    rows = with_setting(results.filter((pl.col("category") == ALL) & pl.col("tree").str.starts_with("chain")
+                                       & pl.col("cache_name").is_in(heads["cache_name"].unique().to_list())))
+    if rows.is_empty():
+        return pl.DataFrame()
+    kind = [("head" if is_head_draft(d) else "model-free" if is_model_free(d) else "model") for d in rows["draft"]]
+    rows = rows.with_columns(pl.Series("kind", kind, dtype=pl.String))
+    reached = (rows.filter(pl.col("kind") == "head").group_by("cache_name", "setting", "budget")
+               .agg(pl.len().alias("_heads")))
+    order = {"head": 0, "model": 1, "model-free": 2}
+    table = (rows.join(reached, on=["cache_name", "setting", "budget"])
+             .select("cache_name", "setting", "draft", "kind", "budget", "tokens_per_call", "tokens_per_call_lo",
+                     "tokens_per_call_hi", "n_prompts", "n_positions")
+             .join(heads.select("cache_name", "draft", "trained", "prompts_trained_on"),
+                   on=["cache_name", "draft"], how="left")
+             .with_columns(pl.col("kind").replace_strict(order, return_dtype=pl.Int64).alias("_order")))
+    return table.sort("cache_name", "setting", "_order", "draft", "budget").drop("_order")
+
+
 def _equal_budget_findings(results: pl.DataFrame) -> list[str]:
     table = equal_budget(results)
     if table.is_empty() or table["dynamic_tokens_per_call"].drop_nulls().is_empty():

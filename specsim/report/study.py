@@ -91,6 +91,8 @@ class Study:
     notes: tuple[str, ...] = field(default=())  # configurations skipped and why
     bound: pl.DataFrame = field(default_factory=pl.DataFrame)  # per node with j i.i.d. candidates: SpecInfer's
     #                                                            acceptance vs the optimal verifier's (full caches, T>0)
+    heads: pl.DataFrame = field(default_factory=pl.DataFrame)  # per head draft of a cache: how it was trained and
+    #                                                            on how many of the cache's prompts (None: unknown)
 
     @property
     def measured(self) -> bool:
@@ -288,6 +290,7 @@ def run_study(
     common = dict(budgets=list(config.budgets), multi_draft=config.multi_draft, samples=config.samples,
                   by_category=True, n_boot=config.n_boot, seed=config.seed, unpriced="keep")
     setups, cats, results, theory, drawn, notes, batch_rows, bound_rows = [], [], [], [], [], [], [], []
+    head_rows: list[dict] = []
     steps = []  # (cache, kind, T) in the order run, for one progress bar
     expansions: dict = {}  # cache -> its recorded draft expansion (dynamic trees), or None
     priced: dict[Path, dict] = {}
@@ -305,6 +308,7 @@ def run_study(
                                 f"target ({short_name(reader.run.target_name)}); run `specsim profile`")
             notes.extend(f"{path.name}: {o.line().removeprefix('warning: ')}" for o in (
                 shared_prompts(reader, d) for d in reader.spec.drafts if is_head_draft(d)) if o is not None)
+            head_rows += _head_rows(reader, path.name)
             if profiles and profile is None:
                 notes.append(f"{path.name}: none of the cost profiles measured its target "
                              f"{short_name(reader.run.target_name)}; its speedups are "
@@ -397,7 +401,28 @@ def run_study(
         grid=speedup_grid(config.grid_alphas, config.grid_costs, config.grid_gammas),
         trees=tuple(shown + drawn), cost_basis=basis, batch=pl.DataFrame(batch_rows, infer_schema_length=None),
         attention=attention, notes=tuple(notes), bound=pl.DataFrame(bound_rows, infer_schema_length=None),
+        heads=pl.DataFrame(head_rows, schema=HEAD_SCHEMA),
     )
+
+
+HEAD_SCHEMA = {"cache_name": pl.String, "draft": pl.String, "trained": pl.String, "prompts_trained_on": pl.Int64,
+               "prompts": pl.Int64}
+
+
+def _head_rows(reader: CacheReader, cache_name: str) -> list[dict]:
+    """Each head draft of an open cache: how it was trained (from its checkpoint) and on how many of the cache's
+    prompts; both unknown for a head whose checkpoint says nothing of its training (a published one)."""
+    rows = []
+    for draft in reader.spec.drafts:
+        if not is_head_draft(draft):
+            continue
+        trained = training_summary((reader.run.drafts or {}).get(draft) or {})
+        overlap = shared_prompts(reader, draft) if trained else None
+        rows.append({"cache_name": cache_name, "draft": draft,
+                     "trained": trained or "unknown: its checkpoint does not say (not trained by specsim)",
+                     "prompts_trained_on": (overlap.shared if overlap is not None else 0) if trained else None,
+                     "prompts": len(reader.prompts)})
+    return rows
 
 
 def _bound_rows(path: Path, draft: str, T: float, candidates: int) -> list[dict]:
@@ -472,6 +497,12 @@ def study_tables(study: Study) -> dict[str, pl.DataFrame]:
         tables["attention"] = study.attention
     if not study.bound.is_empty():
         tables["verifier_bound"] = study.bound
+    if not study.results.is_empty():
+        from specsim.report.findings import heads_side_by_side
+
+        heads = heads_side_by_side(study.results, study.heads)
+        if not heads.is_empty():
+            tables["heads_side_by_side"] = heads
     return tables
 
 
