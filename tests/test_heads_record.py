@@ -336,6 +336,39 @@ def test_training_lowers_heldout_loss_and_raises_acceptance(training_cache, tiny
     assert load_heads(f"eagle:{tmp_path / 'eagle'}", target).kind == "eagle"
 
 
+def test_an_interrupted_training_saves_the_head_with_its_own_heldout_numbers(training_cache, tiny_model_dir, tmp_path,
+                                                                           monkeypatch):
+    """Stopped at step 7 (checkpoints every 5): the saved head is step 7's, and the held-out numbers its config
+    reports (which `report` and `inspect` quote) are step 7's on the curve's probe, not the untrained head's."""
+    import json
+
+    from specsim.cache.provenance import training_summary
+    from specsim.record import train as training
+    from specsim.record.models import load_model
+
+    calls = []
+    real = training.terms
+
+    def stop_at_step_8(*args, full=True, **kwargs):
+        if not full:  # a training step's (evaluation runs full=True)
+            calls.append(1)
+            if len(calls) == 7 * 4 + 1:  # batch 4: the first sequence of step 8
+                raise KeyboardInterrupt
+        return real(*args, full=full, **kwargs)
+
+    monkeypatch.setattr(training, "terms", stop_at_step_8)
+    out = tmp_path / "stopped"
+    outcome = training.train(training_cache[0], load_model(str(tiny_model_dir)), out,
+                             training.TrainConfig(kind="medusa", heads=2, steps=20, lr=1e-2, batch=4, holdout_every=4,
+                                                  save_every=5), progress=False)
+    assert outcome.interrupted and outcome.steps == 7 and outcome.after == {}
+    record = json.loads((out / "config.json").read_text())["training"]
+    assert record["steps"] == 7 and [c["step"] for c in record["curve"]] == [5, 7]
+    assert record["heldout"] == record["curve"][-1]["heldout"] != outcome.before
+    assert 0 < record["heldout_trajectories"] <= training.CURVE_HELDOUT  # the probe, not every held-out trajectory
+    assert "7 steps" in training_summary({"path": str(out)}) and "trajectories)" in training_summary({"path": str(out)})
+
+
 def test_training_needs_hidden_states(tiny_cache, tiny_model_dir, tmp_path):
     from specsim.record.models import load_model
     from specsim.record.train import TrainConfig, train

@@ -95,5 +95,6 @@ def training_summary(info) -> str:
             f"{int(training.get('positions', 0)):,} positions of {Path(str(training.get('cache', '?'))).name}")
     top1 = (training.get("heldout") or {}).get("top1") or {}
     if top1:
-        text += "; held-out top-1 " + ", ".join(f"{float(v):.3f} at depth {d}" for d, v in list(top1.items())[:4])
+        over = training.get("heldout_trajectories")
+        text += "; held-out top-1" + (f" ({int(over)} trajectories)" if over else "") + " " + ", ".join(f"{float(v):.3f} at depth {d}" for d, v in list(top1.items())[:4])
     return text

@@ -293,9 +293,17 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     outcome.before = evaluate(config.kind, module, target, held, config)
     optimiser = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=config.lr)
     rng = np.random.default_rng(config.seed)
-    extra = lambda: {"training": {"cache": str(cache), "steps": outcome.steps, "config": config.__dict__,  # noqa: E731
-                                  "positions": n_train, "heldout": outcome.after or outcome.before,
-                                  "curve": outcome.curve, "trained_on": seen}}
+    def extra() -> dict:
+        """The checkpoint's training record; its `heldout` is this checkpoint's own evaluation: all held-out
+        trajectories after the last step, the curve's probe at a checkpoint, the untrained head's before step 1."""
+        heldout = outcome.after if outcome.after else next(
+            (c["heldout"] for c in outcome.curve[-1:] if c["step"] == outcome.steps),
+            outcome.before if outcome.steps == 0 else None)
+        return {"training": {"cache": str(cache), "steps": outcome.steps, "config": config.__dict__,
+                             "positions": n_train, "heldout": heldout,
+                             "heldout_trajectories": len(held) if outcome.after else len(probe),
+                             "curve": outcome.curve, "trained_on": seen}}
+
     losses: list[float] = []
     probe = held[:CURVE_HELDOUT]  # the held-out trajectories the training curve is measured on
     started = time.perf_counter()
@@ -327,5 +335,12 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     module.eval()
     if not outcome.interrupted:
         outcome.after = evaluate(config.kind, module, target, held, config)
+    elif outcome.steps and not (outcome.curve and outcome.curve[-1]["step"] == outcome.steps):
+        # stopped between checkpoints: save the weights first (a second interrupt loses nothing), then measure them
+        # on the curve's probe, as a checkpoint is
+        save_heads(out, head_config, module, extra())
+        since = outcome.steps - (outcome.curve[-1]["step"] if outcome.curve else 0)
+        outcome.curve.append({"step": outcome.steps, "train_loss": float(np.mean(losses[-since:])),
+                              "heldout": evaluate(config.kind, module, target, probe, config)})
     save_heads(out, head_config, module, extra())
     return outcome
