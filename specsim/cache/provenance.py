@@ -96,5 +96,6 @@ def training_summary(info) -> str:
     top1 = (training.get("heldout") or {}).get("top1") or {}
     if top1:
         over = training.get("heldout_trajectories")
-        text += "; held-out top-1" + (f" ({int(over)} trajectories)" if over else "") + " " + ", ".join(f"{float(v):.3f} at depth {d}" for d, v in list(top1.items())[:4])
+        text += ("; held-out top-1" + (f" ({int(over)} trajectories)" if over else "") + " "
+                 + ", ".join(f"{float(v):.3f} at depth {d}" for d, v in list(top1.items())[:4]))
     return text

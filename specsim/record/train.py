@@ -293,6 +293,8 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     outcome.before = evaluate(config.kind, module, target, held, config)
     optimiser = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=config.lr)
     rng = np.random.default_rng(config.seed)
+    probe = held[:CURVE_HELDOUT]  # the held-out trajectories the training curve is measured on
+
     def extra() -> dict:
         """The checkpoint's training record; its `heldout` is this checkpoint's own evaluation: all held-out
         trajectories after the last step, the curve's probe at a checkpoint, the untrained head's before step 1."""
@@ -305,7 +307,6 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
                              "curve": outcome.curve, "trained_on": seen}}
 
     losses: list[float] = []
-    probe = held[:CURVE_HELDOUT]  # the held-out trajectories the training curve is measured on
     started = time.perf_counter()
     bar = tqdm(total=config.steps, unit="step", desc=f"train {config.kind}", disable=not progress, dynamic_ncols=True)
     try:

@@ -306,9 +306,9 @@ def run_study(
             basis[path.name] = (profile.describe() if profile is not None else
                                 assumed.describe() if assumed is not None else "none: no cost profile for this "
                                 f"target ({short_name(reader.run.target_name)}); run `specsim profile`")
-            notes.extend(f"{path.name}: {o.line().removeprefix('warning: ')}" for o in (
-                shared_prompts(reader, d) for d in reader.spec.drafts if is_head_draft(d)) if o is not None)
-            head_rows += _head_rows(reader, path.name)
+            rows, overlaps = _heads(reader, path.name)
+            head_rows += rows
+            notes.extend(f"{path.name}: {o.line().removeprefix('warning: ')}" for o in overlaps)
             if profiles and profile is None:
                 notes.append(f"{path.name}: none of the cost profiles measured its target "
                              f"{short_name(reader.run.target_name)}; its speedups are "
@@ -409,20 +409,23 @@ HEAD_SCHEMA = {"cache_name": pl.String, "draft": pl.String, "trained": pl.String
                "prompts": pl.Int64}
 
 
-def _head_rows(reader: CacheReader, cache_name: str) -> list[dict]:
+def _heads(reader: CacheReader, cache_name: str) -> tuple[list[dict], list]:
     """Each head draft of an open cache: how it was trained (from its checkpoint) and on how many of the cache's
-    prompts; both unknown for a head whose checkpoint says nothing of its training (a published one)."""
-    rows = []
+    prompts (both unknown for a head whose checkpoint says nothing of its training: a published one); and the
+    overlaps with its training prompts, which the report also notes."""
+    rows, overlaps = [], []
     for draft in reader.spec.drafts:
         if not is_head_draft(draft):
             continue
         trained = training_summary((reader.run.drafts or {}).get(draft) or {})
-        overlap = shared_prompts(reader, draft) if trained else None
+        overlap = shared_prompts(reader, draft)
+        if overlap is not None:
+            overlaps.append(overlap)
         rows.append({"cache_name": cache_name, "draft": draft,
                      "trained": trained or "unknown: its checkpoint does not say (not trained by specsim)",
                      "prompts_trained_on": (overlap.shared if overlap is not None else 0) if trained else None,
                      "prompts": len(reader.prompts)})
-    return rows
+    return rows, overlaps
 
 
 def _bound_rows(path: Path, draft: str, T: float, candidates: int) -> list[dict]:
