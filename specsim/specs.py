@@ -335,7 +335,7 @@ class PolicyKind:
     live: bool = False  # specsim's live engine decodes with it (live, validate)
     fitted: bool = False  # optimize fits trees for it
     vllm: bool = False  # vLLM verifies with it (validate --engine vllm): its rejection sampler's rule
-    replayed: bool = True  # simulate replays it (block: run live only, `specsim.sim.policies.block_table` says why)
+    replayed: bool = True  # simulate replays it
 
     @property
     def default_temperatures(self) -> str:
@@ -362,9 +362,9 @@ POLICY_KINDS: dict[str, PolicyKind] = {
                          vllm=True),
     "block": PolicyKind("block", "block", "block verification of a chain drafted from q (Sun et al. 2025; vLLM's "
                         "rejection_sample_method='block'): the drafted block is kept or cut as a whole", (0,), True,
-                        "run live; not replayed (its thresholds need the target along the draft's sampled proposals, "
-                        "which a cache does not record); for greedy-drafted chains its law is greedy-draft's", ">0",
-                        "specsim.sim.policies:block_table", live=True, replayed=False),
+                        "Monte-Carlo with a standard error, from the target along the draft's proposals (cache "
+                        "--expand-target); for greedy-drafted chains its law is greedy-draft's", ">0",
+                        "specsim.sim.policies:block_table", live=True),
     "p>=q": PolicyKind("p>=q", "p>=q", "accept x when p(x) >= q(x) (lossy)", (0,), False,
                        "along target trajectories (approximate), with the TV distortion", ">0",
                        "specsim.sim.lossy:lossy_table", live=True),

@@ -510,3 +510,93 @@ def token_wise_kept_law(p_rows, q_rows, drafts) -> np.ndarray:
         reach *= keep
     law[g] = reach
     return law
+
+
+# ------------------------------------------- block verification given the output (replay, docs/design.md 2f)
+
+
+def block_path_factors(p_path, q_path, tokens, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The factors of block verification's law given its output that lie on the output itself.
+
+    p_path, q_path (n, V): the target's and the draft's laws along a sequence y (row s: the law y_s
+    was drawn from, after y_<s); tokens (n,): y. A call starting at t drafts depth j at position
+    t + j − 1. Returns, for every start t and depth i = 0..K−1 (K = `depth`):
+
+    * a (n, K): a_i(t), block verification's a after drafts y_t..y_{t+i−1} (a_0 = 1);
+    * keep (n, K): c_i(t) = (Π_{j<=i} q_j(y_j) / Π_{j<=i+1} p_j(y_j)) h_i r_i(y_{t+i}), r_i the correction's law
+      norm(max(a_i p_{i+1} − q_{i+1}, 0)) (p_{i+1} itself when that has no mass) and h_0 = 1;
+    * whole (n, K+1): Π_{j<=i} (q_j(y_j) / p_j(y_j)) a_i, i = 0..K (column 0 is 1).
+
+    P(τ = i | output) = keep[t, i] · E[Π_{j=i+1..γ} (1 − h_j)] for i < γ (the expectation over the draft's
+    continuation from y_<t+i: `block_chain_tails`), and whole[t, γ] for i = γ. Entries past the sequence's end
+    are 0.
+    """
+    p = np.asarray(p_path, dtype=np.float64)
+    q = np.asarray(q_path, dtype=np.float64)
+    y = np.asarray(tokens, dtype=np.int64)
+    n, K = y.shape[0], int(depth)
+    rows = np.arange(n)
+    py, qy = p[rows, y], q[rows, y]
+    a = np.zeros((n, K))
+    keep = np.zeros((n, K))
+    whole = np.zeros((n, K + 1))
+    whole[:, 0] = 1.0
+    for t in range(n):
+        alpha, ratio = 1.0, 1.0  # a_i(t); Π q/p over the drafts kept so far
+        for i in range(min(K, n - t)):
+            s = t + i
+            a[t, i] = alpha
+            eta = float(np.maximum(alpha * p[s] - q[s], 0.0).sum())
+            h = 1.0 if i == 0 else (eta / (eta + 1.0 - alpha) if eta + 1.0 - alpha > 0 else 1.0)
+            share = max(alpha * py[s] - qy[s], 0.0) / (eta * py[s]) if eta > _NO_MASS else 1.0
+            keep[t, i] = ratio * h * share
+            alpha = min(1.0, alpha * py[s] / qy[s]) if qy[s] > 0 else (1.0 if py[s] > 0 and alpha > 0 else 0.0)
+            ratio *= qy[s] / py[s]
+            whole[t, i + 1] = ratio * alpha
+    return a, keep, whole
+
+
+def block_chain_tails(a_branch, p_chain, q_chain, chain_tokens) -> np.ndarray:
+    """(R, K, K) Π_{j=i+1..γ} (1 − h_j) along R chains drawn from q at one position s, for every call that left
+    the output there: index [r, i, γ − 1], the call at depth i (started at s − i, a_i = a_branch[i]) verifying γ
+    drafts, i < γ <= K (h_γ = a_γ); 0 elsewhere.
+
+    p_chain, q_chain (R, K, V): the target's and the draft's laws at each chain node (node 1: the laws at s itself,
+    node m: after the chain's first m − 1 tokens); chain_tokens (R, K): the tokens drawn, node m's from q_chain
+    [:, m − 1]. The mean over chains drawn from q is an unbiased estimate of the expectation `block_path_factors`
+    leaves open.
+    """
+    p = np.asarray(p_chain, dtype=np.float64)
+    q = np.asarray(q_chain, dtype=np.float64)
+    x = np.asarray(chain_tokens, dtype=np.int64)
+    R, K = x.shape
+    take = np.arange(R)
+    px = np.stack([p[take, m, x[:, m]] for m in range(K)], axis=1)  # (R, K)
+    qx = np.stack([q[take, m, x[:, m]] for m in range(K)], axis=1)
+    ratio = np.divide(px, qx, out=np.where(px > 0, np.inf, 0.0), where=qx > 0)
+    out = np.zeros((R, K, K))
+    for i in range(K):
+        alpha = np.full(R, float(a_branch[i]))
+        survive = np.ones(R)  # Π (1 − h_j) over the depths already passed
+        for m in range(K - i):  # chain node m + 1 is the call's depth i + m + 1
+            alpha = np.minimum(1.0, alpha * ratio[:, m])
+            out[:, i, i + m] = survive * (1.0 - alpha)  # that depth the last one: h = a
+            if m + 1 < K - i:
+                eta = np.maximum(alpha[:, None] * p[:, m + 1] - q[:, m + 1], 0.0).sum(axis=1)
+                den = eta + 1.0 - alpha
+                h = np.divide(eta, den, out=np.ones(R), where=den > 0)
+                survive = survive * (1.0 - h)
+    return out
+
+
+def block_output_law(keep_row, whole_row, tails, gamma: int) -> np.ndarray:
+    """(γ+1,) P(τ = i | the output) for one call verifying γ drafts: keep_row, whole_row one start's rows of
+    `block_path_factors`, tails (K, K) or (R, K, K): E[Π (1 − h_j)] at the call's depth i (row i: from the
+    position the call left the output at depth i; `block_chain_tails`, averaged over chains when R is given)."""
+    t = np.asarray(tails, dtype=np.float64)
+    t = t.mean(axis=0) if t.ndim == 3 else t
+    law = np.zeros(gamma + 1)
+    for i in range(gamma):
+        law[i] = keep_row[i] * t[i, gamma - 1]
+    law[gamma] = whole_row[gamma]
+    return law

@@ -349,3 +349,73 @@ def record_dynamic_cache(path, target: MarkovLM, draft: MarkovLM, prompts: Seque
                         stats_spec=StatsSpec(expand=(topk, depth)),
                         draft_stats=lambda pr, tokens: expansion_along(draft, pr, tokens, topk, depth,
                                                                        on_path_only=on_path_only))
+
+
+# ---------------------------------------------------------------------------- block verification
+
+
+def proposals_along(target: MarkovLM, draft: MarkovLM, prompt: Sequence[int], tokens: Sequence[int], depth: int,
+                    chains: int, rng: np.random.Generator | None) -> dict[str, np.ndarray]:
+    """What `cache --expand-target depth` records at T = 1 along a trajectory, with the chains' own laws: R chains
+    drawn from the draft at every position (rng), or, with rng None, the exact expectation over every chain (two
+    identical rows, so the replay's machinery sees R = 2)."""
+    import itertools
+
+    seq, y = list(prompt), [int(v) for v in tokens]
+    n, K, V = len(y), depth, target.vocab
+    along = [seq + y[:s] for s in range(n)]
+    a, keep, whole = verify.block_path_factors(np.stack([target.dist(c) for c in along]),
+                                               np.stack([draft.dist(c) for c in along]), y, K)
+    tails = np.zeros((n, 2 if rng is None else chains, K, K), dtype=np.float32)
+    every = list(itertools.product(range(V), repeat=K))
+    for s in range(n):
+        drawn = every if rng is None else []
+        for _ in range(0 if rng is None else chains):
+            c: list[int] = []
+            for _m in range(K):
+                c.append(int(rng.choice(V, p=draft.dist(along[s] + c))))
+            drawn.append(tuple(c))
+        p = np.stack([[target.dist(along[s] + list(c[:m])) for m in range(K)] for c in drawn])
+        q = np.stack([[draft.dist(along[s] + list(c[:m])) for m in range(K)] for c in drawn])
+        x = np.asarray(drawn, dtype=np.int64)
+        branch = np.array([a[s - i, i] if i <= s else 0.0 for i in range(K)])
+        per_chain = verify.block_chain_tails(branch, p, q, x)
+        if rng is None:
+            weight = np.prod(q[np.arange(len(drawn))[:, None], np.arange(K)[None], x], axis=1)
+            tails[s] = np.tensordot(weight, per_chain, axes=1)[None]
+        else:
+            tails[s] = per_chain
+        for i in range(s + 1, K):
+            tails[s, :, i] = 0.0
+    return {"block_keep": keep, "block_whole": whole, "block_tails": tails}
+
+
+def exact_block_calls(target: MarkovLM, draft: MarkovLM, prompt: Sequence[int], n: int, gamma: int) -> float:
+    """EXACT E[target calls] of generating n tokens with block verification of chains of gamma drafts drawn from the
+    draft (a call at t drafts min(gamma, n − 1 − t)), by enumerating every chain, kept count and correction. Order-1
+    chains only."""
+    import itertools
+
+    memo: dict[tuple[int, int], float] = {}
+
+    def calls(t: int, s: int) -> float:
+        if t >= n:
+            return 0.0
+        if (t, s) not in memo:
+            g = min(gamma, n - 1 - t)
+            total = 1.0
+            for x in itertools.product(range(target.vocab), repeat=g):
+                states = (s, *x)
+                p_rows = np.stack([target.trans[states[j]] for j in range(g + 1)])
+                q_rows = np.stack([draft.trans[states[j]] for j in range(g)]) if g else np.zeros((0, target.vocab))
+                weight = float(np.prod([q_rows[j, x[j]] for j in range(g)]))
+                for kept, p_kept in enumerate(verify.block_kept_law(p_rows, q_rows, x)):
+                    if weight * p_kept == 0:
+                        continue
+                    for y, p_y in enumerate(verify.block_correction(p_rows, q_rows, x, kept)):
+                        if p_y > 0:
+                            total += weight * p_kept * p_y * calls(t + kept + 1, y)
+            memo[(t, s)] = total
+        return memo[(t, s)]
+
+    return calls(0, int(prompt[-1]))

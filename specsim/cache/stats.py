@@ -39,6 +39,8 @@ STATS_TOP_K = 16  # a draft's top-K ids kept per position in its statistics
 PI_CANDIDATES = 8  # candidates per tree node whose acceptance π_i is recorded (fan-outs up to 8)
 SWOR_SAMPLES = 256  # Monte-Carlo samples per position for without-replacement candidates i >= 2
 SWOR_GROUPS = 16  # groups of those samples whose means are kept, for the standard error
+MAX_PROPOSAL_DEPTH = 16  # --expand-target: deepest chain recorded
+MAX_PROPOSAL_CHAINS = 64  # --expand-target: most chains per position
 LOSSY_RULES = ("p>=q", "p>=lq:0.5", "typical:0.09,0.3")  # lossy rules recorded by default
 _NO_MASS = 1e-12  # as specsim.verify: a residual lighter than this is rounding noise of r == q
 
@@ -53,6 +55,8 @@ class StatsSpec:
     lossy: tuple[str, ...] = field(default=LOSSY_RULES)  # lossy rules whose α and TV are recorded
     top_ids: int = STATS_TOP_K  # the draft's top ids kept per position
     expand: tuple[int, int] | None = None  # (top_k, depth) of the draft's EAGLE-2 expansion recorded per position
+    expand_target: tuple[int, int] | None = None  # (depth K, chains R): the target along R chains of K drafts drawn
+    #                                               from q at every position (block verification's replay)
 
     def __post_init__(self) -> None:
         from specsim.errors import SpecError
@@ -69,6 +73,13 @@ class StatsSpec:
 
             object.__setattr__(self, "expand", tuple(int(x) for x in self.expand))
             Expansion(*self.expand)  # refuses K < 1, D < 1, too many candidates
+        if self.expand_target is not None:
+            depth, chains = (int(x) for x in self.expand_target)
+            object.__setattr__(self, "expand_target", (depth, chains))
+            if not 1 <= depth <= MAX_PROPOSAL_DEPTH or not 2 <= chains <= MAX_PROPOSAL_CHAINS:
+                raise SpecError(f"the target along the draft's proposals: depth {depth} must be in 1..{MAX_PROPOSAL_DEPTH} and chains "
+                                f"{chains} in 2..{MAX_PROPOSAL_CHAINS} (two at least: their spread is the standard "
+                                "error)")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -76,7 +87,7 @@ class StatsSpec:
     @classmethod
     def from_json(cls, text: str) -> "StatsSpec":
         data = json.loads(text)
-        return cls(**{**data, "lossy": tuple(data.get("lossy", ()))})
+        return cls(**{**data, "lossy": tuple(data.get("lossy", ()))})  # older files: no expand_target
 
     @property
     def expansion(self):
@@ -446,6 +457,7 @@ def draft_stat_shapes(spec: StatsSpec) -> dict[str, tuple[np.dtype, tuple[int, .
         "lossy_alpha": (np.dtype(np.float32), (len(spec.lossy),)),
         "lossy_tv": (np.dtype(np.float32), (len(spec.lossy),)),
         **expansion_shapes(spec),
+        **proposal_shapes(spec),
     }
 
 
@@ -456,6 +468,17 @@ def expansion_shapes(spec: StatsSpec) -> dict[str, tuple[np.dtype, tuple[int, ..
     m = spec.expansion.candidates
     return {"expand_token": (np.dtype(np.int32), (m,)), "expand_parent": (np.dtype(np.int16), (m,)),
             "expand_score": (np.dtype(np.float32), (m,))}
+
+
+def proposal_shapes(spec: StatsSpec) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """The target along the draft's proposals (`specsim.verify.block_path_factors`, `block_chain_tails`), when the
+    recording has it: per position, block verification's factors on the trajectory for the calls starting there,
+    and, for the R chains drawn from q there, Π (1 − h_j) of every call that leaves the trajectory there."""
+    if spec.expand_target is None:
+        return {}
+    K, R = spec.expand_target
+    return {"block_keep": (np.dtype(np.float64), (K,)), "block_whole": (np.dtype(np.float64), (K + 1,)),
+            "block_tails": (np.dtype(np.float32), (R, K, K))}
 
 
 TARGET_STAT_SHAPES = {"logprob": (np.dtype(np.float64), ()), "top_id": (np.dtype(np.int32), ())}

@@ -50,6 +50,7 @@ from specsim.cache.stats import (
     TARGET_STAT_SHAPES,
     StatsSpec,
     expansion_shapes,
+    proposal_shapes,
     draft_stat_shapes,
     draft_stats,
     target_stats,
@@ -142,7 +143,7 @@ class CacheSpec:
         if column in self.depths:
             D = self.depths[column]
             return {name: (dtype, (D, *tail)) for name, (dtype, tail) in draft_stat_shapes(self.stats).items()
-                    if name not in expansion_shapes(self.stats)}
+                    if name not in recorder_only(self.stats)}
         return draft_stat_shapes(self.stats)
 
     def keeps_logits(self, column: str) -> bool:
@@ -528,7 +529,7 @@ class CacheWriter:
         elif self.spec.storage != "stats":
             raise CacheError(f"{self.spec.storage} storage keeps the logits: pass target_logits and draft_logits")
         stats = dict(stats or {})
-        expand_names = set(expansion_shapes(self.spec.stats))
+        expand_names = recorder_only(self.spec.stats)
         for c in self.spec.columns:
             shapes = self.spec.stat_shapes(c)
             given = dict(stats.get(c, {}))
@@ -538,12 +539,12 @@ class CacheWriter:
                 computed = (target_stats(columns[TARGET], tokens, temperature) if c == TARGET else
                             draft_stats(columns[TARGET], columns[c], tokens, temperature, self.spec.stats,
                                         np.random.default_rng([seed & (2**63 - 1), zlib.crc32(c.encode())])))
-                given = {**computed, **given}  # an expansion comes from the recorder: logits cannot give it
+                given = {**computed, **given}  # what needs the models' own forwards comes from the recorder
             stats[c] = given
             missing = sorted(expand_names - set(given)) if c != TARGET and c not in self.spec.depths else []
             if missing:
-                raise CacheError(f"column {c!r}: the cache records the draft's expansion ({self.spec.stats.expand}); "
-                                 f"pass {', '.join(missing)} (the recorder computes them with the draft model)")
+                raise CacheError(f"column {c!r}: the cache records {', '.join(missing)}, which need the models' own "
+                                 "forwards (the recorder computes them): pass them")
             for name, (dtype, tail) in shapes.items():
                 x = stats[c].get(name)
                 if x is None or np.shape(x) != (n, *tail):
@@ -650,6 +651,12 @@ def topk_compress(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, n
     m = rest.max(axis=1, keepdims=True)
     tail = (m[:, 0] + np.log(np.exp(rest - m).sum(axis=1))).astype(np.float32)
     return ids.astype(np.int32), top, tail
+
+
+def recorder_only(stats) -> set[str]:
+    """The draft statistics only the recorder can compute (the models' forwards off the trajectory), never the
+    stored logits: the EAGLE-2 expansion and the target along the draft's proposals. Model drafts only."""
+    return set(expansion_shapes(stats)) | set(proposal_shapes(stats))
 
 
 def topk_expand(ids: np.ndarray, top: np.ndarray, tail: np.ndarray, vocab_size: int) -> np.ndarray:

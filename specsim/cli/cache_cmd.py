@@ -54,6 +54,16 @@ from specsim.record.recorder import MAX_OVERHANG, OVERHANG
               help="Also record each draft's EAGLE-2 tree expansion at every position (beam of K by cumulative "
                    "log-prob, D levels): replays dynamic:topk=K,depth=D',tokens=N for any D' <= D and "
                    "N <= K + (D-1)K². Costs D-1 extra draft forwards per chunk of positions.")
+@click.option("--expand-target", "expand_target", type=click.IntRange(1, 16), default=None, metavar="K",
+              help="Also record the target along the draft's own proposals: at every position of a T > 0 "
+                   "trajectory, --proposal-chains chains of K drafts drawn from each draft model, and the target "
+                   "at every prefix of them (one batched target forward per chunk of positions). Replays "
+                   "`--policy block` (block verification of chains up to K drafted from q) without bias, with a "
+                   "standard error from the chains. About K - 1 extra draft forwards and one target forward of "
+                   "R(K - 1) tokens per position, per chunk.")
+@click.option("--proposal-chains", type=click.IntRange(2, 64), default=8, show_default=True, metavar="R",
+              help="With --expand-target: chains drawn per position (the replay's Monte-Carlo error falls as "
+                   "1/sqrt(R)).")
 @click.option("--head-depth", type=click.IntRange(1, 16), default=None,
               help="Depths recorded for head drafts: their law is recorded per call start and depth, so trees up "
                    "to this deep replay  [default: Medusa's head count; EAGLE 5].")
@@ -72,8 +82,8 @@ from specsim.record.recorder import MAX_OVERHANG, OVERHANG
 @c.quiet_option
 @c.friendly_errors
 def cache(target, drafts, prompts, categories, per_category, max_new_tokens, temperatures, seed, device, dtype,
-          batch_size, out, resume, overwrite, store, top_k, candidates, swor_samples, lossy, expand, head_depth,
-          hidden, shard, overhang, quiet):
+          batch_size, out, resume, overwrite, store, top_k, candidates, swor_samples, lossy, expand, expand_target,
+          proposal_chains, head_depth, hidden, shard, overhang, quiet):
     """Record what the target and each draft predict along target-sampled trajectories.
 
     For every prompt and temperature the target samples a trajectory (greedy at T=0),
@@ -91,6 +101,7 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
       specsim cache --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct \\
           --device cuda --dtype bfloat16 --batch-size 8 --store stats --out cache/qwen7b.h5
       specsim cache ... --expand topk=4,depth=4 --out cache/eagle.h5   # dynamic trees
+      specsim cache ... --temperature 0.7 --expand-target 4 --out cache/block.h5   # --policy block
       specsim cache --target smollm2-135m --hidden-states last --out cache/train.h5
       specsim cache --target smollm2-135m --draft medusa:heads/medusa --draft eagle:heads/eagle \\
           --out cache/heads.h5                            # heads from `specsim train-draft`
@@ -109,7 +120,8 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
 
     expansion = parse_expansion(expand) if expand is not None else None
     stats = StatsSpec(candidates=candidates, swor_samples=swor_samples, lossy=tuple(lossy) or LOSSY_RULES,
-                      expand=None if expansion is None else (expansion.topk, expansion.depth))
+                      expand=None if expansion is None else (expansion.topk, expansion.depth),
+                      expand_target=None if expand_target is None else (expand_target, proposal_chains))
     shard = parse_shard(shard)
     out = shard_path(out, shard)
     device = shard_device(device) if shard else device
@@ -134,5 +146,8 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
         f"({rate:.1f} positions/s, target + {len(drafts)} draft(s)); {outcome.skipped} already present"
         + (f"; expanding the drafts' trees took {outcome.expand_seconds:.1f} s of it "
            f"({outcome.expand_seconds / outcome.seconds:.0%})" if expansion is not None and outcome.seconds > 0 else "")
+        + (f"; the target along the drafts' proposals took {outcome.expand_seconds:.1f} s of it "
+           f"({outcome.expand_seconds / outcome.seconds:.0%})" if expand_target is not None and expansion is None
+           and outcome.seconds > 0 else "")
     )
     click.echo(f"wrote {out}: {outcome.total} trajectories, {c.human_bytes(outcome.bytes)}; next: specsim inspect {out}")

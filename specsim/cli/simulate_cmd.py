@@ -257,8 +257,12 @@ def footer(df) -> str:
           if first["n_prompts"] > 1 else "no CI (n = 1 prompt)")
     lines.append(f"CIs: {ci}; exact = closed form / dynamic program on the cached trajectories, no Monte-Carlo")
     if (df["estimate"] != "exact").any():
-        lines.append("MC ±x: Monte-Carlo standard error of tokens/call (batch rows: of the speedup) "
-                     f"({df['samples'].drop_nulls().max() if df['samples'].drop_nulls().len() else 32} samples)")
+        used = df.filter(df["estimate"] != "exact").select("policy", "samples").drop_nulls()
+        per = ", ".join(f"{p} {max(used.filter(used['policy'] == p)['samples'].to_list())}"
+                        + (" chains drawn from q" if p == "block" else "")
+                        for p in sorted(set(used["policy"].to_list())))
+        lines.append("MC ±x: Monte-Carlo standard error of tokens/call (batch rows: of the speedup)"
+                     + (f"; samples per position: {per}" if per else ""))
     if df["approximate"].any():
         lines.append("*: approximate (a lossy rule evaluated along target trajectories, or a top-k cache's tail)")
     lines.append("vLLM mean acc. len: 1 + accepted / drafting steps, as vLLM counts (the prompt pass emits the first "

@@ -32,6 +32,7 @@ import copy
 import hashlib
 import platform
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -87,7 +88,8 @@ class RecordStats:
     skipped: int  # (prompt, temperature) pairs already in the file
     seconds: float  # wall time of this run's recording loop
     stats_seconds: float = 0.0  # of which computing the per-position statistics on the device
-    expand_seconds: float = 0.0  # of which expanding the drafts' EAGLE-2 trees (--expand)
+    expand_seconds: float = 0.0  # of which expanding the drafts' EAGLE-2 trees (--expand) or drawing chains and
+    #                               running the target along them (--expand-target)
 
 
 def shard_prompts(n_prompts: int, shard: tuple[int, int] | None) -> list[int]:
@@ -498,6 +500,18 @@ def record(
                         for d in drafts:
                             stats[d.name].update(expand_trajectory(d.model, prompt_ids[k], y.recorded,
                                                                    columns[d.name], topk=K, depth=D))
+                        expand_seconds += time.perf_counter() - t_expand
+                    if writer.spec.stats.expand_target is not None:
+                        from specsim.record.proposals import no_proposals, target_along_proposals
+
+                        t_expand = time.perf_counter()
+                        K, R = writer.spec.stats.expand_target
+                        for d in drafts:
+                            stats[d.name].update(
+                                target_along_proposals(target.model, d.model, prompt_ids[k], y.recorded,
+                                                       y.p_target_logits, columns[d.name], temperature=t, depth=K,
+                                                       chains=R, seed=zlib.crc32(f"{seed}/{d.name}".encode()))
+                                if t > 0 else no_proposals(len(y.recorded), K, R))
                         expand_seconds += time.perf_counter() - t_expand
                     keep = writer.spec.storage != "stats"
                     _commit_uninterrupted(lambda: writer.append_trajectory(

@@ -115,6 +115,13 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
     }
     hidden = parse_hidden(request.hidden)
     head_specs = [d for d in request.drafts if is_head_draft(d)]
+    if request.stats.expand_target is not None and not any(t > 0 for t in temperatures):
+        raise CacheError("--expand-target records what block verification of drafts sampled at T > 0 needs; at T = 0 "
+                         "drafts are point masses and block verification is token-wise (greedy-draft replays it): "
+                         "add a --temperature above 0")
+    if head_specs and request.stats.expand_target is not None:
+        raise CacheError(f"--expand-target draws chains from a draft model; head draft {head_specs[0]} is not one: "
+                         "record it without --expand-target (or in a cache of its own)")
     if head_specs and request.stats.expand is not None:
         raise CacheError(f"--expand records a draft model's EAGLE-2 expansion; head draft {head_specs[0]} is not "
                          "expanded: record it without --expand (or in a cache of its own)")

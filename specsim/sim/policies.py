@@ -142,12 +142,46 @@ def sample_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generato
 
 
 def block_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator) -> AcceptanceTable:
-    """Block verification of sampled drafts is not replayed: SpecError saying why and what is."""
-    raise SpecError("block verification of drafts sampled from q is not replayed: its thresholds need the target's "
-                    "laws after the draft's own proposals, which a cache recorded along the target's trajectories "
-                    "does not hold; run it live (`specsim live --policy block`). For greedy-drafted chains (vLLM's "
-                    "default draft_sample_method) its law is exactly greedy-draft's, which is replayed "
-                    "(docs/design.md, 2d)")
+    """Block verification of a chain drafted from q (docs/design.md 2f), from the target along the draft's proposals.
+
+    Given the output, a call starting at t keeps i < γ drafts with probability
+    keep[t, i] · E[Π_{j=i+1..γ} (1 − h_j)], the expectation over the draft's continuation from where the call
+    left the trajectory (t + i), and all γ with probability whole[t, γ] (`specsim.verify.block_path_factors`).
+    The recording (`cache --expand-target K`) drew R chains from q at every position: their mean is an unbiased
+    estimate of the expectation, and each call's law uses chains drawn at a position no other call of the same
+    walk reads, so the walk's expected totals are unbiased too. The call drafts γ' = min(γ, room) as the live
+    engine does; accepted lengths past the trajectory's end are its last (the row's complement there). Standard
+    errors and the walk's jackknife are over the R chains.
+    """
+    keep, whole, tails = (features.recorded(name) for name in ("block_keep", "block_whole", "block_tails"))
+    if keep is None:
+        raise SpecError(f"block verification of drafts sampled from q needs the target along the draft's own "
+                        f"proposals, which this cache did not record for {features.draft}: record it with "
+                        "`specsim cache ... --expand-target K` (K >= the chain's drafts). For greedy-drafted chains "
+                        "(vLLM's default draft_sample_method) its law is exactly greedy-draft's, which any cache "
+                        "replays (docs/design.md, 2d)")
+    if tree.budget and int(tree.n_children.max()) > 1:
+        raise SpecError(f"block verification verifies one drafted chain; tree {tree.name or ''} branches (use "
+                        "chain:K)")
+    gamma, K, R = tree.max_depth, keep.shape[1], tails.shape[1]
+    if gamma > K:
+        raise SpecError(f"tree {tree.name or ''} drafts {gamma} tokens; the cache recorded the target along the "
+                        f"draft's proposals {K} deep (re-record with --expand-target {gamma})")
+    N = features.n_positions
+    drafts = np.minimum(gamma, features.room())  # γ' per call
+    cap = np.minimum(drafts, features.remaining())
+    est = np.zeros((N, R, gamma + 1))  # per chain: P(A = a | t)
+    for i in range(gamma):
+        rows = np.flatnonzero(i < cap)
+        est[rows, :, i] = keep[rows, i, None] * tails[rows + i, :, i, drafts[rows] - 1]
+    est[np.arange(N), :, cap] = 1.0 - est.sum(axis=2)  # the lengths past the cap, at the cap
+    total = est.sum(axis=1)
+    mean = est.mean(axis=1)
+    per_chain = est @ np.arange(gamma + 1)  # (N, R) E[A | t] per chain
+    return AcceptanceTable(
+        p_len=mean, drafted=drafted_per_call(tree, features.room()), exact=False,
+        se_len=per_chain.std(axis=1, ddof=1) / np.sqrt(R),
+        jackknife=(total[None] - est.transpose(1, 0, 2)) / (R - 1))
 
 
 # -- the one entry point ---------------------------------------------------------------------------

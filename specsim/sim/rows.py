@@ -28,9 +28,12 @@ def skip_line(features: Features, policy: PolicySpec, spec: str, exc: Exception)
 
 
 def _samples_used(source: FeatureSource, tree: Tree | DynamicTree, policy: PolicySpec) -> int:
-    """Monte-Carlo samples per position behind a swor estimate: the recording's own where it recorded π for the
-    tree's fan-out (`multidraft.candidate_acceptance` reads those, not --samples), else `policy.samples`."""
+    """Monte-Carlo samples per position behind an estimate: block verification's chains drawn from q (`cache
+    --expand-target`); for swor, the recording's own where it recorded π for the tree's fan-out
+    (`multidraft.candidate_acceptance` reads those, not --samples), else `policy.samples`."""
     recorded = getattr(source, "recorded_stats", None)
+    if policy.kind.name == "block" and getattr(recorded, "expand_target", None) is not None:
+        return int(recorded.expand_target[1])  # the chains drawn from q per position
     fan_out = int(tree.n_children.max()) if tree.budget and isinstance(tree, Tree) else 0
     if recorded is not None and not source.model_free and fan_out <= getattr(recorded, "candidates", 0):
         return int(recorded.swor_samples)
