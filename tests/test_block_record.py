@@ -215,3 +215,20 @@ def test_cache_expand_target_and_simulate_policy_block_from_the_cli(tiny_model_d
     assert row["policy"] == "block" and row["estimate"] != "exact" and row["samples"] == 4
     assert 1.0 <= row["tokens_per_call"] <= 4.0 and row["mc_se_tokens_per_call"] > 0
     one_line_error(run("simulate", out, "--tree", "chain:4", "--policy", "block"), "--expand-target 4")
+    from specsim.report.html import write_report
+    from specsim.report.study import StudyConfig, run_study, study_tables
+
+    study = run_study([out], StudyConfig(budgets=(1, 2, 3, 4), sample_families=("chain",), model_free=(),
+                                         draw_budgets=(), sample_draw_budgets=(), batches=(1,), n_boot=50),
+                      progress=False)
+    table = study_tables(study)["block_verification"]
+    assert table["budget"].to_list() == [1, 2, 3]  # the chains the recording reaches, not chain:4
+    assert set(table["temperature"].to_list()) == {0.8}
+    sim = pl.read_csv(tmp_path / "r.csv").filter((pl.col("category") == "all") & (pl.col("tree") == "chain:3"))
+    replayed = table.filter(pl.col("budget") == 3).row(0, named=True)
+    assert replayed["block_tokens_per_call"] == pytest.approx(sim["tokens_per_call"][0], rel=1e-9)
+    assert replayed["block_gain"] == pytest.approx(
+        replayed["block_tokens_per_call"] / replayed["token_wise_tokens_per_call"] - 1)
+    write_report(study, tmp_path / "report")
+    page = (tmp_path / "report" / "index.html").read_text(encoding="utf-8")
+    assert "Block verification against token-wise verification" in page and "block_verification.csv" in page

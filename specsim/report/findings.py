@@ -125,6 +125,36 @@ def heads_side_by_side(results: pl.DataFrame, heads: pl.DataFrame) -> pl.DataFra
     return table.sort("cache_name", "setting", "_order", "draft", "budget").drop("_order")
 
 
+VERIFY_METRICS = ("tokens_per_call", "tokens_per_call_lo", "tokens_per_call_hi", "speedup", "speedup_lo",
+                  "speedup_hi")
+
+
+def block_side_by_side(verification: pl.DataFrame) -> pl.DataFrame:
+    """Token-wise speculative sampling against block verification of the same chains (category "all").
+
+    verification: `specsim.simulate` rows of policies sample and block on chains (`run_study` runs them on caches
+    that recorded the target along the draft's proposals). One row per cache × draft × temperature × budget: each
+    rule's tokens per call with its 95% interval (and speedup where costs were given), block's Monte-Carlo
+    standard error, and block's gain over token-wise in tokens per call.
+    """
+    if verification.is_empty():
+        return pl.DataFrame()
+    keys = ["cache_name", "draft", "temperature", "budget"]
+    rows = verification.filter(pl.col("category") == ALL)
+    metrics = [m for m in VERIFY_METRICS if m in rows.columns]
+
+    def rule(policy: str, prefix: str, extra: tuple[str, ...] = ()) -> pl.DataFrame:
+        return rows.filter(pl.col("policy") == policy).select(
+            *keys, *[pl.col(m).alias(f"{prefix}_{m}") for m in metrics], *extra)
+
+    table = rule("sample", "token_wise", ("n_prompts", "n_positions")).join(
+        rule("block", "block", ("mc_se_tokens_per_call", "samples")), on=keys)
+    return (table.rename({"mc_se_tokens_per_call": "block_mc_se", "samples": "block_chains"})
+            .with_columns((pl.col("block_tokens_per_call") / pl.col("token_wise_tokens_per_call") - 1)
+                          .alias("block_gain"))
+            .sort(keys))
+
+
 def _equal_budget_findings(results: pl.DataFrame) -> list[str]:
     table = equal_budget(results)
     if table.is_empty() or table["dynamic_tokens_per_call"].drop_nulls().is_empty():

@@ -93,6 +93,8 @@ class Study:
     #                                                            acceptance vs the optimal verifier's (full caches, T>0)
     heads: pl.DataFrame = field(default_factory=pl.DataFrame)  # per head draft of a cache: how it was trained and
     #                                                            on how many of the cache's prompts (None: unknown)
+    verification: pl.DataFrame = field(default_factory=pl.DataFrame)  # token-wise and block verification rows of
+    #                                          chains, on caches that recorded the target along the proposals (T>0)
 
     @property
     def measured(self) -> bool:
@@ -290,9 +292,11 @@ def run_study(
     common = dict(budgets=list(config.budgets), multi_draft=config.multi_draft, samples=config.samples,
                   by_category=True, n_boot=config.n_boot, seed=config.seed, unpriced="keep")
     setups, cats, results, theory, drawn, notes, batch_rows, bound_rows = [], [], [], [], [], [], [], []
+    verification = []  # token-wise vs block verification, where the target along the proposals was recorded
     head_rows: list[dict] = []
     steps = []  # (cache, kind, T) in the order run, for one progress bar
     expansions: dict = {}  # cache -> its recorded draft expansion (dynamic trees), or None
+    proposals: dict = {}  # cache -> how deep it recorded the target along the drafts' proposals, or None
     priced: dict[Path, dict] = {}
     basis: dict[str, str] = {}
     for path in paths:
@@ -316,6 +320,7 @@ def run_study(
             recorded = set(reader.trajectories["temperature"].to_list())
             stats = reader.spec.stats
             expansions[path] = stats.expansion if stats is not None and stats.expand is not None else None
+            proposals[path] = stats.expand_target[0] if stats is not None and stats.expand_target else None
             for T in reader.spec.temperatures:
                 if any(abs(T - t) < 1e-6 for t in recorded):
                     steps.append((path, reader.spec.drafts, T))
@@ -341,6 +346,13 @@ def run_study(
                                        policies=[policy], temperatures=[T], **common, **priced[path]))
             table = _label_rows(_concat(parts), path.name)
             results.append(table)
+            model_drafts = [d for d in drafts if not is_head_draft(d)]
+            chains = [b for b in config.budgets if proposals[path] and b <= proposals[path]]
+            if T > 0 and model_drafts and chains:
+                verification.append(_label_rows(_simulate(
+                    path, notes, trees=[f"chain:{b}" for b in chains], drafts=model_drafts,
+                    policies=["sample", "block"], temperatures=[T], **{**common, "by_category": False},
+                    **priced[path]), path.name))
             if "cost_profile" in priced[path] and "cost_basis" in table.columns:
                 beyond = table.filter(pl.col("cost_basis").str.starts_with("none"))
                 if not beyond.is_empty():
@@ -401,7 +413,7 @@ def run_study(
         grid=speedup_grid(config.grid_alphas, config.grid_costs, config.grid_gammas),
         trees=tuple(shown + drawn), cost_basis=basis, batch=pl.DataFrame(batch_rows, infer_schema_length=None),
         attention=attention, notes=tuple(notes), bound=pl.DataFrame(bound_rows, infer_schema_length=None),
-        heads=pl.DataFrame(head_rows, schema=HEAD_SCHEMA),
+        heads=pl.DataFrame(head_rows, schema=HEAD_SCHEMA), verification=_concat(verification),
     )
 
 
@@ -500,6 +512,10 @@ def study_tables(study: Study) -> dict[str, pl.DataFrame]:
         tables["attention"] = study.attention
     if not study.bound.is_empty():
         tables["verifier_bound"] = study.bound
+    if not study.verification.is_empty():
+        from specsim.report.findings import block_side_by_side
+
+        tables["block_verification"] = block_side_by_side(study.verification)
     if not study.results.is_empty():
         from specsim.report.findings import heads_side_by_side
 
