@@ -34,6 +34,7 @@ def test_the_mapping_to_vllms_speculative_config():
     ("layers:20", "kary:2,2", "greedy", "vLLM drafts chains"),
     ("layers:20", "widths:1,1,2", "greedy", "vLLM drafts chains"),
     ("layers:20", "chain:3", "p>=q", "not lossy or adaptive rules"),
+    ("layers:20", "chain:3", "block", "V1 runner, which has no block rule"),
     ("medusa:heads/m", "chain:3", "greedy", "specsim checks EAGLE heads against vLLM"),
 ])
 def test_what_vllm_cannot_run_is_refused_with_the_reason(draft, tree, policy, why):

@@ -120,6 +120,13 @@ def speculative_config(draft: str, tree, policy: str, *, draft_dir: str | None =
     """vLLM's speculative_config for `draft` drafting `tree` under `policy` (the module docstring)."""
     k = chain_depth(tree)
     name = parse_policy(policy).name
+    if name == "block":
+        raise EngineError("policy block is not compared with vLLM: vLLM 0.32 runs block verification only in its V2 "
+                          "model runner (v1/worker/gpu/spec_decode/rejection_sampler.py), which needs Triton, so its "
+                          "CPU build refuses it ('Model Runner V2 requires Triton') and its V1 runner, which has no "
+                          "block rule, runs rejection_sample_method='block' as token-wise verification; this harness "
+                          "does not drive the V2 runner on a GPU yet. `specsim validate --policy block` compares the "
+                          "replay with specsim's live engine running the rule")
     if name not in POLICIES:
         raise EngineError(f"policy {policy}: vLLM verifies with {', '.join(POLICIES)} (draft_sample_method greedy "
                           "or probabilistic), not lossy or adaptive rules")
