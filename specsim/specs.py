@@ -363,8 +363,8 @@ POLICY_KINDS: dict[str, PolicyKind] = {
     "block": PolicyKind("block", "block", "block verification of a chain drafted from q (Sun et al. 2025; vLLM's "
                         "rejection_sample_method='block'): the drafted block is kept or cut as a whole", (0,), True,
                         "Monte-Carlo with a standard error, from the target along the draft's proposals (cache "
-                        "--expand-target); for greedy-drafted chains its law is greedy-draft's", ">0",
-                        "specsim.sim.policies:block_table", live=True),
+                        "--expand-target); for greedy-drafted chains its law is greedy-draft's; at T=0, greedy's "
+                        "(exact)", "any", "specsim.sim.policies:block_table", by_default=">0", live=True),
     "p>=q": PolicyKind("p>=q", "p>=q", "accept x when p(x) >= q(x) (lossy)", (0,), False,
                        "along target trajectories (approximate), with the TV distortion", ">0",
                        "specsim.sim.lossy:lossy_table", live=True),

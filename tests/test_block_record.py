@@ -232,3 +232,19 @@ def test_cache_expand_target_and_simulate_policy_block_from_the_cli(tiny_model_d
     write_report(study, tmp_path / "report")
     page = (tmp_path / "report" / "index.html").read_text(encoding="utf-8")
     assert "Block verification against token-wise verification" in page and "block_verification.csv" in page
+
+
+def test_live_block_verification_at_t0_is_greedy_call_for_call(tiny_cache, tmp_path):
+    """At T = 0 drafts and target are point masses and block verification is greedy verification (§2d): `validate
+    --policy block` decodes live and every call accepts what the replay's call accepts."""
+    import polars as pl
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+
+    result = CliRunner().invoke(main, ["validate", str(tiny_cache), "--draft", "layers:2", "--tree", "chain:3",
+                                       "--policy", "block", "--temperature", "0", "--threads", "1", "--quiet",
+                                       "--out", str(tmp_path / "v.csv")])
+    assert result.exit_code == 0, result.output
+    row = pl.read_csv(tmp_path / "v.csv").filter(pl.col("check") == "greedy calls").row(0, named=True)
+    assert row["policy"] == "block" and row["verdict"] == "PASS" and "(100.0%)" in row["comparison"]

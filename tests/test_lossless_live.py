@@ -150,8 +150,11 @@ def test_lossy_rules_live_keep_what_the_rule_keeps(pair, policy):
 def test_block_verification_is_for_chains_at_a_temperature(pair):
     with pytest.raises(SpecError, match="chains"):
         LiveConfig(tree=parse_tree("kary:2,2"), policy="block", temperature=1.0)
-    with pytest.raises(SpecError, match="temperature > 0"):
+    with pytest.raises(SpecError, match="greedy verification"):
         LiveConfig(tree=parse_tree("chain:2"), policy="block", temperature=0.0)
+    assert LiveConfig.for_policy(parse_tree("chain:2"), "block", 0.0).policy == "greedy"  # point masses (§2d)
+    with pytest.raises(SpecError, match="chains"):
+        LiveConfig.for_policy(parse_tree("kary:2,2"), "block", 0.0)
 
 
 def test_the_chi_square_check_can_fail(pair):

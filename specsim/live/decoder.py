@@ -104,6 +104,10 @@ class LiveConfig:
             from specsim.sim.adaptive import check_chain
 
             check_chain(self.tree, "block verification: ")
+            if self.temperature == 0:
+                raise ArgumentError("{policy} block at {temperature} 0 verifies point masses, which is greedy "
+                                    "verification (docs/design.md 2d): decode with {policy} greedy "
+                                    "(LiveConfig.for_policy maps it)")
         if self.max_new_tokens < 1:
             raise ArgumentError("{max_new_tokens} {value}: at least 1", value=self.max_new_tokens)
         if self.batch < 1:
@@ -119,14 +123,20 @@ class LiveConfig:
     @classmethod
     def for_policy(cls, tree: Tree, policy: str, temperature: float, **kwargs) -> "LiveConfig":
         """The configuration that decodes with `policy` as named on the command line: a verification rule
-        ('greedy', 'sample') or an adaptive schedule ('adaptive-hf', 'adaptive-history:0.9,0.3'), which
-        verifies greedily at T = 0 and by speculative sampling at T > 0."""
+        ('greedy', 'sample', 'block': greedy at T = 0, where drafts and target are point masses) or an adaptive
+        schedule ('adaptive-hf', 'adaptive-history:0.9,0.3'), which verifies greedily at T = 0 and by
+        speculative sampling at T > 0."""
         rule = parse_policy(policy)
         if not rule.kind.live:
             raise SpecError(f"live policy {policy!r} is not one of {', '.join(POLICIES + SCHEDULES)}")
         if rule.kind.adaptive:
             return cls(tree=tree, policy="greedy" if temperature == 0 else "sample", temperature=temperature,
                        schedule=rule.label, **kwargs)
+        if rule.name == "block" and temperature == 0:  # point-mass drafts and target: greedy verification (§2d)
+            from specsim.sim.adaptive import check_chain
+
+            check_chain(tree, "block verification: ")
+            return cls(tree=tree, policy="greedy", temperature=temperature, **kwargs)
         return cls(tree=tree, policy=rule.label, temperature=temperature, **kwargs)
 
     @property

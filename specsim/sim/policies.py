@@ -142,7 +142,8 @@ def sample_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generato
 
 
 def block_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator) -> AcceptanceTable:
-    """Block verification of a chain drafted from q (docs/design.md 2f), from the target along the draft's proposals.
+    """Block verification of a chain drafted from q (docs/design.md 2f), from the target along the draft's proposals;
+    at T = 0, where the drafts and the target are point masses, greedy verification (§2d), exactly.
 
     Given the output, a call starting at t keeps i < γ drafts with probability
     keep[t, i] · E[Π_{j=i+1..γ} (1 − h_j)], the expectation over the draft's continuation from where the call
@@ -153,6 +154,11 @@ def block_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator
     engine does; accepted lengths past the trajectory's end are its last (the row's complement there). Standard
     errors and the walk's jackknife are over the R chains.
     """
+    if tree.budget and int(tree.n_children.max()) > 1:
+        raise SpecError(f"block verification verifies one drafted chain; tree {tree.name or ''} branches (use "
+                        "chain:K)")
+    if features.temperature == 0:  # drafts and target are point masses: greedy verification (§2d), exact
+        return greedy_table(features, tree, spec, rng)
     keep, whole, tails = (features.recorded(name) for name in ("block_keep", "block_whole", "block_tails"))
     if keep is None:
         raise SpecError(f"block verification of drafts sampled from q needs the target along the draft's own "
@@ -160,9 +166,6 @@ def block_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator
                         "`specsim cache ... --expand-target K` (K >= the chain's drafts). For greedy-drafted chains "
                         "(vLLM's default draft_sample_method) its law is exactly greedy-draft's, which any cache "
                         "replays (docs/design.md, 2d)")
-    if tree.budget and int(tree.n_children.max()) > 1:
-        raise SpecError(f"block verification verifies one drafted chain; tree {tree.name or ''} branches (use "
-                        "chain:K)")
     gamma, K, R = tree.max_depth, keep.shape[1], tails.shape[1]
     if gamma > K:
         raise SpecError(f"tree {tree.name or ''} drafts {gamma} tokens; the cache recorded the target along the "
