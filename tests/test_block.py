@@ -67,30 +67,34 @@ def test_block_verification_emits_the_target_law(seed, gamma, concentration, voc
     assert _tv(emitted_law(toy), toy.target_law(gamma + 1)) < 1e-12
 
 
+def kept_with_h_equal_a(p_rows, q_rows, x):
+    """A wrong rule: block verification with the threshold h_i = a_i (each prefix kept with its joint ratio)."""
+    a, _ = block_thresholds(p_rows, q_rows, x)
+    law, tail = np.empty(len(a)), 1.0
+    for i in range(len(a) - 1, 0, -1):
+        law[i], tail = a[i] * tail, tail * (1 - a[i])
+    law[0] = tail
+    return law
+
+
+def correction_without_weight(p_rows, q_rows, x, kept):
+    """A wrong correction for block verification (token-wise's own residual): norm(max(p − q, 0)), no a_τ weight."""
+    if kept == len(x):
+        return p_rows[kept]
+    r = np.maximum(p_rows[kept] - q_rows[kept], 0.0)
+    return r / r.sum() if r.sum() > 1e-12 else p_rows[kept]
+
+
 def test_wrong_block_rules_do_not():
     """The check can fail: a threshold h_i = a_i (keep each prefix with its joint ratio), or the correction drawn
     from norm(max(p - q, 0)) without the a_τ weight, changes the law of what is emitted (five tokens: with three,
     the residuals here often have one token of support, where the weight cannot matter)."""
     toy = Toy(1, 3, vocab=5)
 
-    def kept_by_a(p_rows, q_rows, x):
-        a, _ = block_thresholds(p_rows, q_rows, x)
-        law, tail = np.empty(len(a)), 1.0
-        for i in range(len(a) - 1, 0, -1):
-            law[i], tail = a[i] * tail, tail * (1 - a[i])
-        law[0] = tail
-        return law
-
-    def unweighted(p_rows, q_rows, x, kept):
-        if kept == len(x):
-            return p_rows[kept]
-        r = np.maximum(p_rows[kept] - q_rows[kept], 0.0)
-        return r / r.sum() if r.sum() > 1e-12 else p_rows[kept]
-
     target = toy.target_law(4)
     assert _tv(emitted_law(toy), target) < 1e-12
-    assert _tv(emitted_law(toy, kept_law=kept_by_a), target) > 1e-3
-    assert _tv(emitted_law(toy, correction=unweighted), target) > 1e-3
+    assert _tv(emitted_law(toy, kept_law=kept_with_h_equal_a), target) > 1e-3
+    assert _tv(emitted_law(toy, correction=correction_without_weight), target) > 1e-3
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -26,6 +26,7 @@ import pytest
 
 from specsim.verify import (block_chain_tails, block_correction, block_kept_law, block_output_law,
                             block_path_factors, token_wise_kept_law)
+from tests.test_block import correction_without_weight, kept_with_h_equal_a
 
 
 class LazyToy:
@@ -33,10 +34,14 @@ class LazyToy:
 
     def __init__(self, seed: int, vocab: int = 3, concentration: float = 1.0):
         self.seed, self.vocab, self.concentration = seed, vocab, concentration
+        self._laws: dict = {}
 
     def _law(self, which: int, prefix: tuple[int, ...]) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, which, zlib.crc32(repr(tuple(int(v) for v in prefix)).encode())])
-        return rng.dirichlet(np.full(self.vocab, self.concentration))
+        key = (which, tuple(int(v) for v in prefix))
+        if key not in self._laws:
+            rng = np.random.default_rng([self.seed, which, zlib.crc32(repr(key[1]).encode())])
+            self._laws[key] = rng.dirichlet(np.full(self.vocab, self.concentration))
+        return self._laws[key]
 
     def p(self, prefix) -> np.ndarray:
         return self._law(0, tuple(prefix))
@@ -62,27 +67,6 @@ def brute_force(toy: LazyToy, gamma: int, y: tuple[int, ...], kept_law=block_kep
                 law[i] += weight * kept[i] * correction(p_rows, q_rows, x, i)[y[i]]
     target = np.cumprod([toy.p(y[:j])[y[j]] for j in range(gamma + 1)])  # Π_{j<=i+1} p_j(y_j)
     return law / target
-
-
-def _wrong_h_law(p_rows, q_rows, drafts):
-    """Block verification with h_i = a_i (a rule that is not lossless)."""
-    from specsim.verify import block_thresholds
-
-    a, _ = block_thresholds(p_rows, q_rows, drafts)
-    g = a.shape[0] - 1
-    law, tail = np.empty(g + 1), 1.0
-    for i in range(g, 0, -1):
-        law[i] = a[i] * tail
-        tail *= 1.0 - a[i]
-    law[0] = tail
-    return law
-
-
-def _token_wise_correction(p_rows, q_rows, drafts, kept):
-    if kept == len(drafts):
-        return p_rows[kept]
-    r = np.maximum(p_rows[kept] - q_rows[kept], 0.0)
-    return r / r.sum()
 
 
 def path_of(toy: LazyToy, y: tuple[int, ...]):
@@ -138,9 +122,9 @@ def test_wrong_replays_fail_the_same_check(seed, gamma, vocab, concentration):
     gaps = {"token-wise": 0.0, "continuation along the output": 0.0, "h = a": 0.0}
     for y in itertools.product(range(vocab), repeat=gamma + 1):
         truth = brute_force(toy, gamma, y)
-        token_wise = brute_force(toy, gamma, y, token_wise_kept_law, _token_wise_correction)
+        token_wise = brute_force(toy, gamma, y, token_wise_kept_law, correction_without_weight)
         gaps["token-wise"] = max(gaps["token-wise"], float(np.abs(token_wise - truth).max()))
-        wrong_h = brute_force(toy, gamma, y, _wrong_h_law)
+        wrong_h = brute_force(toy, gamma, y, kept_with_h_equal_a)
         gaps["h = a"] = max(gaps["h = a"], float(np.abs(wrong_h - truth).max()))
         p_path, q_path = path_of(toy, y)
         a, _, _ = block_path_factors(p_path, q_path, y, gamma)
@@ -172,7 +156,8 @@ def test_sampled_continuations_estimate_the_law_without_bias(seed, gamma, vocab,
                 for _r in range(R):
                     c: tuple[int, ...] = ()
                     for _m in range(gamma):  # K-token chains, as recorded; the call at depth i reads gamma - i
-                        c += (int(rng.choice(vocab, p=toy.q(y[:i] + c))),)
+                        c += (min(int(np.searchsorted(np.cumsum(toy.q(y[:i] + c)), rng.random(), side="right")),
+                                  vocab - 1),)
                     chains.append(c)
                 p, q, x = chain_rows(toy, y[:i], chains)
                 tails[:, i] = block_chain_tails(a[0], p, q, x)[:, i]
