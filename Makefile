@@ -127,7 +127,7 @@ qwen: setup
 
 # The committed study (analyses/results/study/): record with statistics only (--store stats), measure each
 # target's step costs, check the SmolLM2 profile's predictions live, and report with the measured costs.
-# About 2 h on a 2-core CPU; an interrupted recording continues with `--resume` on the same command.
+# About 2.5 h on a 2-core CPU; an interrupted recording continues with `--resume` on the same command.
 STUDY_SMOLLM2 ?= --target smollm2-135m --draft int8 --draft layers:20
 STUDY_QWEN    ?= --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --draft layers:14
 STUDY_PROFILE ?= --contexts 64,512,1024 --max-tokens 33 --warmup 1 --threads 2 --quiet
@@ -152,7 +152,14 @@ study: setup qwen
 	    --store stats --batch-size 8 --out cache/study-qwen.h5
 	$(SPECSIM) cache $(STUDY_QWEN) --per-category 4 --max-new-tokens 96 --temperature 0.7 --seed 0 \
 	    --store stats --batch-size 8 --out cache/study-qwen-t07.h5
-	$(SPECSIM) report cache/study-qwen.h5 cache/study-qwen-t07.h5 cache/study-smollm2.h5 --out analyses/results/study --overwrite \
+	@# block verification against token-wise: the target along the drafts' own proposals (8 chains of 4 per position)
+	$(SPECSIM) cache $(STUDY_SMOLLM2) --per-category 1 --max-new-tokens 48 --temperature 0.7,1.0 --seed 3 \
+	    --store stats --expand-target 4 --proposal-chains 8 --out cache/study-smollm2-block.h5
+	$(SPECSIM) cache --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --per-category 1 --max-new-tokens 32 \
+	    --temperature 0.7,1.0 --seed 3 --store stats --expand-target 4 --proposal-chains 8 \
+	    --out cache/study-qwen-block.h5
+	$(SPECSIM) report cache/study-qwen.h5 cache/study-qwen-t07.h5 cache/study-smollm2.h5 \
+	    cache/study-smollm2-block.h5 cache/study-qwen-block.h5 --out analyses/results/study --overwrite \
 	    --cost-profile cache/study-qwen-profile.json --cost-profile cache/study-smollm2-profile.json --batch 1,4 \
 	    --attention analyses/results/attention-cpu-2026-11-21/attention.csv \
 	    --title "Draft-strategy study: Qwen2.5-Coder 1.5B/0.5B and SmolLM2-135M on Spec-Bench (measured CPU costs)"

@@ -172,7 +172,8 @@ def test_profile_for_a_cache_measures_what_its_trees_need(tiny_cache, tmp_path):
                                        "--repeats", "2", "--warmup", "0", "--threads", "1", "--quiet", "--out",
                                        str(out)])
     assert result.exit_code == 0, result.output
-    assert "timed forwards, about" in result.output and "draft widths 1, 2" in result.output
+    assert "timed forwards, then" in result.output and "s filling the contexts" in result.output
+    assert "draft widths 1, 2" in result.output
     data = json.loads(out.read_text())
     assert set(data["drafts"]) == {"layers:2", "int8"} and data["sizes"] == list(range(1, 8))
     assert data["widths"] == [1, 2] and len(data["contexts"]) == 3

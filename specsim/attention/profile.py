@@ -399,23 +399,46 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
 
 
 def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
-    """How many timed forwards `measure_cost_profile` makes and about how long they take, from one timed plain
-    step and one at the largest N and context, at the largest batch (before anything else is measured)."""
+    """How many timed forwards `measure_cost_profile` makes and about how long the whole profile takes, before
+    anything is measured: the forwards from one timed plain step and one at the largest N and context, at the
+    largest batch; filling each (B, L)'s contexts (every model's prefill of B x L tokens, scaled from one timed
+    prefill per model, the target's at the largest batch and context, each draft's at one request); and the
+    per-step work outside the forwards, from one run of each at the largest batch."""
+    from specsim.record.heads import HeadDraft
+
     total = config.entries(len(drafts)) * (config.repeats + config.warmup)
-    seconds = []
+    B, L = max(config.batch_grid), max(config.contexts)
+    cells = sum(b * c for b in config.batch_grid for c in config.contexts)  # B x L tokens filled per model
+    rng = np.random.default_rng(0)
+    seconds, fill = [], 0.0
     with torch.inference_mode():
-        for n, L in ((1, min(config.contexts)), (config.sizes[-1], max(config.contexts))):
+        for n, context in ((1, min(config.contexts)), (config.sizes[-1], L)):
             depth, attend = _tree_layout(verify_tree_parents(n))
-            once = _Bench(target.model, max(config.batch_grid), L, np.random.default_rng(0)).run(
-                depth, attend, lambda logits: logits.argmax(dim=-1))
+            started = time.perf_counter()
+            bench = _Bench(target.model, B, context, rng)
+            if context == L:
+                fill += (time.perf_counter() - started) * cells / (B * L)
+            once = bench.run(depth, attend, lambda logits: logits.argmax(dim=-1))
             once()
             started = time.perf_counter()
             once()
             seconds.append(time.perf_counter() - started)
+        for d in drafts:
+            if not isinstance(d, HeadDraft):
+                started = time.perf_counter()
+                _Bench(d.model, 1, L, rng)
+                fill += (time.perf_counter() - started) * cells / L
+        device = next(target.model.parameters()).device
+        runs = _overhead_runs(B, config.sizes, int(target.model.config.vocab_size), device, rng)
+        started = time.perf_counter()
+        for run in runs.values():
+            run()
+        outside = (time.perf_counter() - started) * (config.repeats + config.warmup) * len(config.batch_grid)
+    forwards = total * float(np.mean(seconds))
     return (f"{config.entries(len(drafts))} entries x ({config.repeats} rounds + {config.warmup} warm-up): {total} "
-            f"timed forwards, about {total * float(np.mean(seconds)):.0f} s (from a plain step and the largest at the "
-            "largest batch; draft forwards are usually cheaper), then "
-            f"{config.overhead_entries} entries of the per-step work outside the forwards")
+            f"timed forwards, then {config.overhead_entries} entries of the per-step work outside the forwards; about "
+            f"{forwards + fill + outside:.0f} s ({forwards:.0f} s of forwards, from a plain step and the largest at the "
+            f"largest batch; {fill:.0f} s filling the contexts; {outside:.0f} s of work outside the forwards)")
 
 
 def _model_entry(loaded) -> dict:
