@@ -248,3 +248,51 @@ def test_live_block_verification_at_t0_is_greedy_call_for_call(tiny_cache, tmp_p
     assert result.exit_code == 0, result.output
     row = pl.read_csv(tmp_path / "v.csv").filter(pl.col("check") == "greedy calls").row(0, named=True)
     assert row["policy"] == "block" and row["verdict"] == "PASS" and "(100.0%)" in row["comparison"]
+
+
+def test_the_recorded_factors_and_tails_are_the_rule_on_plain_forwards(tiny_trajectory, monkeypatch):
+    """`target_along_proposals` over a whole trajectory, in chunks of positions: its factors on the trajectory and
+    its per-chain tails equal `block_path_factors` and `block_chain_tails` computed from plain forwards (the laws
+    along the trajectory, and along each chain it drew), every position's tails read with the a_i of the call that
+    left the trajectory there."""
+    import torch
+
+    from specsim.record import proposals
+
+    target, draft, prompt, tokens = tiny_trajectory
+    P, n, T, K, R = len(prompt), len(tokens), 0.9, 3, 3
+    drawn = []
+    real = proposals.draw_chains
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        drawn.append(out[0].cpu().numpy())
+        return out
+
+    monkeypatch.setattr(proposals, "draw_chains", spy)
+    monkeypatch.setattr(proposals, "QUERIES_PER_FORWARD", 2 * R * (K - 1))  # chunks of 2 positions
+    with torch.inference_mode():
+        ids = torch.tensor([prompt + tokens])
+        p_logits = target.model(ids).logits[0, P - 1 : P - 1 + n].float()
+        q_logits = draft.model(ids).logits[0, P - 1 : P - 1 + n].float()
+    got = proposals.target_along_proposals(target.model, draft.model, prompt, tokens, p_logits, q_logits,
+                                           temperature=T, depth=K, chains=R, seed=3)
+    assert len(drawn) == (n + 1) // 2
+    chains = np.concatenate(drawn)  # (n, R, K)
+
+    def laws(model, context):
+        with torch.inference_mode():
+            return torch.softmax(model(torch.tensor([context])).logits[0].double() / T, -1).numpy()
+
+    p_path, q_path = laws(target.model, prompt + tokens)[P - 1 : P - 1 + n], laws(draft.model, prompt + tokens)[
+        P - 1 : P - 1 + n]
+    a, keep, whole = verify.block_path_factors(p_path, q_path, tokens, K)
+    np.testing.assert_allclose(got["block_keep"], keep, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got["block_whole"], whole, rtol=1e-4, atol=1e-6)
+    for s in range(n):
+        p = np.stack([laws(target.model, prompt + tokens[:s] + c[: K - 1].tolist())[P + s - 1 :] for c in chains[s]])
+        q = np.stack([laws(draft.model, prompt + tokens[:s] + c[: K - 1].tolist())[P + s - 1 :] for c in chains[s]])
+        branch = np.array([a[s - i, i] if i <= s else 0.0 for i in range(K)])
+        want = verify.block_chain_tails(branch, p, q, chains[s])
+        want[:, [i for i in range(K) if i > s]] = 0.0
+        np.testing.assert_allclose(got["block_tails"][s], want, rtol=1e-4, atol=1e-5)
