@@ -209,6 +209,8 @@ def test_cache_expand_target_and_simulate_policy_block_from_the_cli(tiny_model_d
         rows = [r for r in reader.iter_trajectories() if r.temperature > 0]
         tails = np.concatenate([reader.stats("layers:2", "block_tails", r.start, r.stop) for r in rows])
     assert tails.shape[1:] == (4, 3, 3) and np.all((tails >= 0) & (tails <= 1)) and tails.max() > 0
+    inspected = run("inspect", out, "--quiet")
+    assert inspected.exit_code == 0 and "the target along 4 chains of 3 drafts" in inspected.output
     result = run("simulate", out, "--tree", "chain:3", "--policy", "block", "--out", tmp_path / "r.csv")
     assert result.exit_code == 0, result.output
     row = pl.read_csv(tmp_path / "r.csv").filter(pl.col("category") == "all").row(0, named=True)

@@ -77,6 +77,10 @@ def inspect(file: Path, verify: bool, quiet: bool) -> None:
             click.echo(f"expansion  EAGLE-2 draft expansion {expansion.label} ({expansion.candidates} candidates per "
                        f"position): replays dynamic:topk={expansion.topk},depth<={expansion.depth},"
                        f"tokens<={expansion.candidates}")
+        proposals = spec.stats.expand_target if spec.stats is not None else None
+        if proposals is not None:
+            click.echo(f"proposals  the target along {proposals[1]} chains of {proposals[0]} drafts drawn from each "
+                       f"model draft at every T > 0 position: replays --policy block on chains up to chain:{proposals[0]}")
         click.echo(
             f"run        seed {run.setting('seed', '?')}, max_new_tokens {run.setting('max_new_tokens', '?')}, "
             f"dtype {run.setting('dtype', '?')}, device {run.device or '?'}, created {run.created or '?'}; "
