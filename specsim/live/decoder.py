@@ -101,9 +101,9 @@ class LiveConfig:
             raise ArgumentError("lossy rule {name} tries i.i.d. candidates in order; use {multi_draft} iid",
                                 name=self.policy)
         if self.policy == "block":
-            from specsim.sim.adaptive import check_chain
+            from specsim.sim.adaptive import BLOCK_ON_CHAINS, check_chain
 
-            check_chain(self.tree, "block verification: ")
+            check_chain(self.tree, rule=BLOCK_ON_CHAINS)
             if self.temperature == 0:
                 raise ArgumentError("{policy} block at {temperature} 0 verifies point masses, which is greedy "
                                     "verification (docs/design.md 2d): decode with {policy} greedy "
@@ -133,9 +133,9 @@ class LiveConfig:
             return cls(tree=tree, policy="greedy" if temperature == 0 else "sample", temperature=temperature,
                        schedule=rule.label, **kwargs)
         if rule.name == "block" and temperature == 0:  # point-mass drafts and target: greedy verification (§2d)
-            from specsim.sim.adaptive import check_chain
+            from specsim.sim.adaptive import BLOCK_ON_CHAINS, check_chain
 
-            check_chain(tree, "block verification: ")
+            check_chain(tree, rule=BLOCK_ON_CHAINS)
             return cls(tree=tree, policy="greedy", temperature=temperature, **kwargs)
         return cls(tree=tree, policy=rule.label, temperature=temperature, **kwargs)
 

@@ -238,12 +238,14 @@ def deterministic_walk(beta: np.ndarray, features: "Features", start_gamma: int,
     return {**totals, "reach": reach}
 
 
-def check_chain(tree: Tree, what: str = "") -> None:
-    """SpecError unless `tree` is a static chain, what an adaptive length schedule drafts (`what` prefixes the
-    message)."""
+BLOCK_ON_CHAINS = "block verification applies"  # check_chain's rule for block verification (live and replay)
+
+
+def check_chain(tree: Tree, what: str = "", rule: str = "adaptive speculation lengths apply") -> None:
+    """SpecError unless `tree` is a static chain, what an adaptive length schedule and block verification draft
+    (`what` prefixes the message, `rule` names what needs the chain)."""
     if isinstance(tree, DynamicTree) or (tree.budget and int(tree.n_children.max()) > 1):
-        raise SpecError(f"{what}adaptive speculation lengths apply to chains, not to the tree "
-                        f"{tree.name or tree.to_spec()}")
+        raise SpecError(f"{what}{rule} to chains, not to the tree {tree.name or tree.to_spec()}")
 
 
 def adaptive_stats_many(features: "Features", trees: Sequence[Tree], spec, pricings: Sequence) -> list["TrajectoryStats"]:

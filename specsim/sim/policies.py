@@ -154,9 +154,9 @@ def block_table(features, tree: Tree, spec: PolicySpec, rng: np.random.Generator
     engine does; accepted lengths past the trajectory's end are its last (the row's complement there). Standard
     errors and the walk's jackknife are over the R chains.
     """
-    if tree.budget and int(tree.n_children.max()) > 1:
-        raise SpecError(f"block verification verifies one drafted chain; tree {tree.name or ''} branches (use "
-                        "chain:K)")
+    from specsim.sim.adaptive import BLOCK_ON_CHAINS, check_chain
+
+    check_chain(tree, rule=BLOCK_ON_CHAINS)
     if features.temperature == 0:  # drafts and target are point masses: greedy verification (§2d), exact
         return greedy_table(features, tree, spec, rng)
     keep, whole, tails = (features.recorded(name) for name in ("block_keep", "block_whole", "block_tails"))
