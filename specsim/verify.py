@@ -587,16 +587,3 @@ def block_chain_tails(a_branch, p_chain, q_chain, chain_tokens) -> np.ndarray:
                 h = np.divide(eta, den, out=np.ones(R), where=den > 0)
                 survive = survive * (1.0 - h)
     return out
-
-
-def block_output_law(keep_row, whole_row, tails, gamma: int) -> np.ndarray:
-    """(γ+1,) P(τ = i | the output) for one call verifying γ drafts: keep_row, whole_row one start's rows of
-    `block_path_factors`, tails (K, K) or (R, K, K): E[Π (1 − h_j)] at the call's depth i (row i: from the
-    position the call left the output at depth i; `block_chain_tails`, averaged over chains when R is given)."""
-    t = np.asarray(tails, dtype=np.float64)
-    t = t.mean(axis=0) if t.ndim == 3 else t
-    law = np.zeros(gamma + 1)
-    for i in range(gamma):
-        law[i] = keep_row[i] * t[i, gamma - 1]
-    law[gamma] = whole_row[gamma]
-    return law

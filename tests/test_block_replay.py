@@ -24,8 +24,8 @@ import zlib
 import numpy as np
 import pytest
 
-from specsim.verify import (block_chain_tails, block_correction, block_kept_law, block_output_law,
-                            block_path_factors, token_wise_kept_law)
+from specsim.verify import (block_chain_tails, block_correction, block_kept_law, block_path_factors,
+                            token_wise_kept_law)
 from tests.test_block import correction_without_weight, kept_with_h_equal_a
 
 
@@ -52,6 +52,20 @@ class LazyToy:
     def rows(self, x: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         return (np.stack([self.p(x[:i]) for i in range(len(x) + 1)]),
                 np.stack([self.q(x[:i]) for i in range(len(x))]))
+
+
+def block_output_law(keep_row, whole_row, tails, gamma: int) -> np.ndarray:
+    """The formula of the module docstring for one call verifying γ drafts (`specsim.sim.policies.block_table`
+    computes it for every start at once): (γ+1,) P(τ = i | the output). keep_row, whole_row: one start's rows of
+    `block_path_factors`; tails (K, K) or (R, K, K): E[Π (1 − h_j)] at the call's depth i (row i: from the
+    position the call left the output at depth i; `block_chain_tails`, averaged over chains when R is given)."""
+    t = np.asarray(tails, dtype=np.float64)
+    t = t.mean(axis=0) if t.ndim == 3 else t
+    law = np.zeros(gamma + 1)
+    for i in range(gamma):
+        law[i] = keep_row[i] * t[i, gamma - 1]
+    law[gamma] = whole_row[gamma]
+    return law
 
 
 def brute_force(toy: LazyToy, gamma: int, y: tuple[int, ...], kept_law=block_kept_law,
