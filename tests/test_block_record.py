@@ -277,8 +277,8 @@ def test_the_recorded_factors_and_tails_are_the_rule_on_plain_forwards(tiny_traj
         ids = torch.tensor([prompt + tokens])
         p_logits = target.model(ids).logits[0, P - 1 : P - 1 + n].float()
         q_logits = draft.model(ids).logits[0, P - 1 : P - 1 + n].float()
-    got = proposals.target_along_proposals(target.model, draft.model, prompt, tokens, p_logits, q_logits,
-                                           temperature=T, depth=K, chains=R, seed=3)
+    got = proposals.target_along_proposals(target.model, {draft.name: (draft.model, q_logits)}, prompt, tokens,
+                                           p_logits, temperature=T, depth=K, chains=R, seed=3)[draft.name]
     assert len(drawn) == (n + 1) // 2
     chains = np.concatenate(drawn)  # (n, R, K)
 

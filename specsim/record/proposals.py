@@ -16,6 +16,9 @@ replay reads: per position the trajectory's factors for the calls starting there
 
 from __future__ import annotations
 
+import zlib
+from typing import Mapping
+
 import numpy as np
 import torch
 
@@ -70,41 +73,46 @@ def draw_chains(draft_kv: SlotKV, target_kv: SlotKV, q_root: torch.Tensor, p_roo
     return tokens, q_chain, p_chain
 
 
-def target_along_proposals(target_model, draft_model, prompt_ids, tokens, p_logits: torch.Tensor,
-                           q_logits: torch.Tensor, *, temperature: float, depth: int, chains: int,
-                           seed: int) -> dict[str, np.ndarray]:
-    """block_keep (n, K), block_whole (n, K + 1) and block_tails (n, R, K, K) of one trajectory at T > 0.
+def target_along_proposals(target_model, drafts: Mapping[str, tuple], prompt_ids, tokens, p_logits: torch.Tensor, *,
+                           temperature: float, depth: int, chains: int, seed: int) -> dict[str, dict[str, np.ndarray]]:
+    """Per draft, block_keep (n, K), block_whole (n, K + 1) and block_tails (n, R, K, K) of one trajectory at T > 0.
 
-    p_logits, q_logits (n, V): the target's and the draft's logits along it (teacher-forced), at temperature 1;
-    the laws are taken at `temperature`, the one the trajectory was sampled at. block_tails[s, r, i, γ − 1] is
-    Π_{j=i+1..γ} (1 − h_j) along chain r drawn at s for the call started at s − i (0 where i > s or γ <= i).
+    drafts: name -> (draft model, its teacher-forced logits (n, V) along the trajectory); p_logits (n, V): the
+    target's. Logits at temperature 1; the laws are taken at `temperature`, the one the trajectory was sampled at.
+    The target's cache is filled once and serves every draft. block_tails[s, r, i, γ − 1] is Π_{j=i+1..γ} (1 − h_j)
+    along chain r drawn at s for the call started at s − i (0 where i > s or γ <= i). Each draft's chains are drawn
+    from a generator seeded by `seed` and its name.
     """
     prompt = np.asarray(prompt_ids, dtype=np.int64)
     y = np.asarray(tokens, dtype=np.int64)
     n, P = y.shape[0], prompt.shape[0]
     K, R = int(depth), int(chains)
-    p_root, q_root = _laws(p_logits, temperature), _laws(q_logits, temperature)
-    a, keep, whole = block_path_factors(p_root.double().cpu().numpy(), q_root.double().cpu().numpy(), y, K)
-    tails = np.zeros((n, R, K, K), dtype=np.float32)
-    generator = torch.Generator(device=p_root.device).manual_seed(int(seed) & (2**63 - 1))
-    kvs = []
-    for model in (draft_model, target_model):
-        kv = SlotKV(model)
-        kv.start([np.concatenate([prompt, y[:-1]])])
-        kvs.append(kv)
+    p_root = _laws(p_logits, temperature)
+    p_path = p_root.double().cpu().numpy()
+    target_kv = SlotKV(target_model)
+    target_kv.start([np.concatenate([prompt, y[:-1]])])
     chunk = max(1, QUERIES_PER_FORWARD // (R * max(K - 1, 1)))
-    for lo in range(0, n, chunk):
-        t = np.arange(lo, min(n, lo + chunk))
-        x, q_chain, p_chain = draw_chains(*kvs, q_root[t[0] : t[-1] + 1], p_root[t[0] : t[-1] + 1], P + t,
-                                          depth=K, chains=R, temperature=temperature, generator=generator)
-        x = x.cpu().numpy()
-        for k, s in enumerate(t):
-            branch = np.array([a[s - i, i] if i <= s else 0.0 for i in range(K)])  # a_i of the call from s − i
-            tails[s] = block_chain_tails(branch, p_chain[k].double().cpu().numpy(), q_chain[k].double().cpu().numpy(),
-                                         x[k])
-    for i in range(1, K):  # no call started before the trajectory
-        tails[:i, :, i] = 0.0
-    return {"block_keep": keep, "block_whole": whole, "block_tails": tails}
+    out = {}
+    for name, (draft_model, q_logits) in drafts.items():
+        q_root = _laws(q_logits, temperature)
+        a, keep, whole = block_path_factors(p_path, q_root.double().cpu().numpy(), y, K)
+        tails = np.zeros((n, R, K, K), dtype=np.float32)
+        generator = torch.Generator(device=p_root.device).manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
+        draft_kv = SlotKV(draft_model)
+        draft_kv.start([np.concatenate([prompt, y[:-1]])])
+        for lo in range(0, n, chunk):
+            t = np.arange(lo, min(n, lo + chunk))
+            x, q_chain, p_chain = draw_chains(draft_kv, target_kv, q_root[t[0] : t[-1] + 1], p_root[t[0] : t[-1] + 1],
+                                              P + t, depth=K, chains=R, temperature=temperature, generator=generator)
+            x = x.cpu().numpy()
+            for k, s in enumerate(t):
+                branch = np.array([a[s - i, i] if i <= s else 0.0 for i in range(K)])  # a_i of the call from s − i
+                tails[s] = block_chain_tails(branch, p_chain[k].double().cpu().numpy(),
+                                             q_chain[k].double().cpu().numpy(), x[k])
+        for i in range(1, K):  # no call started before the trajectory
+            tails[:i, :, i] = 0.0
+        out[name] = {"block_keep": keep, "block_whole": whole, "block_tails": tails}
+    return out
 
 
 def no_proposals(n: int, depth: int, chains: int) -> dict[str, np.ndarray]:

@@ -32,7 +32,6 @@ import copy
 import hashlib
 import platform
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -506,12 +505,13 @@ def record(
 
                         t_expand = time.perf_counter()
                         K, R = writer.spec.stats.expand_target
-                        for d in drafts:
-                            stats[d.name].update(
-                                target_along_proposals(target.model, d.model, prompt_ids[k], y.recorded,
-                                                       y.p_target_logits, columns[d.name], temperature=t, depth=K,
-                                                       chains=R, seed=zlib.crc32(f"{seed}/{d.name}".encode()))
-                                if t > 0 else no_proposals(len(y.recorded), K, R))
+                        models = {d.name: (d.model, columns[d.name]) for d in drafts}
+                        along = (target_along_proposals(target.model, models, prompt_ids[k], y.recorded,
+                                                        y.p_target_logits, temperature=t, depth=K, chains=R,
+                                                        seed=seed) if t > 0 and models else
+                                 {name: no_proposals(len(y.recorded), K, R) for name in models})
+                        for name, recorded in along.items():
+                            stats[name].update(recorded)
                         expand_seconds += time.perf_counter() - t_expand
                     keep = writer.spec.storage != "stats"
                     _commit_uninterrupted(lambda: writer.append_trajectory(
