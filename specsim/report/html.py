@@ -273,6 +273,11 @@ def _equal_budget(study: Study) -> str:
             "</p>" + note + _table_html(shown))
 
 
+def _interval(metric: str) -> pl.Expr:
+    """'value [lo, hi]' of a metric and its 95% interval columns (`metric`, `metric_lo`, `metric_hi`)."""
+    return pl.format("{} [{}, {}]", *(pl.col(f"{metric}{s}").round(3) for s in ("", "_lo", "_hi")))
+
+
 def _heads(study: Study) -> str:
     """Head drafts beside the other drafts of their cache, chain against chain (tables/heads_side_by_side)."""
     from specsim.report.findings import heads_side_by_side
@@ -281,8 +286,7 @@ def _heads(study: Study) -> str:
     if table.is_empty():
         return ""
     wide = (table.with_columns(
-        pl.format("{} [{}, {}]", *(pl.col(c).round(3) for c in ("tokens_per_call", "tokens_per_call_lo",
-                                                                  "tokens_per_call_hi"))).alias("cell"),
+        _interval("tokens_per_call").alias("cell"),
         pl.format("chain:{}", pl.col("budget")).alias("at"))
         .pivot("at", index=["cache_name", "setting", "kind", "draft"], values="cell", sort_columns=False))
     seen = study.heads.with_columns(
@@ -325,16 +329,15 @@ def _block(study: Study) -> str:
         return ('<p class="note">No block verification: it is replayed from a cache that also recorded the target '
                 "along the drafts' proposals (<code>specsim cache ... --temperature 0.7 --expand-target 4</code>)."
                 "</p>")
-    cell = lambda m: pl.format("{} [{}, {}]", *(pl.col(f"{m}{s}").round(3) for s in ("", "_lo", "_hi")))
     speed = "token_wise_speedup" in table.columns and table["token_wise_speedup"].drop_nulls().len() > 0
     shown = table.select(
         "cache_name", "draft", "temperature", pl.format("chain:{}", pl.col("budget")).alias("tree"),
-        cell("token_wise_tokens_per_call").alias("token-wise tokens/call"),
-        pl.format("{} ± {}", cell("block_tokens_per_call"), pl.col("block_mc_se").round(3)).alias(
+        _interval("token_wise_tokens_per_call").alias("token-wise tokens/call"),
+        pl.format("{} ± {}", _interval("block_tokens_per_call"), pl.col("block_mc_se").round(3)).alias(
             "block tokens/call (± MC SE)"),
         pl.format("{}%", (100 * pl.col("block_gain")).round(1)).alias("block gain"),
-        *([cell("token_wise_speedup").alias("token-wise speedup"), cell("block_speedup").alias("block speedup")]
-          if speed else []),
+        *([_interval("token_wise_speedup").alias("token-wise speedup"),
+           _interval("block_speedup").alias("block speedup")] if speed else []),
         "block_chains", "n_prompts", "n_positions")
     return ("<h3>Block verification against token-wise verification</h3><p>The same chains drafted from q, verified "
             "token by token (speculative sampling: exact on the trajectories) or as a block (Sun et al., ICLR 2025; "
