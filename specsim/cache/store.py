@@ -529,11 +529,11 @@ class CacheWriter:
         elif self.spec.storage != "stats":
             raise CacheError(f"{self.spec.storage} storage keeps the logits: pass target_logits and draft_logits")
         stats = dict(stats or {})
-        expand_names = recorder_only(self.spec.stats)
+        recorder_names = recorder_only(self.spec.stats)
         for c in self.spec.columns:
             shapes = self.spec.stat_shapes(c)
             given = dict(stats.get(c, {}))
-            if any(name not in given for name in shapes if name not in expand_names):
+            if any(name not in given for name in shapes if name not in recorder_names):
                 if columns is None or c in self.spec.depths:
                     raise CacheError(f"no statistics and no logits for column {c!r}")
                 computed = (target_stats(columns[TARGET], tokens, temperature) if c == TARGET else
@@ -541,7 +541,7 @@ class CacheWriter:
                                         np.random.default_rng([seed & (2**63 - 1), zlib.crc32(c.encode())])))
                 given = {**computed, **given}  # what needs the models' own forwards comes from the recorder
             stats[c] = given
-            missing = sorted(expand_names - set(given)) if c != TARGET and c not in self.spec.depths else []
+            missing = sorted(recorder_names - set(given)) if c != TARGET and c not in self.spec.depths else []
             if missing:
                 raise CacheError(f"column {c!r}: the cache records {', '.join(missing)}, which need the models' own "
                                  "forwards (the recorder computes them): pass them")

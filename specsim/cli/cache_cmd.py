@@ -141,13 +141,12 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
         sys.stderr.flush()
         os._exit(130)
     rate = outcome.positions / outcome.seconds if outcome.seconds > 0 else 0.0
+    extra = [what for what, asked in (("expanding the drafts' trees", expansion is not None),
+                                      ("the target along the drafts' proposals", expand_target is not None)) if asked]
     click.echo(
         f"recorded {outcome.trajectories} trajectories ({outcome.positions} positions) in {outcome.seconds:.1f} s "
         f"({rate:.1f} positions/s, target + {len(drafts)} draft(s)); {outcome.skipped} already present"
-        + (f"; expanding the drafts' trees took {outcome.expand_seconds:.1f} s of it "
-           f"({outcome.expand_seconds / outcome.seconds:.0%})" if expansion is not None and outcome.seconds > 0 else "")
-        + (f"; the target along the drafts' proposals took {outcome.expand_seconds:.1f} s of it "
-           f"({outcome.expand_seconds / outcome.seconds:.0%})" if expand_target is not None and expansion is None
-           and outcome.seconds > 0 else "")
+        + (f"; {' and '.join(extra)} took {outcome.expand_seconds:.1f} s of it "
+           f"({outcome.expand_seconds / outcome.seconds:.0%})" if extra and outcome.seconds > 0 else "")
     )
     click.echo(f"wrote {out}: {outcome.total} trajectories, {c.human_bytes(outcome.bytes)}; next: specsim inspect {out}")
