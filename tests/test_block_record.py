@@ -116,6 +116,37 @@ def test_the_replay_predicts_real_block_verified_decoding(toy_caches):
     assert abs(calls.mean() - truth.mean()) < 4 * se, (calls.mean(), truth.mean(), se)
 
 
+def test_block_rows_are_priced_with_block_verifications_own_walk(toy_caches, tmp_path):
+    """With a profile that measured `walk_block`, block's rows pay it where sample's pay `walk_sample`: making the
+    block walk dearer lowers block's speedup and nothing else (tokens per call, sample's rows)."""
+    import json
+
+    import specsim
+    from tests.test_cost import overhead_tables, profile_body
+
+    def profile(name: str, block_rate: float):
+        tables = overhead_tables()
+        tables["walk_block"] = {b: {n: {"median": block_rate * int(n) * int(b)} for n in by_n}
+                                for b, by_n in tables["walk_sample"].items()}
+        body = profile_body(step_overhead_s=tables, target={"name": "toy-markov-target"},
+                            drafts={"toy-draft": {"name": "toy-draft"}})
+        body["draft_step_s"] = {"toy-draft": body.pop("draft_step_s")["d"]}
+        (tmp_path / name).write_text(json.dumps(body))
+        return tmp_path / name
+
+    rows = {}
+    for name, rate in (("cheap.json", 1e-3), ("dear.json", 5e-3)):
+        found = specsim.simulate(toy_caches[1], trees=[f"chain:{DEPTH}"], policies=["block", "sample"],
+                                 cost_profile=profile(name, rate), n_boot=0, by_category=False)
+        rows[name] = {r["policy"]: r for r in found.iter_rows(named=True)}
+    cheap, dear = rows["cheap.json"], rows["dear.json"]
+    assert "walk_block + draft_sample" in dear["block"]["cost_basis"]
+    assert "walk_sample + draft_sample" in dear["sample"]["cost_basis"]
+    assert dear["block"]["speedup"] < cheap["block"]["speedup"]
+    assert dear["block"]["tokens_per_call"] == cheap["block"]["tokens_per_call"]
+    assert dear["sample"]["speedup"] == cheap["sample"]["speedup"]
+
+
 def test_block_needs_the_recording_and_a_chain(tmp_path):
     target, draft = _pair()
     plain = record_cache(tmp_path / "plain.h5", target, draft, random_prompts(4, 1, 2, 0), 6, temperatures=(1.0,))

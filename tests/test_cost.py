@@ -416,6 +416,28 @@ def test_the_work_outside_the_forwards_is_priced_by_temperature_and_draft(tmp_pa
         load_cost_profile(write(tmp_path / "bad.json", profile_body(step_overhead_s={"walk_greedy": {}})))
 
 
+def test_block_verification_is_charged_its_own_walk(tmp_path):
+    """At T > 0, policy block pays `walk_block` (every drafted position's laws, thresholds and correction) where the
+    token-wise rules pay `walk_sample`; greedy and sampling are unchanged; a profile that never measured
+    `walk_block` still loads, prices block as the sampling walk and says so."""
+    tables = overhead_tables()
+    tables["walk_block"] = {b: {n: {"median": 3 * c["median"]} for n, c in by_n.items()}
+                            for b, by_n in tables["walk_sample"].items()}  # 3 ms per token per request
+    model = load_cost_profile(write(tmp_path / "p.json", profile_body(step_overhead_s=tables)))
+    hot = model.for_temperature(0.7, model_draft=True)
+    block = hot.for_rule("block")
+    assert float(block.verify_s(4, 2, 128)) == pytest.approx(float(hot.verify_s(4, 2, 128)) + 8 * 2e-3)
+    assert "walk_block + draft_sample" in block.describe() and "walk_sample" not in block.describe()
+    assert hot.for_rule("sample") is hot and hot.for_rule("p>=q") is hot
+    greedy = model.for_temperature(0.0, model_draft=True)
+    assert greedy.for_rule("block") is greedy  # at T = 0 block verification is greedy verification
+    old = load_cost_profile(write(tmp_path / "old.json", profile_body(step_overhead_s=overhead_tables())))
+    old_block = old.for_temperature(0.7, model_draft=True).for_rule("block")
+    assert float(old_block.verify_s(4, 2, 128)) == pytest.approx(float(hot.verify_s(4, 2, 128)))
+    assert "block verification's own walk not measured by this profile" in old_block.describe()
+    assert "not measured" not in old.for_temperature(0.7, model_draft=True).describe()
+
+
 def test_rows_at_each_temperature_carry_their_own_overhead(tmp_path):
     path = random_cache(tmp_path / "c.h5", temperatures=(0.0, 1.0), drafts=("d",), n_prompts=4, length=40)
     old = write(tmp_path / "old.json", profile_body())

@@ -93,12 +93,14 @@ def test_profile_json_round_trips_into_the_cost_model(pair, tmp_path):
     assert float(model.draft_s("int8", 1, 2, 8)) == pytest.approx(data["draft_step_s"]["int8"]["1"]["8"]["2"]["median"])
     overhead = data["step_overhead_s"]  # the live engine's walks and draws, per (B, N)
     assert overhead["temperature"] == 1.0
-    for kind in ("walk_greedy", "walk_sample", "draft_sample"):
+    for kind in ("walk_greedy", "walk_sample", "walk_block", "draft_sample"):
         assert list(overhead[kind]) == ["1", "2"] and list(overhead[kind]["2"]) == ["1", "2", "3", "4"]
         assert all(c["median"] > 0 and len(c["runs"]) == 2 for by_n in overhead[kind].values() for c in by_n.values())
     hot = model.for_temperature(1.0, model_draft=True)
     assert float(hot.verify_s(2, 3, 32)) == pytest.approx(cell["median"] + overhead["walk_sample"]["2"]["3"]["median"]
                                                          + overhead["draft_sample"]["2"]["3"]["median"])
+    assert float(hot.for_rule("block").verify_s(2, 3, 32)) == pytest.approx(
+        cell["median"] + overhead["walk_block"]["2"]["3"]["median"] + overhead["draft_sample"]["2"]["3"]["median"])
     with pytest.raises(SpecError, match="exists; pass overwrite to replace it"):
         write_profile(body, path)
 

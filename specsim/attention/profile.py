@@ -16,8 +16,10 @@ tokens each:
   tree, with the live engine's own functions over B requests and the same N-token tree:
   ``walk_greedy`` (each request's greedy walk down the tree, `verify_tree`), ``walk_sample``
   (the sampling walk at T = 1: the target's probabilities at each visited node and the
-  accept/reject draws, `verify_tree`) and ``draft_sample`` (drawing every node's children from
-  the draft's law at T = 1, `fill_children`). Random logits of the target's vocabulary, the
+  accept/reject draws, `verify_tree`), ``walk_block`` (block verification of a chain of N − 1
+  drafts at T = 1: the target's and the draft's laws at every drafted position, the thresholds
+  h_i and the correction, `verify_tree` with policy "block") and ``draft_sample`` (drawing every
+  node's children from the draft's law at T = 1, `fill_children`). Random logits of the target's vocabulary, the
   draft's a noisy copy of the target's (most candidates accepted, some rejected). The engine's
   remaining per-step glue (building the tree layout, committing KV entries) is not in it.
 
@@ -262,8 +264,20 @@ def _overhead_runs(batch: int, sizes: Sequence[int], vocab: int, device: torch.d
                             p_of=lambda node, r=r: probabilities(target[r, node], OVERHEAD_TEMPERATURE),
                             q_of=lambda node, r=r: laws[r, node])
 
-        runs[("walk_greedy", n)], runs[("walk_sample", n)], runs[("draft_sample", n)] = (
-            walk_greedy, walk_sample, draft_sample)
+        chain = Tree(np.arange(-1, n - 1), np.where(np.arange(n) == 0, -1, 0))  # block verifies chains
+        drafted = np.zeros((batch, n), dtype=np.int64)  # node i + 1 drawn from the draft's law after node i
+        if n > 1:
+            drafted[:, 1:] = torch.multinomial(torch.from_numpy(laws[:, :n - 1].reshape(-1, vocab)), 1,
+                                               generator=gen).reshape(batch, n - 1).numpy()
+
+        def walk_block(tree=chain, target=target, laws=laws, tokens=drafted) -> None:
+            for r in range(batch):
+                verify_tree(tree, tokens[r], valid[r], policy="block", multi_draft="iid", rng=rngs[r],
+                            p_of=lambda node, r=r: probabilities(target[r, node], OVERHEAD_TEMPERATURE),
+                            q_of=lambda node, r=r: laws[r, node])
+
+        runs[("walk_greedy", n)], runs[("walk_sample", n)], runs[("walk_block", n)], runs[("draft_sample", n)] = (
+            walk_greedy, walk_sample, walk_block, draft_sample)
     return runs
 
 
@@ -390,7 +404,8 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
         "step_overhead_s": {**overhead, "temperature": OVERHEAD_TEMPERATURE,
                             "what": "per step, outside the forwards, B requests over the N-token tree of "
                                     "target_verify_s: walk_greedy / walk_sample (verification walks, "
-                                    "greedy / sampling at T > 0), draft_sample (drawing the tree's "
+                                    "greedy / sampling at T > 0), walk_block (block verification of an "
+                                    "N-token chain at T > 0), draft_sample (drawing the tree's "
                                     "candidates from the draft's law at T > 0); random logits"},
         "fit": {"max_relative_error": max(errors),
                 "method": "leave-one-out: each interior grid point predicted by linear interpolation "

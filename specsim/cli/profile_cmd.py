@@ -201,7 +201,7 @@ def summary(body: dict) -> str:
         for B in body["batches"]:
             unit = min(body["target_verify_s"][str(B)][str(L)]["1"]["median"] for L in body["contexts"])
             by_kind = [f"{kind} " + " ".join(f"{c['median'] / unit:.3f}" for c in overhead[kind][str(B)].values())
-                       for kind in OVERHEAD_KINDS]
+                       for kind in OVERHEAD_KINDS if kind in overhead]
             lines.append(f"B={B}: work outside the forwards per step (units of the shortest plain step), by N: "
                          + "; ".join(by_kind))
     lines.append(f"interpolation error (leave-one-out, max): {100 * body['fit']['max_relative_error']:.1f}%")

@@ -135,7 +135,8 @@ def block_side_by_side(verification: pl.DataFrame) -> pl.DataFrame:
     verification: `specsim.simulate` rows of policies sample and block on chains (`run_study` runs them on caches
     that recorded the target along the draft's proposals). One row per cache × draft × temperature × budget: each
     rule's tokens per call with its 95% interval (and speedup where costs were given), block's Monte-Carlo
-    standard error, and block's gain over token-wise in tokens per call.
+    standard error, block's gain over token-wise in tokens per call, and what block's steps were charged
+    (`block_cost_basis`, where costs were given).
     """
     if verification.is_empty():
         return pl.DataFrame()
@@ -148,8 +149,10 @@ def block_side_by_side(verification: pl.DataFrame) -> pl.DataFrame:
             *keys, *[pl.col(m).alias(f"{prefix}_{m}") for m in metrics], *extra)
 
     table = rule("sample", "token_wise", ("n_prompts", "n_positions")).join(
-        rule("block", "block", ("mc_se_tokens_per_call", "samples")), on=keys)
-    return (table.rename({"mc_se_tokens_per_call": "block_mc_se", "samples": "block_chains"})
+        rule("block", "block", ("mc_se_tokens_per_call", "samples",
+                                *(("cost_basis",) if "cost_basis" in rows.columns else ()))), on=keys)
+    return (table.rename({"mc_se_tokens_per_call": "block_mc_se", "samples": "block_chains"}
+                         | ({"cost_basis": "block_cost_basis"} if "cost_basis" in table.columns else {}))
             .with_columns((pl.col("block_tokens_per_call") / pl.col("token_wise_tokens_per_call") - 1)
                           .alias("block_gain"))
             .sort(keys))

@@ -345,8 +345,10 @@ def _block(study: Study) -> str:
             "proposals (docs/design.md §2f; Monte-Carlo over the chains recorded per position, ± its standard "
             "error). For one drafted chain block verification is the most any valid verifier keeps in expectation, "
             "so its column is also the bound for chains; for trees of i.i.d. candidates the per-node bound is in "
-            "the table above. Both rules run the same forwards, so a speedup differs only by the tokens per call "
-            "(the rule's own arithmetic is not priced). 95% intervals over prompts. Table: "
+            "the table above. Both rules run the same forwards; a profile measured with block verification's own "
+            "walk (every drafted position's laws, thresholds and correction: <code>walk_block</code>) charges it to "
+            "block's steps in place of the token-wise walk (the table's <code>block_cost_basis</code> says what was "
+            "charged). 95% intervals over prompts. Table: "
             "<code>tables/block_verification.csv</code>.</p>" + _table_html(shown))
 
 

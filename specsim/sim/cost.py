@@ -38,7 +38,9 @@ A step also does work outside the forwards: each request's verification walk and
 drawing the candidates from the draft's law. A profile that measured it (`step_overhead_s`, per
 (B, N)) adds it to every target step once bound to a temperature (`for_temperature`: the
 greedy walk at T = 0, the sampling walk and the draws at T > 0, the walk alone for model-free
-candidates); its medians are used, not resampled.
+candidates; `for_rule("block")`: block verification's walk in place of the token-wise one, since
+it computes the target's and the draft's laws and a residual at every drafted position); its
+medians are used, not resampled.
 
 A profile belongs to models: `check_profile` refuses one measured for another target or
 for another draft (by architecture fingerprint: what a forward's cost depends on), with
@@ -64,7 +66,8 @@ PROFILE_FORMAT = "specsim-cost-profile"
 PROFILE_VERSION = 2
 EXTRAPOLATION = 2.0  # furthest extrapolation allowed, as a factor of the largest measured value per axis
 REPLICAS = 64  # profile replicas resampled from the stored rounds; prompt resample b is priced by replica b % REPLICAS
-OVERHEAD_KINDS = ("walk_greedy", "walk_sample", "draft_sample")  # a profile's `step_overhead_s` tables
+OVERHEAD_KINDS = ("walk_greedy", "walk_sample", "walk_block", "draft_sample")  # a profile's `step_overhead_s` tables
+OVERHEAD_LATER = {"walk_block"}  # kinds older profiles lack (they still load; `for_rule` says what stands in)
 OUTLIER = 5.0  # a timed run this many times its entry's median is a stall (counted and reported, still resampled)
 
 
@@ -214,6 +217,7 @@ class ProfileCost:
     overhead: dict[str, np.ndarray] | None = None  # kind -> (nb, nn) seconds of a step's work outside the forwards
     #                                                 (`step_overhead_s`: walk_greedy, walk_sample, draft_sample)
     charges: tuple[str, ...] = ()  # the overhead kinds `verify_s` adds (`for_temperature`); () forwards only
+    rule: str = ""  # the verification rule charged for, where it is not the token-wise one (`for_rule`)
 
     @property
     def limit(self) -> float:
@@ -281,6 +285,16 @@ class ProfileCost:
             "walk_sample",)
         return replace(self, charges=charges)
 
+    def for_rule(self, rule: str) -> "ProfileCost":
+        """This profile charging verification rule `rule`'s own walk: block verification (`rule` "block", at
+        T > 0) runs `walk_block` in place of the token-wise `walk_sample`. A profile measured before
+        `walk_block` existed keeps `walk_sample` and says so (`overhead_note`)."""
+        if rule != "block" or "walk_sample" not in self.charges:
+            return self
+        if "walk_block" not in self.overhead:
+            return replace(self, rule=rule)
+        return replace(self, rule=rule, charges=tuple("walk_block" if k == "walk_sample" else k for k in self.charges))
+
     def verify_s(self, batch, tokens, context, *, replica=None) -> np.ndarray:
         """Seconds of one target forward over `tokens` (N) per request for `batch` requests at `context`, plus
         the step's work outside the forwards this profile charges (`for_temperature`); replica (broadcast
@@ -300,7 +314,9 @@ class ProfileCost:
             return ("work outside the forwards not priced" + (" (the profile predates its measurement: re-run "
                                                               "`specsim profile`)" if self.engine == "specsim" else
                                                               f" separately ({self.engine} times whole steps)"))
-        return "work outside the forwards priced: " + (" + ".join(self.charges) if self.charges else "none")
+        return "work outside the forwards priced: " + (" + ".join(self.charges) if self.charges else "none") + (
+            " (block verification's own walk not measured by this profile: priced as walk_sample; re-run "
+            "`specsim profile`)" if self.rule == "block" and "walk_block" not in self.charges else "")
 
     def draft_s(self, draft: str, batch, width, context, *, replica=None) -> np.ndarray:
         """Seconds of one forward of `draft` (a profile draft name) over `width` tokens per request; replica as
@@ -501,7 +517,8 @@ def load_cost_profile(path, *, extrapolate: bool = False) -> ProfileCost:
         try:
             raw = data["step_overhead_s"]
             overhead = {kind: _table({b: {"0": raw[kind][b]} for b in raw[kind]}, grid["batches"], np.zeros(1),
-                                     grid["sizes"])[:, 0, :] for kind in OVERHEAD_KINDS}
+                                     grid["sizes"])[:, 0, :] for kind in OVERHEAD_KINDS
+                        if kind in raw or kind not in OVERHEAD_LATER}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SpecError(f"cost profile {path}: malformed step_overhead_s ({exc}); re-run `specsim profile`"
                             ) from None

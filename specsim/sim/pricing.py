@@ -56,6 +56,13 @@ class Pricing:
         model = at(temperature, model_draft=self.draft_key is not None)
         return replace(self, model=model, basis=model.describe())
 
+    def for_rule(self, rule: str) -> "Pricing":
+        """This pricing charging verification rule `rule`'s own per-step work (`ProfileCost.for_rule`: block
+        verification's walk in place of the token-wise one); unchanged for other rules and cost models."""
+        at = getattr(self.model, "for_rule", None)
+        model = self.model if at is None else at(rule)
+        return self if model is self.model else replace(self, model=model, basis=model.describe())
+
     def within_range(self, features: Features, tree: Tree, unpriced: str = "skip") -> "Pricing":
         """This pricing, or (unpriced="keep") no pricing with the reason when the model cannot price `tree`.
 

@@ -298,6 +298,7 @@ def _plan(fit: Features | None, where, policy: PolicySpec, specs: list[str], fix
           pricing: Pricing, fold_of, *, seed: int, unpriced: str, skipped: list[str], warm: bool) -> _Policy:
     """A policy's trees (fitted ones on `fit`), cross-fitting folds and pricing; `where` (Features or
     FeatureSource) is what the pricing must cover. warm: estimate `fit`'s candidate acceptance first."""
+    pricing = pricing.for_rule(policy.name)
     trees = _trees_for(fit if fit is not None else where, policy, specs, fixed, skipped)
     if warm:
         _warm_candidates(fit if fit is not None else where, policy, [t for t in trees.values() if t is not None],
