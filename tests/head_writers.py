@@ -22,6 +22,12 @@ there), not specsim's:
   `MedusaConfig`); `--ttt-steps` heads, run on the first H columns of `hidden` (the target's last
   state); `logits` (heads, m, V).
 
+* `mtp`: `speculators.models.mtp.MTPDraftModel` (speculators' MTP layout: config.json with
+  `speculators_model_type: mtp` and a Qwen3 `transformer_layer_config`, `mtp_layers.0.*`; the
+  target's embedding and LM head loaded by its `load_verifier_weights`, not saved); its
+  teacher-forced training forward over `--ttt-steps` steps on `hidden` (m, H: the target's last
+  layer before its final norm) and `ids`, each step's LM-head output captured.
+
 All get random weights (large enough that the laws differ from the target's), are saved with
 `save_pretrained`, and run on INPUTS.npz's `hidden` (m, 3H: the target layers' states side by side)
 and `ids` (m,); OUT_DIR/reference.npz holds `logits` (steps, m, draft vocabulary) and `vocab` (the
@@ -87,6 +93,43 @@ def speculators(args, out: Path, hidden, ids):
         model(hidden_states=hidden, input_ids=ids, document_ids=torch.zeros_like(ids), ttt_steps=args.ttt_steps)
     hook.remove()
     return steps, vocab
+
+
+def mtp(args, out: Path, hidden, ids):
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.mtp import MTPDraftModel, MTPSpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import AutoConfig, Qwen3Config
+
+    t = AutoConfig.from_pretrained(args.target)
+    layer = Qwen3Config(vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+                        num_hidden_layers=1, num_attention_heads=t.num_attention_heads,
+                        num_key_value_heads=t.num_key_value_heads, head_dim=t.hidden_size // t.num_attention_heads,
+                        rms_norm_eps=t.rms_norm_eps, max_position_embeddings=t.max_position_embeddings,
+                        tie_word_embeddings=False)
+    layer._attn_implementation = "eager"
+    config = MTPSpeculatorConfig(
+        transformer_layer_config=layer,
+        speculators_config=SpeculatorsConfig(
+            algorithm="mtp", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=args.ttt_steps)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=args.target, architectures=["LlamaForCausalLM"])))
+    model = MTPDraftModel(config)
+    model.load_verifier_weights()  # embed_tokens and lm_head from the target
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.startswith("mtp_layers.") and param.dim() == 2:
+                param.normal_(0.0, 0.2)
+            elif name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+    model.eval()
+    model.save_pretrained(str(out))
+    steps: list[torch.Tensor] = []
+    hook = model.lm_head.register_forward_hook(lambda module, inputs, output: steps.append(output.detach()))
+    with torch.no_grad():
+        model(input_ids=ids, hidden_states=hidden)
+    hook.remove()
+    return steps, torch.arange(t.vocab_size)
 
 
 def specforge(args, out: Path, hidden, ids):
@@ -157,7 +200,7 @@ def medusa(args, out: Path, hidden, ids):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("library", choices=["speculators", "specforge", "medusa"])
+    parser.add_argument("library", choices=["speculators", "specforge", "medusa", "mtp"])
     parser.add_argument("target")
     parser.add_argument("out")
     parser.add_argument("inputs")
@@ -172,7 +215,8 @@ def main() -> None:
     hidden = torch.as_tensor(data["hidden"], dtype=torch.float32)[None]
     ids = torch.as_tensor(data["ids"], dtype=torch.long)[None]
     out = Path(args.out)
-    steps, vocab = {"speculators": speculators, "specforge": specforge, "medusa": medusa}[args.library](args, out, hidden, ids)
+    steps, vocab = {"speculators": speculators, "specforge": specforge, "medusa": medusa,
+                    "mtp": mtp}[args.library](args, out, hidden, ids)
     np.savez(out / "reference.npz", logits=torch.cat(steps).float().numpy(), vocab=vocab.numpy())
 
 

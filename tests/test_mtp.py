@@ -6,7 +6,9 @@ checkpoint: MiMo's `model.mtp_layers.0.*` (a Qwen2 target whose config names MiM
 writes either (MiMo's modelling code is remote code; transformers' DeepSeek-V3 drops the MTP
 layer), so the MiMo checkpoint here is written with the published key names and checked by the
 implementation that reads it: vLLM's `mimo_mtp.py`, which must draft, call for call, what the
-replay of specsim's recording says (its loader also refuses unknown keys). Recording, replay, live
+replay of specsim's recording says (its loader also refuses unknown keys). speculators' own MTP
+layout (`speculators_model_type: mtp`) is written by speculators itself (`tests/head_writers.py
+mtp`) and checked against its own forward. Recording, replay, live
 decoding and pricing of MTP heads are tested with the other heads (tests/test_heads_record.py).
 """
 
@@ -150,6 +152,56 @@ def test_mtp_checkpoints_that_specsim_cannot_run_are_refused_in_one_line(mimo_ta
     build_tiny_model(plain, family="qwen2")
     with pytest.raises(ModelError, match="no num_nextn_predict_layers: not a checkpoint with MTP layers"):
         load_heads(f"mtp:{plain}", target)
+
+
+def test_a_speculators_mtp_head_loads_and_computes_what_speculators_computes(tiny_model_dir, tmp_path):
+    """speculators' MTP layout (`MTPDraftModel`: a Qwen3 block with per-head q/k norms, cat(embedding, state), the
+    target's embedding and LM head), written by speculators for the tiny target: `mtp:DIR` loads it and its first
+    draft's logits equal speculators' own forward at every position (float32). Deeper steps are not compared:
+    speculators' training forward runs step k as a causal pass over step k - 1's outputs at every position,
+    while a drafting chain (vLLM's, specsim's) attends the target-fed entries and its own. The same check fails
+    for MiMo's wiring of the same weights (cat(state, embedding)), so it can tell; vLLM's export refuses the
+    layout with the reason."""
+    import dataclasses
+    import subprocess
+
+    import numpy as np
+    import torch
+
+    from specsim.engines.export import mtp_directory
+    from specsim.record.heads import MtpHead, load_heads, unroll
+    from specsim.record.models import load_model
+    from tests.test_eagle3 import ROOT
+
+    python = vllm_or_skip()
+    rng = np.random.default_rng(5)
+    S, steps = 24, 3
+    hidden, ids = rng.standard_normal((S, 64)).astype(np.float32), rng.integers(0, 300, S)
+    np.savez(tmp_path / "inputs.npz", hidden=hidden, ids=ids)
+    head_dir = tmp_path / "speculators-mtp"
+    subprocess.run([python, str(ROOT / "tests" / "head_writers.py"), "mtp", str(tiny_model_dir), str(head_dir),
+                    str(tmp_path / "inputs.npz"), "--ttt-steps", str(steps), "--seed", "2"],
+                   check=True, capture_output=True, timeout=600)
+    assert json.loads((head_dir / "config.json").read_text())["speculators_model_type"] == "mtp"
+    reference = np.load(head_dir / "reference.npz")["logits"][0]  # step 0: (m, V), m = S - steps - 1
+    m = reference.shape[0]
+    target = load_model(str(tiny_model_dir))
+    head = load_heads(f"mtp:{head_dir}", target)
+    assert (head.config.mtp_style, head.config.qk_norm, head.hidden_layers) == ("speculators", True, ("prenorm",))
+
+    def first_step(draft) -> np.ndarray:  # entry e: the state at token e, then the token after it, ids[e + 1]
+        with torch.no_grad():
+            [feats] = unroll(draft.forward, torch.as_tensor(hidden[:m]), torch.as_tensor(ids[1:m + 1]),
+                             torch.arange(m), 1)
+            return draft.logits(feats).numpy()
+
+    np.testing.assert_allclose(first_step(head), reference, atol=1e-4, rtol=1e-4)
+    assert np.abs(reference).max() > 1.0  # logits of some size: the comparison is not of zeros
+    mimo = MtpHead(dataclasses.replace(head.config, mtp_style="mimo"))
+    mimo.load_state_dict(head.module.state_dict())
+    assert np.abs(first_step(dataclasses.replace(head, module=mimo)) - reference).max() > 1e-2
+    with pytest.raises(EngineError, match="speculators' MTP layout has no loader in vLLM"):
+        mtp_directory(f"mtp:{head_dir}", str(tiny_model_dir))
 
 
 @pytest.mark.parametrize("style", ["deepseek", "mimo"])

@@ -85,11 +85,14 @@ def mtp_directory(draft: str, target: str, *, target_info: dict | None = None, o
     if where.is_dir() and target_dir.is_dir() and where.resolve() == target_dir.resolve():
         return str(where.resolve())
     try:
-        head = json.loads((where / "config.json").read_text()).get("specsim") if (where / "config.json").is_file() \
-            else None
+        raw = json.loads((where / "config.json").read_text()) if (where / "config.json").is_file() else {}
         target_config = json.loads((target_dir / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise EngineError(f"draft {draft}: cannot read its or the target's config.json ({exc})") from None
+    if raw.get("speculators_model_type") == "mtp":
+        raise EngineError(f"draft {draft}: speculators' MTP layout has no loader in vLLM 0.32 (its "
+                          "speculators configs are EAGLE-3, P-EAGLE and DFlash); specsim replays and decodes it itself")
+    head = raw.get("specsim")
     if not head or head.get("kind") != "mtp":
         raise EngineError(f"draft {draft}: vLLM's mtp method runs the MTP layers inside the target's checkpoint; "
                           f"give mtp:{target_dir} (a target with num_nextn_predict_layers) or a head train-draft "

@@ -32,7 +32,12 @@ instead of running a model of their own:
   target's last layer before its final norm, "prenorm"; the fed-back state is normed). The
   published layouts are native: the module's weights sit inside the target's checkpoint
   (`model.layers.{L}.*` for DeepSeek, `model.mtp_layers.0.*` for MiMo, with
-  `num_nextn_predict_layers` in its config.json), so `mtp:DIR` reads those keys only.
+  `num_nextn_predict_layers` in its config.json), so `mtp:DIR` reads those keys only. A third
+  style is `speculators`' own (`speculators_model_type: mtp`, `models/mtp` of speculators 0.9):
+  its trainer's layout, a head directory of its own (`mtp_layers.0.*`: `token_layernorm`,
+  `hidden_layernorm`, `input_proj` over cat(embedding, state), a Qwen3 block with per-head q/k
+  norms, `final_layernorm`; the target's embedding and LM head, not saved), fed the target's last
+  layer before its final norm and feeding back its normed output, the embedding never masked.
 
 Their draft law for the token d places after a call's start depends on (start, depth), not on
 the position alone: q_{s,d}. `start_logits` computes it for every start of a recorded
@@ -71,7 +76,11 @@ WEIGHTS = {"medusa": "medusa_lm_head.safetensors", "eagle": "model.safetensors",
 MTP_STYLES = {  # how an MTP module is wired, as the engines run each family (module docstring)
     "deepseek": "DeepSeek-V3's: cat(embedding, state), fed the target's normed state, feeds back its output pre-norm",
     "mimo": "MiMo's: cat(state, embedding), fed the target's state before its final norm, feeds back its normed output",
+    "speculators": "speculators': cat(embedding, state), fed the target's state before its final norm, feeds back its "
+                   "normed output, a Qwen3 block (per-head q/k norms)",
 }
+NORMED_OUTPUT = ("mimo", "speculators")  # MTP styles whose fed-back state is already normed (and read before the
+#                                          target's final norm: "prenorm")
 TENSOR_PICKLES = ("pytorch_model.bin", "medusa_lm_head.pt")  # loaded with torch.load(weights_only=True)
 PICKLES = ("model.pt", "model.bin")
 MASKED = -1e9  # an EAGLE-3 logit for a target token outside the draft vocabulary: softmax gives it exactly 0
@@ -94,13 +103,14 @@ class HeadConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     attention_bias: bool = False  # q/k/v projections with bias (Qwen2 targets)
+    qk_norm: bool = False  # per-head RMSNorm of queries and keys before the rotation (Qwen3 blocks)
     fc_bias: bool = False  # EAGLE's fc with bias (EAGLE's own code defaults to True)
     aux_layers: tuple = ()  # EAGLE-3: the target layers whose inputs are fused (HF hidden_states[k])
     draft_vocab_size: int = 0  # EAGLE-3: its LM head's width, when smaller than the target's (d2t maps it)
     norm_before_residual: bool = False  # EAGLE-3: the first layer's residual is the normed feature
     norm_output: bool = False  # EAGLE-3 (3.1): the fed-back feature is the normed output
     fc_input_norm: str = ""  # EAGLE-3: "" | "concat" (one norm of the fused input) | "each" (one per target layer)
-    mtp_style: str = ""  # MTP: "deepseek" | "mimo" (MTP_STYLES)
+    mtp_style: str = ""  # MTP: "deepseek" | "mimo" | "speculators" (MTP_STYLES)
     mtp_index: int = 0  # MTP in DeepSeek's layout: its layer number in the checkpoint (the target's layer count)
     target: dict = field(default_factory=dict)  # name, tokenizer_sha256, hidden_size, vocab_size of the target
 
@@ -113,7 +123,7 @@ class HeadConfig:
         layer's output before the final norm ("prenorm"), else "last"."""
         if self.kind == "eagle3":
             return tuple(str(k) for k in self.aux_layers)
-        return ("prenorm",) if self.kind == "mtp" and self.mtp_style == "mimo" else ("last",)
+        return ("prenorm",) if self.kind == "mtp" and self.mtp_style in NORMED_OUTPUT else ("last",)
 
 
 # -- Medusa ---------------------------------------------------------------------------------------
@@ -196,13 +206,18 @@ class EagleAttention(nn.Module):
         self.k_proj = nn.Linear(width, c.num_key_value_heads * d, bias=c.attention_bias)
         self.v_proj = nn.Linear(width, c.num_key_value_heads * d, bias=c.attention_bias)
         self.o_proj = nn.Linear(c.num_attention_heads * d, H, bias=False)
+        if c.qk_norm:  # Qwen3: each head's query and key normed before the rotation
+            self.q_norm, self.k_norm = RMSNorm(d, c.rms_norm_eps), RMSNorm(d, c.rms_norm_eps)
 
     def forward(self, x, positions, mask, past):
         """x (B, n, H); positions (B, n); mask (B, n, m + n) bool over past + these; past (k, v) (B, Hkv, m, d)."""
         B, n, _ = x.shape
         c, d = self.c, self.c.head_dim
-        q = self.q_proj(x).view(B, n, c.num_attention_heads, d).transpose(1, 2)  # (B, Hq, n, d)
-        k = self.k_proj(x).view(B, n, c.num_key_value_heads, d).transpose(1, 2)  # (B, Hkv, n, d)
+        q = self.q_proj(x).view(B, n, c.num_attention_heads, d)
+        k = self.k_proj(x).view(B, n, c.num_key_value_heads, d)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, Hq, n, d), (B, Hkv, n, d)
         v = self.v_proj(x).view(B, n, c.num_key_value_heads, d).transpose(1, 2)
         cos, sin = rope(positions, d, c.rope_theta)  # (B, n, d)
         q, k = _rotate(q, cos[:, None], sin[:, None]), _rotate(k, cos[:, None], sin[:, None])
@@ -414,19 +429,22 @@ class MtpHead(nn.Module):
 
     def forward(self, feats, ids, positions, mask, past=None, embed=None, *, from_target: bool = True):
         """As `EagleHead.forward` (the target's state and the module's own fed-back one are read alike). The
-        embedding at position 0 is zeroed, as vLLM's MTP layers mask it. Returns the states to feed back."""
+        embedding at position 0 is zeroed, as vLLM's MTP layers mask it (speculators' trainer masks nothing).
+        Returns the states to feed back."""
+        style = self.config.mtp_style
         embed = self.embed_tokens if self.embed_tokens is not None else embed
         e = embed(ids).to(feats.dtype)
-        e = torch.where((positions == 0)[..., None], torch.zeros_like(e), e)
+        if style != "speculators":
+            e = torch.where((positions == 0)[..., None], torch.zeros_like(e), e)
         e, h = self.enorm(e), self.hnorm(feats)
-        x = self.eh_proj(torch.cat([e, h] if self.config.mtp_style == "deepseek" else [h, e], dim=-1))
+        x = self.eh_proj(torch.cat([h, e] if style == "mimo" else [e, h], dim=-1))
         x, new = self.layers[0](x, positions, mask, None if past is None else past[0])
-        return (self.norm(x) if self.config.mtp_style == "mimo" else x), [new]
+        return (self.norm(x) if style in NORMED_OUTPUT else x), [new]
 
     def logits(self, features, lm_head):
-        """Logits of fed-back `features`: the final norm (DeepSeek's; MiMo's states are normed already), then the
-        module's own LM head if it has one, else the target's `lm_head`."""
-        z = features if self.config.mtp_style == "mimo" else self.norm(features)
+        """Logits of fed-back `features`: the final norm (DeepSeek's; MiMo's and speculators' states are normed
+        already), then the module's own LM head if it has one, else the target's `lm_head`."""
+        z = features if self.config.mtp_style in NORMED_OUTPUT else self.norm(features)
         return (self.lm_head or lm_head)(z)
 
     def weights(self) -> dict:
@@ -456,13 +474,16 @@ MTP_NAMES = {  # published name (after the module's prefix) -> internal name, pe
     "mimo": {"token_layernorm.": "enorm.", "hidden_layernorm.": "hnorm.", "input_proj.": "eh_proj.",
              "final_layernorm.": "norm."},
 }
+MTP_NAMES["speculators"] = MTP_NAMES["mimo"]  # the same names, in a head directory of their own
 BLOCK_PARTS = ("self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm.")  # the decoder block's keys
 
 
 def mtp_prefix(config: HeadConfig) -> str:
     """Where the MTP module's keys sit in a checkpoint: DeepSeek's `model.layers.{L}.`, MiMo's
-    `model.mtp_layers.0.` (the first MTP layer: vLLM's chain reuses it at every step)."""
-    return f"model.layers.{config.mtp_index}." if config.mtp_style == "deepseek" else "model.mtp_layers.0."
+    `model.mtp_layers.0.` (the first MTP layer: vLLM's chain reuses it at every step), speculators'
+    `mtp_layers.0.`."""
+    return {"deepseek": f"model.layers.{config.mtp_index}.", "mimo": "model.mtp_layers.0.",
+            "speculators": "mtp_layers.0."}[config.mtp_style]
 
 
 def mtp_keys(config: HeadConfig, state) -> dict:
@@ -732,6 +753,8 @@ def _mtp_layout(path: Path, raw: dict) -> tuple[str, int]:
     """(style, DeepSeek's layer number) of the MTP module a checkpoint's config.json declares."""
     if "specsim" in raw:
         return raw["specsim"].get("mtp_style", ""), int(raw["specsim"].get("mtp_index", 0))
+    if raw.get("speculators_model_type") == "mtp":
+        return "speculators", 0
     if not int(raw.get("num_nextn_predict_layers") or 0):
         raise ModelError(f"{path / 'config.json'} has no num_nextn_predict_layers: not a checkpoint with MTP layers")
     architectures = raw.get("architectures") or []
@@ -740,9 +763,12 @@ def _mtp_layout(path: Path, raw: dict) -> tuple[str, int]:
 
 
 def _mtp_config(path: Path, raw: dict, state: dict, target) -> HeadConfig:
-    """MTP from a checkpoint with native MTP layers (DeepSeek's or MiMo's keys, `num_nextn_predict_layers`): the
-    first MTP layer, its block shaped by the checkpoint's own config (Llama/Qwen2 attention, a dense MLP)."""
+    """MTP from a checkpoint with native MTP layers (DeepSeek's or MiMo's keys, `num_nextn_predict_layers`) or
+    speculators' MTP head: the first MTP layer, its block shaped by the checkpoint's own config (speculators':
+    its `transformer_layer_config`; Llama/Qwen2/Qwen3 attention, a dense MLP)."""
     style, index = _mtp_layout(path, raw)
+    if style == "speculators":
+        raw = raw.get("transformer_layer_config") or {}
     c = HeadConfig(kind="mtp", hidden_size=0, vocab_size=0, mtp_style=style, mtp_index=index)
     prefix = mtp_prefix(c)
     if not any(k.startswith(prefix) for k in state):
@@ -763,7 +789,8 @@ def _mtp_config(path: Path, raw: dict, state: dict, target) -> HeadConfig:
         head_dim=int(raw.get("head_dim") or H // heads),
         intermediate_size=int(raw.get("intermediate_size", t.intermediate_size)),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=_rope_theta_of(raw),
-        attention_bias=prefix + "self_attn.q_proj.bias" in state, mtp_style=style, mtp_index=index)
+        attention_bias=prefix + "self_attn.q_proj.bias" in state, qk_norm=prefix + "self_attn.q_norm.weight" in state,
+        mtp_style=style, mtp_index=index)
 
 
 def _config_from(path: Path, kind: str, state: dict, target) -> HeadConfig:
