@@ -79,20 +79,28 @@ def speculators(args, out: Path, hidden, ids):
     else:
         vocab = torch.arange(V)
     model.load_verifier_weights()  # embed_tokens and lm_head (the draft vocabulary's rows) from the target
+    steps = _randomized_saved_run(model, ("layers.", "fc."), out, hidden_states=hidden, input_ids=ids,
+                                  document_ids=torch.zeros_like(ids), ttt_steps=args.ttt_steps)
+    return steps, vocab
+
+
+def _randomized_saved_run(model, trained: tuple[str, ...], out: Path, **inputs) -> list:
+    """Give a speculators model random weights (its `trained` matrices, every norm), save it to `out`, and run its
+    forward on `inputs`: each LM-head output, in order."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.startswith(("layers.", "fc.")) and param.dim() == 2:
+            if name.startswith(trained) and param.dim() == 2:
                 param.normal_(0.0, 0.2)
             elif name.endswith("norm.weight"):
                 param.uniform_(0.5, 1.5)
     model.eval()
     model.save_pretrained(str(out))
     steps: list[torch.Tensor] = []
-    hook = model.lm_head.register_forward_hook(lambda module, inputs, output: steps.append(output.detach()))
+    hook = model.lm_head.register_forward_hook(lambda module, args, output: steps.append(output.detach()))
     with torch.no_grad():
-        model(hidden_states=hidden, input_ids=ids, document_ids=torch.zeros_like(ids), ttt_steps=args.ttt_steps)
+        model(**inputs)
     hook.remove()
-    return steps, vocab
+    return steps
 
 
 def mtp(args, out: Path, hidden, ids):
@@ -116,20 +124,8 @@ def mtp(args, out: Path, hidden, ids):
             verifier=VerifierConfig(name_or_path=args.target, architectures=["LlamaForCausalLM"])))
     model = MTPDraftModel(config)
     model.load_verifier_weights()  # embed_tokens and lm_head from the target
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.startswith("mtp_layers.") and param.dim() == 2:
-                param.normal_(0.0, 0.2)
-            elif name.endswith("norm.weight"):
-                param.uniform_(0.5, 1.5)
-    model.eval()
-    model.save_pretrained(str(out))
-    steps: list[torch.Tensor] = []
-    hook = model.lm_head.register_forward_hook(lambda module, inputs, output: steps.append(output.detach()))
-    with torch.no_grad():
-        model(input_ids=ids, hidden_states=hidden)
-    hook.remove()
-    return steps, torch.arange(t.vocab_size)
+    return _randomized_saved_run(model, ("mtp_layers.",), out, input_ids=ids, hidden_states=hidden), \
+        torch.arange(t.vocab_size)
 
 
 def specforge(args, out: Path, hidden, ids):
