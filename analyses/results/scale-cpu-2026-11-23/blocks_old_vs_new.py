@@ -1,6 +1,8 @@
 """The bench_scale sweep by two checkouts in fresh processes, alternating: wall, CPU, peak RSS and the rows.
 
-    python analyses/results/scale-cpu-2026-11-23/blocks_old_vs_new.py OLD_CHECKOUT NEW_CHECKOUT CACHE [--rounds 2]
+    python -m analyses.results.scale-cpu-2026-11-23.blocks_old_vs_new OLD_CHECKOUT NEW_CHECKOUT CACHE [--rounds 2]
+
+run from NEW_CHECKOUT's root (it builds CACHE with that checkout); each child runs in its checkout's root.
 
 CACHE: a bench_scale stats cache (`benchmarks.bench_scale.build`; built there if missing, 1M positions).
 Each child runs the 100-configuration sweep once with its checkout's specsim (features already derived) and
@@ -19,8 +21,7 @@ import tempfile
 from pathlib import Path
 
 CHILD = r"""
-import json, pickle, sys, time
-sys.path.insert(0, sys.argv[1])
+import json, pickle, sys, time  # run with cwd = the checkout: its specsim and benchmarks
 from pathlib import Path
 import specsim
 from benchmarks.bench_scale import SWEEP, BUDGETS, _peak_rss_mb
@@ -60,7 +61,6 @@ def compare(a, b) -> str:
 def main(argv: list[str]) -> None:
     old, new, cache = (Path(x).resolve() for x in argv[:3])
     rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 2
-    sys.path.insert(0, str(new))
     if not cache.exists():
         from benchmarks.bench_scale import build
 

@@ -1,9 +1,11 @@
+"""tracemalloc's largest allocations during the bench_scale sweep on a 100k-position cache (swor included).
+    python -m analyses.results.scale-cpu-2026-11-23.memory_peak [CACHE]   # from the checkout's root
+"""
 import sys, threading, time, tracemalloc
-sys.path.insert(0, "/work/main")
 from pathlib import Path
 import specsim
 from benchmarks.bench_scale import BUDGETS
-p = Path("/tmp/c100k.h5")
+p = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/c100k.h5")
 tracemalloc.start(8)
 best = [0, None]
 stop = False

@@ -1,9 +1,8 @@
 """Time every read of a recorded statistic during one bench_scale sweep (no profiler): name, temperature, calls, s, MB.
 
-    OMP_NUM_THREADS=1 python analyses/results/scale-cpu-2026-11-23/read_times.py CACHE
+    OMP_NUM_THREADS=1 python -m analyses.results.scale-cpu-2026-11-23.read_times CACHE   # from the checkout's root
 """
 import sys, time, collections
-sys.path.insert(0, ".")  # run from the checkout
 import specsim.sim.features as F
 from benchmarks.bench_scale import sweep
 from pathlib import Path

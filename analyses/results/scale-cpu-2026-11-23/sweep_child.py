@@ -1,9 +1,8 @@
 """The bench_scale sweep in this (fresh) process with simulate() keyword arguments: wall, CPU, peak RSS.
 
-    python analyses/results/scale-cpu-2026-11-23/sweep_child.py CACHE "{'fit_positions': 100000}"
+    python -m analyses.results.scale-cpu-2026-11-23.sweep_child CACHE "{'fit_positions': 100000}"
 """
 import json, sys, time
-sys.path.insert(0, ".")  # run from the checkout
 from pathlib import Path
 import specsim
 from benchmarks.bench_scale import SWEEP, BUDGETS, _peak_rss_mb

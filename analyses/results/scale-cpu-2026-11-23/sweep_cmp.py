@@ -1,7 +1,8 @@
-"""The bench_scale sweep on one cache, timed in this process (run under each checkout's PYTHONPATH)."""
-import sys, time, os
+"""The bench_scale sweep on one cache, timed in this process, run from each checkout's root in turn:
+    python -m analyses.results.scale-cpu-2026-11-23.sweep_cmp CACHE
+"""
+import sys, time
 from pathlib import Path
-sys.path.insert(0, os.getcwd())
 from benchmarks import bench_scale as b
 import specsim
 from specsim.sim.features import load_features

@@ -1,5 +1,7 @@
+"""cProfile of one simulate call per tree family of the bench_scale sweep on CACHE.
+    python -m analyses.results.scale-cpu-2026-11-23.sweep_profile CACHE   # from the checkout's root
+"""
 import sys, time, cProfile, pstats
-sys.path.insert(0, ".")
 from pathlib import Path
 import specsim
 from benchmarks.bench_scale import SWEEP, BUDGETS

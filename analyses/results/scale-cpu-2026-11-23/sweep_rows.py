@@ -1,9 +1,11 @@
+"""Each tree family of the bench_scale sweep timed alone on a 200k-position cache (built if missing).
+    python -m analyses.results.scale-cpu-2026-11-23.sweep_rows [CACHE]   # from the checkout's root
+"""
 import sys, time
-sys.path.insert(0, "/work/main")
 from pathlib import Path
 import specsim
 from benchmarks.bench_scale import build, SWEEP, BUDGETS
-p = Path("/tmp/c200k.h5")
+p = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/c200k.h5")
 if not p.exists(): build(p, 200_000)
 specsim.simulate(p, trees=["chain"], budgets=[1], policies=["greedy"], temperatures=[0.0], n_boot=10, by_category=False)
 for trees, pol, T, md in SWEEP:

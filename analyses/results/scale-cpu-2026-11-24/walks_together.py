@@ -2,10 +2,9 @@
 131k-position block of a bench_scale cache: time and the largest relative difference of the totals.
 
     git show 57c03ef:specsim/sim/adaptive.py > /tmp/adaptive_old.py
-    python analyses/results/scale-cpu-2026-11-24/walks_together.py /tmp/adaptive_old.py CACHE
+    python -m analyses.results.scale-cpu-2026-11-24.walks_together /tmp/adaptive_old.py CACHE   # from the checkout's root
 """
 import sys, time, numpy as np, importlib.util
-sys.path.insert(0, "/work/main")
 from specsim.sim.features import feature_source
 from specsim.sim import adaptive
 spec = importlib.util.spec_from_file_location("adaptive_old", sys.argv[1])
