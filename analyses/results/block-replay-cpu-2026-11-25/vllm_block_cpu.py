@@ -1,4 +1,4 @@
-import os, sys, time, json
+import os, sys, time
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 def main():
@@ -10,7 +10,7 @@ def main():
                                   "rejection_sample_method": method})
     prompts = [{"prompt_token_ids": [1, 2, 3, 4, 5, 6, 7, 8 + i]} for i in range(4)]
     t = time.time()
-    outs = llm.generate(prompts, SamplingParams(temperature=0.7, max_tokens=32, ignore_eos=True, seed=1))
+    llm.generate(prompts, SamplingParams(temperature=0.7, max_tokens=32, ignore_eos=True, seed=1))
     print("TIME", time.time() - t)
     for m in llm.get_metrics():
         if "spec_decode" in m.name:

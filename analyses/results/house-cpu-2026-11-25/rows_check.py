@@ -26,7 +26,6 @@ runs = {
   "swor": (syn, dict(trees=["kary:3,2", "widths:2,2,2"], policies=["sample"], multi_draft="swor", drafts=["small"],
                      n_boot=100, cost="c=0.1")),
 }
-import polars as pl
 for name, (cache, kw) in runs.items():
     df = specsim.simulate(cache, **kw)
     df.drop([c for c in df.columns if c == "cache"]).write_parquet(out / f"{name}.parquet")
