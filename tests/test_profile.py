@@ -190,3 +190,31 @@ def test_profile_for_a_cache_measures_what_its_trees_need(tiny_cache, tmp_path):
     assert drafts == ("layers:2", "int8") and n == 5 and widths == (1, 2, 3, 4, 5)  # any tree of 4 nodes
     lonely = CliRunner().invoke(main, ["profile", "--target", "x", "--tree", "chain:3", "--out", str(tmp_path / "y.json")])
     assert lonely.exit_code != 0 and "--tree goes with --for CACHE" in lonely.output
+
+
+def test_a_random_context_is_what_the_next_forward_attends(tiny_model_dir):
+    """Profiles time forwards over contexts of random keys and values (`SlotKV.fill_random`, no prefill): the next
+    forward sees exactly those L entries at positions 0..L-1, as the model's own forward given that cache does, and
+    other random entries give other logits (they are read, not skipped)."""
+    import torch
+    from transformers import DynamicCache
+
+    from specsim.record.kv import SlotKV, with_cache
+    from specsim.record.models import load_model
+
+    model = load_model(str(tiny_model_dir)).model
+    tokens = np.array([[5], [7]])
+    outs = []
+    for seed in (0, 1):
+        kv = SlotKV(model)
+        kv.fill_random(2, 20, torch.Generator().manual_seed(seed))
+        assert kv.rows == 2 and kv.lengths.tolist() == [20, 20]
+        cache = DynamicCache()
+        for i, (k, v) in enumerate(zip(kv._keys, kv._values)):
+            cache.update(k[:, :, :20].clone(), v[:, :, :20].clone(), i)
+        with torch.inference_mode():
+            ours = kv.forward(tokens, np.zeros(1, dtype=np.int64), np.ones((1, 1), dtype=bool))
+            ref = model(input_ids=torch.as_tensor(tokens), position_ids=torch.full((2, 1), 20), **with_cache(cache))
+        np.testing.assert_allclose(ours.numpy(), ref.logits.float().numpy(), atol=1e-5, rtol=1e-5)
+        outs.append(ours.numpy())
+    assert np.abs(outs[0] - outs[1]).max() > 1e-3

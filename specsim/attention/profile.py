@@ -154,7 +154,8 @@ def _timed_rounds(runs: dict, device: torch.device, *, warmup: int, repeats: int
 
 
 class _Bench:
-    """One model with B rows of L random tokens in a slot cache; forwards are timed and never committed."""
+    """One model with B rows of L entries of random keys and values in a slot cache (`SlotKV.fill_random`: no
+    prefill, whose cost was most of a profile's); forwards are timed and never committed."""
 
     def __init__(self, model, batch: int, context: int, rng: np.random.Generator):
         from specsim.record.kv import SlotKV
@@ -162,7 +163,8 @@ class _Bench:
         self.kv = SlotKV(model)
         self.vocab = int(model.config.vocab_size)
         self.rng = rng
-        self.kv.start([rng.integers(0, self.vocab, context) for _ in range(batch)])
+        device = next(model.parameters()).device
+        self.kv.fill_random(batch, context, torch.Generator(device=device).manual_seed(int(rng.integers(2**31))))
 
     def run(self, depth: np.ndarray, attend: np.ndarray, pick: Callable) -> Callable[[], None]:
         tokens = self.rng.integers(0, self.vocab, (self.kv.rows, len(depth)))
@@ -397,8 +399,9 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
         "batches": batches, "contexts": list(config.contexts), "sizes": sizes, "widths": widths,
         "timing": {"warmup": config.warmup, "repeats": config.repeats, "statistic": "median",
                    "spread": "q25/q75", "clock": "wall, synchronised", "seed": config.seed,
-                   "tokens": "random ids", "rounds": "every entry of a (B, L) timed once per round, in random "
-                                                     "order; `runs` keeps each round's time"},
+                   "tokens": "random ids", "context": "random keys and values (no prefill)",
+                   "rounds": "every entry of a (B, L) timed once per round, in random order; `runs` keeps each "
+                             "round's time"},
         "target_verify_s": verify,
         "draft_step_s": draft,
         "step_overhead_s": {**overhead, "temperature": OVERHEAD_TEMPERATURE,
@@ -416,8 +419,8 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
 def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
     """How many timed forwards `measure_cost_profile` makes and about how long the whole profile takes, before
     anything is measured: the forwards from one timed plain step and one at the largest N and context, at the
-    largest batch; filling each (B, L)'s contexts (every model's prefill of B x L tokens, scaled from one timed
-    prefill per model, the target's at the largest batch and context, each draft's at one request); and the
+    largest batch; filling each (B, L)'s contexts (every model's B x L entries of random keys and values, scaled
+    from one timed fill per model, the target's at the largest batch and context, each draft's at one request); and the
     per-step work outside the forwards, from one run of each at the largest batch."""
     from specsim.record.heads import HeadDraft
 

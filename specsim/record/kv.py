@@ -100,6 +100,18 @@ class SlotKV:
         self.feed_chains(prompts, logits=False)
 
     @torch.inference_mode()
+    def fill_random(self, rows: int, context: int, generator: torch.Generator) -> None:
+        """Forget every row; each becomes `context` committed entries of random keys and values, without running the
+        model over them: for timing, since what a forward costs does not depend on what its cache holds (a prefill of
+        B x L tokens cost a profile more than the forwards it timed). One 1-token forward per row allocates the
+        layers' buffers with the model's own shapes and dtype."""
+        self.start([np.zeros(1, dtype=np.int64)] * rows)
+        self._grow(context)
+        for buf in (*self._keys, *self._values):
+            buf[:, :, :context].normal_(generator=generator)
+        self.lengths = np.full(rows, context, dtype=np.int64)
+
+    @torch.inference_mode()
     def append(self, other: "SlotKV") -> None:
         """Add other's rows after this one's (continuous batching: requests that just prefilled)."""
         if self.pending or other.pending:
