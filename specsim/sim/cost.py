@@ -215,7 +215,7 @@ class ProfileCost:
     seed: int = 0  # of the rounds' resampling
     extrapolate: bool = False  # price up to EXTRAPOLATION x past the largest measured value (else refuse past it)
     overhead: dict[str, np.ndarray] | None = None  # kind -> (nb, nn) seconds of a step's work outside the forwards
-    #                                                 (`step_overhead_s`: walk_greedy, walk_sample, draft_sample)
+    #                                         (`step_overhead_s`: walk_greedy, walk_sample, walk_block, draft_sample)
     charges: tuple[str, ...] = ()  # the overhead kinds `verify_s` adds (`for_temperature`); () forwards only
     rule: str = ""  # the verification rule charged for, where it is not the token-wise one (`for_rule`)
 
