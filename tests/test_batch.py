@@ -175,6 +175,39 @@ def test_the_interval_holds_the_point_estimate_when_cache_order_groups_requests(
         assert lo <= value <= hi, (spec, est.speedup)
 
 
+def test_repeated_requests_in_a_resample_do_not_shift_the_lockstep_interval(tmp_path):
+    """A bootstrap resample repeats requests (it holds about 1 - 1/e of the distinct ones), and in lockstep a batch
+    waits for its slowest request: a resample's speedups are shifted by the repeats, not by the prompts drawn
+    (bench_speedup's six requests at batch 4: the point estimate sat at the interval's lower edge). Six requests
+    of alternating length and acceptance: the replicates' median lies above the point estimate, and the interval
+    is their spread placed around the point estimate as around their median (the raw percentile interval is not)."""
+    from tests.synthetic import rank_cache
+
+    rng = np.random.default_rng(2)
+    seqs = [np.where(rng.random(n) < p, 0, 3) for p, n in zip((0.95, 0.2, 0.9, 0.3, 0.8, 0.1), (10, 48) * 3)]
+    path = rank_cache(tmp_path / "r.h5", seqs)
+    body = profile_body()
+    body["batches"] = [1, 2, 4]
+    for table in (body["target_verify_s"], body["draft_step_s"]["d"]):
+        for b, scale in (("2", 1.3), ("4", 1.8)):
+            table[b] = {L: {x: {"median": c["median"] * scale} for x, c in row.items()} for L, row in table["1"].items()}
+    (tmp_path / "p.json").write_text(json.dumps(body))
+    model = load_cost_profile(tmp_path / "p.json", extrapolate=True)
+    features = load_features(path, "d", 0.0, progress=False)
+    tree = parse_tree("chain:4")
+    table = run_policy(features, tree, parse_policy("greedy"), np.random.default_rng(0))
+    orders = np.concatenate([np.arange(6)[None], np.sort(rng.integers(0, 6, size=(4000, 6)), axis=1)])
+    spec = timeline(table.length, features, tree, model, "d", batch=4, batching="lockstep", orders=orders,
+                    leaf=table.leaf_given())
+    plain = timeline(None, features, tree, model, "d", batch=4, batching="lockstep", orders=orders, plain=True)
+    speedup = plain.seconds / spec.seconds
+    low, mid, high = np.percentile(speedup[1:], [2.5, 50, 97.5])
+    assert mid - speedup[0] > 0.02  # the repeats' shift
+    value, lo, hi = simulate_batch(table, features, tree, model, "d", batch=4, n_boot=4000).speedup
+    assert value == pytest.approx(speedup[0])
+    assert value - lo == pytest.approx(mid - low, abs=0.01) and hi - value == pytest.approx(high - mid, abs=0.01)
+
+
 @pytest.mark.parametrize("batching", ["lockstep", "continuous"])
 def test_model_free_steps_verify_only_what_was_proposed(tmp_path, batching):
     """A model-free draft sends the target only its match's tokens: where nothing ever matches, every step
