@@ -149,6 +149,17 @@ def test_simulate_batch_rows_and_their_limits(setup):
     assert TARGET_NAME in df["target"][0]
 
 
+def _batched_profile(tmp_path):
+    """The hand-made profile measured at batch 1, 2 and 4 (x1.3 and x1.8 a batch-1 step), extrapolating."""
+    body = profile_body()
+    body["batches"] = [1, 2, 4]
+    for table in (body["target_verify_s"], body["draft_step_s"]["d"]):
+        for b, scale in (("2", 1.3), ("4", 1.8)):
+            table[b] = {L: {x: {"median": c["median"] * scale} for x, c in row.items()} for L, row in table["1"].items()}
+    (tmp_path / "p.json").write_text(json.dumps(body))
+    return load_cost_profile(tmp_path / "p.json", extrapolate=True)  # chain:8 verifies 9 tokens, 8 measured
+
+
 def test_the_interval_holds_the_point_estimate_when_cache_order_groups_requests(tmp_path):
     """Long, well-drafted requests first, then short badly drafted ones: cache order batches alike with alike.
     Replicates must arrive in cache order too; shuffled ones measured a different schedule, and their
@@ -159,13 +170,7 @@ def test_the_interval_holds_the_point_estimate_when_cache_order_groups_requests(
     seqs = [np.where(rng.random(80) < 0.9, 0, 3) for _ in range(12)] + \
         [np.where(rng.random(6) < 0.1, 0, 3) for _ in range(12)]
     path = rank_cache(tmp_path / "r.h5", seqs)
-    body = profile_body()
-    body["batches"] = [1, 2, 4]
-    for table in (body["target_verify_s"], body["draft_step_s"]["d"]):
-        for b, scale in (("2", 1.3), ("4", 1.8)):
-            table[b] = {L: {x: {"median": c["median"] * scale} for x, c in row.items()} for L, row in table["1"].items()}
-    (tmp_path / "p.json").write_text(json.dumps(body))
-    model = load_cost_profile(tmp_path / "p.json", extrapolate=True)  # chain:8 verifies 9 tokens, 8 measured
+    model = _batched_profile(tmp_path)
     features = load_features(path, "d", 0.0, progress=False)
     for spec in ("chain:2", "chain:4", "chain:8"):
         tree = parse_tree(spec)
@@ -186,13 +191,7 @@ def test_repeated_requests_in_a_resample_do_not_shift_the_lockstep_interval(tmp_
     rng = np.random.default_rng(2)
     seqs = [np.where(rng.random(n) < p, 0, 3) for p, n in zip((0.95, 0.2, 0.9, 0.3, 0.8, 0.1), (10, 48) * 3)]
     path = rank_cache(tmp_path / "r.h5", seqs)
-    body = profile_body()
-    body["batches"] = [1, 2, 4]
-    for table in (body["target_verify_s"], body["draft_step_s"]["d"]):
-        for b, scale in (("2", 1.3), ("4", 1.8)):
-            table[b] = {L: {x: {"median": c["median"] * scale} for x, c in row.items()} for L, row in table["1"].items()}
-    (tmp_path / "p.json").write_text(json.dumps(body))
-    model = load_cost_profile(tmp_path / "p.json", extrapolate=True)
+    model = _batched_profile(tmp_path)
     features = load_features(path, "d", 0.0, progress=False)
     tree = parse_tree("chain:4")
     table = run_policy(features, tree, parse_policy("greedy"), np.random.default_rng(0))

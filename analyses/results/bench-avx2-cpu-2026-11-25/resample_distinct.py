@@ -1,7 +1,7 @@
 """Bootstrap replicates of a lockstep B=4 speedup vs how many distinct prompts each resample holds."""
 import sys, numpy as np
 from pathlib import Path
-from specsim.sim.batch import timeline, simulate_batch
+from specsim.sim.batch import timeline
 from specsim.sim.cost import load_cost_profile
 from specsim.sim.features import load_features
 from specsim.sim.policies import run_policy
