@@ -258,28 +258,23 @@ def _overhead_runs(batch: int, sizes: Sequence[int], vocab: int, device: torch.d
                 level = fill_children(tree, inner, draft[:, inner], tokens, fresh, q, sampling=True,
                                       temperature=OVERHEAD_TEMPERATURE, multi_draft="iid", rngs=rngs)
 
-        sampled = draft_sample()
 
-        def walk_sample(tree=tree, target=target, laws=laws, tokens=sampled) -> None:
-            for r in range(batch):
-                verify_tree(tree, tokens[r], valid[r], policy="sample", multi_draft="iid", rng=rngs[r],
-                            p_of=lambda node, r=r: probabilities(target[r, node], OVERHEAD_TEMPERATURE),
-                            q_of=lambda node, r=r: laws[r, node])
+        def walk(policy: str, tree: Tree, tokens: np.ndarray, target=target, laws=laws) -> Callable[[], None]:
+            """Each request's verification walk at T = 1 under `policy`, reading the target's and the draft's laws."""
+            def once() -> None:
+                for r in range(batch):
+                    verify_tree(tree, tokens[r], valid[r], policy=policy, multi_draft="iid", rng=rngs[r],
+                                p_of=lambda node, r=r: probabilities(target[r, node], OVERHEAD_TEMPERATURE),
+                                q_of=lambda node, r=r: laws[r, node])
+            return once
 
         chain = Tree(np.arange(-1, n - 1), np.where(np.arange(n) == 0, -1, 0))  # block verifies chains
         drafted = np.zeros((batch, n), dtype=np.int64)  # node i + 1 drawn from the draft's law after node i
         if n > 1:
             drafted[:, 1:] = torch.multinomial(torch.from_numpy(laws[:, :n - 1].reshape(-1, vocab)), 1,
                                                generator=gen).reshape(batch, n - 1).numpy()
-
-        def walk_block(tree=chain, target=target, laws=laws, tokens=drafted) -> None:
-            for r in range(batch):
-                verify_tree(tree, tokens[r], valid[r], policy="block", multi_draft="iid", rng=rngs[r],
-                            p_of=lambda node, r=r: probabilities(target[r, node], OVERHEAD_TEMPERATURE),
-                            q_of=lambda node, r=r: laws[r, node])
-
         runs[("walk_greedy", n)], runs[("walk_sample", n)], runs[("walk_block", n)], runs[("draft_sample", n)] = (
-            walk_greedy, walk_sample, walk_block, draft_sample)
+            walk_greedy, walk("sample", tree, draft_sample()), walk("block", chain, drafted), draft_sample)
     return runs
 
 

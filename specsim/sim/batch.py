@@ -235,8 +235,8 @@ def simulate_batch(table: AcceptanceTable, features, tree: Tree, cost_model, dra
         (the same calls) end speculative batches sooner than distinct requests do, while plain batches run to
         the output limit alike; every replicate's speedup is shifted up by that, not by the prompts drawn
         (six requests at batch 4: the point estimate at the interval's lower edge, and the live value below
-        it in five of six configurations of bench_speedup). The spread is the replicates'; the location is
-        the point estimate's, which decodes distinct requests as the engine does."""
+        it in 13 of 18 batch-4 rows of three bench_speedup runs). The spread is the replicates'; the location
+        is the point estimate's, which decodes distinct requests as the engine does."""
         value = float(x[point].mean())
         if orders.shape[0] - n_point < 2:
             return value, float("nan"), float("nan")
