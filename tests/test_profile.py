@@ -105,6 +105,50 @@ def test_profile_json_round_trips_into_the_cost_model(pair, tmp_path):
         write_profile(body, path)
 
 
+def test_a_slow_phase_as_long_as_one_block_moves_no_median(pair, monkeypatch):
+    """A slow phase of the machine lasting one (B, L) block's measurement (its warm-up and every round): timed in
+    one pass it is every round of that block and moves all its medians (as on a GPU host, where whole blocks of a
+    profile sat 1.5-2x their neighbours); spread over three passes it is at most two of five rounds of any block,
+    which the median discards."""
+    import time
+
+    import specsim.attention.profile as prof
+
+    assert ProfileConfig(repeats=5).pass_rounds == [2, 2, 1] and ProfileConfig(repeats=2).pass_rounds == [1, 1]
+    assert ProfileConfig(repeats=5, passes=1).pass_rounds == [5]
+    target, drafts = pair
+    slow, entries = 0.02, 3 + 1  # N = 1..3 and one draft width per block
+    original = prof._Bench.run
+
+    def profiled(passes: int) -> dict:
+        config = ProfileConfig(batches=(1,), contexts=(8, 32, 64), max_tokens=3, draft_widths=(1,), repeats=5,
+                               warmup=1, passes=passes)
+        left = [entries * (config.warmup + config.repeats)]  # the forwards of one block timed in one pass
+
+        def run(self, depth, attend, pick):
+            once = original(self, depth, attend, pick)
+
+            def slowed() -> None:
+                left[0] -= 1
+                if left[0] >= 0:
+                    time.sleep(slow)
+                once()
+            return slowed
+
+        monkeypatch.setattr(prof._Bench, "run", run)
+        body = measure_cost_profile(target, drafts[:1], config=config, progress=False)
+        medians = {(L, f"N{n}"): body["target_verify_s"]["1"][L][n]["median"] for L in ("8", "32", "64")
+                   for n in ("1", "2", "3")}
+        medians |= {(L, "w1"): body["draft_step_s"]["layers:2"]["1"][L]["1"]["median"] for L in ("8", "32", "64")}
+        assert len(body["target_verify_s"]["1"]["8"]["1"]["runs"]) == 5 and body["timing"]["passes"] == passes
+        return medians
+
+    one_pass = profiled(1)
+    assert all(t >= slow for (L, _), t in one_pass.items() if L == "8")  # the first block: every round slow
+    assert all(t < slow / 2 for (L, _), t in one_pass.items() if L != "8")
+    assert all(t < slow / 2 for t in profiled(3).values()), "a slow phase moved a median despite the passes"
+
+
 def test_profile_refuses_contexts_beyond_the_position_table(pair):
     target, _ = pair
     config = ProfileConfig(contexts=(1020,), max_tokens=8)
@@ -174,7 +218,8 @@ def test_profile_for_a_cache_measures_what_its_trees_need(tiny_cache, tmp_path):
                                        "--repeats", "2", "--warmup", "0", "--threads", "1", "--quiet", "--out",
                                        str(out)])
     assert result.exit_code == 0, result.output
-    assert "timed forwards, then" in result.output and "s filling the contexts" in result.output
+    assert "passes through the grid): " in result.output and "forwards, then" in result.output
+    assert "s filling the contexts" in result.output
     assert "draft widths 1, 2" in result.output
     data = json.loads(out.read_text())
     assert set(data["drafts"]) == {"layers:2", "int8"} and data["sizes"] == list(range(1, 8))

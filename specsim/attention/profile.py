@@ -25,7 +25,12 @@ tokens each:
 
 Timing: for each (B, L), `warmup` untimed runs of every entry, then `repeats` rounds, each
 timing every entry of that (B, L) once in a fresh random order (a slow moment of a shared
-machine then falls on all entries alike, not on one). Every round's time is kept (`runs`:
+machine then falls on all entries alike, not on one). The rounds are spread over `passes`
+sweeps through the (B, L) grid (contexts refilled, one warm-up run per entry in later sweeps):
+a slow phase of the machine lasting as long as one block's measurement then lands on a few
+rounds of several blocks, which the median discards, not on every round of one block, which
+would shift that block's medians (seen on a GPU host: whole (B, L) blocks of a profile 1.5-2x
+their neighbours, the plain step among them). Every round's time is kept (`runs`:
 `specsim.sim.cost` resamples the rounds jointly to carry the profile's error into speedup
 CIs); the median is used, the quartiles are kept (the spread); every run ends with a device synchronisation, so a
 time is the wall-clock the engine waits (CPU launch overhead included, as live decoding
@@ -67,7 +72,8 @@ class ProfileConfig:
     max_tokens: int = 64  # largest N; every N up to DENSE, then steps of 8 (16 beyond 64) up to max_tokens
     draft_widths: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # w: draft tokens per request per draft forward
     repeats: int = 10  # timed rounds per (B, L): every entry once per round (all kept; the median is used)
-    warmup: int = 2  # untimed runs per entry
+    warmup: int = 2  # untimed runs per entry (one more per entry in each later pass)
+    passes: int = 3  # sweeps through the (B, L) grid the rounds are spread over (at most `repeats`)
     seed: int = 0  # random token ids
 
     @property
@@ -81,6 +87,16 @@ class ProfileConfig:
     def entries(self, n_drafts: int) -> int:
         """Entries timed: every (B, L) by every target N and every draft's widths."""
         return len(self.batch_grid) * len(self.contexts) * (len(self.sizes) + n_drafts * len(self.draft_widths))
+
+    @property
+    def pass_rounds(self) -> list[int]:
+        """Timed rounds per (B, L) in each pass: `repeats` split as evenly as `passes` allows, larger first."""
+        p = min(self.passes, self.repeats)
+        return [self.repeats // p + (i < self.repeats % p) for i in range(p)]
+
+    def warmups(self, pass_index: int) -> int:
+        """Untimed runs per entry in a pass: `warmup` in the first, one (if any) in the later ones."""
+        return self.warmup if pass_index == 0 else min(self.warmup, 1)
 
     @property
     def overhead_entries(self) -> int:
@@ -130,9 +146,28 @@ def _sync(device: torch.device) -> None:
 
 def _timed_rounds(runs: dict, device: torch.device, *, warmup: int, repeats: int,
                   rng: np.random.Generator, tick: Callable[[], None] = lambda: None) -> dict:
-    """{key: {"median", "q25", "q75", "n", "runs"}} seconds of every run in `runs`, measured in `repeats` rounds:
-    each round times every run once, in a fresh random order, synchronised before and after each, so a
-    slow moment of the machine falls on all entries alike and the rounds can be resampled jointly."""
+    """{key: {"median", "q25", "q75", "n", "runs"}} seconds of every run in `runs`, measured in `repeats` rounds
+    (`_round_times`)."""
+    return {key: _summary(t) for key, t in _round_times(runs, device, warmup=warmup, repeats=repeats, rng=rng,
+                                                         tick=tick).items()}
+
+
+def _summary(t: list[float]) -> dict:
+    q25, median, q75 = np.percentile(t, [25, 50, 75])
+    return {"median": float(median), "q25": float(q25), "q75": float(q75), "n": len(t), "runs": list(t)}
+
+
+def _extend(into: dict, more: dict) -> None:
+    """Append each entry's rounds in `more` to its rounds in `into`."""
+    for key, t in more.items():
+        into.setdefault(key, []).extend(t)
+
+
+def _round_times(runs: dict, device: torch.device, *, warmup: int, repeats: int,
+                 rng: np.random.Generator, tick: Callable[[], None] = lambda: None) -> dict:
+    """{key: [seconds per round]} of every run in `runs`, measured in `repeats` rounds: each round times every
+    run once, in a fresh random order, synchronised before and after each, so a slow moment of the machine
+    falls on all entries alike and the rounds can be resampled jointly."""
     keys = list(runs)
     for _ in range(warmup):
         for key in keys:
@@ -146,11 +181,7 @@ def _timed_rounds(runs: dict, device: torch.device, *, warmup: int, repeats: int
             _sync(device)
             times[keys[i]].append(time.perf_counter() - started)
             tick()
-    out = {}
-    for key, t in times.items():
-        q25, median, q75 = np.percentile(t, [25, 50, 75])
-        out[key] = {"median": float(median), "q25": float(q25), "q75": float(q75), "n": repeats, "runs": t}
-    return out
+    return times
 
 
 class _Bench:
@@ -346,32 +377,38 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
     bar = tqdm(total=(config.entries(len(drafts)) + config.overhead_entries) * config.repeats, desc="profile",
                unit="run", disable=not progress)
     greedy_pick = lambda logits: logits.argmax(dim=-1).cpu()  # noqa: E731  what greedy verification reads
+    times: dict = {}  # (B, L or "overhead") -> {entry: [seconds per round]}, the passes' rounds in order
     with torch.inference_mode():
-        for B in batches:
-            for L in config.contexts:
-                runs = {}  # (who, x) -> one forward; timed together in interleaved rounds
-                benches = [_Bench(target.model, B, L, rng)]
-                for n in sizes:
-                    depth, attend = _tree_layout(verify_tree_parents(n))
-                    runs[("target", n)] = benches[0].run(depth, attend, greedy_pick)
-                for d in drafts:
-                    bench = _HeadBench(d, B, L, rng) if d.name in heads else _Bench(d.model, B, L, rng)
-                    benches.append(bench)
-                    for w in widths:  # siblings: each sees the context and itself; their children are picked
-                        pick = lambda logits: top_ranked(logits.reshape(-1, logits.shape[-1]), 1)  # noqa: E731
-                        runs[(d.name, w)] = (bench.run(w, pick) if d.name in heads
-                                             else bench.run(np.ones(w, np.int64), np.eye(w, dtype=bool), pick))
-                timed = _timed_rounds(runs, device, warmup=config.warmup, repeats=config.repeats, rng=rng,
-                                      tick=bar.update)
-                verify.setdefault(str(B), {})[str(L)] = {str(n): timed[("target", n)] for n in sizes}
-                for d in drafts:
-                    draft[d.name].setdefault(str(B), {})[str(L)] = {str(w): timed[(d.name, w)] for w in widths}
-                del benches, runs
-            timed = _timed_rounds(_overhead_runs(B, sizes, int(target.model.config.vocab_size), device, rng), device,
-                                  warmup=config.warmup, repeats=config.repeats, rng=rng, tick=bar.update)
-            for kind in OVERHEAD_KINDS:
-                overhead[kind][str(B)] = {str(n): timed[(kind, n)] for n in sizes}
+        for p, rounds in enumerate(config.pass_rounds):
+            for B in batches:
+                for L in config.contexts:
+                    runs = {}  # (who, x) -> one forward; timed together in interleaved rounds
+                    benches = [_Bench(target.model, B, L, rng)]
+                    for n in sizes:
+                        depth, attend = _tree_layout(verify_tree_parents(n))
+                        runs[("target", n)] = benches[0].run(depth, attend, greedy_pick)
+                    for d in drafts:
+                        bench = _HeadBench(d, B, L, rng) if d.name in heads else _Bench(d.model, B, L, rng)
+                        benches.append(bench)
+                        for w in widths:  # siblings: each sees the context and itself; their children are picked
+                            pick = lambda logits: top_ranked(logits.reshape(-1, logits.shape[-1]), 1)  # noqa: E731
+                            runs[(d.name, w)] = (bench.run(w, pick) if d.name in heads
+                                                 else bench.run(np.ones(w, np.int64), np.eye(w, dtype=bool), pick))
+                    _extend(times.setdefault((B, L), {}), _round_times(runs, device, warmup=config.warmups(p),
+                                                                       repeats=rounds, rng=rng, tick=bar.update))
+                    del benches, runs
+                runs = _overhead_runs(B, sizes, int(target.model.config.vocab_size), device, rng)
+                _extend(times.setdefault((B, "overhead"), {}), _round_times(runs, device, warmup=config.warmups(p),
+                                                                            repeats=rounds, rng=rng, tick=bar.update))
     bar.close()
+    for B in batches:
+        for kind in OVERHEAD_KINDS:
+            overhead[kind][str(B)] = {str(n): _summary(times[(B, "overhead")][(kind, n)]) for n in sizes}
+        for L in config.contexts:
+            timed = times[(B, L)]
+            verify.setdefault(str(B), {})[str(L)] = {str(n): _summary(timed[("target", n)]) for n in sizes}
+            for d in drafts:
+                draft[d.name].setdefault(str(B), {})[str(L)] = {str(w): _summary(timed[(d.name, w)]) for w in widths}
     medians = lambda t, xs: np.array([[[t[str(b)][str(L)][str(x)]["median"] for x in xs]  # noqa: E731
                                        for L in config.contexts] for b in batches])
     errors = [leave_one_out_error(medians(verify, sizes), (batches, config.contexts, sizes))]
@@ -392,11 +429,14 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
         "target": _model_entry(target),
         "drafts": {d.name: _model_entry(d) for d in drafts},
         "batches": batches, "contexts": list(config.contexts), "sizes": sizes, "widths": widths,
-        "timing": {"warmup": config.warmup, "repeats": config.repeats, "statistic": "median",
+        "timing": {"warmup": config.warmup, "repeats": config.repeats, "passes": len(config.pass_rounds),
+                   "statistic": "median",
                    "spread": "q25/q75", "clock": "wall, synchronised", "seed": config.seed,
                    "tokens": "random ids", "context": "random keys and values (no prefill)",
                    "rounds": "every entry of a (B, L) timed once per round, in random order; `runs` keeps each "
-                             "round's time"},
+                             "round's time; the rounds spread over `passes` sweeps through the (B, L) grid "
+                             f"({'+'.join(map(str, config.pass_rounds))} rounds; a slow phase of the machine then "
+                             "falls on a few rounds of several blocks, not all of one)"},
         "target_verify_s": verify,
         "draft_step_s": draft,
         "step_overhead_s": {**overhead, "temperature": OVERHEAD_TEMPERATURE,
@@ -419,9 +459,11 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
     per-step work outside the forwards, from one run of each at the largest batch."""
     from specsim.record.heads import HeadDraft
 
-    total = config.entries(len(drafts)) * (config.repeats + config.warmup)
+    passes = len(config.pass_rounds)
+    runs_per_entry = config.repeats + sum(config.warmups(p) for p in range(passes))
+    total = config.entries(len(drafts)) * runs_per_entry
     B, L = max(config.batch_grid), max(config.contexts)
-    cells = sum(b * c for b in config.batch_grid for c in config.contexts)  # B x L tokens filled per model
+    cells = passes * sum(b * c for b in config.batch_grid for c in config.contexts)  # B x L filled per model
     rng = np.random.default_rng(0)
     seconds, fill = [], 0.0
     with torch.inference_mode():
@@ -446,10 +488,10 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
         started = time.perf_counter()
         for run in runs.values():
             run()
-        outside = (time.perf_counter() - started) * (config.repeats + config.warmup) * len(config.batch_grid)
+        outside = (time.perf_counter() - started) * runs_per_entry * len(config.batch_grid)
     forwards = total * float(np.mean(seconds))
-    return (f"{config.entries(len(drafts))} entries x ({config.repeats} rounds + {config.warmup} warm-up): {total} "
-            f"timed forwards, then {config.overhead_entries} entries of the per-step work outside the forwards; about "
+    return (f"{config.entries(len(drafts))} entries x ({config.repeats} rounds + {runs_per_entry - config.repeats} "
+            f"warm-up, over {passes} passes through the grid): {total} forwards, then {config.overhead_entries} entries of the per-step work outside the forwards; about "
             f"{forwards + fill + outside:.0f} s ({forwards:.0f} s of forwards, from a plain step and the largest at the "
             f"largest batch; {fill:.0f} s filling the contexts; {outside:.0f} s of work outside the forwards)")
 
@@ -496,6 +538,8 @@ def _validate(config: ProfileConfig) -> None:
         raise ArgumentError("{draft_widths} {value}: positive, and 1 among them", value=config.draft_widths)
     if config.repeats < 1 or config.warmup < 0:
         raise SpecError(f"repeats must be >= 1 and warmup >= 0, got {config.repeats} and {config.warmup}")
+    if config.passes < 1:
+        raise ArgumentError("{passes} {value}: at least 1 sweep through the grid", value=config.passes)
 
 
 def check_fits(model, contexts: tuple[int, ...], max_tokens: int, what: str) -> None:

@@ -48,6 +48,10 @@ from specsim.cli import _common as c
               help="Timed rounds: each times every entry of a (batch, context) once, in random order; all "
                    "kept, the median used.  [default: 10; --engine vllm: 3 generate calls of 16 steps]")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs per entry.")
+@click.option("--passes", type=click.IntRange(min=1), default=None,
+              help="Sweeps through the (batch, context) grid the rounds are spread over (one more warm-up run "
+                   "per entry in each later sweep), so a slow phase of a shared machine lands on a few rounds of "
+                   "several entries, which the median discards, not on every round of one.  [default: 3]")
 @c.seed_option
 @click.option("--threads", type=click.IntRange(min=1),
               help="CPU threads for torch (use what live decoding will use; the profile records it).")
@@ -56,7 +60,7 @@ from specsim.cli import _common as c
 @c.quiet_option
 @c.friendly_errors
 def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tokens, draft_widths, device, dtype,
-            repeats, warmup, seed, threads, out, overwrite, quiet):
+            repeats, warmup, passes, seed, threads, out, overwrite, quiet):
     """Measure target verification and draft step times on this machine, for the speedup model.
 
     With the live engine's own code, over B requests whose KV caches hold L random
@@ -64,7 +68,8 @@ def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tok
     tree (4-D tree mask; N = 1 is a plain decode step) and one draft forward over w new
     tokens per request (one tree level), for every B x L x N and B x L x w. Each entry
     is the median of --repeats synchronised wall-clock runs, timed in rounds (every entry
-    of a (B, L) once per round, in random order) and all kept: `simulate` resamples the
+    of a (B, L) once per round, in random order; the rounds spread over --passes sweeps
+    through the grid) and all kept: `simulate` resamples the
     rounds jointly, so its speedup CIs carry the profile's own scatter. `specsim
     simulate`, `optimize`, `validate` and `report` take the JSON with --cost-profile and
     refuse it for models it did not measure.
@@ -92,6 +97,8 @@ def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tok
         if trees:
             raise SpecError("--tree goes with specsim's engine; vLLM's profile times fixed-length steps up to "
                             "--max-tokens")
+        if passes is not None:
+            raise SpecError("--passes goes with specsim's engine; vLLM's profile times whole generate calls")
         return _vllm(for_cache, target, drafts, batches, contexts, max_tokens, draft_widths, repeats, warmup, seed,
                      threads, out, overwrite, quiet)
     if trees and for_cache is None:
@@ -116,7 +123,7 @@ def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tok
     config = ProfileConfig(
         batches=tuple(batches) or (1,), contexts=tuple(contexts) or (128, 512),
         max_tokens=max_tokens or (256 if on_cuda else 33), draft_widths=tuple(draft_widths) or tuple(range(1, 9)),
-        repeats=repeats or 10, warmup=warmup, seed=seed,
+        repeats=repeats or 10, warmup=warmup, passes=passes or 3, seed=seed,
     )
     from specsim.specs import is_model_free
 
