@@ -144,15 +144,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_rounds(runs: dict, device: torch.device, *, warmup: int, repeats: int,
-                  rng: np.random.Generator, tick: Callable[[], None] = lambda: None) -> dict:
-    """{key: {"median", "q25", "q75", "n", "runs"}} seconds of every run in `runs`, measured in `repeats` rounds
-    (`_round_times`)."""
-    return {key: _summary(t) for key, t in _round_times(runs, device, warmup=warmup, repeats=repeats, rng=rng,
-                                                         tick=tick).items()}
-
-
 def _summary(t: list[float]) -> dict:
+    """A profile entry: the median of its rounds, their quartiles, and every round kept."""
     q25, median, q75 = np.percentile(t, [25, 50, 75])
     return {"median": float(median), "q25": float(q25), "q75": float(q75), "n": len(t), "runs": list(t)}
 
@@ -288,7 +281,6 @@ def _overhead_runs(batch: int, sizes: Sequence[int], vocab: int, device: torch.d
                     return tokens
                 level = fill_children(tree, inner, draft[:, inner], tokens, fresh, q, sampling=True,
                                       temperature=OVERHEAD_TEMPERATURE, multi_draft="iid", rngs=rngs)
-
 
         def walk(policy: str, tree: Tree, tokens: np.ndarray, target=target, laws=laws) -> Callable[[], None]:
             """Each request's verification walk at T = 1 under `policy`, reading the target's and the draft's laws."""
@@ -491,7 +483,8 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
         outside = (time.perf_counter() - started) * runs_per_entry * len(config.batch_grid)
     forwards = total * float(np.mean(seconds))
     return (f"{config.entries(len(drafts))} entries x ({config.repeats} rounds + {runs_per_entry - config.repeats} "
-            f"warm-up, over {passes} passes through the grid): {total} forwards, then {config.overhead_entries} entries of the per-step work outside the forwards; about "
+            f"warm-up, over {passes} passes through the grid): {total} forwards, then {config.overhead_entries} "
+            f"entries of the per-step work outside the forwards; about "
             f"{forwards + fill + outside:.0f} s ({forwards:.0f} s of forwards, from a plain step and the largest at the "
             f"largest batch; {fill:.0f} s filling the contexts; {outside:.0f} s of work outside the forwards)")
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import torch
 
-from specsim.attention.profile import _Bench, _timed_rounds, _tree_layout, verify_tree_parents
+from specsim.attention.profile import _Bench, _round_times, _tree_layout, verify_tree_parents
 from specsim.live.decoder import Target, plain_decode
 from specsim.record.models import load_model
 
@@ -33,8 +33,8 @@ with torch.inference_mode():
     for n in range(1, 8):
         depth, attend = _tree_layout(verify_tree_parents(n))
         runs[n] = bench.run(depth, attend, pick)
-    alone = _timed_rounds({1: runs[1]}, dev, warmup=3, repeats=30, rng=rng)[1]["median"]
-    mixed = _timed_rounds(runs, dev, warmup=2, repeats=30, rng=rng)[1]["median"]
+    alone = float(np.median(_round_times({1: runs[1]}, dev, warmup=3, repeats=30, rng=rng)[1]))
+    mixed = float(np.median(_round_times(runs, dev, warmup=2, repeats=30, rng=rng)[1]))
     if dev.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
