@@ -269,6 +269,12 @@ def draft_kind(spec: str) -> DraftKind:
     return DRAFT_KINDS.get(str(spec).partition(":")[0].strip().lower(), DRAFT_KINDS["model"])
 
 
+def head_specs() -> str:
+    """The head drafts' spec forms for help texts, from the registry: "medusa:DIR, eagle:DIR, ... or mtp:DIR"."""
+    forms = [f"{k.name}:DIR" for k in DRAFT_KINDS.values() if k.heads]
+    return ", ".join(forms[:-1]) + " or " + forms[-1]
+
+
 def is_model_free(spec: str) -> bool:
     return draft_kind(spec).model_free
 

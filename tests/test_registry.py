@@ -104,3 +104,17 @@ def test_runs_at_and_defaults():
 def test_help_lists_each_vocabulary_with_its_meaning():
     text = specs.vocab_help(specs.MULTI_DRAFT)
     assert all(f"{name}: " in text for name in specs.MULTI_DRAFT)
+
+
+@pytest.mark.parametrize("command", ["cache", "profile"])
+def test_help_names_every_head_kind_the_registry_holds(command):
+    """`cache --help` and `profile --help` list the head drafts from the registry: a kind added there shows up."""
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(cli, [command, "--help"], terminal_width=1000)
+    assert result.exit_code == 0, result.output
+    heads = [k.name for k in specs.DRAFT_KINDS.values() if k.heads]
+    assert {"medusa", "eagle", "eagle3", "mtp"} <= set(heads)
+    assert specs.head_specs() in " ".join(result.output.split())
+    for name in heads:
+        assert f"{name}:DIR" in result.output

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from specsim import specs as registry
 from specsim.cli import _common as c
 from specsim.record.recorder import MAX_OVERHANG, OVERHANG
 
@@ -16,7 +17,7 @@ from specsim.record.recorder import MAX_OVERHANG, OVERHANG
 @click.option("--target", required=True, help="Target model: packaged short name, GGUF file, HF directory or hub id.")
 @click.option("--draft", "drafts", multiple=True, callback=c.names,
               help="Draft (repeatable or comma-separated): a model spec like --target; layers:K or int8 (derived "
-                   "from the target); medusa:DIR, eagle:DIR or eagle3:DIR (heads on the target's hidden states: ours "
+                   f"from the target); {registry.head_specs()} (heads on the target's hidden states: ours "
                    "from `specsim train-draft`, or a published checkpoint directory / hub id: safetensors, or "
                    "pytorch_model.bin read with torch.load(weights_only=True)).")
 @click.option("--prompts", default="spec-bench", show_default=True,

@@ -24,9 +24,9 @@ from specsim.cli import _common as c
                    "dynamic:..., file:t.json): N and w are measured for exactly their steps.")
 @click.option("--target", default=None, help="Target model: packaged short name, GGUF file, HF directory or hub id.")
 @click.option("--draft", "drafts", multiple=True, metavar="SPEC", callback=c.names,
-              help="Draft model (repeatable): a model spec like --target, layers:K, int8, or heads medusa:DIR / "
-                   "eagle:DIR / eagle3:DIR (Medusa: one pass of every head per call; EAGLE, EAGLE-3: its layer per tree "
-                   "level). "
+              help="Draft model (repeatable): a model spec like --target, layers:K, int8, or heads "
+                   f"{registry.head_specs()} (Medusa: one pass of every head per call; EAGLE, EAGLE-3, MTP: its layer per "
+                   "tree level). "
                    "Model-free drafts (ngram, prompt-lookup, suffix) need none: they cost no draft forwards.")
 @click.option("--batch", "batches", multiple=True, metavar="B", callback=c.numbers(int, minimum=1),
               help="Batch sizes to measure (requests per step), repeatable or comma-separated, e.g. 1,4,16; every "
