@@ -140,3 +140,139 @@ def test_specsim_bound_averages_both_over_the_recorded_positions(tiny_cache):
                           (["--draft", "ngram:3", "--temperature", "1"], "model-free")]:
         bad = CliRunner().invoke(main, ["bound", str(tiny_cache), *args])
         assert bad.exit_code != 0 and message in bad.output and len(bad.output.strip().splitlines()) == 1, bad.output
+
+
+# -- candidates drawn without replacement ---------------------------------------------------------------------
+
+
+def _swor_tuples(q, k):
+    """Every ordered tuple of k distinct tokens with its probability under sequential draws without replacement."""
+    for xs in itertools.permutations(np.flatnonzero(q > 0), k):
+        prob, used = 1.0, 0.0
+        for x in xs:
+            prob *= q[x] / (1.0 - used)
+            used += q[x]
+        yield xs, prob
+
+
+def _swor_over_all_sets(p, q, k):
+    V = p.shape[0]
+    tuples = list(_swor_tuples(q, k))
+    best = np.inf
+    for mask in itertools.product([False, True], repeat=V):
+        inside = sum(prob for xs, prob in tuples if all(mask[x] for x in xs))
+        best = min(best, p[np.array(mask)].sum() + 1.0 - inside)
+    return best
+
+
+def _swor_transport(p, q, k):
+    """max P(output ∈ candidates) over couplings of a without-replacement tuple with an output ~ p (an LP)."""
+    from scipy.optimize import linprog
+
+    V = p.shape[0]
+    tuples = list(_swor_tuples(q, k))
+    n = len(tuples) * V
+    c = np.zeros(n)
+    A_eq, b_eq = [], []
+    for t, (xs, prob) in enumerate(tuples):
+        row = np.zeros(n)
+        row[t * V:(t + 1) * V] = 1.0
+        A_eq.append(row)
+        b_eq.append(prob)
+        c[[t * V + y for y in xs]] = -1.0
+    for y in range(V):
+        row = np.zeros(n)
+        row[y::V] = 1.0
+        A_eq.append(row)
+        b_eq.append(p[y])
+    res = linprog(c, A_eq=np.array(A_eq), b_eq=np.array(b_eq), bounds=(0, None), method="highs")
+    assert res.status == 0
+    return -res.fun
+
+
+def _swor_laws(rng, n, V):
+    p = rng.dirichlet(np.full(V, 0.7), size=n)
+    q = rng.dirichlet(np.full(V, 0.7), size=n)
+    return p, q
+
+
+def test_without_replacement_the_prefix_minimum_is_the_optimal_transport():
+    """Two candidates: exact, equal to the minimum over every token set and to the transport LP; the i.i.d. bound
+    (the same cut with q(A)^2) is another number on these laws, so the check can fail."""
+    from specsim.cache.stats import optimal_acceptance_iid, optimal_acceptance_swor
+
+    rng = np.random.default_rng(11)
+    p, q = _swor_laws(rng, 30, 6)
+    got = optimal_acceptance_swor(p, q, 2, 16, rng)
+    np.testing.assert_allclose(got[:, 0], np.minimum(p, q).sum(axis=1), atol=1e-12)
+    want = np.array([_swor_over_all_sets(p[i], q[i], 2) for i in range(p.shape[0])])
+    np.testing.assert_allclose(got[:, 1], want, atol=1e-12)
+    lp = np.array([_swor_transport(p[i], q[i], 2) for i in range(8)])
+    np.testing.assert_allclose(got[:8, 1], lp, atol=1e-8)
+    assert np.abs(optimal_acceptance_iid(p, q, 2)[:, 1] - want).max() > 1e-2
+    assert (got[:, 1] >= optimal_acceptance_iid(p, q, 2)[:, 1] - 1e-12).all()  # distinct candidates cover more
+
+
+@pytest.mark.parametrize("V, k", [(5, 3), (6, 4)])
+def test_without_replacement_more_candidates_are_estimated_within_their_error(V, k):
+    """Three and four candidates: the Monte-Carlo prefix minimum against the minimum over every token set (and the
+    LP): within 5 standard errors of a tuple share; the i.i.d. bound is another number on these laws."""
+    from specsim.cache.stats import optimal_acceptance_iid, optimal_acceptance_swor
+
+    rng = np.random.default_rng(V + k)
+    p, q = _swor_laws(rng, 12, V)
+    samples = 20_000
+    got = optimal_acceptance_swor(p, q, k, samples, rng)[:, k - 1]
+    want = np.array([_swor_over_all_sets(p[i], q[i], k) for i in range(p.shape[0])])
+    assert np.abs(got - want).max() < 5 * 0.5 / np.sqrt(samples), (got, want)
+    np.testing.assert_allclose(want[:3], [_swor_transport(p[i], q[i], k) for i in range(3)], atol=1e-8)
+    wrong = optimal_acceptance_iid(p, q, k)[:, k - 1]  # the same cut with tuples drawn with replacement
+    assert np.abs(wrong - want).max() > 0.05
+
+
+def test_without_replacement_the_rule_never_passes_the_bound_and_reaches_it_with_one_candidate():
+    from specsim.cache.stats import acceptance_swor, optimal_acceptance_swor
+
+    rng = np.random.default_rng(4)
+    p, q = _laws(rng, 300, 10)
+    best = optimal_acceptance_swor(p, q, 3, 20_000, rng)
+    by_y = np.stack([acceptance_swor(p, q, np.full(p.shape[0], y), 3, 2_000, rng).mean(axis=1) for y in range(10)],
+                    axis=1)  # (n, V, k) π_i(y)
+    rule = np.cumsum((p[:, :, None] * by_y).sum(axis=1), axis=1)
+    np.testing.assert_allclose(best[:, 0], rule[:, 0], atol=1e-12)
+    assert (rule[:, 1] <= best[:, 1] + 1e-12).all() and (rule[:, 2] <= best[:, 2] + 0.02).all()
+    assert (best[:, 1] - rule[:, 1]).max() > 1e-3
+
+
+def test_specsim_bound_without_replacement_over_the_recorded_positions(tiny_cache):
+    """--multi-draft swor: for 1 and 2 candidates the bound (exact) and the rule at each position's own token
+    (exact given it) recomputed from the cache's logits; 3 candidates (Monte-Carlo) between them and 1."""
+    from click.testing import CliRunner
+
+    from specsim.cache.stats import acceptance_swor, optimal_acceptance_swor, probabilities
+    from specsim.cache.store import CacheReader
+    from specsim.cli import main
+    from specsim.sim.bound import node_bound
+
+    got = node_bound(tiny_cache, "layers:2", 1.0, 3, sampling="swor", samples=2000, progress=False)
+    rule, best = [], []
+    rng = np.random.default_rng(0)
+    with CacheReader(tiny_cache) as reader:
+        for row in reader.iter_trajectories(1.0):
+            lo, hi = row.start, row.stop
+            p = probabilities(reader.logits("target", lo, hi).astype(np.float64), 1.0)
+            q = probabilities(reader.logits("layers:2", lo, hi).astype(np.float64), 1.0)
+            y = reader.tokens(lo, hi)
+            rule.append(np.cumsum(acceptance_swor(p, q, y, 2, 1, rng)[:, 0], axis=1))
+            best.append(optimal_acceptance_swor(p, q, 2, 1, rng))
+    np.testing.assert_allclose(got.rule[:2], np.concatenate(rule).mean(axis=0), atol=1e-6)
+    np.testing.assert_allclose(got.bound[:2], np.concatenate(best).mean(axis=0), atol=1e-6)
+    assert got.sampling == "swor" and (np.diff(got.bound) >= -0.01).all() and got.bound[2] <= 1.0
+    assert (got.bound >= got.rule - 3 * got.gap_se - 1e-9).all()
+    iid = node_bound(tiny_cache, "layers:2", 1.0, 3, progress=False)
+    assert got.bound[1] >= iid.bound[1] - 1e-12  # two distinct candidates cover at least what two i.i.d. ones do
+
+    out = CliRunner().invoke(main, ["bound", str(tiny_cache), "--draft", "layers:2", "--temperature", "1",
+                                    "--candidates", "2", "--multi-draft", "swor"])
+    assert out.exit_code == 0, out.output
+    assert f"{got.bound[1]:.4f} ± {got.bound_se[1]:.4f}" in out.output and "without replacement" in out.output

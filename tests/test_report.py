@@ -290,13 +290,19 @@ def test_the_report_says_what_the_verification_rule_leaves_on_the_table(report_d
     per number of candidates, the same numbers `specsim bound` gives, in the table and on the page."""
     from specsim.sim.bound import node_bound
 
-    table = pl.read_parquet(report_dir / "tables" / "verifier_bound.parquet")
+    every = pl.read_parquet(report_dir / "tables" / "verifier_bound.parquet")
+    assert set(every["candidates_drawn"]) == {"iid", "swor"}
+    table = every.filter(pl.col("candidates_drawn") == "iid")
     assert set(table["draft"]) == {"layers:2", "int8"} and set(table["temperature"]) == {1.0}
     assert sorted(table["candidates"].unique()) == [1, 2, 3, 4]
     direct = node_bound(tiny_cache, "int8", 1.0, 4, progress=False)
     row = table.filter((pl.col("draft") == "int8") & (pl.col("candidates") == 3)).row(0, named=True)
     assert row["specinfer"] == pytest.approx(direct.rule[2]) and row["optimal"] == pytest.approx(direct.bound[2])
     assert (table["optimal"] >= table["specinfer"] - 1e-12).all()
+    swor = every.filter((pl.col("candidates_drawn") == "swor") & (pl.col("draft") == "int8")).sort("candidates")
+    direct = node_bound(tiny_cache, "int8", 1.0, 2, sampling="swor", progress=False)  # j <= 2: no Monte-Carlo
+    assert swor["optimal"].to_list()[:2] == pytest.approx(list(direct.bound)) and swor["estimate"][0] == "exact"
+    assert swor["estimate"][3].startswith("Monte-Carlo")
     text = (report_dir / "index.html").read_text(encoding="utf-8")
     shown = table.filter((pl.col("draft") == "layers:2") & (pl.col("candidates") == 2)).row(0, named=True)
     assert "What the verification rule leaves on the table" in text

@@ -240,6 +240,50 @@ def optimal_acceptance_iid(p_target: np.ndarray, q_draft: np.ndarray, k: int) ->
     return np.stack([np.clip(1.0 + (p_cum - q_cum ** j).min(axis=1), 0.0, 1.0) for j in range(1, k + 1)], axis=1)
 
 
+def optimal_acceptance_swor(p_target: np.ndarray, q_draft: np.ndarray, k: int, samples: int,
+                             rng: np.random.Generator) -> np.ndarray:
+    """(n, k) the most any valid verifier accepts of j candidates drawn from q without replacement, j = 1..k: the
+    min cut of `optimal_acceptance_iid`, α* = 1 + min_A [p(A) − Q(every candidate ∈ A)], with Q now the law of a
+    tuple drawn without replacement, taken over the prefixes of the tokens in ascending p/q.
+
+    Over prefixes the value is a cut's, so never below α*; that the minimum over all 2^V sets is at a prefix, as
+    for i.i.d. candidates, is checked by enumeration (tests/test_bound.py), not proved here. j = 1: Σ min(p, q).
+    j = 2, exactly: Q(A) = Σ_{a∈A} q(a) (q(A) − q(a)) / (1 − q(a)) = q(A) − (1 − q(A)) Σ_{a∈A} q(a) / (1 − q(a)),
+    with 1 − q(A) and 1 − q(a) summed from the other tokens (no cancellation). j ≥ 3: Q(prefix) from `samples`
+    tuples per row (the share whose last token in that order lies inside the prefix); the minimum over noisy
+    values sits below the exact one by O(1/√samples) (a Monte-Carlo estimate, biased low)."""
+    p = np.asarray(p_target, dtype=np.float64)
+    q = np.asarray(q_draft, dtype=np.float64)
+    q = q / q.sum(axis=1, keepdims=True)
+    n, V = p.shape
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ratio = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
+    order = np.argsort(ratio, axis=1, kind="stable")
+    ps, qs = np.take_along_axis(p, order, axis=1), np.take_along_axis(q, order, axis=1)
+    zeros = np.zeros((n, 1))
+    p_cum = np.concatenate([zeros, np.cumsum(ps, axis=1)], axis=1)  # (n, V+1) p of each prefix
+    q_cum = np.concatenate([zeros, np.cumsum(qs, axis=1)], axis=1)
+    outside = np.concatenate([np.cumsum(qs[:, ::-1], axis=1)[:, ::-1], zeros], axis=1)  # q beyond each prefix
+    out = np.zeros((n, k))
+    out[:, 0] = np.minimum(p, q).sum(axis=1)
+    if k >= 2:
+        others = q_cum[:, :-1] + outside[:, 1:]  # 1 − q(a): the mass of every other token
+        share = np.concatenate([zeros, np.cumsum(np.where(others > 0, qs / np.where(others > 0, others, 1.0), 0.0),
+                                                 axis=1)], axis=1)
+        pair = np.maximum(q_cum - outside * share, 0.0)  # Q(both candidates in the prefix)
+        out[:, 1] = np.clip(1.0 + (p_cum - pair).min(axis=1), 0.0, 1.0)
+    for row in range(n) if k >= 3 else ():
+        draws = _SworDraws(qs[row], k, samples, rng)
+        last = np.full(samples, -1)  # the tuple's furthest position in the order so far (−1: none)
+        for j in range(k):
+            x, alive = draws.draw(draws.rest())
+            last = np.maximum(last, np.where(alive, x, -1))
+            if j >= 2:  # Q(prefix of m tokens) = share of tuples whose furthest candidate is among them
+                inside = np.cumsum(np.bincount(last + 1, minlength=V + 1))[: V + 1] / samples
+                out[row, j] = np.clip(1.0 + (p_cum[row] - inside).min(), 0.0, 1.0)
+    return out
+
+
 def acceptance_swor(
     p_target: np.ndarray,
     q_draft: np.ndarray,
@@ -300,6 +344,45 @@ def _mass_without_each(q: np.ndarray) -> np.ndarray:
     return rest
 
 
+class _SworDraws:
+    """Candidates drawn without replacement from q, `samples` tuples side by side, over the tokens in a fixed
+    order (`qs`: q in that order); `drawn` holds each tuple's positions so far, ascending.
+
+    The undrawn mass 1 − Q_i cancels catastrophically once the drawn candidates hold nearly all of q, so it is
+    kept as (Σ of the small tokens − the small ones drawn) + Σ of the big tokens not drawn: the k + 8 largest q
+    sum exactly, and only a token outside them, at most as heavy, is ever subtracted."""
+
+    def __init__(self, qs: np.ndarray, k: int, samples: int, rng: np.random.Generator):
+        self.qs, self.rng = qs, rng
+        self.cum = np.cumsum(qs)
+        self.starts = self.cum - qs  # each token's interval [start, start + q) in the cumulative q
+        self.big = np.argsort(-qs)[: min(len(qs), k + 8)]  # positions of the largest q
+        self.slot = np.full(len(qs), -1)
+        self.slot[self.big] = np.arange(len(self.big))
+        self.small_mass = float(np.delete(qs, self.big).sum()) if len(self.big) < len(qs) else 0.0
+        self.big_left = np.ones((samples, len(self.big)), dtype=bool)
+        self.small_drawn = np.zeros(samples)
+        self.drawn = np.zeros((samples, 0), dtype=np.int64)
+
+    def rest(self) -> np.ndarray:
+        """(samples,) the undrawn mass of q."""
+        return np.maximum(self.small_mass - self.small_drawn, 0.0) + (self.big_left * self.qs[self.big]).sum(axis=1)
+
+    def draw(self, rest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The next candidate of every tuple, (positions, alive): a uniform over the undrawn mass `rest`, mapped
+        past the drawn intervals; alive is False where no mass was left beyond rounding (no candidate)."""
+        alive = rest > 1e-12 * self.small_drawn
+        u = self.rng.random(len(rest)) * rest
+        for m in range(self.drawn.shape[1]):
+            u = u + np.where(u >= self.starts[self.drawn[:, m]], self.qs[self.drawn[:, m]], 0.0)
+        x = np.minimum(np.searchsorted(self.cum, u, side="right"), len(self.cum) - 1)
+        hit = self.slot[x]
+        self.big_left[np.flatnonzero(alive & (hit >= 0)), hit[alive & (hit >= 0)]] = False
+        self.small_drawn = self.small_drawn + np.where(alive & (hit < 0), self.qs[x], 0.0)
+        self.drawn = np.sort(np.concatenate([self.drawn, x[:, None]], axis=1), axis=1)
+        return x, alive
+
+
 def _later_candidates(p: np.ndarray, q: np.ndarray, y: int, k: int, samples: int,
                       rng: np.random.Generator) -> np.ndarray:
     """(samples, k − 2) p(y) · π̂_i(y) for i = 2..k−1 at one position (see `acceptance_swor`)."""
@@ -308,48 +391,29 @@ def _later_candidates(p: np.ndarray, q: np.ndarray, y: int, k: int, samples: int
     order = np.argsort(-ratio)  # descending p/q: the live set of max(0, p − c q) is a prefix (ties: any order)
     ps, qs, rs = p[order], q[order], ratio[order]
     P, Q = np.cumsum(ps), np.cumsum(qs)  # prefix sums in that order
-    starts = Q - qs  # each token's interval [start, start + q) in the cumulative q
     y_pos = int(np.flatnonzero(order == y)[0])
-    # The undrawn mass 1 − Q_i cancels catastrophically once the drawn candidates hold nearly all of q, so it
-    # is kept as (Σ of the small tokens − the small ones drawn) + Σ of the big tokens not drawn: the K + 8
-    # largest q sum exactly, and only a token outside them, at most as heavy, is ever subtracted.
-    big = np.argsort(-qs)[: min(len(qs), k + 8)]  # positions (in `order`) of the largest q
-    slot = np.full(len(qs), -1)
-    slot[big] = np.arange(len(big))
-    small_mass = float(np.delete(qs, big).sum()) if len(big) < len(qs) else 0.0
-    big_left = np.ones((samples, len(big)), dtype=bool)
-    small_drawn = np.zeros(samples)
+    draws = _SworDraws(qs, k, samples, rng)
     out = np.zeros((samples, k - 2))
     c = np.zeros(samples)  # residual shape parameter c_i
     z = np.ones(samples)  # Z_i = Σ max(0, p − c_i q)
     weight = np.ones(samples)  # Π_{j<i} (1 − a_j)
-    drawn = np.zeros((samples, 0), dtype=np.int64)  # positions (in `order`) drawn so far, ascending
     for i in range(k):
-        rest = np.maximum(small_mass - small_drawn, 0.0) + (big_left * qs[big]).sum(axis=1)  # 1 − Q_i
+        rest = draws.rest()  # 1 − Q_i
         if i >= 2:
-            fresh = ~(drawn == y_pos).any(axis=1)
+            fresh = ~(draws.drawn == y_pos).any(axis=1)
             with np.errstate(over="ignore"):  # only where y was drawn (rest < q(y)); masked by `fresh`
                 q_i_y = np.where(rest > 0, q[y] / np.where(rest > 0, rest, 1.0), 0.0)
             r_i_y = np.where(z > _NO_MASS, np.maximum(p[y] - c * q[y], 0.0) / np.where(z > 0, z, 1.0), 0.0)
             out[:, i - 2] = weight * fresh * np.minimum(q_i_y, r_i_y)
         if i + 1 == k:
             break
-        # draw x_i ~ q restricted to the undrawn tokens: a uniform over the undrawn mass, mapped past drawn intervals
-        alive = rest > 1e-12 * small_drawn  # undrawn mass left, beyond the rounding of what was subtracted
-        u = rng.random(samples) * rest
-        for m in range(drawn.shape[1]):
-            u = u + np.where(u >= starts[drawn[:, m]], qs[drawn[:, m]], 0.0)
-        x = np.minimum(np.searchsorted(Q, u, side="right"), len(Q) - 1)
+        x, alive = draws.draw(rest)
         q_x, p_x = qs[x], ps[x]
         a = np.where(alive & (z > _NO_MASS) & (q_x > 0),
                      np.minimum(1.0, np.maximum(p_x - c * q_x, 0.0) * rest / np.where(z * q_x > 0, z * q_x, 1.0)),
                      1.0)  # no mass left to reject into: later candidates are never reached
         weight = weight * (1.0 - a)
         c = c + np.where(alive, z / np.where(rest > 0, rest, 1.0), 0.0)
-        hit = slot[x]
-        big_left[np.flatnonzero(alive & (hit >= 0)), hit[alive & (hit >= 0)]] = False
-        small_drawn = small_drawn + np.where(alive & (hit < 0), q_x, 0.0)
-        drawn = np.sort(np.concatenate([drawn, x[:, None]], axis=1), axis=1)
         live = np.searchsorted(-rs, -c, side="left")  # tokens with p/q > c
         z = np.where(live > 0, P[np.maximum(live - 1, 0)] - c * Q[np.maximum(live - 1, 0)], 0.0)
         z = np.maximum(z, 0.0)

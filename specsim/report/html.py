@@ -303,21 +303,25 @@ def _heads(study: Study) -> str:
 
 
 def _bound(study: Study) -> str:
-    """What SpecInfer's rule leaves on the table at nodes with i.i.d. candidates (tables/verifier_bound)."""
+    """What SpecInfer's rule leaves on the table at nodes with i.i.d. or without-replacement candidates
+    (tables/verifier_bound)."""
     if study.bound.is_empty():
         return ('<p class="note">No verifier bound: it needs a cache with full distributions and trajectories at '
                 "T&gt;0 (<code>specsim bound</code> computes it for one draft).</p>")
     shown = study.bound.select(
-        "cache_name", "draft", "temperature", "candidates",
+        "cache_name", "draft", "temperature", "candidates_drawn", "candidates",
         *[pl.format("{} ± {}", pl.col(c).round(4), pl.col(f"{se}").round(4)).alias(name) for c, se, name in (
             ("specinfer", "specinfer_se", "SpecInfer's rule"), ("optimal", "optimal_se", "optimal verifier"),
-            ("left_on_table", "left_se", "left on the table"))], "positions")
-    return ("<h3>What the verification rule leaves on the table</h3><p>At a node with j children drawn i.i.d. from "
-            "the draft: the probability that SpecInfer's rule (the one simulated here for i.i.d. trees) accepts one, "
-            "against the most any valid verifier accepts of the same candidates (the optimal transport, Hu et al., "
-            "ICLR 2025; docs/design.md §2e). Exact at every recorded position on the target's path, averaged; ± 1 SE "
-            "over trajectories. A per-node figure: how it compounds over a tree's depths depends on which optimal "
-            "verifier is used. Table: <code>tables/verifier_bound.csv</code>.</p>" + _table_html(shown))
+            ("left_on_table", "left_se", "left on the table"))], "estimate", "positions")
+    return ("<h3>What the verification rule leaves on the table</h3><p>At a node with j children drawn from the "
+            "draft, i.i.d. or without replacement: the probability that SpecInfer's rule (the one simulated here for "
+            "sampling trees) accepts one, against the most any valid verifier accepts of the same candidates (the "
+            "optimal transport, Hu et al., ICLR 2025; docs/design.md §2e). At every recorded position on the target's "
+            "path, averaged; ± 1 SE over trajectories. i.i.d.: exact per position. Without replacement: the rule at "
+            "each position's own sampled token; the bound exact for one and two candidates, a Monte-Carlo estimate "
+            "beyond (column estimate; slightly low). A per-node figure: how it compounds over a tree's depths "
+            "depends on which optimal verifier is used. Table: <code>tables/verifier_bound.csv</code>.</p>"
+            + _table_html(shown))
 
 
 def _block(study: Study) -> str:

@@ -60,7 +60,8 @@ class StudyConfig:
     grid_gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10)  # draft lengths γ of the theory grid
     n_boot: int = 1000  # bootstrap resamples over prompts for the 95% intervals
     seed: int = 0  # bootstrap and Monte-Carlo seed
-    bound_candidates: int = 4  # the verifier bound's table: nodes with 1..this many i.i.d. candidates (T>0, full)
+    bound_candidates: int = 4  # the verifier bound's table: nodes with 1..this many candidates (T>0, full)
+    bound_samples: int = 4096  # Monte-Carlo tuples per position of that table's without-replacement rows (j >= 3)
 
 
 @dataclass(frozen=True)
@@ -364,7 +365,7 @@ def run_study(
             for draft in drafts:
                 source = feature_source(path, draft, T, progress=False)
                 if T > 0 and source.has_distributions and source.depth is None:
-                    bound_rows += _bound_rows(path, draft, T, config.bound_candidates)
+                    bound_rows += _bound_rows(path, draft, T, config)
                 alpha = _mean_alpha(source)  # the per-token α Leviathan assumes
                 theory.append(_theory_rows(table, draft, T, alpha, source.n_positions))
                 features = fit_sample(source, config.seed)  # fits: a bounded sample
@@ -440,16 +441,22 @@ def _heads(reader: CacheReader, cache_name: str) -> tuple[list[dict], list]:
     return rows, overlaps
 
 
-def _bound_rows(path: Path, draft: str, T: float, candidates: int) -> list[dict]:
-    """`specsim.sim.bound.node_bound` as report rows, one per number of candidates."""
+def _bound_rows(path: Path, draft: str, T: float, config: StudyConfig) -> list[dict]:
+    """`specsim.sim.bound.node_bound` as report rows, one per way of drawing candidates and number of them."""
     from specsim.sim.bound import node_bound
+    from specsim.specs import MULTI_DRAFT
 
-    b = node_bound(path, draft, T, candidates, progress=False)
-    return [{"cache_name": path.name, "draft": draft, "temperature": T, "candidates": j + 1,
-             "specinfer": float(b.rule[j]), "specinfer_se": float(b.rule_se[j]), "optimal": float(b.bound[j]),
-             "optimal_se": float(b.bound_se[j]), "left_on_table": float(b.bound[j] - b.rule[j]),
-             "left_se": float(b.gap_se[j]), "positions": b.positions, "trajectories": b.trajectories}
-            for j in range(candidates)]
+    rows = []
+    for sampling in MULTI_DRAFT:
+        b = node_bound(path, draft, T, config.bound_candidates, sampling=sampling, samples=config.bound_samples,
+                       seed=config.seed, progress=False)
+        rows += [{"cache_name": path.name, "draft": draft, "temperature": T, "candidates_drawn": sampling,
+                  "candidates": j + 1, "specinfer": float(b.rule[j]), "specinfer_se": float(b.rule_se[j]),
+                  "optimal": float(b.bound[j]), "optimal_se": float(b.bound_se[j]),
+                  "left_on_table": float(b.bound[j] - b.rule[j]), "left_se": float(b.gap_se[j]),
+                  "estimate": "exact" if sampling == "iid" or j < 2 else f"Monte-Carlo ({config.bound_samples} tuples)",
+                  "positions": b.positions, "trajectories": b.trajectories} for j in range(config.bound_candidates)]
+    return rows
 
 
 def _profile_for(reader: CacheReader, profiles):

@@ -1,4 +1,4 @@
-"""What the verification rule leaves on the table at a node with i.i.d. candidates.
+"""What the verification rule leaves on the table at a node with i.i.d. or without-replacement candidates.
 
 At a node with j children drawn i.i.d. from the draft's law q, SpecInfer's recursive rule (the
 one specsim replays and runs live for i.i.d. trees, `specsim.verify`) accepts one of them with
@@ -12,8 +12,13 @@ from the recorded distributions (p the target's, q the draft's, at the trajector
 temperature), and averaged over positions with a standard error over trajectories. This is a
 per-node comparison: the node on the target's path at each position. (How the gap compounds
 over a tree's depths depends on which optimal coupling a verifier picks: the optimum is not
-unique for j ≥ 2, so no single tokens-per-call figure follows from α* alone.) Candidates drawn
-without replacement are not covered.
+unique for j ≥ 2, so no single tokens-per-call figure follows from α* alone.)
+
+Candidates drawn without replacement (`sampling="swor"`): the rule is the same recursion with the
+proposal renormalised over the undrawn tokens; its acceptance at a position is Σ_{i<j} π_i(y) at
+the trajectory's own token y ~ p (`acceptance_swor`: exact for j ≤ 2, Monte-Carlo beyond), an
+unbiased estimate of the node's acceptance. The bound is the same cut with the law of a tuple
+drawn without replacement (`optimal_acceptance_swor`: exact for j ≤ 2, Monte-Carlo beyond).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specsim.cache.stats import node_acceptance_iid, optimal_acceptance_iid
+from specsim.cache.stats import acceptance_swor, node_acceptance_iid, optimal_acceptance_iid, optimal_acceptance_swor
 from specsim.errors import CacheError, SpecError
 
 
@@ -32,6 +37,7 @@ class NodeBound:
 
     draft: str
     temperature: float
+    sampling: str  # how a node's candidates are drawn: "iid" or "swor" (specsim.specs.MULTI_DRAFT)
     positions: int
     trajectories: int
     rule: np.ndarray  # (k,) mean over positions of P(one of j candidates accepted) under SpecInfer's rule
@@ -53,16 +59,23 @@ def _ratio_mean(sums: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.nd
     return mean, np.sqrt(G / (G - 1) * (resid ** 2).sum(axis=0)) / total
 
 
-def node_bound(cache, draft: str, temperature: float, candidates: int, *, progress: bool = True) -> NodeBound:
-    """The rule's and the optimal acceptance of 1..`candidates` i.i.d. candidates at every position of the
-    trajectories `cache` recorded at `temperature` (> 0), for model draft `draft` (module docstring)."""
+def node_bound(cache, draft: str, temperature: float, candidates: int, *, sampling: str = "iid",
+               samples: int = 4096, seed: int = 0, progress: bool = True) -> NodeBound:
+    """The rule's and the optimal acceptance of 1..`candidates` candidates drawn `sampling` ("iid" or "swor") at
+    every position of the trajectories `cache` recorded at `temperature` (> 0), for model draft `draft` (module
+    docstring). samples, seed: the Monte-Carlo of three or more candidates without replacement."""
+    from tqdm.auto import tqdm
+
     from specsim.sim.features import load_features
+    from specsim.specs import MULTI_DRAFT
 
     if temperature <= 0:
         raise SpecError.naming("{temperature} 0: at T = 0 a verifier accepts exactly the target's argmax; the bound "
                                "is about sampling: give a temperature the cache recorded above 0")
     if candidates < 1:
         raise SpecError.naming("{candidates} {value}: give 1 or more", value=candidates)
+    if sampling not in MULTI_DRAFT:
+        raise SpecError(f"candidates drawn {sampling!r}: give one of {', '.join(MULTI_DRAFT)}")
     features = load_features(cache, draft, temperature, progress=progress)
     if features.model_free:
         raise SpecError(f"{draft} is model-free: its proposals are point masses, not draws from a law q")
@@ -75,9 +88,19 @@ def node_bound(cache, draft: str, temperature: float, candidates: int, *, progre
     n = features.token.shape[0]
     rule = np.zeros((n, candidates))
     best = np.zeros((n, candidates))
+    rng = np.random.default_rng(seed)
+    bar = tqdm(total=n, unit="pos", desc=f"bound {draft} {sampling} T={features.temperature:g}", disable=not progress,
+               dynamic_ncols=True, leave=False)
     for start, stop, p, q in features.iter_distributions():
-        rule[start:stop] = node_acceptance_iid(p, q, candidates)
-        best[start:stop] = optimal_acceptance_iid(p, q, candidates)
+        if sampling == "iid":
+            rule[start:stop] = node_acceptance_iid(p, q, candidates)
+            best[start:stop] = optimal_acceptance_iid(p, q, candidates)
+        else:
+            y = features.token[start:stop]
+            rule[start:stop] = np.cumsum(acceptance_swor(p, q, y, candidates, samples, rng).mean(axis=1), axis=1)
+            best[start:stop] = optimal_acceptance_swor(p, q, candidates, samples, rng)
+        bar.update(stop - start)
+    bar.close()
     counts = features.traj_len.astype(np.float64)
     some = counts > 0
     cut = np.r_[features.traj_start[some], n]
@@ -88,6 +111,6 @@ def node_bound(cache, draft: str, temperature: float, candidates: int, *, progre
     r_mean, r_se = _ratio_mean(per_trajectory(rule), counts[some])
     b_mean, b_se = _ratio_mean(per_trajectory(best), counts[some])
     _, gap_se = _ratio_mean(per_trajectory(best - rule), counts[some])
-    return NodeBound(draft=draft, temperature=float(features.temperature), positions=int(n),
+    return NodeBound(draft=draft, temperature=float(features.temperature), sampling=sampling, positions=int(n),
                      trajectories=int(some.sum()), rule=r_mean, rule_se=r_se, bound=b_mean, bound_se=b_se,
                      gap_se=gap_se)
