@@ -344,6 +344,77 @@ def _mass_without_each(q: np.ndarray) -> np.ndarray:
     return rest
 
 
+def node_acceptance_swor(p_target: np.ndarray, q_draft: np.ndarray, k: int, samples: int,
+                         rng: np.random.Generator) -> np.ndarray:
+    """(n, k) P(one of j candidates drawn without replacement is accepted), j = 1..k, under the recursive rule
+    `acceptance_swor` replays. Given the history (c_i, Z_i and the undrawn mass 1 − Q_i), candidate i is accepted
+    with Σ_y min(q_i(y), r_i(y)), one lookup in the prefix sums of the descending p/q order (`_step_acceptance`).
+    j = 1, 2: exact (the one rejected candidate before the second is summed over); j ≥ 3: the histories are
+    Monte-Carlo (`samples` per row, the sampler of `acceptance_swor`), each step's acceptance exact given its
+    history."""
+    p = np.asarray(p_target, dtype=np.float64)
+    q = np.asarray(q_draft, dtype=np.float64)
+    q = q / q.sum(axis=1, keepdims=True)
+    n = p.shape[0]
+    out = np.zeros((n, k))
+    out[:, 0] = np.minimum(p, q).sum(axis=1)
+    rest_without = _mass_without_each(q) if k >= 2 else None
+    for row in range(n) if k >= 2 else ():
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            ratio = np.where(q[row] > 0, p[row] / np.where(q[row] > 0, q[row], 1.0), np.inf)
+        order = np.argsort(-ratio)  # descending p/q, as `_later_candidates`
+        ps, qs, rs = p[row, order], q[row, order], ratio[order]
+        P, Q = np.cumsum(ps), np.cumsum(qs)
+        # the second candidate, exactly: the first, x, was rejected with weight max(0, q(x) − p(x)); then c_1 = 1
+        # and Z_1 = Σ max(0, p − q) whatever x was, and the undrawn mass is 1 − q(x)
+        z1 = float(np.maximum(p[row] - q[row], 0.0).sum())
+        rejected = np.maximum(q[row] - p[row], 0.0)
+        some = rejected > 0
+        second = _step_acceptance(P, Q, rs, np.ones(int(some.sum())), np.full(int(some.sum()), z1),
+                                  rest_without[row, some])
+        out[row, 1] = out[row, 0] + float((rejected[some] * second).sum())
+        if k < 3:
+            continue
+        draws = _SworDraws(qs, k, samples, rng)
+        c, z, weight = np.zeros(samples), np.ones(samples), np.ones(samples)
+        total = np.zeros(samples)
+        for i in range(k):
+            rest = draws.rest()
+            if i >= 2:
+                total = total + weight * _step_acceptance(P, Q, rs, c, z, rest)
+                out[row, i] = out[row, 1] + total.mean()
+            if i + 1 == k:
+                break
+            x, alive = draws.draw(rest)
+            q_x, p_x = qs[x], ps[x]
+            a = np.where(alive & (z > _NO_MASS) & (q_x > 0),
+                         np.minimum(1.0, np.maximum(p_x - c * q_x, 0.0) * rest / np.where(z * q_x > 0, z * q_x, 1.0)),
+                         1.0)
+            weight = weight * (1.0 - a)
+            c = c + np.where(alive, z / np.where(rest > 0, rest, 1.0), 0.0)
+            live = np.searchsorted(-rs, -c, side="left")
+            z = np.maximum(np.where(live > 0, P[np.maximum(live - 1, 0)] - c * Q[np.maximum(live - 1, 0)], 0.0), 0.0)
+    return out
+
+
+def _step_acceptance(P: np.ndarray, Q: np.ndarray, rs: np.ndarray, c: np.ndarray, z: np.ndarray,
+                     rest: np.ndarray) -> np.ndarray:
+    """Σ_y min(q(y) / rest, max(0, p(y) − c q(y)) / z) per history (c, z, rest): the chance that the next candidate
+    drawn without replacement is accepted. P, Q: prefix sums of p and q in descending p/q (rs). Tokens with p/q
+    above c' = c + z / rest give q / rest, those in (c, c'] give the residual; drawn tokens (rejected, so p/q < c)
+    and the rest give nothing, so nothing needs subtracting."""
+    def prefix(sums, m):
+        return np.where(m > 0, sums[np.maximum(m - 1, 0)], 0.0)
+
+    ok = (z > _NO_MASS) & (rest > 0)
+    safe_rest, safe_z = np.where(ok, rest, 1.0), np.where(ok, z, 1.0)
+    top = np.searchsorted(-rs, -(c + safe_z / safe_rest), side="left")  # tokens with p/q > c'
+    live = np.searchsorted(-rs, -c, side="left")  # tokens with p/q > c
+    head = prefix(Q, top) / safe_rest
+    body = (prefix(P, live) - prefix(P, top) - c * (prefix(Q, live) - prefix(Q, top))) / safe_z
+    return np.where(ok, np.clip(head + np.maximum(body, 0.0), 0.0, 1.0), 0.0)
+
+
 class _SworDraws:
     """Candidates drawn without replacement from q, `samples` tuples side by side, over the tokens in a fixed
     order (`qs`: q in that order); `drawn` holds each tuple's positions so far, ascending.

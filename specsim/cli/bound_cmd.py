@@ -31,10 +31,10 @@ def bound(cache, draft, temperature, candidates, sampling, samples, seed, quiet)
 
     At every position of the target-sampled trajectories CACHE recorded at --temperature, from the recorded
     laws p (target) and q (draft); needs a full-storage cache. i.i.d. candidates: both exact per position.
-    Without replacement (--multi-draft swor): the rule at each position's own sampled token (unbiased over
-    positions); the bound exact for 1 and 2 candidates, a Monte-Carlo estimate for 3 or more (--samples tuples
-    per position; its minimum over noisy values sits slightly low). A per-node figure: how the gap compounds
-    over a tree's depths depends on which optimal verifier is used, and is not reported.
+    Without replacement (--multi-draft swor): both exact for 1 and 2 candidates, Monte-Carlo estimates for 3
+    or more (--samples tuples per position; the bound's minimum over noisy values sits slightly low). A
+    per-node figure: how the gap compounds over a tree's depths depends on which optimal verifier is used, and
+    is not reported.
 
     \b
     Examples:
@@ -50,9 +50,8 @@ def bound(cache, draft, temperature, candidates, sampling, samples, seed, quiet)
              f"{result.bound[j] - result.rule[j]:.4f} ± {result.gap_se[j]:.4f}"] for j in range(candidates)]
     click.echo(c.table(["candidates", "SpecInfer's rule", "optimal (Hu et al.)", "left on the table"], rows))
     how = ("i.i.d. candidates accepted) at the node on the target's path, exact per position" if sampling == "iid"
-           else "candidates drawn without replacement accepted) at the node on the target's path: the bound exact "
-                f"per position for j <= 2 and Monte-Carlo beyond ({samples:,} tuples per position, seed {seed}), the "
-                "rule at the trajectory's own token (unbiased over positions)")
+           else "candidates drawn without replacement accepted) at the node on the target's path, exact per "
+                f"position for j <= 2 and Monte-Carlo beyond ({samples:,} tuples per position, seed {seed})")
     click.echo(f"P(one of j {how}, mean over {result.positions:,} positions of {result.trajectories} target-sampled "
                f"trajectories at T={result.temperature:g} (target p, draft q = {draft}); ± 1 SE over trajectories "
                "(the gap's paired).")

@@ -317,9 +317,9 @@ def _bound(study: Study) -> str:
             "draft, i.i.d. or without replacement: the probability that SpecInfer's rule (the one simulated here for "
             "sampling trees) accepts one, against the most any valid verifier accepts of the same candidates (the "
             "optimal transport, Hu et al., ICLR 2025; docs/design.md §2e). At every recorded position on the target's "
-            "path, averaged; ± 1 SE over trajectories. i.i.d.: exact per position. Without replacement: the rule at "
-            "each position's own sampled token; the bound exact for one and two candidates, a Monte-Carlo estimate "
-            "beyond (column estimate; slightly low). A per-node figure: how it compounds over a tree's depths "
+            "path, averaged; ± 1 SE over trajectories. i.i.d.: exact per position. Without replacement: exact for one "
+            "and two candidates, Monte-Carlo estimates beyond (column estimate; the bound's slightly low). A per-node "
+            "figure: how it compounds over a tree's depths "
             "depends on which optimal verifier is used. Table: <code>tables/verifier_bound.csv</code>.</p>"
             + _table_html(shown))
 

@@ -15,10 +15,9 @@ over a tree's depths depends on which optimal coupling a verifier picks: the opt
 unique for j ≥ 2, so no single tokens-per-call figure follows from α* alone.)
 
 Candidates drawn without replacement (`sampling="swor"`): the rule is the same recursion with the
-proposal renormalised over the undrawn tokens; its acceptance at a position is Σ_{i<j} π_i(y) at
-the trajectory's own token y ~ p (`acceptance_swor`: exact for j ≤ 2, Monte-Carlo beyond), an
-unbiased estimate of the node's acceptance. The bound is the same cut with the law of a tuple
-drawn without replacement (`optimal_acceptance_swor`: exact for j ≤ 2, Monte-Carlo beyond).
+proposal renormalised over the undrawn tokens (`node_acceptance_swor`), the bound the same cut with
+the law of a tuple drawn without replacement (`optimal_acceptance_swor`); both exact for j ≤ 2 and
+Monte-Carlo beyond (the rule over the histories of rejected candidates, the bound over tuples).
 """
 
 from __future__ import annotations
@@ -27,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specsim.cache.stats import acceptance_swor, node_acceptance_iid, optimal_acceptance_iid, optimal_acceptance_swor
+from specsim.cache.stats import (node_acceptance_iid, node_acceptance_swor, optimal_acceptance_iid,
+                                 optimal_acceptance_swor)
 from specsim.errors import CacheError, SpecError
 
 
@@ -96,8 +96,7 @@ def node_bound(cache, draft: str, temperature: float, candidates: int, *, sampli
             rule[start:stop] = node_acceptance_iid(p, q, candidates)
             best[start:stop] = optimal_acceptance_iid(p, q, candidates)
         else:
-            y = features.token[start:stop]
-            rule[start:stop] = np.cumsum(acceptance_swor(p, q, y, candidates, samples, rng).mean(axis=1), axis=1)
+            rule[start:stop] = node_acceptance_swor(p, q, candidates, samples, rng)
             best[start:stop] = optimal_acceptance_swor(p, q, candidates, samples, rng)
         bar.update(stop - start)
     bar.close()
