@@ -130,11 +130,16 @@ qwen: setup
 # About 2.5 h on a 2-core CPU; an interrupted recording continues with `--resume` on the same command.
 STUDY_SMOLLM2 ?= --target smollm2-135m --draft int8 --draft layers:20
 STUDY_QWEN    ?= --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --draft layers:14
-STUDY_PROFILE ?= --contexts 64,512,1024 --max-tokens 33 --warmup 1 --threads 2 --quiet
+STUDY_PROFILE ?= --max-tokens 33 --warmup 1 --threads 2 --quiet
+# each profile covers its target's recordings: the longest SmolLM2 call sits at 1,314 tokens of context (a price
+# beyond the measured contexts is refused, not guessed), the Qwen ones below 1,024
+STUDY_SMOLLM2_CONTEXTS ?= --contexts 64,512,1024,1536
+STUDY_QWEN_CONTEXTS    ?= --contexts 64,512,1024
 study: setup qwen
 	$(SPECSIM) cache $(STUDY_SMOLLM2) --per-category 10 --max-new-tokens 128 --temperature 0,0.7 --seed 0 \
 	    --store stats --batch-size 8 --out cache/study-smollm2.h5
-	$(SPECSIM) profile $(STUDY_SMOLLM2) --batch 1,4 --repeats 5 $(STUDY_PROFILE) --out cache/study-smollm2-profile.json
+	$(SPECSIM) profile $(STUDY_SMOLLM2) --batch 1,4 --repeats 5 $(STUDY_SMOLLM2_CONTEXTS) $(STUDY_PROFILE) \
+	    --out cache/study-smollm2-profile.json
 	$(SPECSIM) cache $(STUDY_SMOLLM2) --per-category 1 --max-new-tokens 128 --temperature 0,0.7 --seed 1 \
 	    --store stats --batch-size 8 --out cache/study-smollm2-validate.h5
 	$(SPECSIM) optimize cache/study-smollm2.h5 --draft int8 --budget 8 --out cache/study-int8-optimal8.json
@@ -142,7 +147,7 @@ study: setup qwen
 	    --tree file:cache/study-int8-optimal8.json --cost-profile cache/study-smollm2-profile.json --threads 2 --quiet
 	$(SPECSIM) validate cache/study-smollm2-validate.h5 --draft ngram:3 --tree chain:4 \
 	    --cost-profile cache/study-smollm2-profile.json --threads 2 --quiet
-	$(SPECSIM) profile $(STUDY_QWEN) --batch 1 --repeats 3 $(STUDY_PROFILE) --out cache/study-qwen-profile.json
+	$(SPECSIM) profile $(STUDY_QWEN) --batch 1 --repeats 3 $(STUDY_QWEN_CONTEXTS) $(STUDY_PROFILE) --out cache/study-qwen-profile.json
 	$(SPECSIM) cache --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --categories coding,math,writing,extraction \
 	    --per-category 1 --max-new-tokens 64 --temperature 0 --seed 1 --store stats --batch-size 4 \
 	    --out cache/study-qwen-validate.h5
