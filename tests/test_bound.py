@@ -32,20 +32,24 @@ def _over_all_sets(p, q, k):
 
 def _transport(p, q, k):
     """max P(output ∈ candidates) over couplings of k i.i.d. candidates ~ q with an output ~ p (an LP)."""
+    return _transport_of(p, [(xs, np.prod([q[x] for x in xs])) for xs in itertools.product(range(len(q)), repeat=k)])
+
+
+def _transport_of(p, tuples):
+    """max P(output ∈ candidates) over couplings of a candidate tuple (law: (tuple, probability) pairs) with an
+    output ~ p: a linear program over every (tuple, output) pair (scipy)."""
     from scipy.optimize import linprog
 
     V = p.shape[0]
-    tuples = list(itertools.product(range(V), repeat=k))
     n = len(tuples) * V  # variable (tuple t, output y) at t * V + y
     c = np.zeros(n)
     A_eq, b_eq = [], []
-    for t, xs in enumerate(tuples):
+    for t, (xs, prob) in enumerate(tuples):
         row = np.zeros(n)
         row[t * V:(t + 1) * V] = 1.0
         A_eq.append(row)
-        b_eq.append(np.prod([q[x] for x in xs]))
-        for y in set(xs):
-            c[t * V + y] = -1.0
+        b_eq.append(prob)
+        c[[t * V + y for y in set(xs)]] = -1.0
     for y in range(V):
         row = np.zeros(n)
         row[y::V] = 1.0
@@ -167,27 +171,7 @@ def _swor_over_all_sets(p, q, k):
 
 def _swor_transport(p, q, k):
     """max P(output ∈ candidates) over couplings of a without-replacement tuple with an output ~ p (an LP)."""
-    from scipy.optimize import linprog
-
-    V = p.shape[0]
-    tuples = list(_swor_tuples(q, k))
-    n = len(tuples) * V
-    c = np.zeros(n)
-    A_eq, b_eq = [], []
-    for t, (xs, prob) in enumerate(tuples):
-        row = np.zeros(n)
-        row[t * V:(t + 1) * V] = 1.0
-        A_eq.append(row)
-        b_eq.append(prob)
-        c[[t * V + y for y in xs]] = -1.0
-    for y in range(V):
-        row = np.zeros(n)
-        row[y::V] = 1.0
-        A_eq.append(row)
-        b_eq.append(p[y])
-    res = linprog(c, A_eq=np.array(A_eq), b_eq=np.array(b_eq), bounds=(0, None), method="highs")
-    assert res.status == 0
-    return -res.fun
+    return _transport_of(p, list(_swor_tuples(q, k)))
 
 
 def _swor_laws(rng, n, V):

@@ -385,15 +385,7 @@ def node_acceptance_swor(p_target: np.ndarray, q_draft: np.ndarray, k: int, samp
                 out[row, i] = out[row, 1] + total.mean()
             if i + 1 == k:
                 break
-            x, alive = draws.draw(rest)
-            q_x, p_x = qs[x], ps[x]
-            a = np.where(alive & (z > _NO_MASS) & (q_x > 0),
-                         np.minimum(1.0, np.maximum(p_x - c * q_x, 0.0) * rest / np.where(z * q_x > 0, z * q_x, 1.0)),
-                         1.0)
-            weight = weight * (1.0 - a)
-            c = c + np.where(alive, z / np.where(rest > 0, rest, 1.0), 0.0)
-            live = np.searchsorted(-rs, -c, side="left")
-            z = np.maximum(np.where(live > 0, P[np.maximum(live - 1, 0)] - c * Q[np.maximum(live - 1, 0)], 0.0), 0.0)
+            c, z, weight = _reject_next(draws, rest, ps, qs, rs, P, Q, c, z, weight)
     return out
 
 
@@ -454,6 +446,21 @@ class _SworDraws:
         return x, alive
 
 
+def _reject_next(draws, rest, ps, qs, rs, P, Q, c, z, weight):
+    """Draw every history's next candidate and reject it: (c, Z, weight) after it, weight times the chance
+    1 − a that it is rejected (the residual's shape, module docstring; descending p/q order, prefix sums P, Q)."""
+    x, alive = draws.draw(rest)
+    q_x, p_x = qs[x], ps[x]
+    a = np.where(alive & (z > _NO_MASS) & (q_x > 0),
+                 np.minimum(1.0, np.maximum(p_x - c * q_x, 0.0) * rest / np.where(z * q_x > 0, z * q_x, 1.0)),
+                 1.0)  # no mass left to reject into: later candidates are never reached
+    weight = weight * (1.0 - a)
+    c = c + np.where(alive, z / np.where(rest > 0, rest, 1.0), 0.0)
+    live = np.searchsorted(-rs, -c, side="left")  # tokens with p/q > c
+    z = np.maximum(np.where(live > 0, P[np.maximum(live - 1, 0)] - c * Q[np.maximum(live - 1, 0)], 0.0), 0.0)
+    return c, z, weight
+
+
 def _later_candidates(p: np.ndarray, q: np.ndarray, y: int, k: int, samples: int,
                       rng: np.random.Generator) -> np.ndarray:
     """(samples, k − 2) p(y) · π̂_i(y) for i = 2..k−1 at one position (see `acceptance_swor`)."""
@@ -478,16 +485,7 @@ def _later_candidates(p: np.ndarray, q: np.ndarray, y: int, k: int, samples: int
             out[:, i - 2] = weight * fresh * np.minimum(q_i_y, r_i_y)
         if i + 1 == k:
             break
-        x, alive = draws.draw(rest)
-        q_x, p_x = qs[x], ps[x]
-        a = np.where(alive & (z > _NO_MASS) & (q_x > 0),
-                     np.minimum(1.0, np.maximum(p_x - c * q_x, 0.0) * rest / np.where(z * q_x > 0, z * q_x, 1.0)),
-                     1.0)  # no mass left to reject into: later candidates are never reached
-        weight = weight * (1.0 - a)
-        c = c + np.where(alive, z / np.where(rest > 0, rest, 1.0), 0.0)
-        live = np.searchsorted(-rs, -c, side="left")  # tokens with p/q > c
-        z = np.where(live > 0, P[np.maximum(live - 1, 0)] - c * Q[np.maximum(live - 1, 0)], 0.0)
-        z = np.maximum(z, 0.0)
+        c, z, weight = _reject_next(draws, rest, ps, qs, rs, P, Q, c, z, weight)
     return out
 
 
