@@ -217,6 +217,31 @@ def node_acceptance_iid(p_target: np.ndarray, q_draft: np.ndarray, k: int) -> np
     return out
 
 
+def _p_over_q(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """p/q per token; inf where q has no mass (and where p/q overflows for a denormal q: both sort last)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
+
+
+def _ascending_prefixes(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The tokens of each row in ascending p/q, where the bounds' cuts are prefixes: (q in that order (n, V),
+    p of each prefix (n, V+1), q of each prefix (n, V+1))."""
+    order = np.argsort(_p_over_q(p, q), axis=1, kind="stable")
+    qs = np.take_along_axis(q, order, axis=1)
+    zeros = np.zeros((p.shape[0], 1))
+    p_cum = np.concatenate([zeros, np.cumsum(np.take_along_axis(p, order, axis=1), axis=1)], axis=1)
+    return qs, p_cum, np.concatenate([zeros, np.cumsum(qs, axis=1)], axis=1)
+
+
+def _descending(p: np.ndarray, q: np.ndarray):
+    """One position's tokens in descending p/q, where the residual max(0, p − c q) lives on a prefix (ties: any
+    order): (order, p, q and p/q in that order, prefix sums P and Q)."""
+    ratio = _p_over_q(p, q)
+    order = np.argsort(-ratio)
+    ps, qs = p[order], q[order]
+    return order, ps, qs, ratio[order], np.cumsum(ps), np.cumsum(qs)
+
+
 def optimal_acceptance_iid(p_target: np.ndarray, q_draft: np.ndarray, k: int) -> np.ndarray:
     """(n, k) the most any valid verifier accepts of j i.i.d. candidates from q, j = 1..k (Hu et al., "Towards
     Optimal Multi-draft Speculative Decoding", ICLR 2025, arXiv 2502.18779: the dual of the optimal transport).
@@ -230,12 +255,7 @@ def optimal_acceptance_iid(p_target: np.ndarray, q_draft: np.ndarray, k: int) ->
     j = 1 gives Σ_x min(p, q), one draft's maximal coupling."""
     p = np.asarray(p_target, dtype=np.float64)
     q = np.asarray(q_draft, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
-    order = np.argsort(ratio, axis=1, kind="stable")
-    zeros = np.zeros((p.shape[0], 1))
-    p_cum = np.concatenate([zeros, np.cumsum(np.take_along_axis(p, order, axis=1), axis=1)], axis=1)  # (n, V+1)
-    q_cum = np.concatenate([zeros, np.cumsum(np.take_along_axis(q, order, axis=1), axis=1)], axis=1)
+    _, p_cum, q_cum = _ascending_prefixes(p, q)
     q_cum = np.clip(q_cum, 0.0, 1.0)
     return np.stack([np.clip(1.0 + (p_cum - q_cum ** j).min(axis=1), 0.0, 1.0) for j in range(1, k + 1)], axis=1)
 
@@ -256,13 +276,8 @@ def optimal_acceptance_swor(p_target: np.ndarray, q_draft: np.ndarray, k: int, s
     q = np.asarray(q_draft, dtype=np.float64)
     q = q / q.sum(axis=1, keepdims=True)
     n, V = p.shape
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        ratio = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
-    order = np.argsort(ratio, axis=1, kind="stable")
-    ps, qs = np.take_along_axis(p, order, axis=1), np.take_along_axis(q, order, axis=1)
+    qs, p_cum, q_cum = _ascending_prefixes(p, q)
     zeros = np.zeros((n, 1))
-    p_cum = np.concatenate([zeros, np.cumsum(ps, axis=1)], axis=1)  # (n, V+1) p of each prefix
-    q_cum = np.concatenate([zeros, np.cumsum(qs, axis=1)], axis=1)
     outside = np.concatenate([np.cumsum(qs[:, ::-1], axis=1)[:, ::-1], zeros], axis=1)  # q beyond each prefix
     out = np.zeros((n, k))
     out[:, 0] = np.minimum(p, q).sum(axis=1)
@@ -360,11 +375,7 @@ def node_acceptance_swor(p_target: np.ndarray, q_draft: np.ndarray, k: int, samp
     out[:, 0] = np.minimum(p, q).sum(axis=1)
     rest_without = _mass_without_each(q) if k >= 2 else None
     for row in range(n) if k >= 2 else ():
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            ratio = np.where(q[row] > 0, p[row] / np.where(q[row] > 0, q[row], 1.0), np.inf)
-        order = np.argsort(-ratio)  # descending p/q, as `_later_candidates`
-        ps, qs, rs = p[row, order], q[row, order], ratio[order]
-        P, Q = np.cumsum(ps), np.cumsum(qs)
+        _, ps, qs, rs, P, Q = _descending(p[row], q[row])
         # the second candidate, exactly: the first, x, was rejected with weight max(0, q(x) − p(x)); then c_1 = 1
         # and Z_1 = Σ max(0, p − q) whatever x was, and the undrawn mass is 1 − q(x)
         z1 = float(np.maximum(p[row] - q[row], 0.0).sum())
@@ -464,11 +475,7 @@ def _reject_next(draws, rest, ps, qs, rs, P, Q, c, z, weight):
 def _later_candidates(p: np.ndarray, q: np.ndarray, y: int, k: int, samples: int,
                       rng: np.random.Generator) -> np.ndarray:
     """(samples, k − 2) p(y) · π̂_i(y) for i = 2..k−1 at one position (see `acceptance_swor`)."""
-    with np.errstate(divide="ignore", over="ignore"):  # p/q overflows to inf for denormal q: sorted first, right
-        ratio = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
-    order = np.argsort(-ratio)  # descending p/q: the live set of max(0, p − c q) is a prefix (ties: any order)
-    ps, qs, rs = p[order], q[order], ratio[order]
-    P, Q = np.cumsum(ps), np.cumsum(qs)  # prefix sums in that order
+    order, ps, qs, rs, P, Q = _descending(p, q)
     y_pos = int(np.flatnonzero(order == y)[0])
     draws = _SworDraws(qs, k, samples, rng)
     out = np.zeros((samples, k - 2))
