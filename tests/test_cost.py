@@ -137,6 +137,25 @@ def test_a_profile_for_other_models_is_refused_naming_both(tmp_path):
     assert ModelId("x", None).same_as(ModelId("x", "abc")) and not ModelId("x", None).same_as(ModelId("y", None))
 
 
+def test_a_head_field_added_later_at_its_default_does_not_part_a_profile_from_an_older_cache(tmp_path):
+    """A head recorded before its config gained a field (qk_norm) is the same model as the profile's head with
+    that field off; the field on, or another size, is refused, naming the fields that differ."""
+    from specsim.record.models import architecture_sha256
+
+    old = {"kind": "mtp", "hidden_size": 576, "layers": 1, "fc_bias": False, "aux_layers": []}
+    new = {**old, "qk_norm": False}
+    body = profile_body(drafts={"mtp:head": {"name": "mtp:head", "architecture_sha256": architecture_sha256(new),
+                                             "architecture": new}})
+    body["draft_step_s"] = {"mtp:head": body["draft_step_s"]["d"]}
+    model = load_cost_profile(write(tmp_path / "p.json", body))
+    cache_info = lambda arch: {"spec": "mtp:head", "architecture_sha256": architecture_sha256(arch),  # noqa: E731
+                               "architecture": arch}
+    assert model.draft_for("mtp:head", cache_info(old)) == "mtp:head"
+    for other, differs in [({**old, "qk_norm": True}, "qk_norm=-/True"), ({**old, "layers": 2}, "layers=1/2")]:
+        with pytest.raises(SpecError, match=rf"not measured for draft mtp:head .*\[differs: {differs} "):
+            model.draft_for("mtp:head", cache_info(other))
+
+
 def test_simulate_refuses_a_profile_of_another_target(tmp_path):
     path = random_cache(tmp_path / "c.h5", temperatures=(0.0,), drafts=("d",))
     other = write(tmp_path / "p.json", profile_body(target={"name": "another-model"}))

@@ -180,8 +180,19 @@ class ModelId:
 
     def same_as(self, other: "ModelId") -> bool:
         if self.architecture_sha256 and other.architecture_sha256:
-            return self.architecture_sha256 == other.architecture_sha256
+            if self.architecture_sha256 == other.architecture_sha256:
+                return True
+            return (self.architecture is not None and other.architecture is not None
+                    and not self.differences(other))  # one side wrote a field the other predates, left off
         return self.name == other.name  # a side without a fingerprint (older files): names must agree
+
+    def differences(self, other: "ModelId") -> list[str]:
+        """The architecture fields on which the two differ, as "key=mine/theirs". A field one side does not
+        have counts as off (False, 0, "", none): a field added to specsim later, at its default, describes
+        the same model as a file written before it (a head config's qk_norm=False)."""
+        mine, theirs = _stated(self.architecture), _stated(other.architecture)
+        return [f"{k}={mine.get(k, '-')}/{theirs.get(k, '-')}" for k in sorted(mine.keys() | theirs.keys())
+                if mine.get(k) != theirs.get(k)]
 
     @classmethod
     def from_info(cls, name: str, info: Mapping | None) -> "ModelId":
@@ -350,9 +361,21 @@ class ProfileCost:
         for key, measured in self.drafts.items():
             if measured.same_as(wanted):
                 return key
-        have = "; ".join(m.describe() for m in self.drafts.values()) or "none"
+        have = "; ".join(m.describe() + _differing(m, wanted) for m in self.drafts.values()) or "none"
         raise SpecError(f"cost profile {self.path} was not measured for draft {wanted.describe()} (it measured: "
                         f"{have}); run `specsim profile --target {self.target.name} --draft {name} ...`")
+
+
+def _stated(architecture: Mapping | None) -> dict:
+    """An architecture's fields that say something: those not off (False, 0, "", empty, none)."""
+    return {k: v for k, v in (architecture or {}).items() if v not in (None, False, 0, "", [], (), {})}
+
+
+def _differing(measured: ModelId, wanted: ModelId) -> str:
+    """" (differs in ...)" where a profile's model has the cache's name and both know their fields."""
+    if measured.name != wanted.name or measured.architecture is None or wanted.architecture is None:
+        return ""
+    return f" [differs: {', '.join(measured.differences(wanted))} (profile/cache)]"
 
 
 @dataclass(frozen=True)
