@@ -5,6 +5,7 @@ there), not specsim's:
 
     .venv-vllm/bin/python tests/head_writers.py LIBRARY TARGET_DIR OUT_DIR INPUTS.npz \
         --aux 1,2,3 --draft-vocab 200 --ttt-steps 3 --seed 0
+    .venv-vllm/bin/python tests/head_writers.py --jobs JOBS.json    # a list of such argument lists
 
 * `speculators`: `speculators.models.eagle3.Eagle3DraftModel` (config.json with
   `speculators_model_type: eagle3`, `layers.0.*`), its embeddings and LM head from the target (as
@@ -194,7 +195,7 @@ def medusa(args, out: Path, hidden, ids):
     return steps, torch.arange(base.config.vocab_size)
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     parser.add_argument("library", choices=["speculators", "specforge", "medusa", "mtp"])
     parser.add_argument("target")
@@ -205,7 +206,11 @@ def main() -> None:
     parser.add_argument("--ttt-steps", type=int, default=3)
     parser.add_argument("--norm-before-residual", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    return parser
+
+
+def write(args) -> None:
+    """One head, as the command line's arguments describe it."""
     torch.manual_seed(args.seed)
     data = np.load(args.inputs)
     hidden = torch.as_tensor(data["hidden"], dtype=torch.float32)[None]
@@ -214,6 +219,19 @@ def main() -> None:
     steps, vocab = {"speculators": speculators, "specforge": specforge, "medusa": medusa,
                     "mtp": mtp}[args.library](args, out, hidden, ids)
     np.savez(out / "reference.npz", logits=torch.cat(steps).float().numpy(), vocab=vocab.numpy())
+
+
+def main() -> None:
+    """One head from the arguments, or with `--jobs FILE.json` (a list of argument lists) every head in it, in
+    one process (the libraries' imports take most of a run)."""
+    import json
+    import sys
+
+    if sys.argv[1:2] == ["--jobs"]:
+        for argv in json.loads(Path(sys.argv[2]).read_text()):
+            write(_parser().parse_args([str(a) for a in argv]))
+    else:
+        write(_parser().parse_args())
 
 
 if __name__ == "__main__":

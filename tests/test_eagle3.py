@@ -44,35 +44,39 @@ def vllm_env_python():
     return found
 
 
-def _written_head(python, target_dir, out: Path, *, draft_vocab: int, norm_before_residual: bool = False, seed: int,
-                  library: str = "speculators"):
-    """A head `library` wrote, and (hidden, ids, reference logits per step, draft vocabulary's target ids)."""
-    rng = np.random.default_rng(seed)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    inputs = out.parent / f"{out.name}-inputs.npz"
-    hidden = rng.standard_normal((24, 64 * len(AUX))).astype(np.float32)
-    ids = rng.integers(0, 300, 24)
-    np.savez(inputs, hidden=hidden, ids=ids)
-    cmd = [python, str(ROOT / "tests" / "head_writers.py"), library, str(target_dir), str(out), str(inputs),
-           "--aux", ",".join(map(str, AUX)), "--draft-vocab", str(draft_vocab), "--ttt-steps", str(STEPS),
-           "--seed", str(seed)] + ["--norm-before-residual"] * norm_before_residual
-    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
-    ref = np.load(out / "reference.npz")
-    return hidden, ids, ref["logits"], ref["vocab"]
+def _written_heads(python, target_dir, jobs: dict) -> dict:
+    """The heads each library wrote, in one run of `tests/head_writers.py`: name -> (directory, hidden, ids,
+    reference logits per step, draft vocabulary's target ids). jobs: name -> (library, out, draft_vocab,
+    norm_before_residual, seed)."""
+    argv, inputs = [], {}
+    for name, (library, out, draft_vocab, norm_before_residual, seed) in jobs.items():
+        rng = np.random.default_rng(seed)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        inputs[name] = (out.parent / f"{out.name}-inputs.npz", rng.standard_normal((24, 64 * len(AUX))).astype(
+            np.float32), rng.integers(0, 300, 24))
+        np.savez(inputs[name][0], hidden=inputs[name][1], ids=inputs[name][2])
+        argv.append([library, str(target_dir), str(out), str(inputs[name][0]), "--aux", ",".join(map(str, AUX)),
+                     "--draft-vocab", str(draft_vocab), "--ttt-steps", str(STEPS), "--seed", str(seed)]
+                    + ["--norm-before-residual"] * norm_before_residual)
+    listing = Path(next(iter(jobs.values()))[1]).parent / "jobs.json"
+    listing.write_text(json.dumps(argv))
+    subprocess.run([python, str(ROOT / "tests" / "head_writers.py"), "--jobs", str(listing)], check=True,
+                   capture_output=True, timeout=600)
+    heads = {}
+    for name, (_, out, *_rest) in jobs.items():
+        ref = np.load(out / "reference.npz")
+        heads[name] = (out, inputs[name][1], inputs[name][2], ref["logits"], ref["vocab"])
+    return heads
 
 
 @pytest.fixture(scope="module")
 def written(vllm_env_python, tiny_model_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("eagle3")
-    heads = {(vocab, nbr): (folder / f"v{vocab}-n{int(nbr)}", *_written_head(
-                 vllm_env_python, tiny_model_dir, folder / f"v{vocab}-n{int(nbr)}", draft_vocab=vocab,
-                 norm_before_residual=nbr, seed=vocab + nbr))
-             for vocab, nbr in [(200, False), (0, True)]}
-    heads["specforge"] = (folder / "specforge", *_written_head(vllm_env_python, tiny_model_dir, folder / "specforge",
-                                                               draft_vocab=150, seed=7, library="specforge"))
-    heads["medusa"] = (folder / "medusa", *_written_head(vllm_env_python, tiny_model_dir, folder / "medusa",
-                                                         draft_vocab=0, seed=3, library="medusa"))
-    return heads
+    jobs = {(vocab, nbr): ("speculators", folder / f"v{vocab}-n{int(nbr)}", vocab, nbr, vocab + nbr)
+            for vocab, nbr in [(200, False), (0, True)]}
+    jobs["specforge"] = ("specforge", folder / "specforge", 150, False, 7)
+    jobs["medusa"] = ("medusa", folder / "medusa", 0, False, 3)
+    return _written_heads(vllm_env_python, tiny_model_dir, jobs)
 
 
 def _unrolled(head, hidden, ids):
