@@ -312,7 +312,7 @@ def test_train_draft_on_the_command_line(training_cache, tiny_model_dir, tiny_ca
 
 
 @pytest.mark.slow
-def test_a_head_train_draft_wrote_runs_in_vllms_mtp_method(training_cache, tiny_prompts_file, tmp_path):
+def test_a_head_train_draft_wrote_runs_in_vllms_mtp_method(training_cache, tiny_prompts_file, tmp_path, monkeypatch):
     """`train-draft --kind mtp --mtp-style mimo` for a plain Qwen2 target, then `validate --engine vllm`: the
     target is written out with the head as a MiMo checkpoint, vLLM's mtp method runs it (as target and draft),
     and its outputs, counters and steps equal the replay's of the head specsim recorded."""
@@ -322,6 +322,7 @@ def test_a_head_train_draft_wrote_runs_in_vllms_mtp_method(training_cache, tiny_
     from specsim.record.train import TrainConfig, train
 
     vllm_or_skip()
+    monkeypatch.setenv("SPECSIM_HOME", str(tmp_path / "home"))  # the MiMo checkpoint is written out to the store
     target = tmp_path / "qwen2"
     build_bigram_qwen2(target)
     record_cache(tmp_path / "train.h5", RecordRequest(target=str(target), prompts=str(training_cache[1]),
@@ -336,6 +337,7 @@ def test_a_head_train_draft_wrote_runs_in_vllms_mtp_method(training_cache, tiny_
     record_cache(cache, RecordRequest(target=str(target), drafts=(draft,), prompts=str(tiny_prompts_file),
                                       max_new_tokens=24, device="cpu", store="stats", overhang=8), progress=False)
     report = validate_with_vllm(cache, EngineValidateConfig(trees=("chain:3",), drafts=(draft,)))
+    assert [p.name.split("-")[-2] for p in (tmp_path / "home" / "models" / "exported").iterdir()] == ["mimo"]
     checks = {c.kind: c for c in report.checks}
     assert checks["trajectories"].passed, checks["trajectories"].comparison
     assert checks["counters"].passed and checks["steps"].passed, (checks["counters"].detail, checks["steps"].detail)
