@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from specsim.cache.stats import StatsSpec
 from specsim.cache.store import CacheSpec, CacheWriter, PromptRecord
 
 TARGET_NAME = "synthetic-target"
@@ -27,9 +28,10 @@ TARGET_NAME = "synthetic-target"
 
 def write_cache(path, trajectories: Sequence[dict], *, vocab: int, drafts: Sequence[str],
                 temperatures: Sequence[float], categories: Sequence[str], storage: str = "full",
-                top_k: int = 0, max_new_tokens: int | None = None) -> Path:
+                top_k: int = 0, max_new_tokens: int | None = None, stats: StatsSpec | None = None) -> Path:
     """Write a cache; each trajectory is a dict(prompt_index, temperature, tokens, target_logits, draft_logits),
-    and `overhang` K when its last K positions lie past its end (docs/cache-format.md)."""
+    and `overhang` K when its last K positions lie past its end (docs/cache-format.md). `stats`: the statistics
+    recorded per position (default: a recording's)."""
     path = Path(path)
     prompts = [
         PromptRecord(question_id=i, category=c, text=f"synthetic prompt {i}",
@@ -40,7 +42,7 @@ def write_cache(path, trajectories: Sequence[dict], *, vocab: int, drafts: Seque
     if max_new_tokens is not None:
         meta["settings"]["max_new_tokens"] = max_new_tokens
     spec = CacheSpec(vocab_size=vocab, drafts=tuple(drafts), temperatures=tuple(temperatures), storage=storage,
-                     top_k=top_k, meta=meta)
+                     top_k=top_k, meta=meta, **({"stats": stats} if stats is not None else {}))
     with CacheWriter.create(path, spec, prompts, overwrite=True) as writer:
         for i, tr in enumerate(trajectories):
             writer.append_trajectory(prompt_index=tr["prompt_index"], temperature=tr["temperature"], seed=i,
@@ -118,7 +120,8 @@ def iid_greedy_cache(path, *, k: int, m: int, gamma: int, vocab: int = 8) -> tup
 
 
 def iid_sample_cache(path, *, alpha: float, n_traj: int = 4, length: int = 40, vocab: int = 8,
-                     seed: int = 0, categories: Sequence[str] | None = None) -> tuple[Path, float]:
+                     seed: int = 0, categories: Sequence[str] | None = None,
+                     stats: StatsSpec | None = None) -> tuple[Path, float]:
     """T=1 trajectories with q_t(y_t)/p_t(y_t) = α everywhere; returns (path, α exactly as stored).
 
     p_t is uniform; q_t gives y_t logit 0 and every other token logit L, so
@@ -139,7 +142,8 @@ def iid_sample_cache(path, *, alpha: float, n_traj: int = 4, length: int = 40, v
         trajectories.append(dict(prompt_index=i, temperature=1.0, tokens=tokens,
                                  target_logits=np.zeros((length, vocab), dtype=np.float32),
                                  draft_logits={"d": q_logits}))
-    path = write_cache(path, trajectories, vocab=vocab, drafts=["d"], temperatures=[1.0], categories=categories)
+    path = write_cache(path, trajectories, vocab=vocab, drafts=["d"], temperatures=[1.0], categories=categories,
+                       stats=stats)
     return path, float(alpha_exact)
 
 
