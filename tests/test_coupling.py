@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specsim.cache.stats import StatsSpec
 from specsim.sim.engine import AcceptanceTable, walk
 from specsim.sim.features import load_features
 from specsim.sim.multidraft import candidate_acceptance, length_distribution, reach_by_depth
@@ -45,8 +46,11 @@ def toy(tmp_path_factory):
     target, draft = sticky_pair(VOCAB, 1, seed=0)
     prompts = random_prompts(VOCAB, 1, N_PROMPTS, seed=1)
     folder = tmp_path_factory.mktemp("toy")
-    sampled = record_cache(folder / "sampled.h5", target, draft, prompts, N_TOKENS, temperatures=(1.0,), seed=2)
-    greedy = record_cache(folder / "greedy.h5", target, draft, prompts[:N_GREEDY], N_TOKENS, temperatures=(0.0,))
+    stats = StatsSpec(candidates=3)  # the widest node here drafts 3: later candidates' Monte-Carlo is never read
+    sampled = record_cache(folder / "sampled.h5", target, draft, prompts, N_TOKENS, temperatures=(1.0,), seed=2,
+                           stats_spec=stats)
+    greedy = record_cache(folder / "greedy.h5", target, draft, prompts[:N_GREEDY], N_TOKENS, temperatures=(0.0,),
+                          stats_spec=stats)
     return target, draft, prompts, {0.0: greedy, 1.0: sampled}
 
 
