@@ -372,7 +372,8 @@ def _stated(architecture: Mapping | None) -> dict:
 
 
 def _differing(measured: ModelId, wanted: ModelId) -> str:
-    """" (differs in ...)" where a profile's model has the cache's name and both know their fields."""
+    """" [differs: key=profile/cache, ...]" where a profile's model has the cache's name and both know their
+    fields; "" otherwise."""
     if measured.name != wanted.name or measured.architecture is None or wanted.architecture is None:
         return ""
     return f" [differs: {', '.join(measured.differences(wanted))} (profile/cache)]"
