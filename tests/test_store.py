@@ -54,6 +54,27 @@ def test_round_trip_full_storage(tmp_path):
         assert r.meta["settings"] == {"seed": 1}
 
 
+def test_a_reader_that_opens_a_new_cache_the_moment_it_appears_does_not_stop_its_writer(tmp_path, monkeypatch):
+    """`specsim inspect` on a cache as its recording starts: the reader opens the file the instant it has its
+    name, and the writer keeps appending (it used to fail reopening it: "unable to lock file")."""
+    rng = np.random.default_rng(2)
+    path = tmp_path / "c.h5"
+    readers, replace = [], os.replace
+
+    def replace_then_read(src, dst):
+        replace(src, dst)
+        if str(src).endswith(".creating"):
+            readers.append(CacheReader(dst, probe=False))
+
+    monkeypatch.setattr(os, "replace", replace_then_read)
+    with CacheWriter.create(path, _spec(), _prompts()) as w:
+        assert len(readers) == 1 and readers[0].n_positions == 0
+        _append(w, rng, 0, 0.0, 5)
+    readers[0].close()
+    with CacheReader(path) as r:
+        assert r.n_positions == 5
+
+
 def test_topk_storage_keeps_top_logits_and_tail_mass(tmp_path):
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(4, V)) * 2

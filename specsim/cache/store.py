@@ -351,9 +351,12 @@ class CacheWriter:
         cls._layout(f, spec, prompts)
         f.flush()
         f.close()
-        os.replace(tmp, path)
-        f = h5py.File(path, "r+", libver="latest")
+        # reopened for appending in SWMR mode before it appears under its name: a reader that opens it at once
+        # (`inspect` while recording) then reads beside the writer instead of holding the lock the writer's
+        # reopening needs ("unable to lock file")
+        f = h5py.File(tmp, "r+", libver="latest")
         f.swmr_mode = True
+        os.replace(tmp, path)
         return cls(path, f, spec, list(prompts))
 
     @classmethod
