@@ -42,7 +42,7 @@ def write_cache(path, trajectories: Sequence[dict], *, vocab: int, drafts: Seque
     if max_new_tokens is not None:
         meta["settings"]["max_new_tokens"] = max_new_tokens
     spec = CacheSpec(vocab_size=vocab, drafts=tuple(drafts), temperatures=tuple(temperatures), storage=storage,
-                     top_k=top_k, meta=meta, **({"stats": stats} if stats is not None else {}))
+                     top_k=top_k, meta=meta, stats=stats or StatsSpec())
     with CacheWriter.create(path, spec, prompts, overwrite=True) as writer:
         for i, tr in enumerate(trajectories):
             writer.append_trajectory(prompt_index=tr["prompt_index"], temperature=tr["temperature"], seed=i,

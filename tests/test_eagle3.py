@@ -44,7 +44,7 @@ def vllm_env_python():
     return found
 
 
-def _written_heads(python, target_dir, jobs: dict) -> dict:
+def _written_heads(python, target_dir, folder: Path, jobs: dict) -> dict:
     """The heads each library wrote, in one run of `tests/head_writers.py`: name -> (directory, hidden, ids,
     reference logits per step, draft vocabulary's target ids). jobs: name -> (library, out, draft_vocab,
     norm_before_residual, seed)."""
@@ -58,7 +58,7 @@ def _written_heads(python, target_dir, jobs: dict) -> dict:
         argv.append([library, str(target_dir), str(out), str(inputs[name][0]), "--aux", ",".join(map(str, AUX)),
                      "--draft-vocab", str(draft_vocab), "--ttt-steps", str(STEPS), "--seed", str(seed)]
                     + ["--norm-before-residual"] * norm_before_residual)
-    listing = Path(next(iter(jobs.values()))[1]).parent / "jobs.json"
+    listing = folder / "jobs.json"
     listing.write_text(json.dumps(argv))
     subprocess.run([python, str(ROOT / "tests" / "head_writers.py"), "--jobs", str(listing)], check=True,
                    capture_output=True, timeout=600)
@@ -76,7 +76,7 @@ def written(vllm_env_python, tiny_model_dir, tmp_path_factory):
             for vocab, nbr in [(200, False), (0, True)]}
     jobs["specforge"] = ("specforge", folder / "specforge", 150, False, 7)
     jobs["medusa"] = ("medusa", folder / "medusa", 0, False, 3)
-    return _written_heads(vllm_env_python, tiny_model_dir, jobs)
+    return _written_heads(vllm_env_python, tiny_model_dir, folder, jobs)
 
 
 def _unrolled(head, hidden, ids):

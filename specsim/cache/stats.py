@@ -218,7 +218,8 @@ def node_acceptance_iid(p_target: np.ndarray, q_draft: np.ndarray, k: int) -> np
 
 
 def _p_over_q(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """p/q per token; inf where q has no mass (and where p/q overflows for a denormal q: both sort last)."""
+    """p/q per token; inf where q has no mass (and where p/q overflows for a denormal q: both sort with the
+    largest ratios, last ascending and first descending)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         return np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
 
