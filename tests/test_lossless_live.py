@@ -3,12 +3,16 @@
 Sampling: the first two output tokens of live speculative sampling (chain, i.i.d.
 tree, without-replacement tree) follow the target's exact joint law p(y1) p(y2 | y1),
 computed by plain forwards of a tiny random model (chi-square, fixed seeds).
+The sampled decodes run as batches of requests of the same prompt, each with its own
+generator (the engine's `decode`, which `speculative_decode` runs with a batch of one), so
+they are independent draws and the batched engine's verification is what is checked.
 Greedy: live output is token-identical to plain greedy decoding for a chain and a
 branching tree, with a separate draft model, `layers:K` and `int8`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -18,7 +22,7 @@ from scipy import stats
 
 from specsim.errors import SpecError
 from specsim.live.drafting import ModelDrafter
-from specsim.live.decoder import LiveConfig, Target, plain_decode, speculative_decode
+from specsim.live.decoder import LiveConfig, Target, decode, plain_decode, speculative_decode
 from specsim.record.models import eos_token_ids, load_draft, load_model
 from specsim.specs import parse_tree
 from tests.conftest import build_tiny_model
@@ -27,6 +31,7 @@ VOCAB = 12
 PROMPT = np.array([3, 1, 4, 1, 5, 9, 2, 6])
 TEMPERATURE = 1.0
 SAMPLES = 1500  # per configuration: detects a TV distortion of 0.08 ~94% of the time (at p < 1e-3)
+BATCH = 100  # sampled decodes run together in lockstep batches of this many requests
 
 
 def _random_lm(seed: int, layers: int):
@@ -64,6 +69,16 @@ def _chi_square_p(counts: np.ndarray, law: np.ndarray) -> float:
     return float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
 
 
+def _decode_many(pair, config: LiveConfig, samples: int, *, seed: int) -> list:
+    """`samples` live decodes of PROMPT, BATCH requests at a time, request i driven by its own generator."""
+    target_model, draft_model = pair
+    target, drafter = Target(target_model, eos=set()), ModelDrafter(draft_model, "draft")
+    rngs = np.random.default_rng(seed).spawn(samples)
+    run = decode(target, drafter, [PROMPT] * samples, rngs, dataclasses.replace(config, batch=BATCH))
+    assert not run.interrupted and all(out is not None for out in run.decoded)
+    return run.decoded
+
+
 @pytest.mark.parametrize(
     ("tree", "multi_draft", "policy"),
     [("chain:3", "iid", "sample"), ("widths:3,2", "iid", "sample"), ("widths:3,2", "swor", "sample"),
@@ -71,16 +86,12 @@ def _chi_square_p(counts: np.ndarray, law: np.ndarray) -> float:
 )
 def test_speculative_sampling_emits_the_target_law(pair, tree, multi_draft, policy):
     """Speculative sampling, and block verification (`verify_block` on a chain drafted from q, `live --policy block`)."""
-    target_model, draft_model = pair
-    law = _exact_first_two(target_model)
-    target, drafter = Target(target_model, eos=set()), ModelDrafter(draft_model, "draft")
+    law = _exact_first_two(pair[0])
     config = LiveConfig(tree=parse_tree(tree), policy=policy, temperature=TEMPERATURE, multi_draft=multi_draft,
                         max_new_tokens=2)
-    rng = np.random.default_rng(1234)
     counts = np.zeros((VOCAB, VOCAB))
     accepted = 0
-    for _ in range(SAMPLES):
-        out = speculative_decode(target, drafter, PROMPT, config, rng)
+    for out in _decode_many(pair, config, SAMPLES, seed=1234):
         counts[out.tokens[0], out.tokens[1]] += 1
         accepted += sum(s.accepted for s in out.steps)
     assert accepted > 0, "the draft never got a token accepted: the test would not exercise verification"
@@ -105,11 +116,7 @@ def _first_call_kept(target_model, draft_model, gamma: int, *laws) -> list[float
 
 def _live_first_call_kept(pair, config, samples: int) -> tuple[float, float]:
     """Mean and standard error of the first call's kept drafts over `samples` live decodes of PROMPT."""
-    target_model, draft_model = pair
-    target, drafter = Target(target_model, eos=set()), ModelDrafter(draft_model, "draft")
-    rng = np.random.default_rng(5)
-    kept = np.array([speculative_decode(target, drafter, PROMPT, config, rng).steps[0].accepted
-                     for _ in range(samples)], dtype=float)
+    kept = np.array([out.steps[0].accepted for out in _decode_many(pair, config, samples, seed=5)], dtype=float)
     return kept.mean(), kept.std(ddof=1) / np.sqrt(len(kept))
 
 
