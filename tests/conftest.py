@@ -7,6 +7,8 @@ recording, caching and simulation tests need no downloaded weights.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,19 @@ import pytest
 # works through the rest, instead of vLLM starting last.
 SLOW_FIRST = ("test_vllm.py", "test_validate.py", "test_coupling.py", "test_report.py", "test_heads.py",
               "test_dynamic.py", "test_lossless_live.py", "test_cost.py", "test_cli_cache.py")
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each worker's share of the cores: torch's (and every program a test starts, which
+    inherits OMP_NUM_THREADS) intra-op threads = cores // workers. Two workers with a thread per core each
+    oversubscribe a 2-core machine, and OpenMP's waiting threads then burn the time the other worker needs. A
+    thread count the caller set is kept."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, (os.cpu_count() or 1) // int(workers))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        if "torch" in sys.modules:  # imported before this hook ran: it read the variable already
+            sys.modules["torch"].set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -85,7 +100,6 @@ def build_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int 
 def vllm_or_skip():
     """The Python of vLLM's environment (`make vllm`); where it is missing the test skips, except under CI ($CI
     set), where it fails: the vLLM checks must never be silently skipped where they count."""
-    import os
 
     from specsim.engines.vllm import vllm_python, vllm_version
     from specsim.errors import EngineError
