@@ -155,7 +155,7 @@ def test_validate_on_the_packaged_model(tmp_path):
                        '{"question_id": 2, "category": "math", "turns": ["What is 7 times 6?"]}\n')
     rec = CliRunner().invoke(main, ["cache", "--target", "smollm2-135m", "--draft", "layers:20", "--draft", "int8",
                                     "--prompts", str(prompts),
-                                    "--max-new-tokens", "16", "--temperature", "0", "--temperature", "0.7",
+                                    "--max-new-tokens", "12", "--temperature", "0", "--temperature", "0.7",
                                     "--device", "cpu", "--out", str(cache), "--quiet"])
     assert rec.exit_code == 0, rec.output
     result = _validate(str(cache), "--tree", "chain:4", "--tree", "widths:2,2,1", "--policy", "greedy",

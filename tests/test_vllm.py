@@ -15,7 +15,7 @@ from specsim.record import packaged
 
 pytestmark = pytest.mark.slow
 
-CATEGORIES = "coding,extraction,rag,summarization"  # text that repeats itself: n-gram matches happen
+CATEGORIES = "coding,extraction,translation,math"  # text that repeats itself: n-gram matches happen
 NGRAM, CHAIN = "vllm-ngram:min=2,max=3", "chain:3"
 
 
