@@ -235,12 +235,39 @@ def _ascending_prefixes(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _descending(p: np.ndarray, q: np.ndarray):
-    """One position's tokens in descending p/q, where the residual max(0, p − c q) lives on a prefix (ties: any
-    order): (order, p, q and p/q in that order, prefix sums P and Q)."""
+    """Each row's tokens (positions, (m, V)) in descending p/q, where the residual max(0, p − c q) lives on a prefix
+    (ties: any order): (order, p, q and p/q in that order, prefix sums P and Q), all (m, V)."""
     ratio = _p_over_q(p, q)
-    order = np.argsort(-ratio)
-    ps, qs = p[order], q[order]
-    return order, ps, qs, ratio[order], np.cumsum(ps), np.cumsum(qs)
+    order = np.argsort(-ratio, axis=-1)
+    ps, qs = np.take_along_axis(p, order, axis=-1), np.take_along_axis(q, order, axis=-1)
+    return order, ps, qs, np.take_along_axis(ratio, order, axis=-1), np.cumsum(ps, axis=-1), np.cumsum(qs, axis=-1)
+
+
+_BROADCAST = 1 << 22  # the largest (rows, histories, vocabulary) comparison done in one broadcast
+_ROW_CHUNK = 1 << 20  # rows of the without-replacement sampler held at once: at most this many (row, token) cells
+
+
+def _rows(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """(m, S) a[r, idx[r, s]]: each row's entries at that row's indices."""
+    return np.take_along_axis(a, idx, axis=1)
+
+
+def _count_above(desc: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """(m, S) how many entries of each row of `desc` (m, V, non-increasing) exceed x[r, s]:
+    np.searchsorted(-desc[r], -x[r], side="left"), by one broadcast comparison where it is small."""
+    m, V = desc.shape
+    if m * x.shape[1] * V <= _BROADCAST:
+        return (desc[:, None, :] > x[:, :, None]).sum(axis=2)
+    return np.stack([np.searchsorted(-desc[r], -x[r], side="left") for r in range(m)])
+
+
+def _count_at_most(asc: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """(m, S) how many entries of each row of `asc` (m, V, non-decreasing) are at most x[r, s]:
+    np.searchsorted(asc[r], x[r], side="right")."""
+    m, V = asc.shape
+    if m * x.shape[1] * V <= _BROADCAST:
+        return (asc[:, None, :] <= x[:, :, None]).sum(axis=2)
+    return np.stack([np.searchsorted(asc[r], x[r], side="right") for r in range(m)])
 
 
 def optimal_acceptance_iid(p_target: np.ndarray, q_draft: np.ndarray, k: int) -> np.ndarray:
@@ -289,11 +316,11 @@ def optimal_acceptance_swor(p_target: np.ndarray, q_draft: np.ndarray, k: int, s
         pair = np.maximum(q_cum - outside * share, 0.0)  # Q(both candidates in the prefix)
         out[:, 1] = np.clip(1.0 + (p_cum - pair).min(axis=1), 0.0, 1.0)
     for row in range(n) if k >= 3 else ():
-        draws = _SworDraws(qs[row], k, samples, rng)
+        draws = _SworDraws(qs[row][None], k, samples)
         last = np.full(samples, -1)  # the tuple's furthest position in the order so far (−1: none)
         for j in range(k):
-            x, alive = draws.draw(draws.rest())
-            last = np.maximum(last, np.where(alive, x, -1))
+            x, alive = draws.draw(draws.rest(), rng.random((1, samples)))
+            last = np.maximum(last, np.where(alive[0], x[0], -1))
             if j >= 2:  # Q(prefix of m tokens) = share of tuples whose furthest candidate is among them
                 inside = np.cumsum(np.bincount(last + 1, minlength=V + 1))[: V + 1] / samples
                 out[row, j] = np.clip(1.0 + (p_cum[row] - inside).min(), 0.0, 1.0)
@@ -331,9 +358,10 @@ def acceptance_swor(
     if k == 1:
         return out
     out[:, :, 1] = (_second_candidate(p, q, y, p_y, q_y) * inv_p_y)[:, None]
-    for row in range(n) if k > 2 else ():
-        if p_y[row] > 0 and q_y[row] > 0:
-            out[row, :, 2:] = _later_candidates(p[row], q[row], int(y[row]), k, samples, rng) * inv_p_y[row]
+    rows = np.flatnonzero((p_y > 0) & (q_y > 0)) if k > 2 else np.zeros(0, dtype=np.int64)
+    step = max(1, _ROW_CHUNK // p.shape[1])  # in order: the generator's draws go to the rows as one row at a time
+    for part in (rows[i : i + step] for i in range(0, rows.size, step)):
+        out[part, :, 2:] = _later_candidates(p[part], q[part], y[part], k, samples, rng) * inv_p_y[part, None, None]
     return out
 
 
@@ -376,124 +404,139 @@ def node_acceptance_swor(p_target: np.ndarray, q_draft: np.ndarray, k: int, samp
     out[:, 0] = np.minimum(p, q).sum(axis=1)
     rest_without = _mass_without_each(q) if k >= 2 else None
     for row in range(n) if k >= 2 else ():
-        _, ps, qs, rs, P, Q = _descending(p[row], q[row])
+        _, ps, qs, rs, P, Q = _descending(p[row][None], q[row][None])  # (1, V)
         # the second candidate, exactly: the first, x, was rejected with weight max(0, q(x) − p(x)); then c_1 = 1
         # and Z_1 = Σ max(0, p − q) whatever x was, and the undrawn mass is 1 − q(x)
         z1 = float(np.maximum(p[row] - q[row], 0.0).sum())
         rejected = np.maximum(q[row] - p[row], 0.0)
         some = rejected > 0
-        second = _step_acceptance(P, Q, rs, np.ones(int(some.sum())), np.full(int(some.sum()), z1),
-                                  rest_without[row, some])
+        second = _step_acceptance(P, Q, rs, np.ones((1, int(some.sum()))), np.full((1, int(some.sum())), z1),
+                                  rest_without[row, some][None])[0]
         out[row, 1] = out[row, 0] + float((rejected[some] * second).sum())
         if k < 3:
             continue
-        draws = _SworDraws(qs, k, samples, rng)
-        c, z, weight = np.zeros(samples), np.ones(samples), np.ones(samples)
+        draws = _SworDraws(qs, k, samples)
+        c, z, weight = np.zeros((1, samples)), np.ones((1, samples)), np.ones((1, samples))
         total = np.zeros(samples)
         for i in range(k):
             rest = draws.rest()
             if i >= 2:
-                total = total + weight * _step_acceptance(P, Q, rs, c, z, rest)
+                total = total + (weight * _step_acceptance(P, Q, rs, c, z, rest))[0]
                 out[row, i] = out[row, 1] + total.mean()
             if i + 1 == k:
                 break
-            c, z, weight = _reject_next(draws, rest, ps, qs, rs, P, Q, c, z, weight)
+            c, z, weight = _reject_next(draws, rest, rng.random((1, samples)), ps, qs, rs, P, Q, c, z, weight)
     return out
 
 
 def _step_acceptance(P: np.ndarray, Q: np.ndarray, rs: np.ndarray, c: np.ndarray, z: np.ndarray,
                      rest: np.ndarray) -> np.ndarray:
-    """Σ_y min(q(y) / rest, max(0, p(y) − c q(y)) / z) per history (c, z, rest): the chance that the next candidate
-    drawn without replacement is accepted. P, Q: prefix sums of p and q in descending p/q (rs). Tokens with p/q
-    above c' = c + z / rest give q / rest, those in (c, c'] give the residual; drawn tokens (rejected, so p/q < c)
-    and the rest give nothing, so nothing needs subtracting."""
+    """Σ_y min(q(y) / rest, max(0, p(y) − c q(y)) / z) per history (c, z, rest; (m, S), S histories of each of m
+    rows): the chance that the next candidate drawn without replacement is accepted. P, Q: prefix sums of p and q
+    in descending p/q (rs), (m, V). Tokens with p/q above c' = c + z / rest give q / rest, those in (c, c'] give the
+    residual; drawn tokens (rejected, so p/q < c) and the rest give nothing, so nothing needs subtracting."""
     def prefix(sums, m):
-        return np.where(m > 0, sums[np.maximum(m - 1, 0)], 0.0)
+        return np.where(m > 0, _rows(sums, np.maximum(m - 1, 0)), 0.0)
 
     ok = (z > _NO_MASS) & (rest > 0)
     safe_rest, safe_z = np.where(ok, rest, 1.0), np.where(ok, z, 1.0)
-    top = np.searchsorted(-rs, -(c + safe_z / safe_rest), side="left")  # tokens with p/q > c'
-    live = np.searchsorted(-rs, -c, side="left")  # tokens with p/q > c
+    top = _count_above(rs, c + safe_z / safe_rest)  # tokens with p/q > c'
+    live = _count_above(rs, c)  # tokens with p/q > c
     head = prefix(Q, top) / safe_rest
     body = (prefix(P, live) - prefix(P, top) - c * (prefix(Q, live) - prefix(Q, top))) / safe_z
     return np.where(ok, np.clip(head + np.maximum(body, 0.0), 0.0, 1.0), 0.0)
 
 
 class _SworDraws:
-    """Candidates drawn without replacement from q, `samples` tuples side by side, over the tokens in a fixed
-    order (`qs`: q in that order); `drawn` holds each tuple's positions so far, ascending.
+    """Candidates drawn without replacement from q, `samples` tuples side by side for each of m rows, over each
+    row's tokens in a fixed order (`qs`, (m, V): q in that order); `drawn` holds each tuple's positions so far,
+    ascending.
 
     The undrawn mass 1 − Q_i cancels catastrophically once the drawn candidates hold nearly all of q, so it is
     kept as (Σ of the small tokens − the small ones drawn) + Σ of the big tokens not drawn: the k + 8 largest q
     sum exactly, and only a token outside them, at most as heavy, is ever subtracted."""
 
-    def __init__(self, qs: np.ndarray, k: int, samples: int, rng: np.random.Generator):
-        self.qs, self.rng = qs, rng
-        self.cum = np.cumsum(qs)
+    def __init__(self, qs: np.ndarray, k: int, samples: int):
+        m, V = qs.shape
+        self.qs = qs
+        self.cum = np.cumsum(qs, axis=1)
         self.starts = self.cum - qs  # each token's interval [start, start + q) in the cumulative q
-        self.big = np.argsort(-qs)[: min(len(qs), k + 8)]  # positions of the largest q
-        self.slot = np.full(len(qs), -1)
-        self.slot[self.big] = np.arange(len(self.big))
-        self.small_mass = float(np.delete(qs, self.big).sum()) if len(self.big) < len(qs) else 0.0
-        self.big_left = np.ones((samples, len(self.big)), dtype=bool)
-        self.small_drawn = np.zeros(samples)
-        self.drawn = np.zeros((samples, 0), dtype=np.int64)
+        self.big = np.argsort(-qs, axis=1)[:, : min(V, k + 8)]  # positions of the largest q
+        self.slot = np.full((m, V), -1)
+        np.put_along_axis(self.slot, self.big, np.broadcast_to(np.arange(self.big.shape[1]), self.big.shape), axis=1)
+        small = self.slot < 0
+        self.small_mass = np.array([float(qs[r][small[r]].sum()) for r in range(m)])  # in order, as summed alone
+        self.big_q = np.take_along_axis(qs, self.big, axis=1)
+        self.big_left = np.ones((m, samples, self.big.shape[1]), dtype=bool)
+        self.small_drawn = np.zeros((m, samples))
+        self.drawn = np.zeros((m, samples, 0), dtype=np.int64)
 
     def rest(self) -> np.ndarray:
-        """(samples,) the undrawn mass of q."""
-        return np.maximum(self.small_mass - self.small_drawn, 0.0) + (self.big_left * self.qs[self.big]).sum(axis=1)
+        """(m, samples) the undrawn mass of q."""
+        return (np.maximum(self.small_mass[:, None] - self.small_drawn, 0.0)
+                + (self.big_left * self.big_q[:, None, :]).sum(axis=2))
 
-    def draw(self, rest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The next candidate of every tuple, (positions, alive): a uniform over the undrawn mass `rest`, mapped
-        past the drawn intervals; alive is False where no mass was left beyond rounding (no candidate)."""
+    def draw(self, rest: np.ndarray, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The next candidate of every tuple, (positions, alive), each (m, samples): `uniforms` (m, samples) in
+        [0, 1) scaled to the undrawn mass `rest` and mapped past the drawn intervals; alive is False where no mass
+        was left beyond rounding (no candidate)."""
         alive = rest > 1e-12 * self.small_drawn
-        u = self.rng.random(len(rest)) * rest
-        for m in range(self.drawn.shape[1]):
-            u = u + np.where(u >= self.starts[self.drawn[:, m]], self.qs[self.drawn[:, m]], 0.0)
-        x = np.minimum(np.searchsorted(self.cum, u, side="right"), len(self.cum) - 1)
-        hit = self.slot[x]
-        self.big_left[np.flatnonzero(alive & (hit >= 0)), hit[alive & (hit >= 0)]] = False
-        self.small_drawn = self.small_drawn + np.where(alive & (hit < 0), self.qs[x], 0.0)
-        self.drawn = np.sort(np.concatenate([self.drawn, x[:, None]], axis=1), axis=1)
+        u = uniforms * rest
+        for j in range(self.drawn.shape[2]):
+            drawn = self.drawn[:, :, j]
+            u = u + np.where(u >= _rows(self.starts, drawn), _rows(self.qs, drawn), 0.0)
+        x = np.minimum(_count_at_most(self.cum, u), self.cum.shape[1] - 1)
+        hit = _rows(self.slot, x)
+        big = alive & (hit >= 0)
+        row, sample = np.nonzero(big)
+        self.big_left[row, sample, hit[big]] = False
+        self.small_drawn = self.small_drawn + np.where(alive & (hit < 0), _rows(self.qs, x), 0.0)
+        self.drawn = np.sort(np.concatenate([self.drawn, x[:, :, None]], axis=2), axis=2)
         return x, alive
 
 
-def _reject_next(draws, rest, ps, qs, rs, P, Q, c, z, weight):
+def _reject_next(draws, rest, uniforms, ps, qs, rs, P, Q, c, z, weight):
     """Draw every history's next candidate and reject it: (c, Z, weight) after it, weight times the chance
-    1 − a that it is rejected (the residual's shape, module docstring; descending p/q order, prefix sums P, Q)."""
-    x, alive = draws.draw(rest)
-    q_x, p_x = qs[x], ps[x]
+    1 − a that it is rejected (the residual's shape, module docstring; descending p/q order, prefix sums P, Q).
+    Histories (m, S) of m rows, the rows' orders (m, V)."""
+    x, alive = draws.draw(rest, uniforms)
+    q_x, p_x = _rows(qs, x), _rows(ps, x)
     a = np.where(alive & (z > _NO_MASS) & (q_x > 0),
                  np.minimum(1.0, np.maximum(p_x - c * q_x, 0.0) * rest / np.where(z * q_x > 0, z * q_x, 1.0)),
                  1.0)  # no mass left to reject into: later candidates are never reached
     weight = weight * (1.0 - a)
     c = c + np.where(alive, z / np.where(rest > 0, rest, 1.0), 0.0)
-    live = np.searchsorted(-rs, -c, side="left")  # tokens with p/q > c
-    z = np.maximum(np.where(live > 0, P[np.maximum(live - 1, 0)] - c * Q[np.maximum(live - 1, 0)], 0.0), 0.0)
+    live = _count_above(rs, c)  # tokens with p/q > c
+    last = np.maximum(live - 1, 0)
+    z = np.maximum(np.where(live > 0, _rows(P, last) - c * _rows(Q, last), 0.0), 0.0)
     return c, z, weight
 
 
-def _later_candidates(p: np.ndarray, q: np.ndarray, y: int, k: int, samples: int,
+def _later_candidates(p: np.ndarray, q: np.ndarray, y: np.ndarray, k: int, samples: int,
                       rng: np.random.Generator) -> np.ndarray:
-    """(samples, k − 2) p(y) · π̂_i(y) for i = 2..k−1 at one position (see `acceptance_swor`)."""
+    """(m, samples, k − 2) p(y) · π̂_i(y) for i = 2..k−1 at m positions (see `acceptance_swor`): the rows side by
+    side, the generator's draws taken row after row, as if each row were sampled alone."""
     order, ps, qs, rs, P, Q = _descending(p, q)
-    y_pos = int(np.flatnonzero(order == y)[0])
-    draws = _SworDraws(qs, k, samples, rng)
-    out = np.zeros((samples, k - 2))
-    c = np.zeros(samples)  # residual shape parameter c_i
-    z = np.ones(samples)  # Z_i = Σ max(0, p − c_i q)
-    weight = np.ones(samples)  # Π_{j<i} (1 − a_j)
+    m = p.shape[0]
+    y_pos = np.argmax(order == y[:, None], axis=1)
+    p_y, q_y = _take(p, y)[:, None], _take(q, y)[:, None]
+    draws = _SworDraws(qs, k, samples)
+    uniforms = rng.random((m, k - 1, samples))  # row r's draws for its k − 1 rejections, in the order drawn
+    out = np.zeros((m, samples, k - 2))
+    c = np.zeros((m, samples))  # residual shape parameter c_i
+    z = np.ones((m, samples))  # Z_i = Σ max(0, p − c_i q)
+    weight = np.ones((m, samples))  # Π_{j<i} (1 − a_j)
     for i in range(k):
         rest = draws.rest()  # 1 − Q_i
         if i >= 2:
-            fresh = ~(draws.drawn == y_pos).any(axis=1)
+            fresh = ~(draws.drawn == y_pos[:, None, None]).any(axis=2)
             with np.errstate(over="ignore"):  # only where y was drawn (rest < q(y)); masked by `fresh`
-                q_i_y = np.where(rest > 0, q[y] / np.where(rest > 0, rest, 1.0), 0.0)
-            r_i_y = np.where(z > _NO_MASS, np.maximum(p[y] - c * q[y], 0.0) / np.where(z > 0, z, 1.0), 0.0)
-            out[:, i - 2] = weight * fresh * np.minimum(q_i_y, r_i_y)
+                q_i_y = np.where(rest > 0, q_y / np.where(rest > 0, rest, 1.0), 0.0)
+            r_i_y = np.where(z > _NO_MASS, np.maximum(p_y - c * q_y, 0.0) / np.where(z > 0, z, 1.0), 0.0)
+            out[:, :, i - 2] = weight * fresh * np.minimum(q_i_y, r_i_y)
         if i + 1 == k:
             break
-        c, z, weight = _reject_next(draws, rest, ps, qs, rs, P, Q, c, z, weight)
+        c, z, weight = _reject_next(draws, rest, uniforms[:, i], ps, qs, rs, P, Q, c, z, weight)
     return out
 
 
