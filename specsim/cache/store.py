@@ -333,6 +333,7 @@ class CacheWriter:
         self._n_positions = _rows_end(rows)
         self._done = {(int(r["prompt_index"]), float(r["temperature"])) for r in rows}
         self._last_digest = bytes(rows["digest"][-1]) if len(rows) and "digest" in rows.dtype.names else b""
+        self._datasets = {name: f[name] for name in [*self.dataset_names(), "trajectories"]}  # looked up once
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
@@ -594,15 +595,15 @@ class CacheWriter:
         f, start, stop = self._f, self._n_positions, self._n_positions + n + overhang
         written = []
         for name in names:
-            values = np.ascontiguousarray(arrays[name], dtype=f[name].dtype)
-            ds = f[name]
+            ds = self._datasets[name]
+            values = np.ascontiguousarray(arrays[name], dtype=ds.dtype)
             ds.resize((stop, *ds.shape[1:]))
             ds[start:stop] = values
             written.append(values)
         digest = row_digest(self._last_digest, prompt_index, n, temperature, overhang, FORMAT_VERSION, written)
         f.flush()  # positions reach the file before the row that makes them visible
 
-        rows = f["trajectories"]
+        rows = self._datasets["trajectories"]
         rows.resize((self._n_rows + 1,))
         row = np.zeros((), dtype=_TRAJ_DTYPE)
         row["prompt_index"], row["temperature"], row["seed"] = prompt_index, temperature, seed
