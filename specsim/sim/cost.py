@@ -412,6 +412,39 @@ class ByRow:
         return self.profile.describe()
 
 
+@dataclass(frozen=True)
+class AllReplicas:
+    """Every replica of a profile at once: each query gains a leading axis, replica r's times at [r], the same
+    numbers each replica prices alone (`Pricing.priced_replicas`)."""
+
+    profile: ProfileCost
+
+    measured = True
+    unit = "seconds"
+
+    @property
+    def lead(self) -> tuple[int]:
+        return (len(self.profile.replicas),)
+
+    @property
+    def engine(self) -> str:
+        return self.profile.engine
+
+    def _which(self, *query) -> np.ndarray:
+        """0..R-1 along a new leading axis of the query's shape."""
+        ndim = np.broadcast(*[np.asarray(q) for q in query]).ndim
+        return np.arange(self.lead[0]).reshape((-1,) + (1,) * ndim)
+
+    def verify_s(self, batch, tokens, context) -> np.ndarray:
+        return self.profile.verify_s(batch, tokens, context, replica=self._which(batch, tokens, context))
+
+    def draft_s(self, draft: str, batch, width, context) -> np.ndarray:
+        return self.profile.draft_s(draft, batch, width, context, replica=self._which(batch, width, context))
+
+    def plain_s(self, batch, context) -> np.ndarray:
+        return self.verify_s(batch, 1, context)
+
+
 def check_profile(profile: ProfileCost, target_name: str, target_info: Mapping | None) -> None:
     """SpecError unless the profile measured the cache's target (names both)."""
     wanted = ModelId.from_info(target_name, target_info)

@@ -124,19 +124,20 @@ class Pricing:
         from specsim.sim.cost import tree_by_room
 
         model, N = self.model, features.n_positions
+        lead = getattr(model, "lead", ())  # leading axes of the model's times (its replicas, `AllReplicas`)
         contexts = features.contexts()
         model_draft = self.draft_key is not None
         if drafted is not None and not model_draft and batch == 1:
             tokens = 1 + np.asarray(drafted, dtype=np.int64)
-            call = np.zeros(N)
+            call = np.zeros((*lead, N))
             for k in np.unique(tokens):
                 idx = np.flatnonzero(tokens == k)
-                call[idx] = model.verify_s(batch, int(k), contexts[idx])
+                call[..., idx] = model.verify_s(batch, int(k), contexts[idx])
             return call, model.plain_s(batch, contexts), None
         one_pass = drafts_in_one_pass(features.draft)
         shapes = tree_by_room(tree, model_draft=model_draft, one_pass=one_pass)
         cut = np.minimum(features.room(), tree.max_depth)
-        call = np.zeros(N)
+        call = np.zeros((*lead, N))
         for m, shape in enumerate(shapes):
             idx = np.flatnonzero(cut == m)
             if idx.size:
@@ -147,20 +148,25 @@ class Pricing:
                     seconds = model.verify_s(batch, shape.verify_tokens, L)
                 for w in shape.draft_levels:
                     seconds = seconds + model.draft_s(self.draft_key, batch, w, L)
-                call[idx] = seconds
+                call[..., idx] = seconds
         feed = None
         if model_draft and tree.budget and not one_pass:
             feed = self._next_feed(features, tree, batch, contexts, cut, leaf)
             if prompt_fed_at_admission(features.draft):  # a request's first call feeds no root entry
                 first = features.traj_start[cut[features.traj_start] >= 1]
-                call[first] -= model.draft_s(self.draft_key, batch, 1, contexts[first])
+                call[..., first] -= model.draft_s(self.draft_key, batch, 1, contexts[first])
         return call, model.plain_s(batch, contexts), feed
 
     def priced_replicas(self, features: Features, tree: Tree, batch: int = 1, drafted: np.ndarray | None = None,
                         leaf: np.ndarray | None = None) -> list[tuple]:
-        """`priced` under each replica of the cost profile (`ProfileCost.replicas`; [] when it kept no rounds)."""
-        return [replace(self, model=m).priced(features, tree, batch, drafted, leaf)
-                for m in getattr(self.model, "replicas", ())]
+        """`priced` under each replica of the cost profile (`ProfileCost.replicas`; [] when it kept no rounds),
+        all replicas in one pass (`AllReplicas`)."""
+        from specsim.sim.cost import AllReplicas
+
+        if not getattr(self.model, "replicas", ()):
+            return []
+        call, plain, feed = replace(self, model=AllReplicas(self.model)).priced(features, tree, batch, drafted, leaf)
+        return [(call[r], plain[r], None if feed is None else feed[r]) for r in range(call.shape[0])]
 
     def _next_feed(self, features: Features, tree: Tree, batch: int, contexts: np.ndarray,
                    cut: np.ndarray, leaf: np.ndarray | None = None) -> np.ndarray:
@@ -175,7 +181,7 @@ class Pricing:
         model, N, depth = self.model, features.n_positions, tree.max_depth
         every = feeds_accepted(features.draft, tree)
         ends = np.repeat(features.traj_start + features.traj_len, features.traj_len)
-        out = np.zeros((N, depth + 1))
+        out = np.zeros((*getattr(model, "lead", ()), N, depth + 1))
         leafy = not every and leaf is not None
         for a in range(1, depth + 1) if every or leafy else [depth]:
             nxt = np.arange(N) + a + 1
@@ -184,7 +190,7 @@ class Pricing:
             L = contexts[np.minimum(nxt, N - 1)]
             extra = model.draft_s(self.draft_key, batch, 1 + a if every else 2, L) - model.draft_s(
                 self.draft_key, batch, 1, L)
-            out[:, a] = np.where(ok, extra * leaf[:, a], 0.0) if leafy else np.where(ok, extra, 0.0)
+            out[..., a] = np.where(ok, extra * leaf[:, a], 0.0) if leafy else np.where(ok, extra, 0.0)
         return out
 
 
