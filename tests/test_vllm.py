@@ -3,7 +3,7 @@
 Runs vLLM in its own environment (`make vllm`, which `make test` runs first). Where that
 environment is missing the tests skip, except under CI ($CI set), where they fail: the check
 must never be silently skipped where it counts. Two heads (EAGLE-1/2 and EAGLE-3) are trained for a
-few steps on other prompts; then one short recording (4 Spec-Bench prompts x 48 tokens, greedy,
+few steps on other prompts; then one short recording (4 Spec-Bench prompts x 32 tokens, greedy,
 overhang 8) of every draft and one vLLM program running each draft's configuration in turn (ngram,
 draft_model, eagle, eagle3) are shared by the checks.
 """
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 
 CATEGORIES = "coding,extraction,translation,math"  # text that repeats itself: n-gram matches happen
 NGRAM, CHAIN = "vllm-ngram:min=2,max=3", "chain:3"
+TOKENS = 32  # per prompt, in the recording and in vLLM
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def cache(python, heads, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("vllm") / "v.h5"
     record_cache(out, RecordRequest(target="smollm2-135m", drafts=("layers:20", heads["eagle"], heads["eagle3"]),
-                                    categories=tuple(CATEGORIES.split(",")), per_category=1, max_new_tokens=48,
+                                    categories=tuple(CATEGORIES.split(",")), per_category=1, max_new_tokens=TOKENS,
                                     store="stats", overhang=8), progress=False)
     return out
 
@@ -83,7 +84,7 @@ def runs(cache, heads, python):
         draft_dir = None if is_model_free(draft) else draft_directory(draft, data.target, target_info=data.target_info)
         configs[draft] = speculative_config(draft, parse_tree(CHAIN), "greedy", draft_dir=draft_dir).config
     configs[NGRAM] = emit.vllm_config(configs[NGRAM], {1: 3, 8: 2})  # what `optimize --emit vllm` writes
-    run = VllmRun(model=model_directory(data.target, data.target_info), prompts=data.prompts, max_tokens=48,
+    run = VllmRun(model=model_directory(data.target, data.target_info), prompts=data.prompts, max_tokens=TOKENS,
                   configs=configs, max_model_len=max(map(len, data.prompts)) + 64)
     return data, run_vllm(run, python=python)
 
