@@ -380,12 +380,11 @@ def _differing(measured: ModelId, wanted: ModelId) -> str:
 
 
 @dataclass(frozen=True)
-class ByRow:
-    """A profile whose replicas price the rows of a batch timeline: row r (the leading axis of every query)
-    reads replica which[r], or the profile itself where which[r] = -1 (`sim.batch.simulate_batch`)."""
+class _Replicated:
+    """A profile read from its stacked replica tables, each query point reading the replica `_replica` gives it
+    (-1: the profile itself)."""
 
     profile: ProfileCost
-    which: np.ndarray  # (R,) replica per row
 
     measured = True
     unit = "seconds"
@@ -394,16 +393,14 @@ class ByRow:
     def engine(self) -> str:
         return self.profile.engine
 
-    def _rows(self, *query) -> np.ndarray:
-        """`which`, shaped to broadcast its rows along a query's leading axis."""
-        ndim = np.broadcast(*[np.asarray(q) for q in query]).ndim
-        return self.which.reshape((-1,) + (1,) * max(ndim - 1, 0)) if ndim else self.which
+    def _replica(self, *query) -> np.ndarray:
+        raise NotImplementedError
 
     def verify_s(self, batch, tokens, context) -> np.ndarray:
-        return self.profile.verify_s(batch, tokens, context, replica=self._rows(batch, tokens, context))
+        return self.profile.verify_s(batch, tokens, context, replica=self._replica(batch, tokens, context))
 
     def draft_s(self, draft: str, batch, width, context) -> np.ndarray:
-        return self.profile.draft_s(draft, batch, width, context, replica=self._rows(batch, width, context))
+        return self.profile.draft_s(draft, batch, width, context, replica=self._replica(batch, width, context))
 
     def plain_s(self, batch, context) -> np.ndarray:
         return self.verify_s(batch, 1, context)
@@ -413,36 +410,31 @@ class ByRow:
 
 
 @dataclass(frozen=True)
-class AllReplicas:
+class ByRow(_Replicated):
+    """A profile whose replicas price the rows of a batch timeline: row r (the leading axis of every query)
+    reads replica which[r], or the profile itself where which[r] = -1 (`sim.batch.simulate_batch`)."""
+
+    which: np.ndarray  # (R,) replica per row
+
+    def _replica(self, *query) -> np.ndarray:
+        """`which`, shaped to broadcast its rows along a query's leading axis."""
+        ndim = np.broadcast(*[np.asarray(q) for q in query]).ndim
+        return self.which.reshape((-1,) + (1,) * max(ndim - 1, 0)) if ndim else self.which
+
+
+@dataclass(frozen=True)
+class AllReplicas(_Replicated):
     """Every replica of a profile at once: each query gains a leading axis, replica r's times at [r], the same
     numbers each replica prices alone (`Pricing.priced_replicas`)."""
-
-    profile: ProfileCost
-
-    measured = True
-    unit = "seconds"
 
     @property
     def lead(self) -> tuple[int]:
         return (len(self.profile.replicas),)
 
-    @property
-    def engine(self) -> str:
-        return self.profile.engine
-
-    def _which(self, *query) -> np.ndarray:
+    def _replica(self, *query) -> np.ndarray:
         """0..R-1 along a new leading axis of the query's shape."""
         ndim = np.broadcast(*[np.asarray(q) for q in query]).ndim
         return np.arange(self.lead[0]).reshape((-1,) + (1,) * ndim)
-
-    def verify_s(self, batch, tokens, context) -> np.ndarray:
-        return self.profile.verify_s(batch, tokens, context, replica=self._which(batch, tokens, context))
-
-    def draft_s(self, draft: str, batch, width, context) -> np.ndarray:
-        return self.profile.draft_s(draft, batch, width, context, replica=self._which(batch, width, context))
-
-    def plain_s(self, batch, context) -> np.ndarray:
-        return self.verify_s(batch, 1, context)
 
 
 def check_profile(profile: ProfileCost, target_name: str, target_info: Mapping | None) -> None:
