@@ -101,7 +101,6 @@ def build_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int 
 def vllm_or_skip():
     """The Python of vLLM's environment (`make vllm`); where it is missing the test skips, except under CI ($CI
     set), where it fails: the vLLM checks must never be silently skipped where they count."""
-
     from specsim.engines.vllm import vllm_python, vllm_version
     from specsim.errors import EngineError
 
