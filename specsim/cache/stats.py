@@ -252,22 +252,14 @@ def _rows(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return np.take_along_axis(a, idx, axis=1)
 
 
-def _count_above(desc: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """(m, S) how many entries of each row of `desc` (m, V, non-increasing) exceed x[r, s]:
-    np.searchsorted(-desc[r], -x[r], side="left"), by one broadcast comparison where it is small."""
-    m, V = desc.shape
-    if m * x.shape[1] * V <= _BROADCAST:
-        return (desc[:, None, :] > x[:, :, None]).sum(axis=2)
-    return np.stack([np.searchsorted(-desc[r], -x[r], side="left") for r in range(m)])
-
-
-def _count_at_most(asc: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """(m, S) how many entries of each row of `asc` (m, V, non-decreasing) are at most x[r, s]:
-    np.searchsorted(asc[r], x[r], side="right")."""
-    m, V = asc.shape
-    if m * x.shape[1] * V <= _BROADCAST:
-        return (asc[:, None, :] <= x[:, :, None]).sum(axis=2)
-    return np.stack([np.searchsorted(asc[r], x[r], side="right") for r in range(m)])
+def _searchsorted_rows(a: np.ndarray, v: np.ndarray, side: str) -> np.ndarray:
+    """(m, S) np.searchsorted(a[r], v[r], side=side) for every row r of `a` (m, V, each row ascending): the entries
+    below v (at most v for side="right"), counted by one broadcast comparison where it is small."""
+    m, V = a.shape
+    if m * v.shape[1] * V <= _BROADCAST:
+        a, v = a[:, None, :], v[:, :, None]
+        return (a <= v if side == "right" else a < v).sum(axis=2)
+    return np.stack([np.searchsorted(a[r], v[r], side=side) for r in range(m)])
 
 
 def optimal_acceptance_iid(p_target: np.ndarray, q_draft: np.ndarray, k: int) -> np.ndarray:
@@ -440,8 +432,8 @@ def _step_acceptance(P: np.ndarray, Q: np.ndarray, rs: np.ndarray, c: np.ndarray
 
     ok = (z > _NO_MASS) & (rest > 0)
     safe_rest, safe_z = np.where(ok, rest, 1.0), np.where(ok, z, 1.0)
-    top = _count_above(rs, c + safe_z / safe_rest)  # tokens with p/q > c'
-    live = _count_above(rs, c)  # tokens with p/q > c
+    top = _searchsorted_rows(-rs, -(c + safe_z / safe_rest), "left")  # tokens with p/q > c'
+    live = _searchsorted_rows(-rs, -c, "left")  # tokens with p/q > c
     head = prefix(Q, top) / safe_rest
     body = (prefix(P, live) - prefix(P, top) - c * (prefix(Q, live) - prefix(Q, top))) / safe_z
     return np.where(ok, np.clip(head + np.maximum(body, 0.0), 0.0, 1.0), 0.0)
@@ -485,7 +477,7 @@ class _SworDraws:
         for j in range(self.drawn.shape[2]):
             drawn = self.drawn[:, :, j]
             u = u + np.where(u >= _rows(self.starts, drawn), _rows(self.qs, drawn), 0.0)
-        x = np.minimum(_count_at_most(self.cum, u), self.cum.shape[1] - 1)
+        x = np.minimum(_searchsorted_rows(self.cum, u, "right"), self.cum.shape[1] - 1)
         hit = _rows(self.slot, x)
         big = alive & (hit >= 0)
         row, sample = np.nonzero(big)
@@ -506,7 +498,7 @@ def _reject_next(draws, rest, uniforms, ps, qs, rs, P, Q, c, z, weight):
                  1.0)  # no mass left to reject into: later candidates are never reached
     weight = weight * (1.0 - a)
     c = c + np.where(alive, z / np.where(rest > 0, rest, 1.0), 0.0)
-    live = _count_above(rs, c)  # tokens with p/q > c
+    live = _searchsorted_rows(-rs, -c, "left")  # tokens with p/q > c
     last = np.maximum(live - 1, 0)
     z = np.maximum(np.where(live > 0, _rows(P, last) - c * _rows(Q, last), 0.0), 0.0)
     return c, z, weight
