@@ -100,8 +100,13 @@ def _checks(data, draft, result):
     return {c.kind: c for c in report.checks}
 
 
-def _counted(runs, draft) -> dict:
-    """vLLM's counters of one configuration's run, checked equal to what its metrics (get_metrics) report."""
+def _agreed(runs, draft) -> dict:
+    """vLLM's counters of one configuration's run, after checking that its outputs, counters and steps equal the
+    replay's and that its counters are what its metrics (get_metrics) report."""
+    checks = _checks(runs[0], draft, runs[1])
+    assert checks["trajectories"].passed, checks["trajectories"].comparison
+    assert checks["counters"].passed, checks["counters"].detail
+    assert checks["steps"].passed, checks["steps"].detail
     counters = runs[1]["runs"][draft][0]["counters"]  # sums of vLLM's per-request counters
     assert runs[1]["runs"][draft][0]["metrics"] == counters  # each engine's own metrics, one engine at a time
     return counters
@@ -112,23 +117,14 @@ def test_a_head_counts_the_same_in_vllm_and_in_the_replay(kind, runs, heads):
     """vLLM's eagle method (EAGLE-1/2) and its eagle3 method (the target's layers 2, 15, 27 fused, the head's own
     LM head over 8,192 draft tokens) draft what the replay's recorded laws say, step for step, and their
     per-position acceptance counts equal the replay's."""
-    draft = heads[kind]
-    checks = _checks(runs[0], draft, runs[1])
-    assert checks["trajectories"].passed, checks["trajectories"].comparison
-    assert checks["counters"].passed, checks["counters"].detail
-    assert checks["steps"].passed, checks["steps"].detail
-    counters = _counted(runs, draft)
+    counters = _agreed(runs, heads[kind])
     assert counters["num_drafts"] >= 40 and counters["num_draft_tokens"] == 3 * counters["num_drafts"]
     assert counters["num_accepted_tokens"] > 0, counters  # the head agrees sometimes: equal counts are not zeros
 
 
 @pytest.mark.parametrize("draft", [NGRAM, "layers:20"])
 def test_vllm_outputs_counters_and_steps_equal_the_replay(draft, runs):
-    checks = _checks(runs[0], draft, runs[1])
-    assert checks["trajectories"].passed, checks["trajectories"].comparison
-    assert checks["counters"].passed, checks["counters"].detail
-    assert checks["steps"].passed, checks["steps"].detail
-    counters = _counted(runs, draft)
+    counters = _agreed(runs, draft)
     assert counters["num_drafts"] >= (3 if draft == NGRAM else 40)  # a check of something, not of nothing
     if draft == "layers:20":  # vLLM drafts k every step, whatever the output limit
         assert counters["num_draft_tokens"] == 3 * counters["num_drafts"]
