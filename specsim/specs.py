@@ -56,6 +56,12 @@ HEAD_KINDS = {  # heads `train-draft` trains
            "decoder block, the target's LM head; reused at every depth, trained unrolled on its own states",
 }
 
+PROMPT_USES = {  # what the prompt is to `train-draft` (a cache stores states at generated positions only)
+    "context": "the head attends over the prompt's states, as when it drafts; the loss is on the generated tokens",
+    "loss": "as context, and the loss also covers the prompt's tokens (the target's laws on text it did not write)",
+    "none": "the generated part alone: the head never sees the prompt (a mismatch with drafting, kept to measure it)",
+}
+
 
 def vocab_help(vocab: dict) -> str:
     """'a: what a means; b: ...' for a --help text."""

@@ -369,6 +369,50 @@ def test_an_interrupted_training_saves_the_head_with_its_own_heldout_numbers(tra
     assert "7 steps" in training_summary({"path": str(out)}) and "trajectories)" in training_summary({"path": str(out)})
 
 
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp"])
+def test_training_computes_the_laws_the_head_drafts(training_cache, tiny_model_dir, kind):
+    """What training fits is what drafting uses: the training's law of depth d from every generated start equals
+    the recorder's draft there (`HeadDraft.start_logits`, which attends over the prompt's states too) for the same
+    head. Trained blind to the prompt (--prompt none, how heads were trained before), the laws differ."""
+    import torch
+
+    from specsim.cache.store import CacheReader
+    from specsim.record import train as training
+    from specsim.record.heads import HeadDraft, build, head_config_for, target_hidden
+    from specsim.record.models import load_model
+
+    target = load_model(str(tiny_model_dir))
+    torch.manual_seed(1)
+    config = head_config_for(kind, target, aux_layers=EAGLE3_LAYERS if kind == "eagle3" else ())
+    head = HeadDraft(name=f"{kind}:test", kind=kind, config=config, module=build(config).eval(), target=target)
+    depth = 1 if kind == "eagle" else 3
+    sequences = {}
+    for use in ("context", "none"):
+        sequences[use] = dict(training.load_sequences(training_cache[0], target, config.hidden_layers
+                                                      if kind != "eagle" else (), use)[:6:2])  # prompts 0, 1, 2
+    with CacheReader(training_cache[0]) as reader:
+        rows = [next(r for r in reader.iter_trajectories() if r.prompt_index == i) for i in sequences["context"]]
+        for row in rows:
+            prompt = reader.prompt_token_ids(row.prompt_index).astype(np.int64)
+            x = torch.as_tensor(np.concatenate([prompt, reader.tokens(row.start, row.stop).astype(np.int64)]))
+            states = {k: v.half().float() for k, v in target_hidden(target, x, config.hidden_layers).items()}
+            drafted = head.start_logits(head.features(states), x, len(prompt), depth)  # (n, depth, V): call s
+            for use, seqs in sequences.items():
+                with torch.no_grad():
+                    laws = training.terms(kind, head.module, target, seqs[row.prompt_index], depth).depths
+                assert len(laws) == depth
+                for d, (q, _, y) in enumerate(laws, start=1):
+                    # a training row from start t predicts the token d places on: the recorder's call t + 1
+                    assert torch.equal(y, torch.as_tensor(x[len(prompt) + d:]))
+                    got = torch.log_softmax(q.float(), -1)
+                    want = torch.log_softmax(drafted[1 : 1 + q.shape[0], d - 1], -1)
+                    gap = float((got - want).abs().max())
+                    if use == "context":
+                        assert gap < 1e-3, (kind, d, gap)
+                    else:
+                        assert gap > 0.05, (kind, d, gap)  # the prompt is missing from what it attends to
+
+
 def test_training_needs_hidden_states(tiny_cache, tiny_model_dir, tmp_path):
     from specsim.record.models import load_model
     from specsim.record.train import TrainConfig, train

@@ -36,6 +36,9 @@ from specsim.cli import _common as c
 @click.option("--draft-vocab", type=click.IntRange(min=0), default=0, show_default=True,
               help="EAGLE-3: draft over the N most frequent tokens of the training trajectories (d2t maps them to the "
                    "target's ids); 0: the target's whole vocabulary.")
+@click.option("--prompt", "prompt_use", type=c.choice(registry.PROMPT_USES), default="context", show_default=True,
+              help="What the prompt is to the training (its states are computed by the target; a cache stores "
+                   "the generated positions'): " + registry.vocab_help(registry.PROMPT_USES) + ".")
 @click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True, help="Optimiser steps.")
 @click.option("--batch", type=click.IntRange(min=1), default=4, show_default=True, help="Trajectories per step.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True,
@@ -50,8 +53,8 @@ from specsim.cli import _common as c
 @c.seed_option
 @c.quiet_option
 @c.friendly_errors
-def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, draft_vocab, steps, batch, lr,
-                holdout_every, save_every, device, out, overwrite, seed, quiet):
+def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, draft_vocab, prompt_use, steps,
+                batch, lr, holdout_every, save_every, device, out, overwrite, seed, quiet):
     """Train head drafts for TARGET by self-distillation on a cache's trajectories.
 
     The loss is against the target's whole next-token law (softmax of its LM head on the
@@ -98,7 +101,7 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
     config = TrainConfig(kind=kind, heads=heads, steps=steps, lr=lr, batch=batch, holdout_every=holdout_every,
                          save_every=save_every, seed=seed, ttt_steps=ttt_steps, aux_layers=aux, draft_vocab=draft_vocab,
                          ttt_decay=ttt_decay if ttt_decay is not None else 0.6 if kind == "mtp" else 1.0,
-                         mtp_style=mtp_style)
+                         mtp_style=mtp_style, prompt=prompt_use)
     with sigterm_as_interrupt():  # SIGTERM (a scheduler's stop) saves the last checkpoint as Ctrl-C does
         outcome = train(cache, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True))
 

@@ -10,8 +10,8 @@ recommend for matching the deployed distribution), not only its sampled token.
   the heads' ResBlocks trained and the LM head the target's (frozen, shared).
 * EAGLE (Li et al. 2024): the layer reads (h_t, embed(y_t)) and predicts h_{t+1}; loss =
   SmoothL1(ĥ_{t+1}, h_{t+1}) + 0.1 · CE(p_{t+1}, softmax(lm_head(ĥ_{t+1}))) — EAGLE's
-  feature-regression and token losses with its weights (v_w = 1, p_w = 0.1). Teacher-forced
-  on each trajectory's generated part (its prompt's features are not stored), causal.
+  feature-regression and token losses with its weights (v_w = 1, p_w = 0.1). Teacher-forced,
+  causal.
 * EAGLE-3 (Li et al. 2025; speculators' `Eagle3DraftModel.forward`, SpecForge's online
   trainer): the layer reads the target's fused low/middle/high states (the cache must hold
   them: `--hidden-states last,K1,K2,K3`) and is trained with training-time test: unrolled
@@ -27,6 +27,16 @@ recommend for matching the deployed distribution), not only its sampled token.
   its own previous state and the target's token, as vLLM chains it — with loss Σ_d
   decay^(d-1) · CE(p_{t+d}, q_d) (speculators' default decay 0.6); the LM head is the target's
   (frozen), the final norm starts from the target's.
+
+The prompt is the heads' context, as it is when they draft: a head drafting a call attends over
+the target's states at every earlier position, the prompt's included (`HeadDraft.start_logits`),
+and EAGLE's and SpecForge's trainers run the whole conversation through the head with the loss
+masked to the response. A cache stores states at generated positions only, so the prompt's are
+computed here by the target (one forward per prompt), rounded to float16 as the cache rounds the
+rest. `prompt` (PROMPT_USES) chooses: "context" (the default; the loss on generated tokens only),
+"loss" (the prompt's tokens are predicted too: the target's laws on text it did not write, more
+positions per recording), "none" (the generated part alone, the head blind to the prompt: how
+heads were trained before, kept to measure the difference).
 
 Prompts are split into training and held-out sets by index (every k-th prompt held out), so
 the held-out numbers are on prompts the heads never saw. Checkpoints go to `--out` every
@@ -44,7 +54,7 @@ import numpy as np
 import torch
 
 from specsim.errors import CacheError, ModelError
-from specsim.specs import HEAD_KINDS
+from specsim.specs import HEAD_KINDS, PROMPT_USES
 
 
 CURVE_HELDOUT = 24  # held-out trajectories the training curve evaluates at each checkpoint (all of them at the end)
@@ -67,6 +77,7 @@ class TrainConfig:
     aux_layers: tuple = ()  # EAGLE-3: the target layers fused (default: the target's low, middle and high)
     draft_vocab: int = 0  # EAGLE-3: draft vocabulary size (0: the target's whole vocabulary)
     mtp_style: str = "deepseek"  # MTP: "deepseek" | "mimo" (`specsim.record.heads.MTP_STYLES`)
+    prompt: str = "context"  # what the prompt is to the training (PROMPT_USES)
 
 
 @dataclass
@@ -86,18 +97,30 @@ class TrainOutcome:
 class TrainSequence:
     """One trajectory's training data."""
 
-    hidden: torch.Tensor  # (n, H) float32: row t gave p_t
-    tokens: torch.Tensor  # (n,) int64 y_t
-    start: int  # input position of row 0 (prompt length - 1)
+    hidden: torch.Tensor  # (n, H) float32: row r is the state at input position start + r, which gave p for tokens[r]
+    tokens: torch.Tensor  # (n,) int64: the token after row r's position
+    start: int  # input position of row 0: 0 with the prompt's rows, else the prompt length - 1
     features: torch.Tensor | None = None  # (n, F) EAGLE-3, MTP: the states the head reads, side by side
+    context: int = 0  # leading rows that are the prompt's (prompt length - 1, or 0): not the target's own output
+
+    def loss_from(self, config: "TrainConfig") -> int:
+        """The first row a training step's loss covers: the generated part's, or row 0 with `prompt` "loss"."""
+        return 0 if config.prompt == "loss" else self.context
 
 
-def load_sequences(cache, target, layers: tuple[str, ...] = ()) -> list[tuple[int, TrainSequence]]:
+def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "context", *,
+                   progress: bool = False) -> list[tuple[int, TrainSequence]]:
     """(prompt index, trajectory) of every trajectory of 2+ tokens in a cache with hidden states, checked
     against `target`; `layers` (the head's: EAGLE-3's fused layers, MTP's state) are read side by side into
-    `features`."""
-    from specsim.cache.store import CacheReader
+    `features`. Unless `prompt` is "none", each trajectory is preceded by its prompt's states, computed by
+    `target` (`context` rows)."""
+    from tqdm.auto import tqdm
 
+    from specsim.cache.store import CacheReader
+    from specsim.record.heads import target_hidden
+
+    if prompt not in PROMPT_USES:
+        raise ModelError(f"--prompt {prompt!r}: one of {', '.join(PROMPT_USES)}")
     with CacheReader(cache) as reader:
         want = tuple(dict.fromkeys(("last", *layers)))
         missing = [k for k in want if k not in reader.spec.hidden]
@@ -105,22 +128,37 @@ def load_sequences(cache, target, layers: tuple[str, ...] = ()) -> list[tuple[in
             raise CacheError(f"{reader.path} has no hidden states {','.join(missing)} to train on (it holds "
                              f"{','.join(reader.spec.hidden) or 'none'}); record it with `specsim cache ... "
                              f"--hidden-states {','.join(want)}`")
-        want = reader.run.tokenizer_sha256
-        if want and want != target.info.get("tokenizer_sha256"):
+        sha = reader.run.tokenizer_sha256
+        if sha and sha != target.info.get("tokenizer_sha256"):
             raise ModelError(f"{reader.path} was recorded with target {reader.run.setting('target')!r} "
                              f"(another tokenizer); --target {target.name} is not that model")
         H = int(target.model.config.hidden_size)
         if reader.spec.hidden_size != H:
             raise ModelError(f"{reader.path} stores hidden states of width {reader.spec.hidden_size}; --target "
                              f"{target.name} has hidden size {H}")
-        rows = list(reader.iter_trajectories())
-        states = lambda k, row: reader.hidden(k, row.start, row.stop).astype(np.float32)  # noqa: E731
-        return [(row.prompt_index, TrainSequence(
-            hidden=torch.as_tensor(states("last", row)),
-            tokens=torch.as_tensor(reader.tokens(row.start, row.stop).astype(np.int64)),
-            start=len(reader.prompt_token_ids(row.prompt_index)) - 1,
-            features=torch.as_tensor(np.concatenate([states(k, row) for k in layers], axis=1)) if layers else None))
-            for row in rows if row.length >= 2]
+        rows = [row for row in reader.iter_trajectories() if row.length >= 2]
+        ids = {i: reader.prompt_token_ids(i).astype(np.int64) for i in sorted({row.prompt_index for row in rows})}
+        context = {}  # prompt index -> {layer: (prompt length - 1, H) float32}, rounded as the cache rounds states
+        if prompt != "none":
+            device = target.info.get("device", "cpu")
+            for i in tqdm(ids, desc="prompt states", unit="prompt", disable=not progress, dynamic_ncols=True):
+                if len(ids[i]) >= 2:
+                    states = target_hidden(target, torch.as_tensor(ids[i], device=device), want)
+                    context[i] = {k: v.half().float().cpu() for k, v in states.items()}
+
+        def sequence(row) -> TrainSequence:
+            before = context.get(row.prompt_index)
+            states = {k: torch.as_tensor(reader.hidden(k, row.start, row.stop).astype(np.float32)) for k in want}
+            tokens = torch.as_tensor(reader.tokens(row.start, row.stop).astype(np.int64))
+            if before is not None:
+                states = {k: torch.cat([before[k], v]) for k, v in states.items()}
+                tokens = torch.cat([torch.as_tensor(ids[row.prompt_index][1:]), tokens])
+            return TrainSequence(
+                hidden=states["last"], tokens=tokens, start=0 if before is not None else len(ids[row.prompt_index]) - 1,
+                features=torch.cat([states[k] for k in layers], dim=1) if layers else None,
+                context=0 if before is None else len(ids[row.prompt_index]) - 1)
+
+        return [(row.prompt_index, sequence(row)) for row in rows]
 
 
 def split(seqs, every: int) -> tuple[list[TrainSequence], list[TrainSequence]]:
@@ -150,50 +188,55 @@ class Terms:
     vocab: torch.Tensor | None = None  # EAGLE-3 with a draft vocabulary: its target ids (the loss is over them)
 
 
-def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full: bool = True) -> Terms:
+def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full: bool = True,
+          loss_from: int | None = None) -> Terms:
     """Medusa: head k at h_t against p_{t+1+k}. EAGLE: the layer on (h_t, embed(y_t)), teacher-forced and causal,
     its feature against h_{t+1} and its law against p_{t+1}. EAGLE-3: unrolled `depth` deep on its own features
     from every start t, depth d's law against p_{t+d}; full=False (training) computes both laws' logits on the
-    draft vocabulary only, all the loss reads."""
+    draft vocabulary only, all the loss reads. The head runs over every row (the prompt's are its context); the
+    terms are those of starts t >= `loss_from` (default: the first generated row, `seq.context`)."""
     lm_head = target.model.get_output_embeddings()
     h = seq.hidden.to(next(module.parameters()).device)
     y = seq.tokens.to(h.device)
     n = h.shape[0]
-    if kind == "medusa":
-        q_all = module(h, lm_head)  # (n, K, V)
+    a = seq.context if loss_from is None else loss_from
+    if kind == "medusa":  # no attention: the prompt's rows are only more starts
+        q_all = module(h[a:], lm_head)  # (n - a, K, V)
         depths = []
-        for k in range(min(q_all.shape[1], n - 1)):
+        for k in range(min(q_all.shape[1], n - a - 1)):
             with torch.no_grad():
-                p_logits = lm_head(h[1 + k :])  # (n - 1 - k, V)
-            depths.append((q_all[: n - 1 - k, k], p_logits, y[1 + k :]))
+                p_logits = lm_head(h[a + 1 + k :])  # (n - a - 1 - k, V)
+            depths.append((q_all[: n - a - 1 - k, k], p_logits, y[a + 1 + k :]))
         return Terms(depths)
     if kind in ("eagle3", "mtp"):
         from specsim.record.heads import unroll
 
         embed = target.model.get_input_embeddings()
         m = n - 1  # entries (f_t, y_t), t = 0..n-2: the last row has no next token to predict
-        feats = unroll(lambda *a, from_target: module(*a, embed, from_target=from_target), seq.features.to(h.device)[:m],
-                       y[:m], torch.arange(m, device=h.device), min(depth, m), first=seq.start)
+        feats = unroll(lambda *args, from_target: module(*args, embed, from_target=from_target),
+                       seq.features.to(h.device)[:m], y[:m], torch.arange(a, m, device=h.device), min(depth, m - a),
+                       first=seq.start)
         if kind == "mtp":  # the target's whole vocabulary, through its LM head
-            return Terms([(module.logits(f[: n - d], lm_head), _no_grad(lm_head, h[d:n]), y[d:n])
+            return Terms([(module.logits(f[: n - a - d], lm_head), _no_grad(lm_head, h[a + d : n]), y[a + d : n])
                           for d, f in enumerate(feats, start=1)])
         V = int(target.vocab_size)
         vocab = None if module.d2t is None else torch.arange(len(module.d2t), device=h.device) + module.d2t
         restrict = vocab is not None and not full
         depths = []
         for d, f in enumerate(feats, start=1):
-            with torch.no_grad():  # p_{t+d} for starts t = 0..n-1-d: (n - d, V), or (n - d, V_draft) restricted
-                p_logits = torch.nn.functional.linear(h[d:n], lm_head.weight[vocab]) if restrict else lm_head(h[d:n])
-            q_logits = module.draft_logits(f[: n - d]) if restrict else module.logits(f[: n - d], V)
-            depths.append((q_logits, p_logits, y[d:n]))
+            rows = h[a + d : n]  # p_{t+d} for starts t = a..n-1-d
+            with torch.no_grad():  # (n - a - d, V), or (n - a - d, V_draft) restricted
+                p_logits = torch.nn.functional.linear(rows, lm_head.weight[vocab]) if restrict else lm_head(rows)
+            q_logits = module.draft_logits(f[: n - a - d]) if restrict else module.logits(f[: n - a - d], V)
+            depths.append((q_logits, p_logits, y[a + d : n]))
         return Terms(depths, vocab=None if restrict else vocab)
     pos = torch.arange(n - 1, device=h.device) + seq.start
     causal = torch.ones(n - 1, n - 1, dtype=torch.bool, device=h.device).tril()
     feats, _ = module(h[None, :-1], y[None, :-1], pos[None], causal[None], None, target.model.get_input_embeddings())
-    pred = feats[0]  # (n - 1, H): ĥ_{t+1}
+    pred = feats[0, a:]  # (n - 1 - a, H): ĥ_{t+1}
     with torch.no_grad():
-        p_logits = lm_head(h[1:])
-    return Terms([(lm_head(pred), p_logits, y[1:])], regression=(pred, h[1:]))
+        p_logits = lm_head(h[a + 1 :])
+    return Terms([(lm_head(pred), p_logits, y[a + 1 :])], regression=(pred, h[a + 1 :]))
 
 
 def _no_grad(f, x):
@@ -217,7 +260,7 @@ def loss(t: Terms, config: "TrainConfig") -> torch.Tensor:
 def evaluate(kind, module, target, seqs, config: TrainConfig) -> dict:
     """Held-out loss, top-1 agreement with the target's token and overlap Σ min(p, q) (a one-token draft's
     acceptance at T = 1) per depth (Medusa: head k; EAGLE: depth 1, teacher-forced; EAGLE-3: depths 1..ttt_steps
-    on its own features, the target's tokens fed)."""
+    on its own features, the target's tokens fed), on the generated tokens: what a head drafts."""
     losses, hits, counts, overlap = [], {}, {}, {}
     for seq in seqs:
         t = terms(kind, module, target, seq, config.ttt_steps)
@@ -231,12 +274,12 @@ def evaluate(kind, module, target, seqs, config: TrainConfig) -> dict:
             "overlap": {d: overlap[d] / counts[d] for d in sorted(counts)}}
 
 
-def draft_vocabulary(seqs: list[TrainSequence], size: int, vocab: int) -> np.ndarray:
-    """The `size` most frequent target tokens of the training trajectories, ascending (ties: the lower id), as
-    speculators' `build_vocab_mappings_from_distribution` picks an EAGLE-3 draft vocabulary."""
+def draft_vocabulary(seqs: list[TrainSequence], size: int, vocab: int, config: "TrainConfig") -> np.ndarray:
+    """The `size` most frequent tokens the loss covers in the training trajectories, ascending (ties: the lower
+    id), as speculators' `build_vocab_mappings_from_distribution` picks an EAGLE-3 draft vocabulary."""
     if not 0 < size <= vocab:
         raise ModelError(f"--draft-vocab {size}: give 1..{vocab:,} (the target's vocabulary), or 0 for all of it")
-    counts = np.bincount(np.concatenate([s.tokens.numpy() for s in seqs]), minlength=vocab)
+    counts = np.bincount(np.concatenate([s.tokens[s.loss_from(config):].numpy() for s in seqs]), minlength=vocab)
     order = np.lexsort((np.arange(vocab), -counts))  # by count, descending; then by id
     return np.sort(order[:size])
 
@@ -256,11 +299,14 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     aux = (tuple(config.aux_layers) or default_aux_layers(int(target.model.config.num_hidden_layers))
            if config.kind == "eagle3" else ())
     head_config = head_config_for(config.kind, target, heads=config.heads, aux_layers=aux, mtp_style=config.mtp_style)
-    seqs = load_sequences(cache, target, head_config.hidden_layers if config.kind in ("eagle3", "mtp") else ())
+    blind = config.kind == "medusa" and config.prompt == "context"  # Medusa attends to nothing: no context to give
+    seqs = load_sequences(cache, target, head_config.hidden_layers if config.kind in ("eagle3", "mtp") else (),
+                          "none" if blind else config.prompt, progress=progress)
     train_seqs, held = split(seqs, config.holdout_every)
     with CacheReader(cache) as reader:  # which prompts it saw: simulate, validate and report say when it meets them
         seen = trained_on(reader, {i for i, _ in seqs if i % config.holdout_every != config.holdout_every - 1})
-    draft_ids = draft_vocabulary(train_seqs, config.draft_vocab, int(target.vocab_size)) if config.draft_vocab else None
+    draft_ids = (draft_vocabulary(train_seqs, config.draft_vocab, int(target.vocab_size), config)
+                 if config.draft_vocab else None)
     if draft_ids is not None:
         head_config = head_config_for(config.kind, target, heads=config.heads, aux_layers=aux,
                                       draft_vocab_size=len(draft_ids))
@@ -284,10 +330,11 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
         module.lm_head.weight.requires_grad_(False)
     for p in target.model.parameters():
         p.requires_grad_(False)
-    n_train = sum(int(s.tokens.shape[0]) for s in train_seqs)
-    n_held = sum(int(s.tokens.shape[0]) for s in held)
-    echo(f"training {config.kind} heads for {target.name} on {len(train_seqs)} trajectories ({n_train} positions); "
-         f"held out: {len(held)} ({n_held} positions, every {config.holdout_every}th prompt)")
+    n_train = sum(int(s.tokens.shape[0]) - s.loss_from(config) for s in train_seqs)
+    n_held = sum(int(s.tokens.shape[0]) - s.context for s in held)
+    echo(f"training {config.kind} heads for {target.name} on {len(train_seqs)} trajectories ({n_train} positions"
+         f"{', prompts included' if config.prompt == 'loss' else ''}); held out: {len(held)} ({n_held} generated "
+         f"positions, every {config.holdout_every}th prompt); the prompt: {config.prompt} ({PROMPT_USES[config.prompt]})")
     outcome = TrainOutcome(steps=0, seconds=0.0, positions=n_train, heldout_positions=n_held)
     module.eval()
     outcome.before = evaluate(config.kind, module, target, held, config)
@@ -314,8 +361,8 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
         for step in range(config.steps):
             batch = rng.choice(len(train_seqs), size=min(config.batch, len(train_seqs)), replace=False)
             optimiser.zero_grad()
-            total = sum(loss(terms(config.kind, module, target, train_seqs[i], config.ttt_steps, full=False), config)
-                        for i in batch) / len(batch)
+            total = sum(loss(terms(config.kind, module, target, train_seqs[i], config.ttt_steps, full=False,
+                                   loss_from=train_seqs[i].loss_from(config)), config) for i in batch) / len(batch)
             total.backward()
             optimiser.step()
             outcome.steps = step + 1
