@@ -30,8 +30,10 @@ recommend for matching the deployed distribution), not only its sampled token.
 
 The prompt is the heads' context, as it is when they draft: a head drafting a call attends over
 the target's states at every earlier position, the prompt's included (`HeadDraft.start_logits`),
-and EAGLE's and SpecForge's trainers run the whole conversation through the head with the loss
-masked to the response. A cache stores states at generated positions only, so the prompt's are
+and EAGLE-3's and SpecForge's trainers run the whole conversation through the head with the loss
+masked to the assistant's response (SpecForge 0.2's `specforge/data/preprocessing.py`,
+`preprocess_conversations`, copied from EAGLE's `traineagle3/cnets.py`: loss_mask 1 on the
+assistant spans only). A cache stores states at generated positions only, so the prompt's are
 computed here by the target (one forward per prompt), rounded to float16 as the cache rounds the
 rest. `prompt` (PROMPT_USES) chooses: "context" (the default; the loss on generated tokens only),
 "loss" (the prompt's tokens are predicted too: the target's laws on text it did not write, more
