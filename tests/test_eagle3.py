@@ -299,6 +299,7 @@ def test_simulate_and_report_say_when_a_head_meets_its_training_prompts(training
     assert "note: held.h5" not in result.output
     page = (tmp_path / "report" / "index.html").read_text()
     assert "trained by specsim train-draft: 60 steps on" in page and "held-out top-1" in page  # how, in its setup
+    assert "train.h5, the prompt as context; held-out top-1" in page
     # the heads section: the head beside the suffix draft at equal budget, how it was trained, which prompts it saw
     import polars as pl
 

@@ -86,13 +86,19 @@ def leakage_lines(cache, drafts) -> list[str]:
 
 def training_summary(info) -> str:
     """How a head draft was trained, from its checkpoint's config.json ("trained by specsim train-draft: 1,200
-    steps on 25,379 positions of train.h5; held-out top-1 0.247 at depth 1"), or "" when it says nothing (a published
-    head, or a head draft not found)."""
+    steps on 25,379 positions of train.h5, the prompt as context; held-out top-1 0.247 at depth 1"), or "" when it
+    says nothing (a published head, or a head draft not found). Heads trained before `--prompt` existed were blind
+    to the prompt, and say so."""
     training = _training_record(info.get("path") if info else None)
     if not training:
         return ""
     text = (f"trained by specsim train-draft: {int(training.get('steps', 0)):,} steps on "
             f"{int(training.get('positions', 0)):,} positions of {Path(str(training.get('cache', '?'))).name}")
+    config = training.get("config") or {}
+    prompt = config.get("prompt", "none")  # heads trained before --prompt never saw it
+    if config.get("kind") != "medusa" or prompt == "loss":  # Medusa attends to nothing: context is moot
+        text += {"context": ", the prompt as context", "loss": ", the prompt as context and in the loss",
+                 "none": ", blind to the prompt"}.get(prompt, "")
     top1 = (training.get("heldout") or {}).get("top1") or {}
     if top1:
         over = training.get("heldout_trajectories")
