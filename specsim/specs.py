@@ -58,8 +58,8 @@ HEAD_KINDS = {  # heads `train-draft` trains
 
 PROMPT_USES = {  # what the prompt is to `train-draft` (a cache stores states at generated positions only)
     "context": "the head attends over the prompt's states, as when it drafts; the loss is on the generated tokens",
-    "loss": "as context, and the loss also covers the prompt's tokens (the target's laws on text it did not write)",
-    "none": "the generated part alone: the head never sees the prompt (a mismatch with drafting, kept to measure it)",
+    "loss": "as context, and the loss also covers the prompt's tokens: the target's laws on text it did not write",
+    "none": "the generated part alone: the head never sees the prompt, a mismatch with drafting kept to measure it",
 }
 
 

@@ -413,6 +413,13 @@ def test_training_computes_the_laws_the_head_drafts(training_cache, tiny_model_d
                         assert gap < 1e-3, (kind, d, gap)
                     else:
                         assert gap > 0.05, (kind, d, gap)  # the prompt is missing from what it attends to
+            seq = sequences["context"][row.prompt_index]
+            with torch.no_grad():  # --prompt loss: the prompt's starts too, and the same laws from the generated ones
+                wider = training.terms(kind, head.module, target, seq, depth, loss_from=0).depths
+                laws = training.terms(kind, head.module, target, seq, depth).depths
+            for (q_all, _, y_all), (q, _, y) in zip(wider, laws):
+                assert q_all.shape[0] == q.shape[0] + seq.context and torch.equal(y_all[seq.context:], y)
+                assert torch.allclose(q_all[seq.context:], q, atol=1e-4)
 
 
 def test_training_needs_hidden_states(tiny_cache, tiny_model_dir, tmp_path):
