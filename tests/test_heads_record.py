@@ -399,9 +399,10 @@ def test_training_computes_the_laws_the_head_drafts(training_cache, tiny_model_d
             x = torch.as_tensor(np.concatenate([prompt, reader.tokens(row.start, row.stop).astype(np.int64)]))
             states = {k: v.half().float() for k, v in target_hidden(target, x, config.hidden_layers).items()}
             drafted = head.start_logits(head.features(states), x, len(prompt), depth)  # (n, depth, V): call s
+            fitted = {}
             for use, seqs in sequences.items():
                 with torch.no_grad():
-                    laws = training.terms(kind, head.module, target, seqs[row.prompt_index], depth).depths
+                    laws = fitted[use] = training.terms(kind, head.module, target, seqs[row.prompt_index], depth).depths
                 assert len(laws) == depth
                 for d, (q, _, y) in enumerate(laws, start=1):
                     # a training row from start t predicts the token d places on: the recorder's call t + 1
@@ -416,8 +417,7 @@ def test_training_computes_the_laws_the_head_drafts(training_cache, tiny_model_d
             seq = sequences["context"][row.prompt_index]
             with torch.no_grad():  # --prompt loss: the prompt's starts too, and the same laws from the generated ones
                 wider = training.terms(kind, head.module, target, seq, depth, loss_from=0).depths
-                laws = training.terms(kind, head.module, target, seq, depth).depths
-            for (q_all, _, y_all), (q, _, y) in zip(wider, laws):
+            for (q_all, _, y_all), (q, _, y) in zip(wider, fitted["context"]):
                 assert q_all.shape[0] == q.shape[0] + seq.context and torch.equal(y_all[seq.context:], y)
                 assert torch.allclose(q_all[seq.context:], q, atol=1e-4)
 

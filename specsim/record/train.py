@@ -149,16 +149,16 @@ def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "c
                     context[i] = {k: v.half().float().cpu() for k, v in states.items()}
 
         def sequence(row) -> TrainSequence:
-            before = context.get(row.prompt_index)
+            prompt_ids, before = ids[row.prompt_index], context.get(row.prompt_index)
             states = {k: torch.as_tensor(reader.hidden(k, row.start, row.stop).astype(np.float32)) for k in want}
             tokens = torch.as_tensor(reader.tokens(row.start, row.stop).astype(np.int64))
             if before is not None:
                 states = {k: torch.cat([before[k], v]) for k, v in states.items()}
-                tokens = torch.cat([torch.as_tensor(ids[row.prompt_index][1:]), tokens])
-            return TrainSequence(
-                hidden=states["last"], tokens=tokens, start=0 if before is not None else len(ids[row.prompt_index]) - 1,
-                features=torch.cat([states[k] for k in layers], dim=1) if layers else None,
-                context=0 if before is None else len(ids[row.prompt_index]) - 1)
+                tokens = torch.cat([torch.as_tensor(prompt_ids[1:]), tokens])
+            rows_before = 0 if before is None else len(prompt_ids) - 1  # the prompt's rows, when given
+            return TrainSequence(hidden=states["last"], tokens=tokens, start=len(prompt_ids) - 1 - rows_before,
+                                 features=torch.cat([states[k] for k in layers], dim=1) if layers else None,
+                                 context=rows_before)
 
         return [(row.prompt_index, sequence(row)) for row in rows]
 

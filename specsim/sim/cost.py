@@ -381,7 +381,7 @@ def _differing(measured: ModelId, wanted: ModelId) -> str:
 
 @dataclass(frozen=True)
 class _Replicated:
-    """A profile read from its stacked replica tables, each query point reading the replica `_replica` gives it
+    """A profile read from its stacked replica tables, each query point reading the replica `_along` gives it
     (-1: the profile itself)."""
 
     profile: ProfileCost
@@ -394,6 +394,10 @@ class _Replicated:
         return self.profile.engine
 
     def _replica(self, *query) -> np.ndarray:
+        """The replica index of every point of a query, broadcastable against it (`_along` its dimensions)."""
+        return self._along(np.broadcast(*[np.asarray(q) for q in query]).ndim)
+
+    def _along(self, ndim: int) -> np.ndarray:
         raise NotImplementedError
 
     def verify_s(self, batch, tokens, context) -> np.ndarray:
@@ -416,9 +420,8 @@ class ByRow(_Replicated):
 
     which: np.ndarray  # (R,) replica per row
 
-    def _replica(self, *query) -> np.ndarray:
+    def _along(self, ndim: int) -> np.ndarray:
         """`which`, shaped to broadcast its rows along a query's leading axis."""
-        ndim = np.broadcast(*[np.asarray(q) for q in query]).ndim
         return self.which.reshape((-1,) + (1,) * max(ndim - 1, 0)) if ndim else self.which
 
 
@@ -431,9 +434,8 @@ class AllReplicas(_Replicated):
     def lead(self) -> tuple[int]:
         return (len(self.profile.replicas),)
 
-    def _replica(self, *query) -> np.ndarray:
+    def _along(self, ndim: int) -> np.ndarray:
         """0..R-1 along a new leading axis of the query's shape."""
-        ndim = np.broadcast(*[np.asarray(q) for q in query]).ndim
         return np.arange(self.lead[0]).reshape((-1,) + (1,) * ndim)
 
 
