@@ -184,7 +184,8 @@ def profile(request: dict, folder: str) -> dict:
                       "num_speculative_tokens": int(run["fixed"])}
         kwargs = dict(model=request["model"], dtype=request.get("dtype", "float32"), enforce_eager=True,
                       seed=int(request.get("seed", 0)), max_model_len=int(request["max_model_len"]),
-                      max_num_seqs=max(request["batches"]), disable_log_stats=False)
+                      max_num_seqs=max(request["batches"]), disable_log_stats=False,
+                      compilation_config=compilation_config(request["model"]))
         if config:
             kwargs.update(speculative_config=config, per_request_spec_decode_metrics="detailed")
         llm = LLM(**kwargs)
@@ -233,6 +234,28 @@ def check_configs(request: dict) -> dict:
     return out
 
 
+NATIVE_ROPE = ("deepseek_v2", "deepseek_v3")  # model types whose rotary embedding runs vLLM's PyTorch code on CPU
+
+
+def compilation_config(model: str) -> dict | None:
+    """vLLM 0.32's CPU build rotates the latent attention's queries and keys of DeepSeek-V2/V3 (GPT-J-style
+    rotary on a slice of each head, `is_neox_style=False`) wrongly in its C++ `rotary_embedding` op: on a tiny
+    DeepSeek-V3 (float32) its prompt log-probabilities equal transformers' at position 0 and differ from
+    position 1 on (-9.0117 against -9.0659), and with the op excluded (vLLM's own `forward_native`) they agree to
+    1e-6 at every position, so for those models on CPU the op runs natively. (vLLM PR #31643 made the same
+    change for other custom ops on CPU.) None: vLLM's defaults."""
+    from vllm.platforms import current_platform
+
+    try:
+        with open(os.path.join(model, "config.json")) as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError):
+        return None
+    if model_type in NATIVE_ROPE and current_platform.is_cpu():
+        return {"custom_ops": ["all", "-rotary_embedding"]}
+    return None
+
+
 def main(request_path: str, result_path: str) -> None:
     with open(request_path) as f:
         request = json.load(f)
@@ -264,7 +287,8 @@ def main(request_path: str, result_path: str) -> None:
         kwargs = dict(model=request["model"], tokenizer=request.get("tokenizer") or request["model"],
                       dtype=request.get("dtype", "float32"), enforce_eager=True, seed=int(request.get("seed", 0)),
                       max_model_len=int(request["max_model_len"]), max_num_seqs=int(request.get("batch", 1)),
-                      disable_log_stats=False, enable_prefix_caching=False)
+                      disable_log_stats=False, enable_prefix_caching=False,
+                      compilation_config=compilation_config(request["model"]))
         if run.get("speculative_config"):  # vLLM refuses per-request spec metrics without speculation
             kwargs.update(speculative_config=run["speculative_config"], per_request_spec_decode_metrics="detailed")
         engines[run["name"]] = LLM(**kwargs)
