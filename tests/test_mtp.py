@@ -90,6 +90,66 @@ def build_mimo_target(out: Path) -> Path:
     return out
 
 
+def build_deepseek_target(out: Path, block: float = 0.05, state: float = 0.3, experts: float = 0.05) -> Path:
+    """A tiny DeepSeek-V3 checkpoint written by transformers (`DeepseekV3ForCausalLM`: latent attention at the
+    latent size vLLM's CPU kernel takes, 512 + 64; layer 0 dense, layer 1 a mixture of 4 experts in 2 groups, 2
+    chosen, a shared expert, a random router bias) whose layers write nothing (o_proj and every down_proj zero),
+    so it predicts the next token from the current one, with its DeepSeek MTP layer at model.layers.2.*
+    (`num_nextn_predict_layers` 1, keys as DeepSeek publishes them): enorm, hnorm, eh_proj over cat(embedding,
+    state) passing the embedding through, shared_head.norm and .head (the target's), embed_tokens, and a block
+    that is layer 1 before it was zeroed, its outputs at 0.05. The layer thus proposes what the target takes
+    next, disturbed by its latent attention, its routed experts and its state half."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
+
+    build_tiny_model(out)  # its tokenizer; the model is replaced
+    for f in out.glob("model*.safetensors"):
+        f.unlink()
+    tokenizer, H, L = AutoTokenizer.from_pretrained(out), 128, 2
+    config = DeepseekV3Config(
+        vocab_size=384, hidden_size=H, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=L,
+        num_attention_heads=2, num_key_value_heads=2, n_shared_experts=1, n_routed_experts=4, n_group=2,
+        topk_group=1, num_experts_per_tok=1, first_k_dense_replace=1, routed_scaling_factor=2.5, kv_lora_rank=512,
+        q_lora_rank=96, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32, max_position_embeddings=1024,
+        initializer_range=0.2, tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id)
+    torch.manual_seed(0)
+    model = DeepseekV3ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.norm.weight.uniform_(0.2, 2.0)
+        router = model.model.layers[1].mlp.gate
+        router.weight.normal_(0.0, 0.3)
+        router.e_score_correction_bias.normal_(0.0, 0.3)
+    model.save_pretrained(out)
+    weights = load_file(str(out / "model.safetensors"))
+    g = torch.Generator().manual_seed(1)
+    src, mtp = "model.layers.1.", f"model.layers.{L}."
+    layer = {mtp + k[len(src):]: v.clone() for k, v in weights.items() if k.startswith(src)}
+    for k in layer:
+        if k.endswith(("o_proj.weight", "down_proj.weight")):
+            layer[k] *= experts if ".experts." in k else block
+    eh = torch.randn(H, 2 * H, generator=g) * state / H ** 0.5
+    eh[:, :H] = torch.eye(H)  # DeepSeek's order: cat(embedding, state)
+    layer.update({mtp + "enorm.weight": torch.ones(H), mtp + "hnorm.weight": torch.rand(H, generator=g) + 0.5,
+                  mtp + "eh_proj.weight": eh, mtp + "shared_head.norm.weight": weights["model.norm.weight"].clone(),
+                  mtp + "shared_head.head.weight": weights["lm_head.weight"].clone(),
+                  mtp + "embed_tokens.weight": weights["model.embed_tokens.weight"].clone()})
+    for k in weights:
+        if k.startswith("model.layers.") and k.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[k] = torch.zeros_like(weights[k])
+    save_file({**weights, **layer}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    raw = json.loads((out / "config.json").read_text())
+    raw.update(num_nextn_predict_layers=1, topk_method="noaux_tc", scoring_func="sigmoid")  # as DeepSeek-V3's
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    return out
+
+
+@pytest.fixture(scope="module")
+def deepseek_target(tmp_path_factory) -> Path:
+    return build_deepseek_target(tmp_path_factory.mktemp("deepseek") / "target")
+
+
 @pytest.fixture(scope="module")
 def mimo_target(tmp_path_factory) -> Path:
     return build_mimo_target(tmp_path_factory.mktemp("mimo") / "target")
@@ -127,7 +187,8 @@ def test_a_targets_own_mtp_layer_loads_alone_and_computes_what_was_written(mimo_
 
 
 def test_mtp_checkpoints_that_specsim_cannot_run_are_refused_in_one_line(mimo_target, tmp_path):
-    """A DeepSeek-V3 MTP layer with MLA attention, and a checkpoint without MTP layers: one line each, naming why."""
+    """Latent attention outside DeepSeek-V3, DeepSeek-V3.2's sparse attention, another router, quantized weights,
+    and a checkpoint without MTP layers: one line each, naming why."""
     import torch
     from safetensors.torch import save_file
 
@@ -135,23 +196,56 @@ def test_mtp_checkpoints_that_specsim_cannot_run_are_refused_in_one_line(mimo_ta
     from specsim.record.models import load_model
 
     target = load_model(str(mimo_target))
-    mla = tmp_path / "deepseek"
-    mla.mkdir()
     L = 4
-    save_file({f"model.layers.{L}.enorm.weight": torch.ones(64), f"model.layers.{L}.hnorm.weight": torch.ones(64),
-               f"model.layers.{L}.eh_proj.weight": torch.zeros(64, 128),
-               f"model.layers.{L}.self_attn.q_a_proj.weight": torch.zeros(16, 64),
-               f"model.layers.{L}.self_attn.kv_a_proj_with_mqa.weight": torch.zeros(24, 64)}, str(mla / "model.safetensors"))
-    (mla / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": L,
-                                                 "num_nextn_predict_layers": 1, "hidden_size": 64}))
-    with pytest.raises(ModelError, match=r"self_attn\.(kv_a_proj_with_mqa|q_a_proj).*DeepSeek's MLA and MoE are not "
-                                         "supported") as err:
-        load_heads(f"mtp:{mla}", target)
-    assert "\n" not in str(err.value)
+    mla = {f"model.layers.{L}.enorm.weight": torch.ones(64), f"model.layers.{L}.hnorm.weight": torch.ones(64),
+           f"model.layers.{L}.eh_proj.weight": torch.zeros(64, 128),
+           f"model.layers.{L}.self_attn.q_a_proj.weight": torch.zeros(16, 64),
+           f"model.layers.{L}.self_attn.kv_a_proj_with_mqa.weight": torch.zeros(24, 64)}
+    deepseek = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": L,
+                "num_nextn_predict_layers": 1, "hidden_size": 64}
+    cases = [({"model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"]}, {},
+              "latent attention in a 'deepseek_v2' checkpoint; specsim runs DeepSeek-V3's"),
+             ({"index_topk": 2048}, {}, r"DeepSeek-V3\.2's sparse attention \(index_topk\) is not supported"),
+             ({"scoring_func": "softmax"}, {}, r"a router with \{'scoring_func': 'softmax'\}"),
+             ({"quantization_config": {"quant_method": "fp8"}},
+              {f"model.layers.{L}.self_attn.q_a_proj.weight_scale_inv": torch.ones(1, 1)},
+              r"weights are quantized \(fp8\); give it dequantized weights")]
+    for i, (config, extra, message) in enumerate(cases):
+        where = tmp_path / f"deepseek-{i}"
+        where.mkdir()
+        save_file({**mla, **extra}, str(where / "model.safetensors"))
+        (where / "config.json").write_text(json.dumps({**deepseek, **config}))
+        with pytest.raises(ModelError, match=message) as err:
+            load_heads(f"mtp:{where}", target)
+        assert "\n" not in str(err.value)
     plain = tmp_path / "plain"
     build_tiny_model(plain, family="qwen2")
     with pytest.raises(ModelError, match="no num_nextn_predict_layers: not a checkpoint with MTP layers"):
         load_heads(f"mtp:{plain}", target)
+
+
+def test_a_deepseek_v3_mtp_layer_loads_with_its_latent_attention_and_experts(deepseek_target):
+    """`mtp:DIR` on a DeepSeek-V3 checkpoint: the block is DeepSeek's own (transformers' latent attention, the
+    layer's experts), shaped by the checkpoint's config, and the module gives back exactly the keys written
+    (the per-expert weights that transformers' module stacks)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from specsim.record.heads import DeepseekBlock, load_heads
+    from specsim.record.models import load_model
+
+    target = load_model(str(deepseek_target))
+    head = load_heads(f"mtp:{deepseek_target}", target)
+    c = head.config
+    assert (c.mtp_style, c.mtp_index, head.hidden_layers, c.own_lm_head) == ("deepseek", 2, ("last",), True)
+    assert isinstance(head.module.layers[0], DeepseekBlock)
+    assert (c.block["kv_lora_rank"], c.block["n_routed_experts"], c.block["first_k_dense_replace"]) == (512, 4, 1)
+    assert type(head.module.layers[0].mlp).__name__ == "DeepseekV3MoE"  # layer 2 >= first_k_dense_replace
+    written = {k: v for k, v in load_file(str(deepseek_target / "model.safetensors")).items()
+               if k.startswith("model.layers.2.") and not k.endswith("embed_tokens.weight")}
+    got = head.module.weights()
+    assert set(got) == set(written) and all(torch.equal(got[k], written[k]) for k in written)
+    assert "model.layers.2.mlp.experts.3.up_proj.weight" in got
 
 
 def test_a_speculators_mtp_head_loads_and_computes_what_speculators_computes(tiny_model_dir, tmp_path):
@@ -288,6 +382,61 @@ def test_vllms_mtp_method_counts_what_the_replay_counts(mimo_target, tiny_prompt
     assert all(n > 0 for n in counters["num_accepted_tokens_per_pos"][:2]), counters  # a reused layer was accepted
 
 
+def test_live_decoding_of_a_deepseek_v3_target_and_its_mtp_layer_equals_the_replay(deepseek_target,
+                                                                                  tiny_prompts_file, tmp_path):
+    """`validate` decodes the DeepSeek-V3 target with its MTP layer live (the slot cache holding latent attention's
+    two differently shaped entries, the target's and the layer's) and every greedy call equals the replay's, on a
+    chain and on a tree."""
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+    from specsim.record.run import RecordRequest, record_cache
+
+    draft = f"mtp:{deepseek_target}"
+    cache = tmp_path / "deepseek.h5"
+    record_cache(cache, RecordRequest(target=str(deepseek_target), drafts=(draft,), prompts=str(tiny_prompts_file),
+                                      max_new_tokens=24, device="cpu", store="stats", overhang=8), progress=False)
+    out = CliRunner().invoke(main, ["validate", str(cache), "--draft", draft, "--tree", "chain:3", "--tree",
+                                    "kary:2,2", "--quiet"])
+    assert out.exit_code == 0, out.output
+    assert "all 2 checks passed" in out.output and out.output.count("PASS") == 2, out.output
+
+
+@pytest.mark.slow
+def test_vllms_mtp_method_on_deepseek_v3_counts_what_the_replay_counts(deepseek_target, tiny_prompts_file, tmp_path):
+    """vLLM's mtp method on the DeepSeek-V3 checkpoint (its deepseek_mtp.py: latent attention, the layer's experts
+    routed with their correction bias, the normed output fed back, the layer reused at each of 3 steps) at T = 0:
+    the same outputs, spec-decode counters per position and steps as specsim's replay of its recording. Replays
+    of wrong wirings of the same checkpoint disagree with vLLM's [28, 10, 1] accepted per position (probe runs,
+    analyses/results/mtp-deepseek-cpu-2026-11-26): the block's output fed back before the final norm (specsim's
+    DeepSeek wiring until then) [29, 6, 0]; the router without its correction bias [39, 8, 0]; the rotary
+    embedding not interleaved [25, 4, 1]."""
+    from specsim.engines.check import EngineReport, EngineValidateConfig, compare, read_cache
+    from specsim.engines.vllm import VllmRun, run_vllm, speculative_config
+    from specsim.record.run import RecordRequest, record_cache
+    from specsim.specs import parse_tree
+
+    python = vllm_or_skip()
+    draft, chain = f"mtp:{deepseek_target}", parse_tree("chain:3")
+    cache = tmp_path / "deepseek.h5"
+    record_cache(cache, RecordRequest(target=str(deepseek_target), drafts=(draft,), prompts=str(tiny_prompts_file),
+                                      max_new_tokens=40, device="cpu", store="stats", overhang=8), progress=False)
+    data = read_cache(cache)
+    config = speculative_config(draft, chain, "greedy", draft_dir=str(deepseek_target)).config
+    assert config == {"method": "mtp", "model": str(deepseek_target.resolve()), "num_speculative_tokens": 3}
+    run = VllmRun(model=str(deepseek_target), prompts=data.prompts, max_tokens=40, configs={"spec": config},
+                  max_model_len=max(map(len, data.prompts)) + 64)
+    result = run_vllm(run, python=python)
+    report = EngineReport()
+    compare(data, draft, chain, "greedy", 0.0, EngineValidateConfig(), result, report)
+    checks = {c.kind: c for c in report.checks}
+    assert checks["trajectories"].passed, checks["trajectories"].comparison
+    assert checks["counters"].passed, checks["counters"].detail
+    assert checks["steps"].passed, checks["steps"].detail
+    counters = result["runs"]["spec"][0]["counters"]
+    assert all(n > 0 for n in counters["num_accepted_tokens_per_pos"][:2]), counters  # a reused layer was accepted
+
+
 def test_train_draft_on_the_command_line(training_cache, tiny_model_dir, tiny_cache, tmp_path):
     """`specsim train-draft --kind mtp --mtp-style mimo`: trains, saves, says what it held out; options of other
     kinds and a cache without the state MiMo reads are refused in one line."""
@@ -338,6 +487,39 @@ def test_a_head_train_draft_wrote_runs_in_vllms_mtp_method(training_cache, tiny_
                                       max_new_tokens=24, device="cpu", store="stats", overhang=8), progress=False)
     report = validate_with_vllm(cache, EngineValidateConfig(trees=("chain:3",), drafts=(draft,)))
     assert [p.name.split("-")[-2] for p in (tmp_path / "home" / "models" / "exported").iterdir()] == ["mimo"]
+    checks = {c.kind: c for c in report.checks}
+    assert checks["trajectories"].passed, checks["trajectories"].comparison
+    assert checks["counters"].passed and checks["steps"].passed, (checks["counters"].detail, checks["steps"].detail)
+    assert "accepted [0, 0, 0]" not in checks["counters"].detail, checks["counters"].detail
+
+
+@pytest.mark.slow
+def test_a_head_train_draft_wrote_for_deepseek_v3_runs_in_vllms_mtp_method(deepseek_target, training_cache,
+                                                                            tiny_prompts_file, tmp_path, monkeypatch):
+    """`train-draft --kind mtp` on a DeepSeek-V3 target builds the target's kind of block (latent attention, the
+    experts) and learns; `validate --engine vllm` writes the target out with the head as its MTP layer and vLLM's
+    counters and steps equal the replay's."""
+    from specsim.engines.check import EngineValidateConfig, validate_with_vllm
+    from specsim.record.heads import DeepseekBlock, load_heads
+    from specsim.record.models import load_model
+    from specsim.record.run import RecordRequest, record_cache
+    from specsim.record.train import TrainConfig, train
+
+    vllm_or_skip()
+    monkeypatch.setenv("SPECSIM_HOME", str(tmp_path / "home"))
+    target = load_model(str(deepseek_target))
+    record_cache(tmp_path / "train.h5", RecordRequest(target=str(deepseek_target), prompts=str(training_cache[1]),
+                                                     max_new_tokens=24, device="cpu", hidden=("last",)), progress=False)
+    outcome = train(tmp_path / "train.h5", target, tmp_path / "head",
+                    TrainConfig(kind="mtp", steps=40, lr=1e-2, batch=4, holdout_every=4, ttt_steps=3), progress=False)
+    assert outcome.after["loss"] < outcome.before["loss"] - 1.0, (outcome.before, outcome.after)
+    draft = f"mtp:{tmp_path / 'head'}"
+    assert isinstance(load_heads(draft, target).module.layers[0], DeepseekBlock)
+    cache = tmp_path / "eval.h5"
+    record_cache(cache, RecordRequest(target=str(deepseek_target), drafts=(draft,), prompts=str(tiny_prompts_file),
+                                      max_new_tokens=24, device="cpu", store="stats", overhang=8), progress=False)
+    report = validate_with_vllm(cache, EngineValidateConfig(trees=("chain:3",), drafts=(draft,)))
+    assert [p.name.split("-")[-2] for p in (tmp_path / "home" / "models" / "exported").iterdir()] == ["deepseek"]
     checks = {c.kind: c for c in report.checks}
     assert checks["trajectories"].passed, checks["trajectories"].comparison
     assert checks["counters"].passed and checks["steps"].passed, (checks["counters"].detail, checks["steps"].detail)

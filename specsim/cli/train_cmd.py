@@ -31,8 +31,9 @@ from specsim.cli import _common as c
               help="EAGLE-3, MTP: depth d's loss weight is this to the power d - 1  [default: EAGLE-3 1, MTP 0.6 "
                    "(speculators' MTP step weights)].")
 @click.option("--mtp-style", type=click.Choice(["deepseek", "mimo"]), default="deepseek", show_default=True,
-              help="MTP: DeepSeek-V3's wiring (reads the target's last state, feeds back its output before the norm) "
-                   "or MiMo's (reads the state before the target's final norm: record --hidden-states prenorm).")
+              help="MTP: DeepSeek-V3's wiring (reads the target's last normed state; on a DeepSeek-V3 target its block "
+                   "is the target's own kind, latent attention and experts) or MiMo's (reads the state before the "
+                   "target's final norm: record --hidden-states prenorm). Both feed back their normed output.")
 @click.option("--draft-vocab", type=click.IntRange(min=0), default=0, show_default=True,
               help="EAGLE-3: draft over the N most frequent tokens of the training trajectories (d2t maps them to the "
                    "target's ids); 0: the target's whole vocabulary.")

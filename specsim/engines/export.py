@@ -66,15 +66,20 @@ def draft_directory(draft: str, target: str, *, target_info: dict | None = None,
     return model_directory(draft, draft_info)
 
 
+MTP_EXPORTS = {("mimo", "qwen2"), ("deepseek", "deepseek_v3")}  # (train-draft's style, target) vLLM runs
+
+
 def mtp_directory(draft: str, target: str, *, target_info: dict | None = None, out: Path | None = None,
                   echo: Callable[[str], None] = lambda line: None) -> str:
     """`mtp:DIR` as vLLM's mtp method runs it: from the target's own checkpoint, with the MTP layers inside.
 
-    DIR is the target's directory (native MTP layers): used as it is. DIR is a head `train-draft --kind mtp
-    --mtp-style mimo` wrote for a Qwen2 target: the target is written out once into the model store as a MiMo
-    checkpoint (its own weights and tokenizer, the head's `model.mtp_layers.0.*`, config.json naming
-    MiMoForCausalLM with num_nextn_predict_layers 1), which vLLM loads as the target and the draft both — the
-    same target weights, so the same outputs. Anything else is refused with the reason."""
+    DIR is the target's directory (native MTP layers): used as it is. DIR is a head `train-draft --kind mtp`
+    wrote, MiMo-style for a Qwen2 target or DeepSeek-style for a DeepSeek-V3 target: the target is written out
+    once into the model store as a checkpoint with that MTP layer inside (its own weights and tokenizer, the
+    head's `model.mtp_layers.0.*` with config.json naming MiMoForCausalLM, or `model.layers.{L}.*` with the
+    target's LM head as the layer's `shared_head.head`; num_nextn_predict_layers 1), which vLLM loads as the
+    target and the draft both — the same target weights, so the same outputs. Anything else is refused with the
+    reason."""
     import hashlib
 
     from specsim.record import packaged
@@ -97,17 +102,18 @@ def mtp_directory(draft: str, target: str, *, target_info: dict | None = None, o
         raise EngineError(f"draft {draft}: vLLM's mtp method runs the MTP layers inside the target's checkpoint; "
                           f"give mtp:{target_dir} (a target with num_nextn_predict_layers) or a head train-draft "
                           "--kind mtp wrote")
-    if head.get("mtp_style") != "mimo" or target_config.get("model_type") != "qwen2":
+    style = head.get("mtp_style")
+    if (style, target_config.get("model_type")) not in MTP_EXPORTS:
         raise EngineError(f"draft {draft}: vLLM runs a trained MTP layer as MiMo's (a Qwen2 target, --mtp-style "
-                          f"mimo); this one is {head.get('mtp_style')}-style on a "
+                          f"mimo) or DeepSeek-V3's (a DeepSeek-V3 target); this one is {style}-style on a "
                           f"{target_config.get('model_type')} target, which no vLLM model class runs")
     weights = where / WEIGHTS["mtp"]
     sha = hashlib.sha256(weights.read_bytes()).hexdigest()
-    out = Path(out) if out is not None else packaged.model_store() / "exported" / f"{_safe(target)}-mimo-{sha[:12]}"
+    out = Path(out) if out is not None else packaged.model_store() / "exported" / f"{_safe(target)}-{style}-{sha[:12]}"
     want = {"head": str(where.resolve()), "weights_sha256": sha, "target": target}
     if _reusable(out, want):
         return str(out)
-    echo(f"writing {target} with MTP head {where} as a MiMo checkpoint vLLM's mtp method runs: {out}")
+    echo(f"writing {target} with MTP head {where} as a {style} checkpoint vLLM's mtp method runs: {out}")
 
     def fill(tmp: Path) -> None:
         from safetensors.torch import load_file, save_file
@@ -119,11 +125,17 @@ def mtp_directory(draft: str, target: str, *, target_info: dict | None = None, o
         loaded.tokenizer.save_pretrained(tmp)
         state = {**load_file(str(tmp / "model.safetensors")), **load_file(str(weights))}
         config = json.loads((tmp / "config.json").read_text())
-        if "lm_head.weight" not in state:  # tied: vLLM's MiMo MTP loads its LM head by name, so write it out
+        if "lm_head.weight" not in state:  # tied: vLLM's MTP layers load their LM head by name, so write it out
             state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
             config["tie_word_embeddings"] = False
+        if style == "deepseek":  # vLLM's DeepSeek MTP layer has an LM head of its own: the target's, as trained
+            state.setdefault(f"model.layers.{head['mtp_index']}.shared_head.head.weight", state["lm_head.weight"].clone())
+            config.setdefault("topk_method", "noaux_tc")  # DeepSeek-V3's router, which vLLM reads from the config
+            config.setdefault("scoring_func", "sigmoid")
+        else:
+            config["architectures"] = ["MiMoForCausalLM"]
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        config.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
+        config.update(num_nextn_predict_layers=1)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     return str(_write_directory(out, want, fill))

@@ -25,11 +25,13 @@ instead of running a model of their own:
   norm(h_i))) — the embedding zeroed at position 0, as vLLM masks it — then a whole decoder
   block (input norm included) and a final norm before the target's LM head. vLLM runs it as a
   chain reusing the layer, each step fed the module's previous output; SGLang as an EAGLE tree;
-  both are how specsim drafts it. Two styles, as the engines run them: DeepSeek's (`enorm`,
-  `hnorm`, `eh_proj`, `shared_head.norm`/`.head`; fed the target's final normed state; the
-  fed-back state is the block's output before the norm) and MiMo's (`token_layernorm`,
+  both are how specsim drafts it. Each step feeds back the block's output after the final norm
+  (vLLM 0.32's `deepseek_mtp.py` returns both and recycles the normed one). Two styles, as the
+  engines run them: DeepSeek's (`enorm`, `hnorm`, `eh_proj`, `shared_head.norm`/`.head`; fed the
+  target's final normed state; its block DeepSeek-V3's own, latent attention and a mixture of
+  experts, where the checkpoint's is: `DeepseekBlock`) and MiMo's (`token_layernorm`,
   `hidden_layernorm`, `input_proj` over cat(state, embedding), `final_layernorm`; fed the
-  target's last layer before its final norm, "prenorm"; the fed-back state is normed). The
+  target's last layer before its final norm, "prenorm"). The
   published layouts are native: the module's weights sit inside the target's checkpoint
   (`model.layers.{L}.*` for DeepSeek, `model.mtp_layers.0.*` for MiMo, with
   `num_nextn_predict_layers` in its config.json), so `mtp:DIR` reads those keys only. A third
@@ -74,13 +76,12 @@ from specsim.specs import is_head_draft
 WEIGHTS = {"medusa": "medusa_lm_head.safetensors", "eagle": "model.safetensors", "eagle3": "model.safetensors",
            "mtp": "model.safetensors"}
 MTP_STYLES = {  # how an MTP module is wired, as the engines run each family (module docstring)
-    "deepseek": "DeepSeek-V3's: cat(embedding, state), fed the target's normed state, feeds back its output pre-norm",
+    "deepseek": "DeepSeek-V3's: cat(embedding, state), fed the target's normed state, feeds back its normed output",
     "mimo": "MiMo's: cat(state, embedding), fed the target's state before its final norm, feeds back its normed output",
     "speculators": "speculators': cat(embedding, state), fed the target's state before its final norm, feeds back its "
                    "normed output, a Qwen3 block (per-head q/k norms)",
 }
-NORMED_OUTPUT = ("mimo", "speculators")  # MTP styles whose fed-back state is already normed (and read before the
-#                                          target's final norm: "prenorm")
+PRENORM_INPUT = ("mimo", "speculators")  # MTP styles fed the target's last layer before its final norm ("prenorm")
 TENSOR_PICKLES = ("pytorch_model.bin", "medusa_lm_head.pt")  # loaded with torch.load(weights_only=True)
 PICKLES = ("model.pt", "model.bin")
 MASKED = -1e9  # an EAGLE-3 logit for a target token outside the draft vocabulary: softmax gives it exactly 0
@@ -112,6 +113,8 @@ class HeadConfig:
     fc_input_norm: str = ""  # EAGLE-3: "" | "concat" (one norm of the fused input) | "each" (one per target layer)
     mtp_style: str = ""  # MTP: "deepseek" | "mimo" | "speculators" (MTP_STYLES)
     mtp_index: int = 0  # MTP in DeepSeek's layout: its layer number in the checkpoint (the target's layer count)
+    block: dict = field(default_factory=dict)  # MTP: a DeepSeek-V3 block's config (MLA, MoE; `deepseek_block`), else
+    #                                            a Llama-style block shaped by the fields above
     target: dict = field(default_factory=dict)  # name, tokenizer_sha256, hidden_size, vocab_size of the target
 
     def __post_init__(self) -> None:
@@ -123,7 +126,7 @@ class HeadConfig:
         layer's output before the final norm ("prenorm"), else "last"."""
         if self.kind == "eagle3":
             return tuple(str(k) for k in self.aux_layers)
-        return ("prenorm",) if self.kind == "mtp" and self.mtp_style in NORMED_OUTPUT else ("last",)
+        return ("prenorm",) if self.kind == "mtp" and self.mtp_style in PRENORM_INPUT else ("last",)
 
 
 # -- Medusa ---------------------------------------------------------------------------------------
@@ -405,6 +408,100 @@ class Eagle3Head(nn.Module):
         self.load_state_dict({k: v for k, v in state.items() if k in ours}, strict=False)
 
 
+class _Latents:
+    """The one-layer cache `DeepseekV3Attention` writes through (`cache.update(latent, rotated_key, layer)`): the
+    earlier entries go in as `past`, these entries come out as `new`."""
+
+    def __init__(self, past):
+        self.past, self.new = past, None
+
+    def update(self, latent, rotated, layer_idx, kwargs=None):
+        self.new = (latent, rotated)
+        if self.past is None:
+            return latent, rotated
+        return torch.cat([self.past[0], latent], dim=2), torch.cat([self.past[1], rotated], dim=2)
+
+
+class DeepseekBlock(nn.Module):
+    """DeepSeek-V3's decoder block, built by transformers (`DeepseekV3DecoderLayer`): multi-head latent attention
+    (MLA: low-rank queries, one compressed key-value latent and one rotated key shared by the heads, interleaved
+    rotary) and, from layer `first_k_dense_replace` on, a mixture of experts (sigmoid router with group-limited
+    top-k and a correction bias, `routed_scaling_factor`, a shared expert). It is the block vLLM's
+    `deepseek_mtp.py` builds for an MTP layer (`DeepseekV2DecoderLayer` at the layer's own index, which decides
+    MoE or dense). Behind `EagleLayer`'s interface; its past entries are MLA's latents, as DeepSeek's engines
+    cache them. `block`: the checkpoint's config fields (`DEEPSEEK_BLOCK_FIELDS`)."""
+
+    def __init__(self, block: dict, index: int):
+        super().__init__()
+        from transformers import DeepseekV3Config
+        from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek
+
+        config = DeepseekV3Config(**block)
+        config._attn_implementation = "sdpa"  # takes the boolean tree mask as given
+        config._experts_implementation = "eager"  # what a whole transformers model would dispatch to
+        layer = deepseek.DeepseekV3DecoderLayer(config, index)
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is not None:  # transformers allocates them empty and leaves them to its model's initialisation
+            for param in (experts.gate_up_proj, experts.down_proj):
+                nn.init.normal_(param, std=config.initializer_range)
+        self.input_layernorm, self.self_attn = layer.input_layernorm, layer.self_attn
+        self.post_attention_layernorm, self.mlp = layer.post_attention_layernorm, layer.mlp
+        self.rotary = deepseek.DeepseekV3RotaryEmbedding(config)  # buffers only, not saved
+
+    def forward(self, x, positions, mask, past):
+        latents = _Latents(past)
+        attn, _ = self.self_attn(self.input_layernorm(x), self.rotary(x, positions), mask[:, None], cache=latents)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), latents.new
+
+
+DEEPSEEK_BLOCK_FIELDS = (  # what DeepseekBlock reads of a DeepSeek-V3 config.json (the rest is the whole model's)
+    "hidden_size", "intermediate_size", "moe_intermediate_size", "num_attention_heads", "num_key_value_heads",
+    "n_shared_experts", "n_routed_experts", "routed_scaling_factor", "n_group", "topk_group", "num_experts_per_tok",
+    "first_k_dense_replace", "norm_topk_prob", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+    "v_head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "rope_interleave",
+    "max_position_embeddings", "attention_bias", "hidden_act", "vocab_size")
+
+
+def deepseek_block(config: dict) -> dict:
+    """The DeepSeek-V3 block fields of a config (a config.json's dict, or a transformers config's `to_dict()`)."""
+    return {k: config[k] for k in DEEPSEEK_BLOCK_FIELDS if config.get(k) is not None}
+
+
+EXPERTS = "layers.0.mlp.experts."  # a DeepSeek block's routed experts, internal keys
+
+
+def fuse_experts(state: dict) -> dict:
+    """Published per-expert weights (`experts.{i}.gate_proj|up_proj|down_proj.weight`, as DeepSeek and vLLM name
+    them) stacked into transformers' `experts.gate_up_proj` (E, 2I, H: gate then up) and `experts.down_proj`."""
+    ids = sorted({int(k[len(EXPERTS):].split(".")[0]) for k in state
+                  if k.startswith(EXPERTS) and k[len(EXPERTS):].split(".")[0].isdigit()})
+    if not ids:
+        return state
+    if ids != list(range(len(ids))):
+        raise ModelError(f"MTP block: experts {ids[:3]}... are not numbered 0..{len(ids) - 1}")
+    out = {k: v for k, v in state.items() if not k.startswith(EXPERTS)}
+    try:
+        out[EXPERTS + "gate_up_proj"] = torch.stack([torch.cat([state[f"{EXPERTS}{i}.gate_proj.weight"],
+                                                                state[f"{EXPERTS}{i}.up_proj.weight"]]) for i in ids])
+        out[EXPERTS + "down_proj"] = torch.stack([state[f"{EXPERTS}{i}.down_proj.weight"] for i in ids])
+    except KeyError as exc:
+        raise ModelError(f"MTP block: expert weight {exc.args[0]} is missing") from None
+    return out
+
+
+def split_experts(state: dict) -> dict:
+    """`fuse_experts` undone: the published per-expert keys."""
+    if EXPERTS + "gate_up_proj" not in state:
+        return state
+    out = {k: v for k, v in state.items() if not k.startswith(EXPERTS)}
+    for i, (gate_up, down) in enumerate(zip(state[EXPERTS + "gate_up_proj"], state[EXPERTS + "down_proj"])):
+        gate, up = gate_up.chunk(2)
+        out.update({f"{EXPERTS}{i}.gate_proj.weight": gate.contiguous(), f"{EXPERTS}{i}.up_proj.weight": up.contiguous(),
+                    f"{EXPERTS}{i}.down_proj.weight": down})
+    return out
+
+
 class MtpHead(nn.Module):
     """A multi-token-prediction module: proj over the normed embedding and state, a decoder block, a final norm.
 
@@ -422,7 +519,8 @@ class MtpHead(nn.Module):
         self.enorm = RMSNorm(H, c.rms_norm_eps)
         self.hnorm = RMSNorm(H, c.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * H, H, bias=False)
-        self.layers = nn.ModuleList([EagleLayer(c, 1)])  # a whole block: its input norm is kept
+        # a whole block, its input norm kept: DeepSeek-V3's own (MLA, MoE) where the config carries one
+        self.layers = nn.ModuleList([DeepseekBlock(c.block, c.mtp_index) if c.block else EagleLayer(c, 1)])
         self.norm = RMSNorm(H, c.rms_norm_eps)
         self.lm_head = nn.Linear(H, c.vocab_size, bias=False) if c.own_lm_head else None
         self.embed_tokens: nn.Embedding | None = None  # the checkpoint's own, else the target's (set on load)
@@ -430,7 +528,8 @@ class MtpHead(nn.Module):
     def forward(self, feats, ids, positions, mask, past=None, embed=None, *, from_target: bool = True):
         """As `EagleHead.forward` (the target's state and the module's own fed-back one are read alike). The
         embedding at position 0 is zeroed, as vLLM's MTP layers mask it (speculators' trainer masks nothing).
-        Returns the states to feed back."""
+        Returns the states to feed back: the block's output after the final norm, in every style (vLLM 0.32's
+        `deepseek_mtp.py` recycles "the post-final-norm hidden", as `mimo_mtp.py` does)."""
         style = self.config.mtp_style
         embed = self.embed_tokens if self.embed_tokens is not None else embed
         e = embed(ids).to(feats.dtype)
@@ -439,23 +538,22 @@ class MtpHead(nn.Module):
         e, h = self.enorm(e), self.hnorm(feats)
         x = self.eh_proj(torch.cat([h, e] if style == "mimo" else [e, h], dim=-1))
         x, new = self.layers[0](x, positions, mask, None if past is None else past[0])
-        return (self.norm(x) if style in NORMED_OUTPUT else x), [new]
+        return self.norm(x), [new]
 
     def logits(self, features, lm_head):
-        """Logits of fed-back `features`: the final norm (DeepSeek's; MiMo's and speculators' states are normed
-        already), then the module's own LM head if it has one, else the target's `lm_head`."""
-        z = features if self.config.mtp_style in NORMED_OUTPUT else self.norm(features)
-        return (self.lm_head or lm_head)(z)
+        """Logits of fed-back `features` (normed already): the module's own LM head if it has one (DeepSeek's
+        shared_head.head), else the target's `lm_head`."""
+        return (self.lm_head or lm_head)(features)
 
     def weights(self) -> dict:
-        ours = {k: v for k, v in self.state_dict().items() if not k.startswith("embed_tokens.")}
+        ours = split_experts({k: v for k, v in self.state_dict().items() if not k.startswith("embed_tokens.")})
         names = {v: k for k, v in mtp_keys(self.config, ours).items()}  # internal -> published
         return {names[k]: v for k, v in ours.items()}
 
     def load_weights(self, state: dict) -> None:
         """`state`: published keys (`mtp_keys`), as `_read_mtp_weights` extracts them."""
         mapping = mtp_keys(self.config, state)
-        mine = {mapping[k]: v for k, v in state.items() if k in mapping}
+        mine = fuse_experts({mapping[k]: v for k, v in state.items() if k in mapping})
         emb = mine.pop("embed_tokens.weight", None)
         if emb is not None:
             self.embed_tokens = nn.Embedding(*emb.shape)
@@ -773,12 +871,13 @@ def _mtp_config(path: Path, raw: dict, state: dict, target) -> HeadConfig:
     prefix = mtp_prefix(c)
     if not any(k.startswith(prefix) for k in state):
         raise ModelError(f"{path}: no {prefix}* weights (the {style} layout's first MTP layer)")
+    if prefix + "self_attn.kv_a_proj_with_mqa.weight" in state:  # multi-head latent attention: DeepSeek-V3's block
+        return _deepseek_mtp_config(path, raw, state, target, c)
     if prefix + "self_attn.q_proj.weight" not in state:
         found = sorted({k[len(prefix):].split(".")[0] + "." + k[len(prefix):].split(".")[1]
                         for k in state if k.startswith(prefix + "self_attn.")})
-        raise ModelError(f"{path}: the MTP block's attention has {found[:4] or 'no weights'}, not q/k/v/o "
-                         "projections: specsim runs MTP blocks with Llama/Qwen2 attention and a dense MLP "
-                         "(DeepSeek's MLA and MoE are not supported)")
+        raise ModelError(f"{path}: the MTP block's attention has {found[:4] or 'no weights'}, neither q/k/v/o "
+                         "projections (Llama, Qwen2, Qwen3) nor DeepSeek-V3's latent attention")
     t = target.model.config
     H = int(raw.get("hidden_size", t.hidden_size))
     heads = int(raw.get("num_attention_heads", t.num_attention_heads))
@@ -791,6 +890,29 @@ def _mtp_config(path: Path, raw: dict, state: dict, target) -> HeadConfig:
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=_rope_theta_of(raw),
         attention_bias=prefix + "self_attn.q_proj.bias" in state, qk_norm=prefix + "self_attn.q_norm.weight" in state,
         mtp_style=style, mtp_index=index)
+
+
+def _deepseek_mtp_config(path: Path, raw: dict, state: dict, target, c: HeadConfig) -> HeadConfig:
+    """A DeepSeek-V3 MTP layer (MLA, MoE): its block is shaped by the checkpoint's config, as vLLM shapes it."""
+    where = path / "config.json"
+    if raw.get("model_type") != "deepseek_v3" and "DeepseekV3ForCausalLM" not in (raw.get("architectures") or []):
+        raise ModelError(f"{where}: an MTP block with latent attention in a {raw.get('model_type')!r} checkpoint; "
+                         "specsim runs DeepSeek-V3's (model_type deepseek_v3)")
+    if raw.get("index_topk"):
+        raise ModelError(f"{where}: DeepSeek-V3.2's sparse attention (index_topk) is not supported; V3's dense "
+                         "latent attention is")
+    unlike = {k: raw[k] for k, v in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")) if raw.get(k, v) != v}
+    if unlike:
+        raise ModelError(f"{where}: a router with {unlike}; specsim runs DeepSeek-V3's (sigmoid, noaux_tc)")
+    if any(k.endswith("_scale_inv") or k.endswith(".weight_scale") for k in state):
+        method = (raw.get("quantization_config") or {}).get("quant_method", "scales present")
+        raise ModelError(f"{where}: the MTP layer's weights are quantized ({method}); give it dequantized weights "
+                         "(bf16 or float32)")
+    prefix = mtp_prefix(c)
+    return HeadConfig(
+        kind="mtp", hidden_size=int(raw["hidden_size"]), vocab_size=int(raw.get("vocab_size", target.vocab_size)),
+        own_lm_head=prefix + "shared_head.head.weight" in state, rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        mtp_style=c.mtp_style, mtp_index=c.mtp_index, block=deepseek_block(raw))
 
 
 def _config_from(path: Path, kind: str, state: dict, target) -> HeadConfig:
@@ -953,6 +1075,8 @@ def head_config_for(kind: str, target, *, heads: int = 4, layers: int = 1, aux_l
                         "max_position_embeddings": getattr(t, "max_position_embeddings", None)})
     if kind == "medusa":
         return HeadConfig(**base)
+    if kind == "mtp" and t.model_type == "deepseek_v3":  # the target's own block: MLA and MoE, as its MTP layer has
+        base["block"] = deepseek_block(t.to_dict())
     return HeadConfig(**base, num_attention_heads=n_heads,
                       num_key_value_heads=int(getattr(t, "num_key_value_heads", None) or n_heads),
                       head_dim=int(getattr(t, "head_dim", None) or H // n_heads),

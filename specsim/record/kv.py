@@ -80,7 +80,7 @@ class SlotKV:
         self.device = params.device
         self.lengths = np.zeros(0, dtype=np.int64)  # (B,) committed entries per row
         self.pending = 0  # entries written after each row's length since the last commit
-        self._keys: list[torch.Tensor] = []  # per layer (B, H_kv, capacity, d)
+        self._keys: list[torch.Tensor] = []  # per layer (B, H_kv, capacity, d); values the same but their own d
         self._values: list[torch.Tensor] = []
         self._capacity = 0
         self._write: torch.Tensor | None = None  # (B, n) slots the forward in progress writes
@@ -256,15 +256,17 @@ class SlotKV:
         """Write this forward's keys/values (B, H, n, d) into their slots; return slots [0, used)."""
         if self._write is None:
             raise ModelError("the model ran a cached forward outside SlotKV.forward")
-        if layer == len(self._keys):  # first forward: allocate this layer
-            B, H, _, d = key_states.shape
-            self._keys.append(key_states.new_zeros((B, H, self._capacity, d)))
-            self._values.append(value_states.new_zeros((B, H, self._capacity, d)))
-        k, v = self._keys[layer], self._values[layer]
-        index = self._write[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])  # (B, H, n, d)
-        k.scatter_(2, index, key_states.to(k.dtype))
-        v.scatter_(2, index, value_states.to(v.dtype))
-        return k[:, :, : self._used], v[:, :, : self._used]
+        if layer == len(self._keys):  # first forward: allocate this layer (keys and values may differ in shape:
+            #                           DeepSeek's latent attention caches a 512-wide latent and a 64-wide key)
+            for buffers, new in ((self._keys, key_states), (self._values, value_states)):
+                B, H, _, d = new.shape
+                buffers.append(new.new_zeros((B, H, self._capacity, d)))
+        written = []
+        for buf, new in ((self._keys[layer], key_states), (self._values[layer], value_states)):
+            index = self._write[:, None, :, None].expand(-1, buf.shape[1], -1, buf.shape[3])  # (B, H, n, d)
+            buf.scatter_(2, index, new.to(buf.dtype))
+            written.append(buf[:, :, : self._used])
+        return tuple(written)
 
     def _grow(self, needed: int) -> None:
         if needed <= self._capacity:

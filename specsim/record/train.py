@@ -315,7 +315,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     module = build(head_config).to(target.info["device"])
     if config.kind in ("eagle", "eagle3", "mtp"):  # EAGLE's init: small weights, the layer starts near its residual path
         for name, param in module.named_parameters():
-            if param.dim() == 2:
+            if param.dim() >= 2:  # matrices, and a mixture's stacked experts
                 torch.nn.init.normal_(param, std=0.02)
     if config.kind == "mtp":  # its final norm feeds the target's LM head: start from the target's
         with torch.no_grad():
