@@ -207,9 +207,12 @@ def test_mtp_checkpoints_that_specsim_cannot_run_are_refused_in_one_line(mimo_ta
               "latent attention in a 'deepseek_v2' checkpoint; specsim runs DeepSeek-V3's"),
              ({"index_topk": 2048}, {}, r"DeepSeek-V3\.2's sparse attention \(index_topk\) is not supported"),
              ({"scoring_func": "softmax"}, {}, r"a router with \{'scoring_func': 'softmax'\}"),
-             ({"quantization_config": {"quant_method": "fp8"}},
-              {f"model.layers.{L}.self_attn.q_a_proj.weight_scale_inv": torch.ones(1, 1)},
-              r"weights are quantized \(fp8\); give it dequantized weights")]
+             ({"quantization_config": {"quant_method": "awq"}},
+              {f"model.layers.{L}.self_attn.q_a_proj.qweight": torch.ones(1, 1)},
+              r"quantized \(awq\) in a scheme specsim does not read"),
+             ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
+              {f"model.layers.{L}.self_attn.q_a_proj.weight_scale_inv": torch.ones(2, 1)},
+              r"q_a_proj\.weight_scale_inv: a scale of shape \(2, 1\) does not cover .* \(16, 64\) in 128 x 128")]
     for i, (config, extra, message) in enumerate(cases):
         where = tmp_path / f"deepseek-{i}"
         where.mkdir()
@@ -400,6 +403,65 @@ def test_live_decoding_of_a_deepseek_v3_target_and_its_mtp_layer_equals_the_repl
                                     "kary:2,2", "--quiet"])
     assert out.exit_code == 0, out.output
     assert "all 2 checks passed" in out.output and out.output.count("PASS") == 2, out.output
+
+
+def test_deepseek_v3s_fp8_layer_loads_dequantized_by_its_block_scales(deepseek_target, tmp_path):
+    """DeepSeek-V3 publishes its layers in FP8 (float8_e4m3fn) with one `weight_scale_inv` per 128 x 128 block.
+    The test layer's projections quantized that way (the rule of DeepGEMM's `per_block_cast_to_fp8` as vLLM 0.32
+    ships it in `vllm/utils/deep_gemm.py`: amax / 448 per block; shapes not multiples of 128) load back within FP8's rounding of the originals, and the
+    layer's logits stay within 5% of the float layer's; scales read as divisors would not load within FP8's
+    rounding."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from specsim.record.heads import dequantize_fp8, load_heads
+    from specsim.record.models import load_model
+
+    fp8 = tmp_path / "fp8"
+    shutil.copytree(deepseek_target, fp8)
+    weights = load_file(str(fp8 / "model.safetensors"))
+    quantized = {}
+    for key, w in weights.items():
+        if key.startswith("model.layers.2.") and key.endswith("proj.weight") and "eh_proj" not in key:
+            m, n = w.shape
+            padded = torch.zeros(-(-m // 128) * 128, -(-n // 128) * 128)
+            padded[:m, :n] = w
+            blocks = padded.view(-1, 128, padded.shape[1] // 128, 128)
+            sf = blocks.abs().amax(dim=(1, 3), keepdim=True).clamp(1e-4) / 448.0
+            quantized[key] = (blocks / sf).to(torch.float8_e4m3fn).view_as(padded)[:m, :n].contiguous()
+            quantized[key + "_scale_inv"] = sf.view(blocks.shape[0], blocks.shape[2])
+    assert any(v.shape[0] % 128 for k, v in quantized.items() if k.endswith("weight"))  # partial blocks too
+    save_file({**weights, **quantized}, str(fp8 / "model.safetensors"), metadata={"format": "pt"})
+    raw = json.loads((fp8 / "config.json").read_text())
+    raw["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [128, 128]}
+    (fp8 / "config.json").write_text(json.dumps(raw))
+
+    target = load_model(str(deepseek_target))
+    exact, rounded = load_heads(f"mtp:{deepseek_target}", target), load_heads(f"mtp:{fp8}", target)
+    a, b = exact.module.weights(), rounded.module.weights()
+
+    def within_fp8(got: torch.Tensor, key: str) -> bool:  # e4m3: 3 mantissa bits; subnormals step 2^-9 of the scale
+        w, sf = a[key], quantized[key + "_scale_inv"]
+        step = sf.repeat_interleave(128, 0)[: w.shape[0]].repeat_interleave(128, 1)[:, : w.shape[1]] * 2.0 ** -9
+        return bool(torch.all((got - w).abs() <= w.abs() / 16 + step))
+
+    keys = [k for k in quantized if k.endswith("weight")]
+    assert all(within_fp8(b[k], k) for k in keys)
+    assert max(float((b[k] - a[k]).abs().max()) for k in keys) > 0  # it was rounded
+    inverted = {k: (1 / v if k.endswith("_scale_inv") else v) for k, v in {**weights, **quantized}.items()}
+    wrong = dequantize_fp8(inverted, raw)  # what reading `scale_inv` as the quantizer's scale to divide by gives
+    assert not any(within_fp8(wrong[k], k) for k in keys)
+
+    torch.manual_seed(0)
+    feats, ids = torch.randn(1, 12, 128), torch.randint(0, 300, (1, 12))
+    positions, mask = torch.arange(12)[None], torch.tril(torch.ones(12, 12, dtype=torch.bool))[None]
+    with torch.no_grad():
+        logits = [h.module.logits(h.module(feats, ids, positions, mask, embed=target.model.get_input_embeddings())[0],
+                                  target.model.get_output_embeddings()) for h in (exact, rounded)]
+    assert float((logits[0] - logits[1]).abs().max()) < 0.05 * float(logits[0].abs().max())  # FP8's rounding only
 
 
 @pytest.mark.slow

@@ -892,6 +892,30 @@ def _mtp_config(path: Path, raw: dict, state: dict, target) -> HeadConfig:
         mtp_style=style, mtp_index=index)
 
 
+def dequantize_fp8(state: dict, raw: dict) -> dict:
+    """DeepSeek-V3's published FP8 weights made float32: each `W.weight` (float8_e4m3fn) times its
+    `W.weight_scale_inv`, one factor per block of the config's `weight_block_size` (128 x 128), the last blocks
+    cut to the matrix (DeepSeek-V3's `inference/fp8_cast_bf16.py` and `kernel.py` `weight_dequant`). Other
+    tensors pass as they are; other quantization schemes are left for the caller to refuse."""
+    q = raw.get("quantization_config") or {}
+    scales = [k for k in state if k.endswith(".weight_scale_inv")]
+    if not scales or q.get("quant_method") != "fp8":
+        return state
+    rows, cols = (int(b) for b in q.get("weight_block_size") or (128, 128))
+    out = dict(state)
+    for key in scales:
+        name = key[: -len("_scale_inv")]
+        weight, scale = out.get(name), out.pop(key).float()
+        if weight is None or weight.dim() != 2 or scale.shape != (-(-weight.shape[0] // rows),
+                                                                  -(-weight.shape[1] // cols)):
+            raise ModelError(f"{key}: a scale of shape {tuple(scale.shape)} does not cover "
+                             f"{name} {tuple(weight.shape) if weight is not None else '(missing)'} in "
+                             f"{rows} x {cols} blocks")
+        factor = scale.repeat_interleave(rows, 0)[: weight.shape[0]].repeat_interleave(cols, 1)[:, : weight.shape[1]]
+        out[name] = weight.float() * factor
+    return out
+
+
 def _deepseek_mtp_config(path: Path, raw: dict, state: dict, target, c: HeadConfig) -> HeadConfig:
     """A DeepSeek-V3 MTP layer (MLA, MoE): its block is shaped by the checkpoint's config, as vLLM shapes it."""
     where = path / "config.json"
@@ -904,10 +928,10 @@ def _deepseek_mtp_config(path: Path, raw: dict, state: dict, target, c: HeadConf
     unlike = {k: raw[k] for k, v in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")) if raw.get(k, v) != v}
     if unlike:
         raise ModelError(f"{where}: a router with {unlike}; specsim runs DeepSeek-V3's (sigmoid, noaux_tc)")
-    if any(k.endswith("_scale_inv") or k.endswith(".weight_scale") for k in state):
+    if any(k.endswith(("_scale_inv", ".weight_scale", ".qweight")) for k in state):  # left after dequantize_fp8
         method = (raw.get("quantization_config") or {}).get("quant_method", "scales present")
-        raise ModelError(f"{where}: the MTP layer's weights are quantized ({method}); give it dequantized weights "
-                         "(bf16 or float32)")
+        raise ModelError(f"{where}: the MTP layer's weights are quantized ({method}) in a scheme specsim does not "
+                         "read (it reads DeepSeek's FP8 with 128 x 128 block scales); give it dequantized weights")
     prefix = mtp_prefix(c)
     return HeadConfig(
         kind="mtp", hidden_size=int(raw["hidden_size"]), vocab_size=int(raw.get("vocab_size", target.vocab_size)),
@@ -989,6 +1013,8 @@ def load_heads(spec: str, target) -> HeadDraft:
     if kind == "medusa" and weights.name.startswith("model.safetensors"):  # Medusa-2: the heads in a whole model
         only = lambda key: key.startswith(MEDUSA2_PREFIX)  # noqa: E731
     state = _read_weights(weights, only)
+    if kind == "mtp":  # DeepSeek-V3 publishes its layers in FP8 with block scales
+        state = dequantize_fp8(state, _raw_config(path))
     if kind == "medusa" and only is not None:
         if not state:
             raise ModelError(f"{weights}: no {MEDUSA2_PREFIX}* weights (Medusa-2's heads) and no "
