@@ -98,10 +98,10 @@ $(ARCTIC_STAMP): $(VLLM_STAMP)
 	touch $@
 
 # The three installs are independent and run side by side; then two pytest workers, a test module to each
-# (tests/conftest.py starts the slowest modules first).
+# (tests/conftest.py starts the slowest modules first); the 15 slowest tests are listed at the end.
 test:
 	@$(MAKE) --no-print-directory -j3 setup vllm browser
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=15
 
 # The report's layout test renders the page in a real headless browser. Where none is installed and this
 # user may install Debian packages (root, or passwordless sudo), install Debian's chromium (about 15 s);
