@@ -14,3 +14,5 @@ PYTHONPATH=. .venv/bin/python $D/probe_variants.py $OUT/probe 2>/dev/null | tee 
 # 3. live decoding of the same checkpoint against the replay
 .venv/bin/specsim validate $OUT/probe/specsim.h5 --draft mtp:$OUT/probe/target --tree chain:3 --tree kary:2,2 \
     --quiet 2>/dev/null | tee $D/validate_live.txt
+# 4. a layer train-draft writes, written out and run in vLLM
+PYTHONPATH=. .venv/bin/python $D/export_probe.py $OUT/probe 2>/dev/null | tee $D/export_probe.txt
