@@ -56,6 +56,13 @@ HEAD_KINDS = {  # heads `train-draft` trains
            "decoder block, the target's LM head; reused at every depth, trained unrolled on its own states",
 }
 
+MTP_STYLES = {  # how `train-draft --kind mtp` wires its layer, as the engines run each family
+    "deepseek": "DeepSeek-V3's: cat(embedding, state), fed the target's normed state; on a DeepSeek-V3 target its "
+                "block is the target's kind (latent attention, experts)",
+    "mimo": "MiMo's: cat(state, embedding), fed the target's state before its final norm (record --hidden-states "
+            "prenorm)",
+}
+
 PROMPT_USES = {  # what the prompt is to `train-draft` (a cache stores states at generated positions only)
     "context": "the head attends over the prompt's states, as when it drafts; the loss is on the generated tokens",
     "loss": "as context, and the loss also covers the prompt's tokens: the target's laws on text it did not write",

@@ -30,10 +30,9 @@ from specsim.cli import _common as c
 @click.option("--ttt-decay", type=click.FloatRange(min=0, min_open=True), default=None,
               help="EAGLE-3, MTP: depth d's loss weight is this to the power d - 1  [default: EAGLE-3 1, MTP 0.6 "
                    "(speculators' MTP step weights)].")
-@click.option("--mtp-style", type=click.Choice(["deepseek", "mimo"]), default="deepseek", show_default=True,
-              help="MTP: DeepSeek-V3's wiring (reads the target's last normed state; on a DeepSeek-V3 target its block "
-                   "is the target's own kind, latent attention and experts) or MiMo's (reads the state before the "
-                   "target's final norm: record --hidden-states prenorm). Both feed back their normed output.")
+@click.option("--mtp-style", type=c.choice(registry.MTP_STYLES), default="deepseek", show_default=True,
+              help="MTP: how the layer is wired: " + registry.vocab_help(registry.MTP_STYLES) + ". Both feed back "
+                   "their normed output, as vLLM runs them.")
 @click.option("--draft-vocab", type=click.IntRange(min=0), default=0, show_default=True,
               help="EAGLE-3: draft over the N most frequent tokens of the training trajectories (d2t maps them to the "
                    "target's ids); 0: the target's whole vocabulary.")

@@ -71,15 +71,15 @@ import torch
 from torch import nn
 
 from specsim.errors import ModelError
+from specsim import specs
 from specsim.specs import is_head_draft
 
 WEIGHTS = {"medusa": "medusa_lm_head.safetensors", "eagle": "model.safetensors", "eagle3": "model.safetensors",
            "mtp": "model.safetensors"}
-MTP_STYLES = {  # how an MTP module is wired, as the engines run each family (module docstring)
-    "deepseek": "DeepSeek-V3's: cat(embedding, state), fed the target's normed state, feeds back its normed output",
-    "mimo": "MiMo's: cat(state, embedding), fed the target's state before its final norm, feeds back its normed output",
-    "speculators": "speculators': cat(embedding, state), fed the target's state before its final norm, feeds back its "
-                   "normed output, a Qwen3 block (per-head q/k norms)",
+MTP_STYLES = {  # how an MTP module is wired, as the engines run each family (module docstring): train-draft's
+    **specs.MTP_STYLES,  # and the layout speculators' trainer writes, which specsim reads
+    "speculators": "speculators': cat(embedding, state), fed the target's state before its final norm, a Qwen3 block "
+                   "(per-head q/k norms)",
 }
 PRENORM_INPUT = ("mimo", "speculators")  # MTP styles fed the target's last layer before its final norm ("prenorm")
 TENSOR_PICKLES = ("pytorch_model.bin", "medusa_lm_head.pt")  # loaded with torch.load(weights_only=True)

@@ -78,7 +78,7 @@ class TrainConfig:
     #                         its MTP step weights use 0.6)
     aux_layers: tuple = ()  # EAGLE-3: the target layers fused (default: the target's low, middle and high)
     draft_vocab: int = 0  # EAGLE-3: draft vocabulary size (0: the target's whole vocabulary)
-    mtp_style: str = "deepseek"  # MTP: "deepseek" | "mimo" (`specsim.record.heads.MTP_STYLES`)
+    mtp_style: str = "deepseek"  # MTP: one of `specs.MTP_STYLES`
     prompt: str = "context"  # what the prompt is to the training (PROMPT_USES)
 
 
