@@ -354,25 +354,25 @@ def test_vllm_runs_mtp_only_from_the_targets_own_checkpoint(mimo_target, tmp_pat
         draft_directory(f"mtp:{deepseek}", str(mimo_target))
 
 
-@pytest.mark.slow
-def test_vllms_mtp_method_counts_what_the_replay_counts(mimo_target, tiny_prompts_file, tmp_path):
-    """vLLM's mtp method on the MiMo checkpoint (its mimo_mtp.py: the layer reused at each of 3 steps, the
-    embedding masked at position 0, fed the target's state before its final norm) at T = 0: the same outputs,
-    the same spec-decode counters per position and the same steps as specsim's replay of its recording."""
+def vllm_counts_what_the_replay_counts(target: Path, prompts: Path, tmp_path: Path, *, tokens: int) -> dict:
+    """Record `mtp:TARGET` (the target's own MTP layer) at chain:3, T = 0, run vLLM's mtp method on the same
+    prompts, and assert that its outputs, spec-decode counters and steps equal the replay's and that the reused
+    layer was accepted at depths 1 and 2. Returns vLLM's counters."""
     from specsim.engines.check import EngineReport, EngineValidateConfig, compare, read_cache
     from specsim.engines.vllm import VllmRun, run_vllm, speculative_config
     from specsim.record.run import RecordRequest, record_cache
     from specsim.specs import parse_tree
 
     python = vllm_or_skip()
-    draft, chain = f"mtp:{mimo_target}", parse_tree("chain:3")
+    draft, chain = f"mtp:{target}", parse_tree("chain:3")
     cache = tmp_path / "mtp.h5"
-    record_cache(cache, RecordRequest(target=str(mimo_target), drafts=(draft,), prompts=str(tiny_prompts_file),
-                                      max_new_tokens=24, device="cpu", store="stats", overhang=8), progress=False)
+    record_cache(cache, RecordRequest(target=str(target), drafts=(draft,), prompts=str(prompts),
+                                      max_new_tokens=tokens, device="cpu", store="stats", overhang=8), progress=False)
     data = read_cache(cache)
-    config = speculative_config(draft, chain, "greedy", draft_dir=str(mimo_target)).config
-    run = VllmRun(model=str(mimo_target), prompts=data.prompts, max_tokens=24, configs={"spec": config},
-                  max_model_len=max(map(len, data.prompts)) + 48)
+    config = speculative_config(draft, chain, "greedy", draft_dir=str(target)).config
+    assert config == {"method": "mtp", "model": str(target.resolve()), "num_speculative_tokens": 3}
+    run = VllmRun(model=str(target), prompts=data.prompts, max_tokens=tokens, configs={"spec": config},
+                  max_model_len=max(map(len, data.prompts)) + tokens + 24)
     result = run_vllm(run, python=python)
     report = EngineReport()
     compare(data, draft, chain, "greedy", 0.0, EngineValidateConfig(), result, report)
@@ -381,8 +381,17 @@ def test_vllms_mtp_method_counts_what_the_replay_counts(mimo_target, tiny_prompt
     assert checks["counters"].passed, checks["counters"].detail
     assert checks["steps"].passed, checks["steps"].detail
     counters = result["runs"]["spec"][0]["counters"]
-    assert counters["num_draft_tokens"] == 3 * counters["num_drafts"] and counters["num_drafts"] >= 20
     assert all(n > 0 for n in counters["num_accepted_tokens_per_pos"][:2]), counters  # a reused layer was accepted
+    return counters
+
+
+@pytest.mark.slow
+def test_vllms_mtp_method_counts_what_the_replay_counts(mimo_target, tiny_prompts_file, tmp_path):
+    """vLLM's mtp method on the MiMo checkpoint (its mimo_mtp.py: the layer reused at each of 3 steps, the
+    embedding masked at position 0, fed the target's state before its final norm) at T = 0: the same outputs,
+    the same spec-decode counters per position and the same steps as specsim's replay of its recording."""
+    counters = vllm_counts_what_the_replay_counts(mimo_target, tiny_prompts_file, tmp_path, tokens=24)
+    assert counters["num_draft_tokens"] == 3 * counters["num_drafts"] and counters["num_drafts"] >= 20
 
 
 def test_live_decoding_of_a_deepseek_v3_target_and_its_mtp_layer_equals_the_replay(deepseek_target,
@@ -473,30 +482,7 @@ def test_vllms_mtp_method_on_deepseek_v3_counts_what_the_replay_counts(deepseek_
     analyses/results/mtp-deepseek-cpu-2026-11-26): the block's output fed back before the final norm (specsim's
     DeepSeek wiring until then) [29, 6, 0]; the router without its correction bias [39, 8, 0]; the rotary
     embedding not interleaved [25, 4, 1]."""
-    from specsim.engines.check import EngineReport, EngineValidateConfig, compare, read_cache
-    from specsim.engines.vllm import VllmRun, run_vllm, speculative_config
-    from specsim.record.run import RecordRequest, record_cache
-    from specsim.specs import parse_tree
-
-    python = vllm_or_skip()
-    draft, chain = f"mtp:{deepseek_target}", parse_tree("chain:3")
-    cache = tmp_path / "deepseek.h5"
-    record_cache(cache, RecordRequest(target=str(deepseek_target), drafts=(draft,), prompts=str(tiny_prompts_file),
-                                      max_new_tokens=40, device="cpu", store="stats", overhang=8), progress=False)
-    data = read_cache(cache)
-    config = speculative_config(draft, chain, "greedy", draft_dir=str(deepseek_target)).config
-    assert config == {"method": "mtp", "model": str(deepseek_target.resolve()), "num_speculative_tokens": 3}
-    run = VllmRun(model=str(deepseek_target), prompts=data.prompts, max_tokens=40, configs={"spec": config},
-                  max_model_len=max(map(len, data.prompts)) + 64)
-    result = run_vllm(run, python=python)
-    report = EngineReport()
-    compare(data, draft, chain, "greedy", 0.0, EngineValidateConfig(), result, report)
-    checks = {c.kind: c for c in report.checks}
-    assert checks["trajectories"].passed, checks["trajectories"].comparison
-    assert checks["counters"].passed, checks["counters"].detail
-    assert checks["steps"].passed, checks["steps"].detail
-    counters = result["runs"]["spec"][0]["counters"]
-    assert all(n > 0 for n in counters["num_accepted_tokens_per_pos"][:2]), counters  # a reused layer was accepted
+    vllm_counts_what_the_replay_counts(deepseek_target, tiny_prompts_file, tmp_path, tokens=40)
 
 
 def test_train_draft_on_the_command_line(training_cache, tiny_model_dir, tiny_cache, tmp_path):
