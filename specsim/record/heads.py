@@ -70,8 +70,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specsim.errors import ModelError
 from specsim import specs
+from specsim.errors import ModelError
 from specsim.specs import is_head_draft
 
 WEIGHTS = {"medusa": "medusa_lm_head.safetensors", "eagle": "model.safetensors", "eagle3": "model.safetensors",
