@@ -3,7 +3,7 @@
 Runs vLLM in its own environment (`make vllm`, which `make test` runs first). Where that
 environment is missing the tests skip, except under CI ($CI set), where they fail: the check
 must never be silently skipped where it counts. Two heads (EAGLE-1/2 and EAGLE-3) are trained for a
-few steps on other prompts; then one short recording (4 Spec-Bench prompts x 24 tokens, greedy,
+few steps on the same prompts; then one short recording (4 Spec-Bench prompts x 24 tokens, greedy,
 overhang 8) of every draft and one vLLM program running each draft's configuration in turn (ngram,
 draft_model, eagle, eagle3) are shared by the checks.
 """
@@ -36,14 +36,16 @@ EAGLE_STEPS = 40  # a short training: enough for a head to agree with the target
 @pytest.fixture(scope="module")
 def heads(python, tmp_path_factory):
     """An EAGLE-1/2 head and an EAGLE-3 head (the states of SmolLM2's layers 2, 15 and 27 fused, an 8,192-token
-    draft vocabulary) that `train-draft` makes, briefly, from one recording of other categories' prompts."""
+    draft vocabulary) that `train-draft` makes, briefly, from a recording of the check's own prompts: an equality
+    check needs heads that agree with the target now and then, not held-out ones, and one short recording costs
+    a third of one of other prompts."""
     from specsim.record.models import load_model
     from specsim.record.run import RecordRequest, record_cache
     from specsim.record.train import TrainConfig, train
 
     folder = tmp_path_factory.mktemp("heads")
-    record_cache(folder / "train.h5", RecordRequest(target="smollm2-135m", categories=("writing", "qa", "stem"),
-                                                   per_category=2, max_new_tokens=48, store="stats",
+    record_cache(folder / "train.h5", RecordRequest(target="smollm2-135m", categories=tuple(CATEGORIES.split(",")),
+                                                   per_category=1, max_new_tokens=TOKENS, store="stats",
                                                    hidden=("last", "2", "15", "27")), progress=False)
     target = load_model("smollm2-135m")
     configs = {"eagle": TrainConfig(kind="eagle", steps=EAGLE_STEPS, lr=3e-3, batch=2, holdout_every=3),
