@@ -1,7 +1,8 @@
 """Can the vLLM check on the DeepSeek-V3 checkpoint tell a wrong wiring? Records the test's checkpoint
 (`tests.test_mtp.build_deepseek_target`, 4 prompts x 40 tokens, chain:3, T = 0) once as specsim wires it and once
 per deliberate error, runs vLLM's mtp method once, and compares each replay with vLLM's counters and steps.
-Run from the repository root: PYTHONPATH=. .venv/bin/python analyses/results/mtp-deepseek-cpu-2026-11-26/probe_variants.py OUT"""
+Run from the repository root: PYTHONPATH=. .venv/bin/python analyses/results/mtp-deepseek-cpu-2026-11-26/probe_variants.py OUT
+[K TOKENS PROMPTS.jsonl] (defaults: chain:3, 40 tokens, the tests' 4 prompts)."""
 
 import sys
 from pathlib import Path
@@ -18,9 +19,13 @@ from tests.test_mtp import build_deepseek_target
 
 out = Path(sys.argv[1])
 out.mkdir(parents=True, exist_ok=True)
-target = build_deepseek_target(out / "target")
-prompts = write_prompts(out / "prompts.jsonl")
-draft, chain, tokens = f"mtp:{target}", parse_tree("chain:3"), 40
+target = out / "target"
+if not target.is_dir():
+    build_deepseek_target(target)
+k, tokens = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (3, 40)
+prompts = Path(sys.argv[4]) if len(sys.argv) > 4 else write_prompts(out / "prompts.jsonl")
+draft, chain = f"mtp:{target}", parse_tree(f"chain:{k}")
+print(f"chain:{k}, {tokens} tokens, prompts {prompts.name}")
 
 
 def record(name: str):

@@ -11,6 +11,9 @@ CUSTOM_OPS=all,-rotary_embedding .venv-vllm/bin/python $D/vllm_prompt_logprobs.p
     | grep '^vLLM' >> $D/rope_check.txt
 # 2. the test's DeepSeek-V3 checkpoint: vLLM's mtp method against specsim's replay and against wrong wirings
 PYTHONPATH=. .venv/bin/python $D/probe_variants.py $OUT/probe 2>/dev/null | tee $D/probe_variants.txt
+for args in "2 40" "5 40" "4 32 $D/other_prompts.jsonl"; do  # configurations the checkpoint was not shaped for
+    PYTHONPATH=. .venv/bin/python $D/probe_variants.py $OUT/probe $args 2>/dev/null; echo
+done | tee $D/other_configs.txt
 # 3. live decoding of the same checkpoint against the replay
 .venv/bin/specsim validate $OUT/probe/specsim.h5 --draft mtp:$OUT/probe/target --tree chain:3 --tree kary:2,2 \
     --quiet 2>/dev/null | tee $D/validate_live.txt
