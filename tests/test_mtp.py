@@ -417,7 +417,8 @@ def test_live_decoding_of_a_deepseek_v3_target_and_its_mtp_layer_equals_the_repl
 def test_deepseek_v3s_fp8_layer_loads_dequantized_by_its_block_scales(deepseek_target, tmp_path):
     """DeepSeek-V3 publishes its layers in FP8 (float8_e4m3fn) with one `weight_scale_inv` per 128 x 128 block.
     The test layer's projections quantized that way (the rule of DeepGEMM's `per_block_cast_to_fp8` as vLLM 0.32
-    ships it in `vllm/utils/deep_gemm.py`: amax / 448 per block; shapes not multiples of 128) load back within FP8's rounding of the originals, and the
+    ships it in `vllm/utils/deep_gemm.py`: amax / 448 per block; shapes not multiples of 128) load back within
+    FP8's rounding of the originals, and the
     layer's logits stay within 5% of the float layer's; scales read as divisors would not load within FP8's
     rounding."""
     import shutil

@@ -129,7 +129,8 @@ def mtp_directory(draft: str, target: str, *, target_info: dict | None = None, o
             state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
             config["tie_word_embeddings"] = False
         if style == "deepseek":  # vLLM's DeepSeek MTP layer has an LM head of its own: the target's, as trained
-            state.setdefault(f"model.layers.{head['mtp_index']}.shared_head.head.weight", state["lm_head.weight"].clone())
+            shared_head = f"model.layers.{head['mtp_index']}.shared_head.head.weight"
+            state.setdefault(shared_head, state["lm_head.weight"].clone())
             config.setdefault("topk_method", "noaux_tc")  # DeepSeek-V3's router, which vLLM reads from the config
             config.setdefault("scoring_func", "sigmoid")
         else:

@@ -241,8 +241,8 @@ def compilation_config(model: str) -> dict | None:
     """vLLM 0.32's CPU build rotates the latent attention's queries and keys of DeepSeek-V2/V3 (GPT-J-style
     rotary on a slice of each head, `is_neox_style=False`) wrongly in its C++ `rotary_embedding` op: on a tiny
     DeepSeek-V3 (float32) its prompt log-probabilities equal transformers' at position 0 and differ from
-    position 1 on (-9.0117 against -9.0659), and with the op excluded (vLLM's own `forward_native`) they agree within
-    2e-6 at every position, so for those models on CPU the op runs natively. (vLLM PR #31643 describes the
+    position 1 on (-9.0117 against -9.0659), and with the op excluded (vLLM's own `forward_native`) they agree
+    within 2e-6 at every position, so for those models on CPU the op runs natively. (vLLM PR #31643 describes the
     same kind of defect: CPU custom ops under enforce_eager reaching C++ kernels that disagree with their
     PyTorch code.) None: vLLM's defaults."""
     from vllm.platforms import current_platform

@@ -497,8 +497,8 @@ def split_experts(state: dict) -> dict:
     out = {k: v for k, v in state.items() if not k.startswith(EXPERTS)}
     for i, (gate_up, down) in enumerate(zip(state[EXPERTS + "gate_up_proj"], state[EXPERTS + "down_proj"])):
         gate, up = gate_up.chunk(2)
-        out.update({f"{EXPERTS}{i}.gate_proj.weight": gate.contiguous(), f"{EXPERTS}{i}.up_proj.weight": up.contiguous(),
-                    f"{EXPERTS}{i}.down_proj.weight": down})
+        out.update({f"{EXPERTS}{i}.gate_proj.weight": gate.contiguous(),
+                    f"{EXPERTS}{i}.up_proj.weight": up.contiguous(), f"{EXPERTS}{i}.down_proj.weight": down})
     return out
 
 
