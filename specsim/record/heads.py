@@ -1007,14 +1007,15 @@ def load_heads(spec: str, target) -> HeadDraft:
     weights = _weights_file(path, kind)
     only = None
     if kind == "mtp":  # the MTP module's keys only: it may sit inside a whole target checkpoint
-        style, index = _mtp_layout(path, _raw_config(path))
+        raw = _raw_config(path)
+        style, index = _mtp_layout(path, raw)
         prefix = mtp_prefix(HeadConfig(kind="mtp", hidden_size=0, vocab_size=0, mtp_style=style, mtp_index=index))
         only = lambda key: key.startswith(prefix)  # noqa: E731
     if kind == "medusa" and weights.name.startswith("model.safetensors"):  # Medusa-2: the heads in a whole model
         only = lambda key: key.startswith(MEDUSA2_PREFIX)  # noqa: E731
     state = _read_weights(weights, only)
     if kind == "mtp":  # DeepSeek-V3 publishes its layers in FP8 with block scales
-        state = dequantize_fp8(state, _raw_config(path))
+        state = dequantize_fp8(state, raw)
     if kind == "medusa" and only is not None:
         if not state:
             raise ModelError(f"{weights}: no {MEDUSA2_PREFIX}* weights (Medusa-2's heads) and no "
