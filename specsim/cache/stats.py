@@ -286,8 +286,9 @@ def optimal_acceptance_swor(p_target: np.ndarray, q_draft: np.ndarray, k: int, s
     min cut of `optimal_acceptance_iid`, α* = 1 + min_A [p(A) − Q(every candidate ∈ A)], with Q now the law of a
     tuple drawn without replacement, taken over the prefixes of the tokens in ascending p/q.
 
-    Over prefixes the value is a cut's, so never below α*; that the minimum over all 2^V sets is at a prefix, as
-    for i.i.d. candidates, is checked by enumeration (tests/test_bound.py), not proved here. j = 1: Σ min(p, q).
+    The minimum over all 2^V sets is at a prefix, as for i.i.d. candidates: P(every candidate ∈ A) has growing
+    normalised marginals, so a token may enter A only after every token of smaller p/q (docs/design.md §2e gives the
+    proof; tests/test_bound.py checks the lemma and the minimum by enumeration). j = 1: Σ min(p, q).
     j = 2, exactly: Q(A) = Σ_{a∈A} q(a) (q(A) − q(a)) / (1 − q(a)) = q(A) − (1 − q(A)) Σ_{a∈A} q(a) / (1 − q(a)),
     with 1 − q(A) and 1 − q(a) summed from the other tokens (no cancellation). j ≥ 3: Q(prefix) from `samples`
     tuples per row (the share whose last token in that order lies inside the prefix); the minimum over noisy
