@@ -185,8 +185,9 @@ def profile(request: dict, folder: str) -> dict:
         kwargs = dict(model=request["model"], dtype=request.get("dtype", "float32"), enforce_eager=True,
                       seed=int(request.get("seed", 0)), max_model_len=int(request["max_model_len"]),
                       max_num_seqs=max(request["batches"]), disable_log_stats=False,
-                      compilation_config=compilation_config(request["model"]))
+                      **cpu_overrides(request["model"], request.get("dtype", "float32")))
         if config:
+            config = draft_overrides(request["model"], request.get("dtype", "float32"), config)
             kwargs.update(speculative_config=config, per_request_spec_decode_metrics="detailed")
         llm = LLM(**kwargs)
         vocab = llm.llm_engine.model_config.get_vocab_size()
@@ -235,26 +236,55 @@ def check_configs(request: dict) -> dict:
 
 
 NATIVE_ROPE = ("deepseek_v2", "deepseek_v3")  # model types whose rotary embedding runs vLLM's PyTorch code on CPU
+MLA_MODELS = ("deepseek_v2", "deepseek_v3")  # model types with latent attention (MLA)
 
 
-def compilation_config(model: str) -> dict | None:
-    """vLLM 0.32's CPU build rotates the latent attention's queries and keys of DeepSeek-V2/V3 (GPT-J-style
-    rotary on a slice of each head, `is_neox_style=False`) wrongly in its C++ `rotary_embedding` op: on a tiny
-    DeepSeek-V3 (float32) its prompt log-probabilities equal transformers' at position 0 and differ from
-    position 1 on (-9.0117 against -9.0659), and with the op excluded (vLLM's own `forward_native`) they agree
-    within 2e-6 at every position, so for those models on CPU the op runs natively. (vLLM PR #31643 describes the
-    same kind of defect: CPU custom ops under enforce_eager reaching C++ kernels that disagree with their
-    PyTorch code.) None: vLLM's defaults."""
-    from vllm.platforms import current_platform
-
+def _model_type(model: str | None) -> str | None:
     try:
         with open(os.path.join(model, "config.json")) as f:
-            model_type = json.load(f).get("model_type")
-    except (OSError, ValueError):
+            return json.load(f).get("model_type")
+    except (TypeError, OSError, ValueError):
         return None
-    if model_type in NATIVE_ROPE and current_platform.is_cpu():
-        return {"custom_ops": ["all", "-rotary_embedding"]}
-    return None
+
+
+def cpu_overrides(model: str, dtype: str) -> dict:
+    """What vLLM 0.32's CPU build needs to run a model as specsim checks it (float32), as LLM(...) keywords; {}:
+    vLLM's defaults.
+
+    - **Rotary embedding.** It rotates the latent attention's queries and keys of DeepSeek-V2/V3 (GPT-J-style
+      rotary on a slice of each head, `is_neox_style=False`) wrongly in its C++ `rotary_embedding` op: on a tiny
+      DeepSeek-V3 (float32) its prompt log-probabilities equal transformers' at position 0 and differ from
+      position 1 on (-9.0117 against -9.0659), and with the op excluded (vLLM's own `forward_native`) they agree
+      within 2e-6 at every position, so for those models on CPU the op runs natively. (vLLM PR #31643 describes
+      the same kind of defect: CPU custom ops under enforce_eager reaching C++ kernels that disagree with their
+      PyTorch code.)
+    - **Latent attention's backend.** On a CPU with AMX tiles vLLM picks its AMX MLA backend for every dtype
+      (`platforms/cpu.py`, `get_attn_backend_cls`), but that backend supports bfloat16 only (`AMXMLABackend.
+      supported_dtypes`) and a float32 model stops in its weight packing ("expect weight to be bfloat16, float16,
+      int8, fp8_e4m3 or uint8"). Other dtypes ask for the reference CPU MLA backend, the one vLLM picks on a CPU
+      without AMX; `draft_overrides` does the same for a draft with latent attention."""
+    from vllm.platforms import current_platform
+
+    model_type = _model_type(model)
+    if model_type is None or not current_platform.is_cpu():
+        return {}
+    out = {}
+    if model_type in NATIVE_ROPE:
+        out["compilation_config"] = {"custom_ops": ["all", "-rotary_embedding"]}
+    if model_type in MLA_MODELS and dtype != "bfloat16":
+        out["attention_config"] = {"backend": "CPU_MLA"}
+    return out
+
+
+def draft_overrides(model: str, dtype: str, config: dict) -> dict:
+    """`config` (a speculative_config) with the draft's attention backend set where `cpu_overrides` sets the
+    target's: vLLM selects the draft's on its own (`SpeculativeConfig.attention_backend`, None: automatic), so
+    an MTP layer with latent attention, or a DeepSeek draft model, would get the AMX backend on an AMX CPU."""
+    if config.get("attention_backend"):
+        return config
+    draft = model if config.get("method") == "mtp" else config.get("model")
+    backend = cpu_overrides(draft, dtype).get("attention_config", {}).get("backend") if draft else None
+    return {**config, "attention_backend": backend} if backend else config
 
 
 def main(request_path: str, result_path: str) -> None:
@@ -289,9 +319,10 @@ def main(request_path: str, result_path: str) -> None:
                       dtype=request.get("dtype", "float32"), enforce_eager=True, seed=int(request.get("seed", 0)),
                       max_model_len=int(request["max_model_len"]), max_num_seqs=int(request.get("batch", 1)),
                       disable_log_stats=False, enable_prefix_caching=False,
-                      compilation_config=compilation_config(request["model"]))
+                      **cpu_overrides(request["model"], request.get("dtype", "float32")))
         if run.get("speculative_config"):  # vLLM refuses per-request spec metrics without speculation
-            kwargs.update(speculative_config=run["speculative_config"], per_request_spec_decode_metrics="detailed")
+            config = draft_overrides(request["model"], request.get("dtype", "float32"), run["speculative_config"])
+            kwargs.update(speculative_config=config, per_request_spec_decode_metrics="detailed")
         engines[run["name"]] = LLM(**kwargs)
 
     temperature = float(request.get("temperature", 0.0))
