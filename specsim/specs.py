@@ -69,6 +69,13 @@ PROMPT_USES = {  # what the prompt is to `train-draft` (a cache stores states at
     "none": "the generated part alone: the head never sees the prompt, a mismatch with drafting kept to measure it",
 }
 
+TRAIN_PRECISIONS = {  # the arithmetic of `train-draft`'s training steps (held-out numbers are always float32)
+    "float32": "float32 throughout",
+    "bfloat16": "mixed precision: matrix products in bfloat16 (torch.autocast), weights, optimiser state and the "
+                "loss's softmaxes in float32, as EAGLE-3 heads are trained on GPUs; fast where the hardware has "
+                "bfloat16 units (GPUs; CPUs with AMX or AVX-512 BF16)",
+}
+
 
 def vocab_help(vocab: dict) -> str:
     """'a: what a means; b: ...' for a --help text."""

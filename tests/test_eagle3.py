@@ -258,6 +258,45 @@ def test_training_time_test_lowers_heldout_loss_at_every_depth(training, tiny_mo
     assert len(seen) == 18 and {p["question_id"] for p in seen} == {100 + i for i in range(24) if i % 4 != 3}
 
 
+def test_bfloat16_training_runs_its_products_in_bfloat16_and_learns_as_float32_does(training, training_cache,
+                                                                                    tiny_model_dir, tmp_path,
+                                                                                    monkeypatch):
+    """--precision bfloat16: the training steps' logits come out of bfloat16 matrix products (autocast), the
+    target's laws they are fitted to and the held-out evaluation stay float32, the head learns about as much as the float32 one of `training` with the
+    same seed and settings, and its checkpoint says how it was trained. The dtype checks fail without autocast and with the
+    teacher under it."""
+    import torch
+
+    import specsim.record.train as train_module
+    from specsim.record.models import load_model
+    from specsim.record.train import TrainConfig, train
+
+    seen, teacher = [], set()
+    original = train_module.loss
+
+    def watching(t, config):
+        seen.append(t.depths[0][0].dtype)
+        teacher.update(p_logits.dtype for _, p_logits, _ in t.depths)
+        return original(t, config)
+
+    monkeypatch.setattr(train_module, "loss", watching)
+    cache, _ = training_cache
+    config = TrainConfig(kind="eagle3", steps=60, lr=1e-2, batch=4, holdout_every=4, ttt_steps=3, aux_layers=AUX,
+                         draft_vocab=300, precision="bfloat16")
+    outcome = train(cache, load_model(str(tiny_model_dir)), tmp_path / "bf16", config, progress=False)
+    assert seen.count(torch.bfloat16) == 60 * 4 and set(seen) == {torch.bfloat16, torch.float32}, set(seen)
+    assert teacher == {torch.float32}  # the target's laws, what the head is fitted to, stay float32
+    float32 = training[2]
+    assert outcome.after["loss"] < outcome.before["loss"] - 0.1, (outcome.before, outcome.after)
+    assert outcome.before == float32.before  # the same untrained head, measured in float32
+    assert abs(outcome.after["loss"] - float32.after["loss"]) < 0.05, (outcome.after, float32.after)
+    raw = json.loads((tmp_path / "bf16" / "config.json").read_text())
+    assert raw["training"]["config"]["precision"] == "bfloat16"
+    with pytest.raises(ModelError, match="--precision 'float16': one of float32, bfloat16"):
+        train(cache, load_model(str(tiny_model_dir)), tmp_path / "x",
+              TrainConfig(kind="eagle3", steps=1, aux_layers=AUX, precision="float16"), progress=False)
+
+
 def test_a_cache_without_the_fused_layers_is_refused_naming_them(tiny_model_dir, tiny_cache, tmp_path):
     from specsim.errors import CacheError
     from specsim.record.models import load_model

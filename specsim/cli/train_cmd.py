@@ -39,6 +39,9 @@ from specsim.cli import _common as c
 @click.option("--prompt", "prompt_use", type=c.choice(registry.PROMPT_USES), default="context", show_default=True,
               help="What the prompt is to the training (its states are computed by the target; a cache stores "
                    "the generated positions'): " + registry.vocab_help(registry.PROMPT_USES) + ".")
+@click.option("--precision", type=c.choice(registry.TRAIN_PRECISIONS), default="float32", show_default=True,
+              help="The training steps' arithmetic (held-out numbers are float32 either way): "
+                   + registry.vocab_help(registry.TRAIN_PRECISIONS) + ".")
 @click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True, help="Optimiser steps.")
 @click.option("--batch", type=click.IntRange(min=1), default=4, show_default=True, help="Trajectories per step.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True,
@@ -53,8 +56,8 @@ from specsim.cli import _common as c
 @c.seed_option
 @c.quiet_option
 @c.friendly_errors
-def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, draft_vocab, prompt_use, steps,
-                batch, lr, holdout_every, save_every, device, out, overwrite, seed, quiet):
+def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, draft_vocab, prompt_use,
+                precision, steps, batch, lr, holdout_every, save_every, device, out, overwrite, seed, quiet):
     """Train head drafts for TARGET by self-distillation on a cache's trajectories.
 
     The loss is against the target's whole next-token law (softmax of its LM head on the
@@ -101,7 +104,7 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
     config = TrainConfig(kind=kind, heads=heads, steps=steps, lr=lr, batch=batch, holdout_every=holdout_every,
                          save_every=save_every, seed=seed, ttt_steps=ttt_steps, aux_layers=aux, draft_vocab=draft_vocab,
                          ttt_decay=ttt_decay if ttt_decay is not None else 0.6 if kind == "mtp" else 1.0,
-                         mtp_style=mtp_style, prompt=prompt_use)
+                         mtp_style=mtp_style, prompt=prompt_use, precision=precision)
     with sigterm_as_interrupt():  # SIGTERM (a scheduler's stop) saves the last checkpoint as Ctrl-C does
         outcome = train(cache, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True))
 

@@ -40,6 +40,11 @@ rest. `prompt` (PROMPT_USES) chooses: "context" (the default; the loss on genera
 positions per recording), "none" (the generated part alone, the head blind to the prompt: how
 heads were trained before, kept to measure the difference).
 
+`precision` (TRAIN_PRECISIONS) "bfloat16" runs the training steps under torch.autocast: the head's
+matrix products in bfloat16, as EAGLE-3 heads are trained on GPUs (SpecForge, speculators), with
+the weights, AdamW's state and the loss's softmaxes in float32 and the target's laws (the
+teacher) computed in float32 (`_teacher`). Held-out numbers are float32 either way.
+
 Prompts are split into training and held-out sets by index (every k-th prompt held out), so
 the held-out numbers are on prompts the heads never saw. Checkpoints go to `--out` every
 `save_every` steps and at the end; a Ctrl-C saves the last one and stops.
@@ -47,6 +52,7 @@ the held-out numbers are on prompts the heads never saw. Checkpoints go to `--ou
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +62,7 @@ import numpy as np
 import torch
 
 from specsim.errors import CacheError, ModelError
-from specsim.specs import HEAD_KINDS, PROMPT_USES
+from specsim.specs import HEAD_KINDS, PROMPT_USES, TRAIN_PRECISIONS
 
 
 CURVE_HELDOUT = 24  # held-out trajectories the training curve evaluates at each checkpoint (all of them at the end)
@@ -80,6 +86,7 @@ class TrainConfig:
     draft_vocab: int = 0  # EAGLE-3: draft vocabulary size (0: the target's whole vocabulary)
     mtp_style: str = "deepseek"  # MTP: one of `specs.MTP_STYLES`
     prompt: str = "context"  # what the prompt is to the training (PROMPT_USES)
+    precision: str = "float32"  # the training steps' arithmetic (specs.TRAIN_PRECISIONS); evaluation is float32
 
 
 @dataclass
@@ -206,7 +213,7 @@ def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full
         q_all = module(h[a:], lm_head)  # (n - a, K, V)
         depths = []
         for k in range(min(q_all.shape[1], n - a - 1)):
-            with torch.no_grad():
+            with _teacher(h):
                 p_logits = lm_head(h[a + 1 + k :])  # (n - a - 1 - k, V)
             depths.append((q_all[: n - a - 1 - k, k], p_logits, y[a + 1 + k :]))
         return Terms(depths)
@@ -227,7 +234,7 @@ def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full
         depths = []
         for d, f in enumerate(feats, start=1):
             rows = h[a + d : n]  # p_{t+d} for starts t = a..n-1-d
-            with torch.no_grad():  # (n - a - d, V), or (n - a - d, V_draft) restricted
+            with _teacher(h):  # (n - a - d, V), or (n - a - d, V_draft) restricted
                 p_logits = torch.nn.functional.linear(rows, lm_head.weight[vocab]) if restrict else lm_head(rows)
             q_logits = module.draft_logits(f[: n - a - d]) if restrict else module.logits(f[: n - a - d], V)
             depths.append((q_logits, p_logits, y[a + d : n]))
@@ -236,13 +243,21 @@ def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full
     causal = torch.ones(n - 1, n - 1, dtype=torch.bool, device=h.device).tril()
     feats, _ = module(h[None, :-1], y[None, :-1], pos[None], causal[None], None, target.model.get_input_embeddings())
     pred = feats[0, a:]  # (n - 1 - a, H): ĥ_{t+1}
-    with torch.no_grad():
+    with _teacher(h):
         p_logits = lm_head(h[a + 1 :])
     return Terms([(lm_head(pred), p_logits, y[a + 1 :])], regression=(pred, h[a + 1 :]))
 
 
+@contextlib.contextmanager
+def _teacher(x: torch.Tensor):
+    """Where the target's own laws are computed: no gradient, and float32 even inside a bfloat16 training step
+    (`TrainConfig.precision`): the head's arithmetic may be approximate, what it is fitted to is not."""
+    with torch.no_grad(), torch.autocast(device_type=x.device.type, enabled=False):
+        yield
+
+
 def _no_grad(f, x):
-    with torch.no_grad():
+    with _teacher(x):
         return f(x)
 
 
@@ -297,6 +312,8 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
 
     if config.kind not in HEAD_KINDS:
         raise ModelError(f"--kind {config.kind!r}: one of {', '.join(HEAD_KINDS)}")
+    if config.precision not in TRAIN_PRECISIONS:
+        raise ModelError(f"--precision {config.precision!r}: one of {', '.join(TRAIN_PRECISIONS)}")
     torch.manual_seed(config.seed)
     aux = (tuple(config.aux_layers) or default_aux_layers(int(target.model.config.num_hidden_layers))
            if config.kind == "eagle3" else ())
@@ -336,7 +353,8 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     n_held = sum(int(s.tokens.shape[0]) - s.context for s in held)
     echo(f"training {config.kind} heads for {target.name} on {len(train_seqs)} trajectories ({n_train} positions"
          f"{', prompts included' if config.prompt == 'loss' else ''}); held out: {len(held)} ({n_held} generated "
-         f"positions, every {config.holdout_every}th prompt); the prompt: {config.prompt} ({PROMPT_USES[config.prompt]})")
+         f"positions, every {config.holdout_every}th prompt); the prompt: {config.prompt} ({PROMPT_USES[config.prompt]})"
+         f"; arithmetic: {config.precision}")
     outcome = TrainOutcome(steps=0, seconds=0.0, positions=n_train, heldout_positions=n_held)
     module.eval()
     outcome.before = evaluate(config.kind, module, target, held, config)
@@ -356,6 +374,10 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
                              "curve": outcome.curve, "trained_on": seen}}
 
     losses: list[float] = []
+    # bfloat16: autocast's matrix products; the loss's softmaxes are taken in float32 (_soft_ce) and the weights
+    # and AdamW's state stay float32 (no loss scaling: bfloat16 has float32's exponent range)
+    autocast = torch.autocast(device_type=torch.device(target.info["device"]).type, dtype=torch.bfloat16,
+                              enabled=config.precision == "bfloat16")
     started = time.perf_counter()
     bar = tqdm(total=config.steps, unit="step", desc=f"train {config.kind}", disable=not progress, dynamic_ncols=True)
     try:
@@ -363,8 +385,9 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
         for step in range(config.steps):
             batch = rng.choice(len(train_seqs), size=min(config.batch, len(train_seqs)), replace=False)
             optimiser.zero_grad()
-            total = sum(loss(terms(config.kind, module, target, train_seqs[i], config.ttt_steps, full=False,
-                                   loss_from=train_seqs[i].loss_from(config)), config) for i in batch) / len(batch)
+            with autocast:
+                total = sum(loss(terms(config.kind, module, target, train_seqs[i], config.ttt_steps, full=False,
+                                       loss_from=train_seqs[i].loss_from(config)), config) for i in batch) / len(batch)
             total.backward()
             optimiser.step()
             outcome.steps = step + 1
