@@ -542,6 +542,45 @@ def test_a_head_train_draft_wrote_runs_in_vllms_mtp_method(training_cache, tiny_
     assert "accepted [0, 0, 0]" not in checks["counters"].detail, checks["counters"].detail
 
 
+def test_the_routers_correction_bias_moves_toward_balance_as_deepseek_v3_trains_it(deepseek_target):
+    """RouterBalance, DeepSeek-V3's auxiliary-loss-free balancing: after a training step each expert's bias moves
+    by γ against its load, b_i <- b_i + γ sign(mean load - load_i), on the loads of the tokens routed in training
+    mode only; γ = 0 leaves it. The expected bias is computed here from the router's own choices, so a reversed
+    sign, a step without the reset or counting the held-out evaluation fails."""
+    import torch
+
+    from specsim.record.heads import load_heads
+    from specsim.record.models import load_model
+    from specsim.record.train import RouterBalance
+
+    head = load_heads(f"mtp:{deepseek_target}", load_model(str(deepseek_target))).module
+    router = head.layers[0].mlp.gate
+    experts, bias = router.e_score_correction_bias.numel(), router.e_score_correction_bias
+    balance = RouterBalance(head, 0.01)
+    assert balance.routers == [router]
+    torch.manual_seed(0)
+    start = bias.clone()
+    head.train()
+    loads = torch.zeros(experts)
+    for n in (7, 5):
+        loads += torch.bincount(router(torch.randn(n, router.weight.shape[1]))[2].reshape(-1), minlength=experts)
+    assert len(set(loads.tolist())) > 1  # unbalanced: the check can see the sign
+    balance.step()
+    torch.testing.assert_close(bias, start + 0.01 * torch.sign(loads.mean() - loads))
+    head.eval()  # the held-out evaluation routes tokens too, and must not move the bias
+    router(torch.randn(9, router.weight.shape[1]))
+    moved = bias.clone()
+    balance.step()
+    assert torch.equal(bias, moved)
+    head.train()
+    still = RouterBalance(head, 0.0)
+    router(torch.randn(9, router.weight.shape[1]))
+    still.step()
+    assert torch.equal(bias, moved)
+    balance.close()
+    still.close()
+
+
 def test_a_head_train_draft_wrote_for_deepseek_v3_is_written_out_as_the_targets_mtp_layer(
         deepseek_target, tiny_prompts_file, tmp_path, monkeypatch):
     """`train-draft --kind mtp` on a DeepSeek-V3 target builds the target's kind of block (latent attention, the
@@ -569,6 +608,9 @@ def test_a_head_train_draft_wrote_for_deepseek_v3_is_written_out_as_the_targets_
     assert outcome.after["loss"] < outcome.before["loss"] - 1.0, (outcome.before, outcome.after)
     head = load_heads(f"mtp:{tmp_path / 'head'}", target)
     assert isinstance(head.module.layers[0], DeepseekBlock)
+    steps = head.module.layers[0].mlp.gate.e_score_correction_bias / 0.001  # moved by ±γ per step (RouterBalance)
+    assert steps.abs().max() > 0 and steps.abs().max() <= 20 + 1e-3, steps
+    assert torch.allclose(steps, steps.round(), atol=1e-3), steps
     out = Path(draft_directory(f"mtp:{tmp_path / 'head'}", str(deepseek_target)))
     assert out.parent == tmp_path / "home" / "models" / "exported" and out.name.split("-")[-2] == "deepseek"
     raw = json.loads((out / "config.json").read_text())

@@ -33,6 +33,10 @@ from specsim.cli import _common as c
 @click.option("--mtp-style", type=c.choice(registry.MTP_STYLES), default="deepseek", show_default=True,
               help="MTP: how the layer is wired: " + registry.vocab_help(registry.MTP_STYLES) + ". Both feed back "
                    "their normed output, as vLLM runs them.")
+@click.option("--router-bias-speed", type=click.FloatRange(min=0), default=None,
+              help="MTP on a DeepSeek-V3 target (its layer's experts): the step γ of DeepSeek-V3's load balancing, "
+                   "which moves each router's correction bias by γ toward balance after every training step, not by "
+                   "gradient; 0 keeps the biases at zero  [default: 0.001, DeepSeek-V3's].")
 @click.option("--draft-vocab", type=click.IntRange(min=0), default=0, show_default=True,
               help="EAGLE-3: draft over the N most frequent tokens of the training trajectories (d2t maps them to the "
                    "target's ids); 0: the target's whole vocabulary.")
@@ -56,8 +60,8 @@ from specsim.cli import _common as c
 @c.seed_option
 @c.quiet_option
 @c.friendly_errors
-def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, draft_vocab, prompt_use,
-                precision, steps, batch, lr, holdout_every, save_every, device, out, overwrite, seed, quiet):
+def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, router_bias_speed,
+                draft_vocab, prompt_use, precision, steps, batch, lr, holdout_every, save_every, device, out, overwrite, seed, quiet):
     """Train head drafts for TARGET by self-distillation on a cache's trajectories.
 
     The loss is against the target's whole next-token law (softmax of its LM head on the
@@ -91,6 +95,8 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
         raise CacheError(f"--out {out} is not empty; pass --overwrite to replace the heads in it")
     if kind != "eagle3" and (aux_layers or draft_vocab):
         raise CacheError.naming("{aux_layers} and {draft_vocab} are EAGLE-3's: use {kind} eagle3")
+    if kind != "mtp" and router_bias_speed is not None:
+        raise CacheError.naming("{router_bias_speed} is DeepSeek-V3 MTP's: use {kind} mtp")
     if kind not in ("eagle3", "mtp") and ttt_decay is not None:
         raise CacheError.naming("{ttt_decay} is EAGLE-3's and MTP's: use {kind} eagle3 or mtp")
     try:
@@ -104,7 +110,8 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
     config = TrainConfig(kind=kind, heads=heads, steps=steps, lr=lr, batch=batch, holdout_every=holdout_every,
                          save_every=save_every, seed=seed, ttt_steps=ttt_steps, aux_layers=aux, draft_vocab=draft_vocab,
                          ttt_decay=ttt_decay if ttt_decay is not None else 0.6 if kind == "mtp" else 1.0,
-                         mtp_style=mtp_style, prompt=prompt_use, precision=precision)
+                         mtp_style=mtp_style, prompt=prompt_use, precision=precision,
+                         **({} if router_bias_speed is None else {"router_bias_speed": router_bias_speed}))
     with sigterm_as_interrupt():  # SIGTERM (a scheduler's stop) saves the last checkpoint as Ctrl-C does
         outcome = train(cache, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True))
 

@@ -26,7 +26,9 @@ recommend for matching the deployed distribution), not only its sampled token.
   and is trained unrolled like EAGLE-3 — `ttt_steps` deep, the same layer at every depth fed
   its own previous state and the target's token, as vLLM chains it — with loss Σ_d
   decay^(d-1) · CE(p_{t+d}, q_d) (speculators' default decay 0.6); the LM head is the target's
-  (frozen), the final norm starts from the target's.
+  (frozen), the final norm starts from the target's. On a DeepSeek-V3 target the layer's block
+  is the target's kind, experts included, and each router's correction bias is moved by
+  DeepSeek-V3's load-balancing rule after every step, not by gradient (`RouterBalance`).
 
 The prompt is the heads' context, as it is when they draft: a head drafting a call attends over
 the target's states at every earlier position, the prompt's included (`HeadDraft.start_logits`),
@@ -87,6 +89,7 @@ class TrainConfig:
     mtp_style: str = "deepseek"  # MTP: one of `specs.MTP_STYLES`
     prompt: str = "context"  # what the prompt is to the training (PROMPT_USES)
     precision: str = "float32"  # the training steps' arithmetic (specs.TRAIN_PRECISIONS); evaluation is float32
+    router_bias_speed: float = 0.001  # DeepSeek-V3 MTP blocks: the routers' correction-bias step γ (RouterBalance)
 
 
 @dataclass
@@ -100,6 +103,43 @@ class TrainOutcome:
     curve: list = field(default_factory=list)  # per checkpoint: step, mean training loss since, held-out numbers on
     #                                            the first CURVE_HELDOUT held-out trajectories
     interrupted: bool = False
+
+
+class RouterBalance:
+    """DeepSeek-V3's auxiliary-loss-free load balancing (DeepSeek-V3 Technical Report, arXiv 2412.19437, §2.1.2).
+
+    A router's correction bias b_i is added to expert i's score only to choose the top-k experts (not to weight
+    them), and it is not trained by gradient: at the end of each training step every bias moves by γ toward
+    balance, b_i <- b_i + γ sign(mean load - load_i), the loads being how many of the step's tokens chose each
+    expert. DeepSeek-V3 trained with γ = 0.001 (0 for its last 500B tokens). Counts only in training mode (the
+    held-out evaluation routes tokens too). Works on any module holding transformers' DeepSeek-V3 routers
+    (`e_score_correction_bias`, forward -> (logits, weights, indices)); no router: nothing to do."""
+
+    def __init__(self, module: torch.nn.Module, speed: float):
+        self.speed = float(speed)
+        self.routers = [m for m in module.modules()
+                        if isinstance(getattr(m, "e_score_correction_bias", None), torch.Tensor)]
+        self.loads = [torch.zeros_like(r.e_score_correction_bias) for r in self.routers]
+        self.hooks = [r.register_forward_hook(self._count(i)) for i, r in enumerate(self.routers)]
+
+    def _count(self, i: int):
+        def hook(router, inputs, output):
+            if router.training:
+                indices = output[2].reshape(-1)
+                self.loads[i] += torch.bincount(indices, minlength=self.loads[i].numel()).to(self.loads[i])
+        return hook
+
+    def step(self) -> None:
+        """Move every bias by γ toward balance on the loads counted since the last step, and reset them."""
+        with torch.no_grad():
+            for router, load in zip(self.routers, self.loads):
+                if self.speed and load.sum() > 0:
+                    router.e_score_correction_bias += self.speed * torch.sign(load.mean() - load)
+                load.zero_()
+
+    def close(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
 
 
 @dataclass(frozen=True)
@@ -378,6 +418,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     # and AdamW's state stay float32 (no loss scaling: bfloat16 has float32's exponent range)
     autocast = torch.autocast(device_type=torch.device(target.info["device"]).type, dtype=torch.bfloat16,
                               enabled=config.precision == "bfloat16")
+    balance = RouterBalance(module, config.router_bias_speed)
     started = time.perf_counter()
     bar = tqdm(total=config.steps, unit="step", desc=f"train {config.kind}", disable=not progress, dynamic_ncols=True)
     try:
@@ -390,6 +431,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
                                        loss_from=train_seqs[i].loss_from(config)), config) for i in batch) / len(batch)
             total.backward()
             optimiser.step()
+            balance.step()
             outcome.steps = step + 1
             losses.append(total.item())
             bar.update()
@@ -404,6 +446,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
         outcome.interrupted = True
     finally:
         bar.close()
+        balance.close()
         outcome.seconds = time.perf_counter() - started
     module.eval()
     if not outcome.interrupted:
