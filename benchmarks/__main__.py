@@ -1,4 +1,5 @@
-"""Run every benchmark: `python -m benchmarks [NAME ...]` (names: cache, simulate, attention, live, speedup, scale).
+"""Run every benchmark: `python -m benchmarks [NAME ...]` (names: cache, simulate, attention, live, speedup, scale,
+train).
 
 Each benchmark prints its figures as ratios against a baseline measured in the
 same run, so numbers from a loaded or different machine stay comparable.
@@ -14,6 +15,7 @@ BENCHMARKS = {
     "live": "benchmarks.bench_live",
     "speedup": "benchmarks.bench_speedup",
     "scale": "benchmarks.bench_scale",
+    "train": "benchmarks.bench_train",
 }
 
 
