@@ -61,7 +61,8 @@ from specsim.cli import _common as c
 @c.quiet_option
 @c.friendly_errors
 def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, router_bias_speed,
-                draft_vocab, prompt_use, precision, steps, batch, lr, holdout_every, save_every, device, out, overwrite, seed, quiet):
+                draft_vocab, prompt_use, precision, steps, batch, lr, holdout_every, save_every, device, out,
+                overwrite, seed, quiet):
     """Train head drafts for TARGET by self-distillation on a cache's trajectories.
 
     The loss is against the target's whole next-token law (softmax of its LM head on the

@@ -406,8 +406,8 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     n_held = sum(int(s.tokens.shape[0]) - s.context for s in held)
     echo(f"training {config.kind} heads for {target.name} on {len(train_seqs)} trajectories ({n_train} positions"
          f"{', prompts included' if config.prompt == 'loss' else ''}); held out: {len(held)} ({n_held} generated "
-         f"positions, every {config.holdout_every}th prompt); the prompt: {config.prompt} ({PROMPT_USES[config.prompt]})"
-         f"; arithmetic: {config.precision}")
+         f"positions, every {config.holdout_every}th prompt); the prompt: {config.prompt} "
+         f"({PROMPT_USES[config.prompt]}); arithmetic: {config.precision}")
     outcome = TrainOutcome(steps=0, seconds=0.0, positions=n_train, heldout_positions=n_held)
     module.eval()
     outcome.before = evaluate(config.kind, module, target, held, config)
