@@ -265,20 +265,21 @@ def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full
         feats = unroll(lambda *args, from_target: module(*args, embed, from_target=from_target),
                        seq.features.to(h.device)[:m], y[:m], torch.arange(a, m, device=h.device), min(depth, m - a),
                        first=seq.start)
+        # the target's laws at rows a+1..n-1, once: depth d reads rows a+d.. (p_{t+d} for starts t = a..n-1-d)
         if kind == "mtp":  # the target's whole vocabulary, through its LM head
-            return Terms([(module.logits(f[: n - a - d], lm_head), _no_grad(lm_head, h[a + d : n]), y[a + d : n])
+            p_all = _no_grad(lm_head, h[a + 1 : n])
+            return Terms([(module.logits(f[: n - a - d], lm_head), p_all[d - 1 :], y[a + d : n])
                           for d, f in enumerate(feats, start=1)])
         V = int(target.vocab_size)
         vocab = None if module.d2t is None else torch.arange(len(module.d2t), device=h.device) + module.d2t
         restrict = vocab is not None and not full
+        with _teacher(h):  # (n - a - 1, V), or (n - a - 1, V_draft) restricted
+            p_all = torch.nn.functional.linear(h[a + 1 : n], _draft_rows(module, lm_head, vocab)) if restrict \
+                else lm_head(h[a + 1 : n])
         depths = []
         for d, f in enumerate(feats, start=1):
-            rows = h[a + d : n]  # p_{t+d} for starts t = a..n-1-d
-            with _teacher(h):  # (n - a - d, V), or (n - a - d, V_draft) restricted
-                p_logits = torch.nn.functional.linear(rows, _draft_rows(module, lm_head, vocab)) if restrict \
-                    else lm_head(rows)
             q_logits = module.draft_logits(f[: n - a - d]) if restrict else module.logits(f[: n - a - d], V)
-            depths.append((q_logits, p_logits, y[a + d : n]))
+            depths.append((q_logits, p_all[d - 1 :], y[a + d : n]))
         return Terms(depths, vocab=None if restrict else vocab)
     pos = torch.arange(n - 1, device=h.device) + seq.start
     causal = torch.ones(n - 1, n - 1, dtype=torch.bool, device=h.device).tril()
