@@ -251,12 +251,10 @@ def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full
     a = seq.context if loss_from is None else loss_from
     if kind == "medusa":  # no attention: the prompt's rows are only more starts
         q_all = module(h[a:], lm_head)  # (n - a, K, V)
-        depths = []
-        for k in range(min(q_all.shape[1], n - a - 1)):
-            with _teacher(h):
-                p_logits = lm_head(h[a + 1 + k :])  # (n - a - 1 - k, V)
-            depths.append((q_all[: n - a - 1 - k, k], p_logits, y[a + 1 + k :]))
-        return Terms(depths)
+        with _teacher(h):  # the target's laws at rows a+1..n-1, once: head k reads rows a+1+k..
+            p_all = lm_head(h[a + 1 :])
+        return Terms([(q_all[: n - a - 1 - k, k], p_all[k:], y[a + 1 + k :])
+                      for k in range(min(q_all.shape[1], n - a - 1))])
     if kind in ("eagle3", "mtp"):
         from specsim.record.heads import unroll
 
