@@ -73,7 +73,8 @@ TRAIN_PRECISIONS = {  # the arithmetic of `train-draft`'s training steps (held-o
     "float32": "float32 throughout",
     "bfloat16": "mixed precision: matrix products in bfloat16 (torch.autocast), weights, optimiser state, the "
                 "loss's softmaxes and the target's laws in float32, as EAGLE-3 heads are trained on GPUs (on a "
-                "2-core CPU with AMX it ran 16% slower than float32 for SmolLM2-135M's EAGLE-3 head)",
+                "2-core CPU with AMX it was no faster than float32 for SmolLM2-135M's EAGLE-3 head: 0.74-1.00x "
+                "in five measurements)",
 }
 
 
