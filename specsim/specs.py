@@ -69,6 +69,13 @@ PROMPT_USES = {  # what the prompt is to `train-draft` (a cache stores states at
     "none": "the generated part alone: the head never sees the prompt, a mismatch with drafting kept to measure it",
 }
 
+LR_SCHEDULES = {  # `train-draft`'s learning rate over its steps
+    "cosine": "a linear warm-up over the first 1.5% of the steps, then cosine decay to zero, with the gradient norm "
+              "clipped at 0.5 (SpecForge's EAGLE-3 trainer: BF16Optimizer with CosineAnnealingWarmupLR, defaults "
+              "copied from EAGLE's traineagle3)",
+    "constant": "the same rate at every step, no clipping (how specsim trained heads before cosine was the default)",
+}
+
 TRAIN_PRECISIONS = {  # the arithmetic of `train-draft`'s training steps (held-out numbers are always float32)
     "float32": "float32 throughout",
     "bfloat16": "mixed precision: matrix products in bfloat16 (torch.autocast), weights, optimiser state, the "

@@ -16,6 +16,7 @@ trained on named when a cache shares them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -237,8 +238,54 @@ def training(training_cache, tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("eagle3-train") / "head"
     outcome = train(cache, load_model(str(tiny_model_dir)), out,
                     TrainConfig(kind="eagle3", steps=60, lr=1e-2, batch=4, holdout_every=4, ttt_steps=3,
-                                aux_layers=AUX, draft_vocab=300), progress=False)
+                                aux_layers=AUX, draft_vocab=300, save_every=20), progress=False)
     return prompts, out, outcome
+
+
+def _specforge_rates(steps: int, lr: float) -> list[float]:
+    """SpecForge's CosineAnnealingWarmupLR with warmup_ratio 0.015, written out: a linear ramp, then half a cosine."""
+    w = int(0.015 * steps)
+    if w < 2:  # no ramp to speak of
+        w = 0
+    return [lr * (i + 1) / w if i < w else lr * (1 + math.cos(math.pi * (i - w) / (steps - w))) / 2
+            for i in range(steps)]
+
+
+def test_the_learning_rate_warms_up_and_decays_as_specforge_s_and_the_gradient_is_clipped(training, training_cache,
+                                                                                          tiny_model_dir, tmp_path,
+                                                                                          monkeypatch):
+    import torch
+
+    from specsim.record.models import load_model
+    from specsim.record.train import TrainConfig, schedule, train
+
+    for steps in (400, 60, 1):
+        optimiser = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+        rates = schedule(optimiser, TrainConfig(kind="eagle3", steps=steps, lr=1e-3))
+        seen = []
+        for _ in range(steps):
+            seen.append(optimiser.param_groups[0]["lr"])
+            optimiser.step()
+            rates.step()
+        np.testing.assert_allclose(seen, _specforge_rates(steps, 1e-3), rtol=1e-9, atol=1e-15)
+    assert _specforge_rates(400, 1e-3)[:6] == pytest.approx([1e-3 * (i + 1) / 6 for i in range(6)])
+    # the trainer runs that schedule: the curve's rates are the ones its checkpoints' last steps ran at
+    curve = training[2].curve
+    assert [c["step"] for c in curve] == [20, 40]
+    assert [c["lr"] for c in curve] == pytest.approx([_specforge_rates(60, 1e-2)[s - 1] for s in (20, 40)])
+    clipped = []
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, norm: clipped.append(norm))
+    cache, _ = training_cache
+    for name in ("constant", "cosine"):
+        outcome = train(cache, load_model(str(tiny_model_dir)), tmp_path / name,
+                        TrainConfig(kind="eagle3", steps=4, lr=1e-2, batch=2, holdout_every=4, ttt_steps=1,
+                                    aux_layers=AUX, draft_vocab=300, save_every=2, lr_schedule=name), progress=False)
+        assert [c["lr"] for c in outcome.curve] == pytest.approx([1e-2 if name == "constant" else
+                                                                  _specforge_rates(4, 1e-2)[1]])
+    assert clipped == [0.5] * 4  # cosine's four steps, not constant's
+    with pytest.raises(ModelError, match="--lr-schedule 'linear': one of cosine, constant"):
+        train(cache, load_model(str(tiny_model_dir)), tmp_path / "x",
+              TrainConfig(kind="eagle3", steps=1, aux_layers=AUX, lr_schedule="linear"), progress=False)
 
 
 def test_training_time_test_lowers_heldout_loss_at_every_depth(training, tiny_model_dir):

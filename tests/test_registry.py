@@ -47,6 +47,7 @@ def _choices(flag: str) -> dict[str, list[str]]:
     ("--prompt", specs.PROMPT_USES),
     ("--mtp-style", specs.MTP_STYLES),
     ("--precision", specs.TRAIN_PRECISIONS),
+    ("--lr-schedule", specs.LR_SCHEDULES),
 ])
 def test_cli_choices_are_the_registry_vocabularies(flag, vocab):
     found = _choices(flag)
@@ -70,7 +71,7 @@ def test_no_command_spells_a_registry_vocabulary():
     """No literal list of registry names in the CLI, the engines or the simulator (they read `specs`)."""
     vocabularies = [set(v) for v in (specs.MULTI_DRAFT, specs.BATCHING, specs.ENGINES, specs.HEAD_KINDS,
                                      specs.EMIT_TARGETS, specs.PROMPT_USES, specs.MTP_STYLES,
-                                     specs.TRAIN_PRECISIONS)] + [
+                                     specs.TRAIN_PRECISIONS, specs.LR_SCHEDULES)] + [
                                          set(specs.policy_names(live=True))]
     offenders = []
     for path in PACKAGE.rglob("*.py"):

@@ -49,7 +49,9 @@ from specsim.cli import _common as c
 @click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True, help="Optimiser steps.")
 @click.option("--batch", type=click.IntRange(min=1), default=4, show_default=True, help="Trajectories per step.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True,
-              help="AdamW learning rate.")
+              help="AdamW learning rate (the peak rate under --lr-schedule cosine).")
+@click.option("--lr-schedule", type=c.choice(registry.LR_SCHEDULES), default="cosine", show_default=True,
+              help="The learning rate over the steps: " + registry.vocab_help(registry.LR_SCHEDULES) + ".")
 @click.option("--holdout-every", type=click.IntRange(min=2), default=5, show_default=True,
               help="Hold out every k-th prompt: the reported loss and agreement are on prompts never trained on.")
 @click.option("--save-every", type=click.IntRange(min=1), default=100, show_default=True,
@@ -61,7 +63,7 @@ from specsim.cli import _common as c
 @c.quiet_option
 @c.friendly_errors
 def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, router_bias_speed,
-                draft_vocab, prompt_use, precision, steps, batch, lr, holdout_every, save_every, device, out,
+                draft_vocab, prompt_use, precision, steps, batch, lr, lr_schedule, holdout_every, save_every, device, out,
                 overwrite, seed, quiet):
     """Train head drafts for TARGET by self-distillation on a cache's trajectories.
 
@@ -108,7 +110,7 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
     transformers.utils.logging.set_verbosity_error()
     click.echo(f"loading target {target} ...", err=True)
     loaded = load_model(target, device=device)
-    config = TrainConfig(kind=kind, heads=heads, steps=steps, lr=lr, batch=batch, holdout_every=holdout_every,
+    config = TrainConfig(kind=kind, heads=heads, steps=steps, lr=lr, lr_schedule=lr_schedule, batch=batch, holdout_every=holdout_every,
                          save_every=save_every, seed=seed, ttt_steps=ttt_steps, aux_layers=aux, draft_vocab=draft_vocab,
                          ttt_decay=ttt_decay if ttt_decay is not None else 0.6 if kind == "mtp" else 1.0,
                          mtp_style=mtp_style, prompt=prompt_use, precision=precision,
@@ -129,7 +131,8 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
         sys.stderr.flush()
         os._exit(130)
     for point in outcome.curve:
-        click.echo(f"step {point['step']}: training loss {point['train_loss']:.3f}; held-out (first "
+        click.echo(f"step {point['step']}: training loss {point['train_loss']:.3f} (learning rate {point['lr']:.3g}); "
+                   f"held-out (first "
                    f"{CURVE_HELDOUT} trajectories) loss {point['heldout']['loss']:.3f}, top-1 "
                    + ", ".join(f"depth {d} {v:.3f}" for d, v in point["heldout"]["top1"].items()))
     click.echo(f"held-out after {outcome.steps} steps ({outcome.seconds:.1f} s on {outcome.positions} training "

@@ -47,6 +47,11 @@ matrix products in bfloat16, as EAGLE-3 heads are trained on GPUs (SpecForge, sp
 the weights, AdamW's state and the loss's softmaxes in float32 and the target's laws (the
 teacher) computed in float32 (`_teacher`). Held-out numbers are float32 either way.
 
+`lr_schedule` (LR_SCHEDULES) "cosine", the default, is the optimiser SpecForge trains EAGLE-3 with (its
+`BF16Optimizer`: CosineAnnealingWarmupLR with warmup_ratio 0.015, max_grad_norm 0.5, "defaults copied from EAGLE
+traineagle3"): the rate ramps up over the first 1.5% of the steps, decays along half a cosine to zero by the last, and
+the gradient's norm is clipped at 0.5. "constant" keeps `lr` throughout, unclipped, as heads were trained before.
+
 Prompts are split into training and held-out sets by index (every k-th prompt held out), so
 the held-out numbers are on prompts the heads never saw. Checkpoints go to `--out` every
 `save_every` steps and at the end; a Ctrl-C saves the last one and stops.
@@ -64,10 +69,12 @@ import numpy as np
 import torch
 
 from specsim.errors import CacheError, ModelError
-from specsim.specs import HEAD_KINDS, PROMPT_USES, TRAIN_PRECISIONS
+from specsim.specs import HEAD_KINDS, LR_SCHEDULES, PROMPT_USES, TRAIN_PRECISIONS
 
 
 CURVE_HELDOUT = 24  # held-out trajectories the training curve evaluates at each checkpoint (all of them at the end)
+WARMUP_SHARE = 0.015  # "cosine": the share of the steps spent warming up (SpecForge's warmup_ratio)
+CLIP_NORM = 0.5  # "cosine": the gradient's norm is clipped to this (SpecForge's max_grad_norm)
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,8 @@ class TrainConfig:
     kind: str  # "medusa" | "eagle" | "eagle3" | "mtp"
     heads: int = 4  # Medusa: heads (the deepest depth drafted); EAGLE drafts autoregressively: unused
     steps: int = 300  # optimiser steps (one trajectory batch each)
-    lr: float = 1e-3  # AdamW learning rate
+    lr: float = 1e-3  # AdamW learning rate (the peak rate under the "cosine" schedule)
+    lr_schedule: str = "cosine"  # the rate over the steps, and whether gradients are clipped (LR_SCHEDULES)
     batch: int = 4  # trajectories per step
     holdout_every: int = 5  # every k-th prompt is held out (k >= 2)
     save_every: int = 100  # checkpoint every this many steps
@@ -100,8 +108,9 @@ class TrainOutcome:
     heldout_positions: int
     before: dict = field(default_factory=dict)  # held-out loss and per-depth top-1 agreement, untrained
     after: dict = field(default_factory=dict)  # the same, trained
-    curve: list = field(default_factory=list)  # per checkpoint: step, mean training loss since, held-out numbers on
-    #                                            the first CURVE_HELDOUT held-out trajectories
+    curve: list = field(default_factory=list)  # per checkpoint: step, mean training loss since, the learning rate of
+    #                                            its last step, held-out numbers on the first CURVE_HELDOUT held-out
+    #                                            trajectories
     interrupted: bool = False
 
 
@@ -353,6 +362,22 @@ def draft_vocabulary(seqs: list[TrainSequence], size: int, vocab: int, config: "
     return np.sort(order[:size])
 
 
+def schedule(optimiser: torch.optim.Optimizer, config: TrainConfig) -> torch.optim.lr_scheduler.LRScheduler:
+    """The learning rate over `config.steps` (`config.lr_schedule`). "cosine" is SpecForge's CosineAnnealingWarmupLR:
+    step i of the first w = WARMUP_SHARE · steps runs at lr · (i + 1) / w, then lr · (1 + cos(π (i - w) / (steps -
+    w))) / 2."""
+    from torch.optim.lr_scheduler import ConstantLR, CosineAnnealingLR, LinearLR, SequentialLR
+
+    if config.lr_schedule == "constant":
+        return ConstantLR(optimiser, factor=1.0, total_iters=0)
+    warmup = int(WARMUP_SHARE * config.steps)
+    cosine = CosineAnnealingLR(optimiser, T_max=max(1, config.steps - warmup))
+    if warmup < 2:
+        return cosine
+    ramp = LinearLR(optimiser, start_factor=1 / warmup, end_factor=1.0, total_iters=warmup - 1)
+    return SequentialLR(optimiser, [ramp, cosine], milestones=[warmup])
+
+
 def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = True,
           echo: Callable[[str], None] = lambda line: None) -> TrainOutcome:
     """Train `config.kind` heads for `target` on `cache`'s hidden states and save them in `out`."""
@@ -366,6 +391,8 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
         raise ModelError(f"--kind {config.kind!r}: one of {', '.join(HEAD_KINDS)}")
     if config.precision not in TRAIN_PRECISIONS:
         raise ModelError(f"--precision {config.precision!r}: one of {', '.join(TRAIN_PRECISIONS)}")
+    if config.lr_schedule not in LR_SCHEDULES:
+        raise ModelError(f"--lr-schedule {config.lr_schedule!r}: one of {', '.join(LR_SCHEDULES)}")
     torch.manual_seed(config.seed)
     aux = (tuple(config.aux_layers) or default_aux_layers(int(target.model.config.num_hidden_layers))
            if config.kind == "eagle3" else ())
@@ -406,11 +433,14 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     echo(f"training {config.kind} heads for {target.name} on {len(train_seqs)} trajectories ({n_train} positions"
          f"{', prompts included' if config.prompt == 'loss' else ''}); held out: {len(held)} ({n_held} generated "
          f"positions, every {config.holdout_every}th prompt); the prompt: {config.prompt} "
-         f"({PROMPT_USES[config.prompt]}); arithmetic: {config.precision}")
+         f"({PROMPT_USES[config.prompt]}); arithmetic: {config.precision}; learning rate: {config.lr_schedule}, "
+         f"peak {config.lr:g}")
     outcome = TrainOutcome(steps=0, seconds=0.0, positions=n_train, heldout_positions=n_held)
     module.eval()
     outcome.before = evaluate(config.kind, module, target, held, config)
-    optimiser = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=config.lr)
+    trained = [p for p in module.parameters() if p.requires_grad]
+    optimiser = torch.optim.AdamW(trained, lr=config.lr)
+    rates = schedule(optimiser, config)
     rng = np.random.default_rng(config.seed)
     probe = held[:CURVE_HELDOUT]  # the held-out trajectories the training curve is measured on
 
@@ -431,6 +461,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     autocast = torch.autocast(device_type=torch.device(target.info["device"]).type, dtype=torch.bfloat16,
                               enabled=config.precision == "bfloat16")
     balance = RouterBalance(module, config.router_bias_speed)
+    rate = config.lr  # the learning rate of the last step taken
     started = time.perf_counter()
     bar = tqdm(total=config.steps, unit="step", desc=f"train {config.kind}", disable=not progress, dynamic_ncols=True)
     try:
@@ -442,7 +473,11 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
                 total = sum(loss(terms(config.kind, module, target, train_seqs[i], config.ttt_steps, full=False,
                                        loss_from=train_seqs[i].loss_from(config)), config) for i in batch) / len(batch)
             total.backward()
+            if config.lr_schedule == "cosine":
+                torch.nn.utils.clip_grad_norm_(trained, CLIP_NORM)
+            rate = optimiser.param_groups[0]["lr"]
             optimiser.step()
+            rates.step()
             balance.step()
             outcome.steps = step + 1
             losses.append(total.item())
@@ -451,7 +486,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
             if (step + 1) % config.save_every == 0 and step + 1 < config.steps:
                 module.eval()
                 outcome.curve.append({"step": step + 1, "train_loss": float(np.mean(losses[-config.save_every:])),
-                                      "heldout": evaluate(config.kind, module, target, probe, config)})
+                                      "lr": rate, "heldout": evaluate(config.kind, module, target, probe, config)})
                 module.train()
                 save_heads(out, head_config, module, extra())
     except KeyboardInterrupt:
@@ -468,7 +503,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
         # on the curve's probe, as a checkpoint is
         save_heads(out, head_config, module, extra())
         since = outcome.steps - (outcome.curve[-1]["step"] if outcome.curve else 0)
-        outcome.curve.append({"step": outcome.steps, "train_loss": float(np.mean(losses[-since:])),
+        outcome.curve.append({"step": outcome.steps, "train_loss": float(np.mean(losses[-since:])), "lr": rate,
                               "heldout": evaluate(config.kind, module, target, probe, config)})
     save_heads(out, head_config, module, extra())
     return outcome
