@@ -111,7 +111,8 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
     click.echo(f"loading target {target} ...", err=True)
     loaded = load_model(target, device=device)
     config = TrainConfig(kind=kind, heads=heads, steps=steps, lr=lr, lr_schedule=lr_schedule, batch=batch,
-                         holdout_every=holdout_every, save_every=save_every, seed=seed, ttt_steps=ttt_steps, aux_layers=aux, draft_vocab=draft_vocab,
+                         holdout_every=holdout_every, save_every=save_every, seed=seed, ttt_steps=ttt_steps,
+                         aux_layers=aux, draft_vocab=draft_vocab,
                          ttt_decay=ttt_decay if ttt_decay is not None else 0.6 if kind == "mtp" else 1.0,
                          mtp_style=mtp_style, prompt=prompt_use, precision=precision,
                          **({} if router_bias_speed is None else {"router_bias_speed": router_bias_speed}))
