@@ -245,8 +245,6 @@ def training(training_cache, tiny_model_dir, tmp_path_factory):
 def _specforge_rates(steps: int, lr: float) -> list[float]:
     """SpecForge's CosineAnnealingWarmupLR with warmup_ratio 0.015, written out: a linear ramp, then half a cosine."""
     w = int(0.015 * steps)
-    if w < 2:  # no ramp to speak of
-        w = 0
     return [lr * (i + 1) / w if i < w else lr * (1 + math.cos(math.pi * (i - w) / (steps - w))) / 2
             for i in range(steps)]
 
@@ -259,7 +257,7 @@ def test_the_learning_rate_warms_up_and_decays_as_specforge_s_and_the_gradient_i
     from specsim.record.models import load_model
     from specsim.record.train import TrainConfig, schedule, train
 
-    for steps in (400, 60, 1):
+    for steps in (400, 100, 60, 1):  # six steps of warm-up, one, none
         optimiser = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
         rates = schedule(optimiser, TrainConfig(kind="eagle3", steps=steps, lr=1e-3))
         seen = []

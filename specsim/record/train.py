@@ -372,9 +372,10 @@ def schedule(optimiser: torch.optim.Optimizer, config: TrainConfig) -> torch.opt
         return ConstantLR(optimiser, factor=1.0, total_iters=0)
     warmup = int(WARMUP_SHARE * config.steps)
     cosine = CosineAnnealingLR(optimiser, T_max=max(1, config.steps - warmup))
-    if warmup < 2:
+    if not warmup:
         return cosine
-    ramp = LinearLR(optimiser, start_factor=1 / warmup, end_factor=1.0, total_iters=warmup - 1)
+    # ramp step i at (i + 1) / w of the rate; one step of warm-up (w = 1) is one step at the full rate
+    ramp = LinearLR(optimiser, start_factor=1 / warmup, end_factor=1.0, total_iters=max(1, warmup - 1))
     return SequentialLR(optimiser, [ramp, cosine], milestones=[warmup])
 
 
