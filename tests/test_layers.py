@@ -5,6 +5,8 @@ a dependency). The registry's "module:function" strings are data, loaded on use,
 """
 
 import ast
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -87,3 +89,10 @@ def test_the_numpy_side_does_not_import_the_torch_side():
     graph = import_graph()
     for low in ("cache", "trees", "verify", "sim", "specs", "expansion"):
         assert not set(graph.get(low, {})) & {"record", "live", "attention"}, (low, dict(graph.get(low, {})))
+
+
+def test_recording_and_training_import_no_polars():
+    """`cache` and `train-draft` run where polars is not installed (a GPU image): only the tables import it."""
+    code = ("import specsim.cli.cache_cmd, specsim.cli.train_cmd, specsim.record.run, specsim.record.train, "
+            "specsim.cache.provenance, sys; assert 'polars' not in sys.modules, 'polars imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -26,8 +26,7 @@ def prompt_fingerprint(token_ids) -> str:
 
 def trained_on(reader, indices) -> dict:
     """The `training.trained_on` record of a head trained on prompts `indices` of an open CacheReader."""
-    qids = reader.prompts["question_id"].to_list()
-    prompts = [{"question_id": int(qids[i]), "tokens": prompt_fingerprint(reader.prompt_token_ids(i))}
+    prompts = [{"question_id": reader.prompt_question_id(i), "tokens": prompt_fingerprint(reader.prompt_token_ids(i))}
                for i in sorted(indices)]
     digest = hashlib.sha256(json.dumps([p["tokens"] for p in prompts]).encode()).hexdigest()[:16]
     return {"cache": str(reader.path), "prompts": prompts, "fingerprint": digest}

@@ -40,11 +40,10 @@ import zlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 import h5py
 import numpy as np
-import polars as pl
 
 from specsim.cache.stats import (
     TARGET_STAT_SHAPES,
@@ -57,6 +56,9 @@ from specsim.cache.stats import (
 )
 from specsim.cache.meta import RunMeta
 from specsim.errors import CacheError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 FORMAT = "specsim-cache"
 FORMAT_VERSION = 4  # 2: per-position float32 statistics (/columns/<c>/stats); 3: sampling statistics,
@@ -716,6 +718,8 @@ class CacheReader:
 
     @cached_property
     def prompts(self) -> pl.DataFrame:
+        import polars as pl  # the tables alone need polars: recording and training run without it
+
         prompts = self._prompts
         return pl.DataFrame(
             {
@@ -729,6 +733,8 @@ class CacheReader:
 
     @cached_property
     def trajectories(self) -> pl.DataFrame:
+        import polars as pl
+
         rows, prompts = self._rows, self._prompts
         categories = [prompts[int(i)].category for i in rows["prompt_index"]]
         return pl.DataFrame(
@@ -775,8 +781,16 @@ class CacheReader:
     def size_bytes(self) -> int:
         return self.path.stat().st_size
 
+    @property
+    def n_trajectories(self) -> int:
+        """Committed trajectories (what `trajectories.height` counts, without building the table)."""
+        return len(self._rows)
+
     def prompt_token_ids(self, prompt_index: int) -> np.ndarray:
         return self._prompts[prompt_index].token_ids
+
+    def prompt_question_id(self, prompt_index: int) -> int:
+        return int(self._prompts[prompt_index].question_id)
 
     def iter_trajectories(self, temperature: float | None = None) -> Iterator[TrajectoryRow]:
         overhang = _overhang(self._rows)

@@ -186,7 +186,7 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
         except KeyboardInterrupt:
             interrupted = True
         with CacheReader(out) as reader:
-            total = reader.trajectories.height
+            total = reader.n_trajectories
         return RecordOutcome(trajectories=stats.trajectories if stats else 0, positions=stats.positions if stats else 0,
                              skipped=stats.skipped if stats else 0, seconds=stats.seconds if stats else 0.0,
                              total=total, bytes=out.stat().st_size, interrupted=interrupted,
