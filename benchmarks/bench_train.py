@@ -1,12 +1,14 @@
-"""Head training speed: `train-draft`'s steps in bfloat16 (autocast) as a ratio to float32, same data, same run.
+"""Head training speed: `train-draft`'s steps with the trajectories run together (batched) and in bfloat16
+(autocast), as ratios to float32 steps that run the trajectories one at a time, same data, same run.
 
-    python -m benchmarks.bench_train                         # packaged SmolLM2-135M, CPU, about 4 minutes
-    python -m benchmarks.bench_train --device cuda --steps 100 --per-category 10
+    python -m benchmarks.bench_train                         # packaged SmolLM2-135M, CPU, about 6 minutes
+    python -m benchmarks.bench_train --device cuda --steps 100 --per-category 10 --batch 16
 
 Records a small cache with the states EAGLE-3 fuses (Spec-Bench, greedy, `--store stats`), then trains the same
-EAGLE-3 head (same seed, settings and batches) once per precision, float32 first, and prints seconds per step of
-each training loop, bfloat16's steps per second over float32's (above 1: bfloat16 is faster), and each head's
-held-out loss and top-1 at depth 1 (evaluated in float32), so that a speed gain that costs the fit shows.
+EAGLE-3 head (same seed, settings and batches) three ways, in this order: float32 one trajectory at a time (the
+baseline: how steps ran before they were batched), float32 batched, bfloat16 batched. It prints seconds per step of
+each training loop, each way's steps per second over the baseline's (above 1: faster), and each head's held-out loss
+and top-1 at depth 1 (evaluated in float32), so that a speed gain that costs the fit shows.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--steps", type=int, default=40, help="training steps per precision")
     parser.add_argument("--draft-vocab", type=int, default=16384)
+    parser.add_argument("--batch", type=int, default=4, help="trajectories per step")
     args = parser.parse_args(argv)
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
@@ -53,21 +56,23 @@ def main(argv: list[str] | None = None) -> None:
         print(f"recorded {args.per_category} Spec-Bench prompts per category x {args.max_new_tokens} tokens with "
               f"states last,{','.join(map(str, aux))} in {time.perf_counter() - started:.0f} s")
         results = {}
-        for precision in ("float32", "bfloat16"):
-            config = TrainConfig(kind="eagle3", steps=args.steps, batch=4, lr=1e-3, holdout_every=5, ttt_steps=4,
-                                 aux_layers=aux, draft_vocab=args.draft_vocab, precision=precision,
-                                 save_every=args.steps + 1)
-            results[precision] = train(cache, target, Path(tmp) / precision, config, progress=False)
+        ways = {"float32, one at a time": ("float32", False), "float32, batched": ("float32", True),
+                "bfloat16, batched": ("bfloat16", True)}
+        for i, (way, (precision, batched)) in enumerate(ways.items()):
+            config = TrainConfig(kind="eagle3", steps=args.steps, batch=args.batch, lr=1e-3, holdout_every=5,
+                                 ttt_steps=4, aux_layers=aux, draft_vocab=args.draft_vocab, precision=precision,
+                                 batched=batched, save_every=args.steps + 1)
+            results[way] = train(cache, target, Path(tmp) / str(i), config, progress=False)
     print(f"\nEAGLE-3 head for {args.target} on {args.device}"
-          f"{f' ({torch.get_num_threads()} threads)' if args.device == 'cpu' else ''}, {args.steps} steps of 4 "
-          f"trajectories, draft vocabulary {args.draft_vocab}; load average {os.getloadavg()[0]:.2f}")
-    print(f"{'precision':<10} {'s/step':>8} {'held-out loss':>14} {'top-1 d1':>9}")
-    for precision, outcome in results.items():
-        print(f"{precision:<10} {outcome.seconds / outcome.steps:8.3f} {outcome.after['loss']:14.3f} "
-              f"{outcome.after['top1'][1]:9.3f}")
-    ratio = results["float32"].seconds / results["bfloat16"].seconds
-    verdict = "the same within 2%" if abs(ratio - 1) < 0.02 else "bfloat16 faster" if ratio > 1 else "bfloat16 slower"
-    print(f"bfloat16 steps per second / float32's: {ratio:.2f}x ({verdict}; one run each, in this order)")
+          f"{f' ({torch.get_num_threads()} threads)' if args.device == 'cpu' else ''}, {args.steps} steps of "
+          f"{args.batch} trajectories, draft vocabulary {args.draft_vocab}; load average {os.getloadavg()[0]:.2f}")
+    base = results["float32, one at a time"]
+    print(f"{'way':<24} {'s/step':>8} {'x baseline':>10} {'held-out loss':>14} {'top-1 d1':>9}")
+    for way, outcome in results.items():
+        print(f"{way:<24} {outcome.seconds / outcome.steps:8.3f} {base.seconds / outcome.seconds:9.2f}x "
+              f"{outcome.after['loss']:14.3f} {outcome.after['top1'][1]:9.3f}")
+    print("x baseline: steps per second over float32 one trajectory at a time (above 1: faster); one run each, in "
+          "this order")
 
 
 if __name__ == "__main__":

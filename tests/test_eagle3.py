@@ -316,20 +316,21 @@ def test_bfloat16_training_runs_its_products_in_bfloat16_and_learns_as_float32_d
     from specsim.record.models import load_model
     from specsim.record.train import TrainConfig, train
 
-    seen, teacher = [], set()
-    original = train_module.loss
+    seen, teacher = [], set()  # (in a training step, the head's logits' dtype); the target's laws' dtypes
+    original = train_module._ce_rows  # every cross-entropy, batched steps' and per-trajectory evaluation's
 
-    def watching(t, config):
-        seen.append(t.depths[0][0].dtype)
-        teacher.update(p_logits.dtype for _, p_logits, _ in t.depths)
-        return original(t, config)
+    def watching(logits, p_logits):
+        seen.append((torch.is_autocast_enabled(logits.device.type), logits.dtype))
+        teacher.add(p_logits.dtype)
+        return original(logits, p_logits)
 
-    monkeypatch.setattr(train_module, "loss", watching)
+    monkeypatch.setattr(train_module, "_ce_rows", watching)
     cache, _ = training_cache
     config = TrainConfig(kind="eagle3", steps=60, lr=1e-2, batch=4, holdout_every=4, ttt_steps=3, aux_layers=AUX,
                          draft_vocab=300, precision="bfloat16")
     outcome = train(cache, load_model(str(tiny_model_dir)), tmp_path / "bf16", config, progress=False)
-    assert seen.count(torch.bfloat16) == 60 * 4 and set(seen) == {torch.bfloat16, torch.float32}, set(seen)
+    assert set(seen) == {(True, torch.bfloat16), (False, torch.float32)}, set(seen)  # steps bf16, evaluation not
+    assert seen.count((True, torch.bfloat16)) >= 60 * 3  # every step, each of its 3 depths
     assert teacher == {torch.float32}  # the target's laws, what the head is fitted to, stay float32
     float32 = training[2]
     assert outcome.after["loss"] < outcome.before["loss"] - 0.1, (outcome.before, outcome.after)

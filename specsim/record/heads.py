@@ -698,25 +698,38 @@ def unroll(forward, hidden: torch.Tensor, ids: torch.Tensor, starts: torch.Tenso
     `first`: the position id of entry 0 (a training window starts inside a sequence).
     """
     dev = hidden.device
-    m = hidden.shape[0]
-    n = starts.shape[0]
-    pos = torch.arange(m, device=dev)
-    causal = pos[None, :] <= pos[:, None]  # (m, m)
-    feats, kv = forward(hidden[None], ids[None], pos[None] + first, causal[None], None, from_target=True)
-    prev = feats[0, starts]  # (n, H) each start's depth-1 feature
+    feats = unroll_batch(forward, hidden[None], ids[None], torch.tensor([hidden.shape[0]], device=dev),
+                         starts[None], depth, torch.tensor([first], device=dev))
+    return [f[0] for f in feats]
+
+
+def unroll_batch(forward, hidden: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor,
+                 depth: int, first: torch.Tensor) -> list[torch.Tensor]:
+    """`unroll` of B sequences at once, padded: [(B, N, H)] per depth.
+
+    hidden (B, M, F), ids (B, M): sequence b's first lengths[b] entries are real, the rest padding after them,
+    where causal attention from a real entry or start never looks; starts (B, N): each sequence's starts (padding
+    lanes repeat a real start: computed, to be ignored); first (B,): each sequence's position id of entry 0. One
+    sequence alone (B = 1, nothing padded) is `unroll` exactly: the same forwards on the same tensors."""
+    dev = hidden.device
+    B, M = ids.shape
+    N = starts.shape[1]
+    pos = torch.arange(M, device=dev)
+    causal = (pos[None, :] <= pos[:, None])[None].expand(B, M, M)
+    feats, kv = forward(hidden, ids, pos[None] + first[:, None], causal, None, from_target=True)
+    prev = torch.gather(feats, 1, starts[..., None].expand(-1, -1, feats.shape[-1]))  # (B, N, H) depth 1
     out = [prev]
-    lanes = torch.arange(n, device=dev)
-    chain = []  # per depth >= 2: per layer (k, v) (1, Hkv, n, d)
+    lanes = torch.arange(N, device=dev)
+    chain = []  # per depth >= 2: per layer (k, v) (B, Hkv, N, d)
     for d in range(2, depth + 1):
-        step_ids = ids[torch.clamp(starts + d - 1, max=m - 1)]  # past the end: never read
-        positions = starts + d - 1 + first
-        mask = torch.zeros((n, m + n * (d - 1)), dtype=torch.bool, device=dev)
-        mask[:, :m] = pos[None, :] <= starts[:, None]  # the target's entries up to the start's root state
+        step_ids = torch.gather(ids, 1, torch.minimum(starts + d - 1, lengths[:, None] - 1))  # past the end: unread
+        positions = starts + d - 1 + first[:, None]
+        mask = torch.zeros((B, N, M + N * (d - 1)), dtype=torch.bool, device=dev)
+        mask[:, :, :M] = pos[None, None, :] <= starts[:, :, None]  # the target's entries up to the start's root
         for e in range(d - 1):  # its own entries at depths 2..d (the last block: this forward's)
-            mask[lanes, m + e * n + lanes] = True
-        feats, new = forward(prev[None], step_ids[None], positions[None], mask[None], concat_kv(kv, *chain),
-                             from_target=False)
-        prev = feats[0]
+            mask[:, lanes, M + e * N + lanes] = True
+        feats, new = forward(prev, step_ids, positions, mask, concat_kv(kv, *chain), from_target=False)
+        prev = feats
         chain.append(new)
         out.append(prev)
     return out

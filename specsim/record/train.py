@@ -75,6 +75,7 @@ from specsim.specs import HEAD_KINDS, LR_SCHEDULES, PROMPT_USES, TRAIN_PRECISION
 CURVE_HELDOUT = 24  # held-out trajectories the training curve evaluates at each checkpoint (all of them at the end)
 WARMUP_SHARE = 0.015  # "cosine": the share of the steps spent warming up (SpecForge's warmup_ratio)
 CLIP_NORM = 0.5  # "cosine": the gradient's norm is clipped to this (SpecForge's max_grad_norm)
+PAD_SHARE = 1.5  # batched steps: a group's padded entries are at most this times its trajectories' own
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class TrainConfig:
     prompt: str = "context"  # what the prompt is to the training (PROMPT_USES)
     precision: str = "float32"  # the training steps' arithmetic (specs.TRAIN_PRECISIONS); evaluation is float32
     router_bias_speed: float = 0.001  # DeepSeek-V3 MTP blocks: the routers' correction-bias step γ (RouterBalance)
+    batched: bool = True  # EAGLE-3 and MTP without experts: a step's trajectories run together (`batch_loss`);
+    #                       False: one at a time, as before (the benchmark's baseline; the same loss)
 
 
 @dataclass
@@ -233,8 +236,13 @@ def _soft_ce(logits: torch.Tensor, p_logits: torch.Tensor, vocab: torch.Tensor |
     """Mean over rows of -Σ p log q (p, q softmaxes of the given logits; over the ids `vocab` only, when given)."""
     if vocab is not None:
         logits, p_logits = logits[..., vocab], p_logits[..., vocab]
+    return _ce_rows(logits, p_logits).mean()
+
+
+def _ce_rows(logits: torch.Tensor, p_logits: torch.Tensor) -> torch.Tensor:
+    """Per row -Σ p log q, in float32 (inside a bfloat16 step too)."""
     p = torch.softmax(p_logits.float(), dim=-1)
-    return -(p * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+    return -(p * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
 
 
 @dataclass(frozen=True)
@@ -295,6 +303,77 @@ def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full
     with _teacher(h):
         p_logits = lm_head(h[a + 1 :])
     return Terms([(lm_head(pred), p_logits, y[a + 1 :])], regression=(pred, h[a + 1 :]))
+
+
+def batches_together(config: TrainConfig, module) -> bool:
+    """Whether a step runs its trajectories together (`batch_loss`): EAGLE-3 and MTP with a plain block. A DeepSeek
+    block's routers count the tokens they route (`RouterBalance`), padding included, so those run one at a time."""
+    return config.batched and (config.kind == "eagle3" or (config.kind == "mtp" and not module.config.block))
+
+
+def batch_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -> torch.Tensor:
+    """The mean over `seqs` of `loss(terms(...))` for EAGLE-3 and MTP, the trajectories run together: sorted by
+    length, cut into groups whose padding stays under PAD_SHARE, each group one padded forward per depth
+    (`unroll_batch`). The same loss up to float32 rounding (tests/test_train_batch.py): one trajectory at a time a
+    step is launch-bound on a GPU (16 trajectories: 0.37 s on an H200, analyses/results/eagle3-gpu-h200-2026-11-27)."""
+    order = sorted(seqs, key=lambda s: s.hidden.shape[0])
+    groups, group = [], []
+    for seq in order:
+        if group and (len(group) + 1) * seq.hidden.shape[0] > PAD_SHARE * sum(s.hidden.shape[0] for s in group + [seq]):
+            groups.append(group)
+            group = []
+        group.append(seq)
+    groups.append(group)
+    return sum(_group_loss(module, target, g, config) for g in groups) / len(seqs)
+
+
+def _pad(rows: list[torch.Tensor], length: int) -> torch.Tensor:
+    out = rows[0].new_zeros((len(rows), length) + tuple(rows[0].shape[1:]))
+    for b, r in enumerate(rows):
+        out[b, : r.shape[0]] = r
+    return out
+
+
+def _group_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -> torch.Tensor:
+    """Σ over `seqs` of each one's `loss(terms(...))`, computed together: `terms`'s unrolling and laws on padded
+    tensors, each trajectory's cross-entropies averaged over its own rows, its depths weighted over its own."""
+    from specsim.record.heads import unroll_batch
+
+    dev = next(module.parameters()).device
+    lm_head, embed = target.model.get_output_embeddings(), target.model.get_input_embeddings()
+    m = torch.tensor([s.hidden.shape[0] - 1 for s in seqs], device=dev)  # entries: the last row predicts nothing
+    a = torch.tensor([s.loss_from(config) for s in seqs], device=dev)
+    lanes = m - a  # starts per trajectory, a..m-1
+    M, N = int(m.max()), int(lanes.max())
+    j = torch.arange(N, device=dev)
+    starts = a[:, None] + torch.minimum(j[None], lanes[:, None] - 1)  # padding lanes repeat the last start
+    feats = unroll_batch(lambda *args, from_target: module(*args, embed, from_target=from_target),
+                         _pad([s.features[: int(n)].to(dev) for s, n in zip(seqs, m)], M),
+                         _pad([s.tokens[: int(n)].to(dev) for s, n in zip(seqs, m)], M), m, starts,
+                         min(config.ttt_steps, N), torch.tensor([s.start for s in seqs], device=dev))
+    # the target's laws at rows a+1..m (lane k: row a+1+k), as `terms` takes them
+    rows = torch.minimum(a[:, None] + 1 + j[None], m[:, None])
+    h = torch.stack([s.hidden.to(dev)[r] for s, r in zip(seqs, rows)])  # (B, N, H)
+    vocab = None if config.kind == "mtp" or module.d2t is None else \
+        torch.arange(len(module.d2t), device=dev) + module.d2t
+    with _teacher(h):
+        if config.kind == "mtp":
+            p_all = lm_head(h)
+        else:
+            p_all = torch.nn.functional.linear(h, _draft_rows(module, lm_head, vocab)) if vocab is not None \
+                else lm_head(h)
+    total = h.new_zeros(len(seqs))
+    weights = h.new_zeros(len(seqs))
+    for d, f in enumerate(feats, start=1):
+        q = module.logits(f[:, : N - d + 1], lm_head) if config.kind == "mtp" else module.draft_logits(f[:, : N - d + 1])
+        ce = _ce_rows(q, p_all[:, d - 1 :])  # (B, N - d + 1)
+        live = j[None, : N - d + 1] < (lanes - d + 1)[:, None]  # this depth's rows of each trajectory
+        count = live.sum(1)
+        has = count > 0  # a trajectory shorter than d has no depth d, as `terms` gives it none
+        w = config.ttt_decay ** (d - 1)
+        total = total + torch.where(has, w * (ce * live).sum(1) / count.clamp(min=1), 0.0)
+        weights = weights + has * w
+    return (total / weights).sum()
 
 
 def _draft_rows(module, lm_head, vocab: torch.Tensor) -> torch.Tensor:
@@ -462,6 +541,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     autocast = torch.autocast(device_type=torch.device(target.info["device"]).type, dtype=torch.bfloat16,
                               enabled=config.precision == "bfloat16")
     balance = RouterBalance(module, config.router_bias_speed)
+    together = batches_together(config, module)
     rate = config.lr  # the learning rate of the last step taken
     started = time.perf_counter()
     bar = tqdm(total=config.steps, unit="step", desc=f"train {config.kind}", disable=not progress, dynamic_ncols=True)
@@ -471,8 +551,12 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
             batch = rng.choice(len(train_seqs), size=min(config.batch, len(train_seqs)), replace=False)
             optimiser.zero_grad()
             with autocast:
-                total = sum(loss(terms(config.kind, module, target, train_seqs[i], config.ttt_steps, full=False,
-                                       loss_from=train_seqs[i].loss_from(config)), config) for i in batch) / len(batch)
+                if together:
+                    total = batch_loss(module, target, [train_seqs[i] for i in batch], config)
+                else:
+                    total = sum(loss(terms(config.kind, module, target, train_seqs[i], config.ttt_steps, full=False,
+                                           loss_from=train_seqs[i].loss_from(config)), config)
+                                for i in batch) / len(batch)
             total.backward()
             if config.lr_schedule == "cosine":
                 torch.nn.utils.clip_grad_norm_(trained, CLIP_NORM)
