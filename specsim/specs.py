@@ -79,9 +79,10 @@ LR_SCHEDULES = {  # `train-draft`'s learning rate over its steps
 TRAIN_PRECISIONS = {  # the arithmetic of `train-draft`'s training steps (held-out numbers are always float32)
     "float32": "float32 throughout",
     "bfloat16": "mixed precision: matrix products in bfloat16 (torch.autocast), weights, optimiser state, the "
-                "loss's softmaxes and the target's laws in float32, as EAGLE-3 heads are trained on GPUs (SmolLM2-135M's EAGLE-3 head, "
-                "batched steps: 1.22-1.29x float32's steps per second on a 2-core CPU with AMX, two runs; on an "
-                "H200 its runs cost about 30 s more than float32's whatever their length, not yet diagnosed)",
+                "loss's softmaxes and the target's laws in float32, as EAGLE-3 heads are trained on GPUs "
+                "(SmolLM2-135M's EAGLE-3 head, batched steps: 1.22-1.29x float32's steps per second on a 2-core CPU "
+                "with AMX, two runs; on an H200 its runs cost about 30 s more than float32's whatever their "
+                "length, not yet diagnosed)",
 }
 
 
