@@ -87,12 +87,13 @@ def test_a_batched_step_has_the_per_trajectory_loss_and_gradient(heads, training
     # the batch is cut into groups of similar length, and the loss is the same whichever way it is cut
     import specsim.record.train as train_module
 
-    for share in (1.0, 100.0):  # one trajectory per group; all in one group
-        train_module.PAD_SHARE, saved = share, train_module.PAD_SHARE
+    for share, cells in ((1.0, 1 << 40), (100.0, 1 << 40), (100.0, 1)):  # equal lengths only; all in one; one each
+        saved = train_module.PAD_SHARE, train_module.GROUP_CELLS
+        train_module.PAD_SHARE, train_module.GROUP_CELLS = share, cells
         try:
             assert batch_loss(module, target, seqs, config).item() == pytest.approx(want, rel=1e-5)
         finally:
-            train_module.PAD_SHARE = saved
+            train_module.PAD_SHARE, train_module.GROUP_CELLS = saved
 
 
 def test_the_check_rejects_a_batched_step_whose_lanes_see_each_other(heads, training_cache, monkeypatch):

@@ -82,6 +82,8 @@ CURVE_HELDOUT = 24  # held-out trajectories the training curve evaluates at each
 WARMUP_SHARE = 0.015  # "cosine": the share of the steps spent warming up (SpecForge's warmup_ratio)
 CLIP_NORM = 0.5  # "cosine": the gradient's norm is clipped to this (SpecForge's max_grad_norm)
 PAD_SHARE = 1.5  # batched steps: a group's padded entries are at most this times its trajectories' own
+GROUP_CELLS = 1 << 25  # batched steps: a group's trajectories x (its longest's entries)^2 at most this, which bounds
+#                        the teacher-forced pass's attention scores (SmolLM2's 9 heads: 1.2 GB in float32)
 
 
 @dataclass(frozen=True)
@@ -319,13 +321,16 @@ def batches_together(config: TrainConfig, module) -> bool:
 
 def batch_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -> torch.Tensor:
     """The mean over `seqs` of `loss(terms(...))` for EAGLE-3 and MTP, the trajectories run together: sorted by
-    length, cut into groups whose padding stays under PAD_SHARE, each group one padded forward per depth
+    length, cut into groups whose padding stays under PAD_SHARE and attention under GROUP_CELLS, each group one
+    padded forward per depth
     (`unroll_batch`). The same loss up to float32 rounding (tests/test_train_batch.py): one trajectory at a time a
     step is launch-bound on a GPU (16 trajectories: 0.37 s on an H200, analyses/results/eagle3-gpu-h200-2026-11-27)."""
     order = sorted(seqs, key=lambda s: s.hidden.shape[0])
     groups, group = [], []
     for seq in order:
-        if group and (len(group) + 1) * seq.hidden.shape[0] > PAD_SHARE * sum(s.hidden.shape[0] for s in group + [seq]):
+        n = seq.hidden.shape[0]  # the longest yet: the group's padded length if it joins
+        if group and ((len(group) + 1) * n > PAD_SHARE * sum(s.hidden.shape[0] for s in group + [seq])
+                      or (len(group) + 1) * n * n > GROUP_CELLS):
             groups.append(group)
             group = []
         group.append(seq)
