@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -475,3 +476,18 @@ def test_rows_at_each_temperature_carry_their_own_overhead(tmp_path):
     assert "walk_greedy" in after[("greedy", 0.0)]["cost_basis"]
     assert "walk_sample + draft_sample" in after[("sample", 1.0)]["cost_basis"]
     assert "not priced" in before[("sample", 1.0)]["cost_basis"]
+
+
+def test_the_least_certain_median_per_model_is_reported_with_the_rounds_it_would_need():
+    from specsim.cli.profile_cmd import spread_lines
+
+    body = with_rounds(profile_body(), [1.0, 1.1, 0.9, 1.05, 0.95])  # quartiles 0.95 and 1.05 of each median
+    cell = body["draft_step_s"]["d"]["1"]["512"]["2"]
+    cell["runs"] = [cell["median"] * f for f in (0.6, 0.8, 1.0, 1.2, 1.4)]  # quartiles 0.8 and 1.2
+    [line] = spread_lines(body)
+    quiet = 1.2533 * 0.1 / 1.349 / 5 ** 0.5  # 4.2%: needs no more rounds
+    noisy = 1.2533 * 0.4 / 1.349 / 5 ** 0.5  # 16.6%
+    assert f"target {100 * quiet:.1f}%" in line and f"draft d {100 * noisy:.1f}% (B=1 L=512 w=2)" in line
+    assert f"draft d would need about {math.ceil(5 * (noisy / 0.05) ** 2)} rounds (--repeats) for 5%" in line
+    assert "target would need" not in line
+    assert spread_lines(profile_body()) == []  # medians only: nothing to estimate from

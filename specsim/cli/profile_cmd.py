@@ -212,8 +212,47 @@ def summary(body: dict) -> str:
             lines.append(f"B={B}: work outside the forwards per step (units of the shortest plain step), by N: "
                          + "; ".join(by_kind))
     lines.append(f"interpolation error (leave-one-out, max): {100 * body['fit']['max_relative_error']:.1f}%")
-    lines += stall_lines(body)
+    lines += stall_lines(body) + spread_lines(body)
     return "\n".join(lines)
+
+
+MEDIAN_ERROR_GOAL = 0.05  # a median this certain (relative standard error) needs no more rounds
+
+
+def spread_lines(body: dict) -> list[str]:
+    """Per model, the entry whose median is least certain: its standard error estimated from its rounds' quartiles
+    (normal approximation, 1.2533 x IQR / 1.349 / sqrt(rounds)) relative to the median, and, above
+    MEDIAN_ERROR_GOAL, about how many rounds would bring it there (the error shrinks as 1 / sqrt(rounds)). Small steps
+    on a shared CPU scatter most: an EAGLE-3 head's 5-15 ms steps moved a profile's predictions by 12-34% between
+    two 3-round profiles (analyses/results/eagle3-scale-cpu-2026-11-26)."""
+    import math
+
+    import numpy as np
+
+    worst = []
+    for who, table in [("target", body["target_verify_s"]),
+                       *[(f"draft {d}", t) for d, t in body["draft_step_s"].items()]]:
+        axis = "N" if who == "target" else "w"
+        cells = [(cell, f"B={B} L={L} {axis}={x}") for B, by_L in table.items() for L, row in by_L.items()
+                 for x, cell in row.items() if len(cell.get("runs") or []) >= 2]
+        if not cells:
+            continue
+
+        def error(cell) -> float:
+            q25, q75 = np.percentile(cell["runs"], [25, 75])
+            return 1.2533 * (q75 - q25) / 1.349 / math.sqrt(len(cell["runs"])) / cell["median"]
+
+        cell, where = max(cells, key=lambda c: error(c[0]))
+        worst.append((who, error(cell), where, len(cell["runs"])))
+    if not worst:
+        return []
+    line = ("median's standard error, least certain entry per model (estimated from its rounds' quartiles): "
+            + "; ".join(f"{who} {100 * e:.1f}% ({where})" for who, e, where, _ in worst))
+    unsure = [(who, e, n) for who, e, _, n in worst if e > MEDIAN_ERROR_GOAL]
+    if unsure:
+        line += "; " + ", ".join(f"{who} would need about {math.ceil(n * (e / MEDIAN_ERROR_GOAL) ** 2)} rounds"
+                                 for who, e, n in unsure) + f" (--repeats) for {100 * MEDIAN_ERROR_GOAL:g}%"
+    return [line]
 
 
 def stall_lines(body: dict) -> list[str]:
