@@ -488,6 +488,6 @@ def test_the_least_certain_median_per_model_is_reported_with_the_rounds_it_would
     quiet = 1.2533 * 0.1 / 1.349 / 5 ** 0.5  # 4.2%: needs no more rounds
     noisy = 1.2533 * 0.4 / 1.349 / 5 ** 0.5  # 16.6%
     assert f"target {100 * quiet:.1f}%" in line and f"draft d {100 * noisy:.1f}% (B=1 L=512 w=2)" in line
-    assert f"draft d would need about {math.ceil(5 * (noisy / 0.05) ** 2)} rounds (--repeats) for 5%" in line
+    assert f"draft d would need about {math.ceil(5 * (noisy / 0.05) ** 2)} rounds (--repeats or --max-repeats) for 5%" in line
     assert "target would need" not in line
     assert spread_lines(profile_body()) == []  # medians only: nothing to estimate from

@@ -19,7 +19,7 @@ from specsim.attention.profile import (
     write_profile,
 )
 from specsim.cli import main
-from specsim.errors import ModelError, SpecError
+from specsim.errors import ArgumentError, ModelError, SpecError
 from specsim.record.models import load_draft, load_model
 from specsim.sim.cost import load_cost_profile
 
@@ -263,3 +263,46 @@ def test_a_random_context_is_what_the_next_forward_attends(tiny_model_dir):
         np.testing.assert_allclose(ours.numpy(), ref.logits.float().numpy(), atol=1e-5, rtol=1e-5)
         outs.append(ours.numpy())
     assert np.abs(outs[0] - outs[1]).max() > 1e-3
+
+
+def test_max_repeats_times_until_every_median_is_certain_enough(pair, monkeypatch, tmp_path):
+    """--max-repeats: after --repeats rounds, further passes until every entry's median has a standard error under
+    5% or the cap. Forwards that take a steady 40 ms stop at --repeats; a draft step that scatters 10-70 ms keeps the
+    profile going to the cap, every entry timed in as many rounds (the cost model still resamples them jointly)."""
+    import time
+
+    import specsim.attention.profile as prof
+
+    target, drafts = pair
+    original = prof._Bench.run
+    rng = np.random.default_rng(0)
+
+    def profiled(scatter: bool) -> dict:
+        def run(self, depth, attend, pick):
+            once = original(self, depth, attend, pick)
+            draft = self.kv.model is not target.model
+
+            def steady() -> None:
+                time.sleep(float(rng.uniform(0.01, 0.07)) if scatter and draft else 0.04)
+                once()
+            return steady
+
+        monkeypatch.setattr(prof._Bench, "run", run)
+        config = ProfileConfig(batches=(1,), contexts=(8, 32), max_tokens=2, draft_widths=(1,), repeats=3, warmup=1,
+                               passes=3, max_repeats=9)
+        return measure_cost_profile(target, drafts[:1], config=config, progress=False)
+
+    steady = profiled(scatter=False)
+    assert steady["timing"]["repeats"] == 3 and steady["timing"]["passes"] == 3
+    assert steady["timing"]["least_certain_median"] < prof.MEDIAN_ERROR_GOAL
+    noisy = profiled(scatter=True)
+    assert noisy["timing"]["repeats"] == 9 and noisy["timing"]["passes"] == 9  # one round per further pass
+    assert noisy["timing"]["least_certain_median"] > prof.MEDIAN_ERROR_GOAL
+    cells = [c for t in (noisy["target_verify_s"], noisy["draft_step_s"]["layers:2"]) for by_L in t["1"].values()
+             for c in by_L.values()]
+    assert {len(c["runs"]) for c in cells} == {9}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(noisy))
+    assert load_cost_profile(path).rounds == 9  # the uncertainty is carried
+    with pytest.raises(ArgumentError, match="max_repeats 2: at least repeats"):
+        measure_cost_profile(target, drafts[:1], config=ProfileConfig(repeats=3, max_repeats=2), progress=False)

@@ -74,6 +74,7 @@ class ProfileConfig:
     repeats: int = 10  # timed rounds per (B, L): every entry once per round (all kept; the median is used)
     warmup: int = 2  # untimed runs per entry (one more per entry in each later pass)
     passes: int = 3  # sweeps through the (B, L) grid the rounds are spread over (at most `repeats`)
+    max_repeats: int = 0  # above `repeats`: further passes until every median is within MEDIAN_ERROR_GOAL (or this)
     seed: int = 0  # random token ids
 
     @property
@@ -154,6 +155,24 @@ def _extend(into: dict, more: dict) -> None:
     """Append each entry's rounds in `more` to its rounds in `into`."""
     for key, t in more.items():
         into.setdefault(key, []).extend(t)
+
+
+MEDIAN_ERROR_GOAL = 0.05  # a median this certain (relative standard error) needs no more rounds
+
+
+def median_error(runs: Sequence[float], median: float) -> float:
+    """A median's standard error relative to it, estimated from its rounds' quartiles: the normal approximation
+    1.2533 x sigma / sqrt(n), sigma from the interquartile range (IQR / 1.349), robust to a stalled round. Rough with
+    few rounds, which is when it matters most (an EAGLE-3 head's 5-15 ms steps on a shared 2-core CPU: 78% with 3
+    rounds, 16% with 9; analyses/results/eagle3-scale-cpu-2026-11-26)."""
+    q25, q75 = np.percentile(runs, [25, 75])
+    return 1.2533 * (q75 - q25) / 1.349 / np.sqrt(len(runs)) / median
+
+
+def _least_certain(times: dict) -> float:
+    """The largest `median_error` over the timed entries of `times` ((B, L) -> {entry: [seconds per round]})."""
+    return max((median_error(t, float(np.median(t))) for (_, L), block in times.items() if L != "overhead"
+                for t in block.values()), default=0.0)
 
 
 def _round_times(runs: dict, device: torch.device, *, warmup: int, repeats: int,
@@ -370,8 +389,17 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                unit="run", disable=not progress)
     greedy_pick = lambda logits: logits.argmax(dim=-1).cpu()  # noqa: E731  what greedy verification reads
     times: dict = {}  # (B, L or "overhead") -> {entry: [seconds per round]}, the passes' rounds in order
+    ran: list[int] = []  # rounds per pass: the planned passes, then any further ones (`max_repeats`)
+    planned = config.pass_rounds
     with torch.inference_mode():
-        for p, rounds in enumerate(config.pass_rounds):
+        while len(ran) < len(planned) or (sum(ran) < config.max_repeats
+                                          and _least_certain(times) > MEDIAN_ERROR_GOAL):
+            p = len(ran)
+            rounds = planned[p] if p < len(planned) else min(planned[-1], config.max_repeats - sum(ran))
+            if p >= len(planned):
+                bar.total += (config.entries(len(drafts)) + config.overhead_entries) * rounds
+                bar.refresh()
+            ran.append(rounds)
             for B in batches:
                 for L in config.contexts:
                     runs = {}  # (who, x) -> one forward; timed together in interleaved rounds
@@ -421,14 +449,19 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
         "target": _model_entry(target),
         "drafts": {d.name: _model_entry(d) for d in drafts},
         "batches": batches, "contexts": list(config.contexts), "sizes": sizes, "widths": widths,
-        "timing": {"warmup": config.warmup, "repeats": config.repeats, "passes": len(config.pass_rounds),
+        "timing": {"warmup": config.warmup, "repeats": sum(ran), "passes": len(ran),
+                   "max_repeats": config.max_repeats or config.repeats,
+                   "least_certain_median": _least_certain(times),
                    "statistic": "median",
                    "spread": "q25/q75", "clock": "wall, synchronised", "seed": config.seed,
                    "tokens": "random ids", "context": "random keys and values (no prefill)",
                    "rounds": "every entry of a (B, L) timed once per round, in random order; `runs` keeps each "
                              "round's time; the rounds spread over `passes` sweeps through the (B, L) grid "
-                             f"({'+'.join(map(str, config.pass_rounds))} rounds; a slow phase of the machine then "
-                             "falls on a few rounds of several blocks, not all of one)"},
+                             f"({'+'.join(map(str, ran))} rounds; a slow phase of the machine then "
+                             "falls on a few rounds of several blocks, not all of one)"
+                             + (f"; passes after the first {config.repeats} rounds until every median's standard "
+                                f"error was under {100 * MEDIAN_ERROR_GOAL:g}% or {config.max_repeats} rounds"
+                                if config.max_repeats > config.repeats else "")},
         "target_verify_s": verify,
         "draft_step_s": draft,
         "step_overhead_s": {**overhead, "temperature": OVERHEAD_TEMPERATURE,
@@ -482,11 +515,20 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
             run()
         outside = (time.perf_counter() - started) * runs_per_entry * len(config.batch_grid)
     forwards = total * float(np.mean(seconds))
+    about = forwards + fill + outside
+    more = ""
+    if config.max_repeats > config.repeats:  # each further pass: its rounds, a warm-up run, the contexts refilled
+        extra = config.max_repeats - config.repeats
+        further = -(-extra // config.pass_rounds[-1])
+        runs = extra + further * config.warmups(1)
+        more = (f"; up to {extra} more rounds in {further} more passes until every median is within "
+                f"{100 * MEDIAN_ERROR_GOAL:g}%, up to about "
+                f"{about + (forwards + outside) * runs / runs_per_entry + fill * further / passes:.0f} s")
     return (f"{config.entries(len(drafts))} entries x ({config.repeats} rounds + {runs_per_entry - config.repeats} "
             f"warm-up, over {passes} passes through the grid): {total} forwards, then {config.overhead_entries} "
             f"entries of the per-step work outside the forwards; about "
-            f"{forwards + fill + outside:.0f} s ({forwards:.0f} s of forwards, from a plain step and the largest at the "
-            f"largest batch; {fill:.0f} s filling the contexts; {outside:.0f} s of work outside the forwards)")
+            f"{about:.0f} s ({forwards:.0f} s of forwards, from a plain step and the largest at the "
+            f"largest batch; {fill:.0f} s filling the contexts; {outside:.0f} s of work outside the forwards){more}")
 
 
 def _model_entry(loaded) -> dict:
@@ -533,6 +575,9 @@ def _validate(config: ProfileConfig) -> None:
         raise SpecError(f"repeats must be >= 1 and warmup >= 0, got {config.repeats} and {config.warmup}")
     if config.passes < 1:
         raise ArgumentError("{passes} {value}: at least 1 sweep through the grid", value=config.passes)
+    if config.max_repeats and config.max_repeats < config.repeats:
+        raise ArgumentError("{max_repeats} {value}: at least {repeats} ({minimum})", value=config.max_repeats,
+                            minimum=config.repeats)
 
 
 def check_fits(model, contexts: tuple[int, ...], max_tokens: int, what: str) -> None:

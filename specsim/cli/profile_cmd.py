@@ -52,6 +52,12 @@ from specsim.cli import _common as c
               help="Sweeps through the (batch, context) grid the rounds are spread over (one more warm-up run "
                    "per entry in each later sweep), so a slow phase of a shared machine lands on a few rounds of "
                    "several entries, which the median discards, not on every round of one.  [default: 3]")
+@click.option("--max-repeats", type=click.IntRange(min=1), default=None,
+              help="After --repeats rounds, keep timing, one more pass through the grid at a time, until every "
+                   "entry's median has a standard error under 5% (estimated from its rounds' quartiles) or this "
+                   "many rounds have run (every entry gets the same rounds, so they still resample jointly). "
+                   "Small steps on a shared CPU need it: an EAGLE-3 head's 5-15 ms steps had 78% with 3 rounds "
+                   "and 16% with 9.  [default: --repeats, no more]")
 @c.seed_option
 @click.option("--threads", type=click.IntRange(min=1),
               help="CPU threads for torch (use what live decoding will use; the profile records it).")
@@ -60,7 +66,7 @@ from specsim.cli import _common as c
 @c.quiet_option
 @c.friendly_errors
 def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tokens, draft_widths, device, dtype,
-            repeats, warmup, passes, seed, threads, out, overwrite, quiet):
+            repeats, warmup, passes, max_repeats, seed, threads, out, overwrite, quiet):
     """Measure target verification and draft step times on this machine, for the speedup model.
 
     With the live engine's own code, over B requests whose KV caches hold L random
@@ -97,8 +103,9 @@ def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tok
         if trees:
             raise SpecError("--tree goes with specsim's engine; vLLM's profile times fixed-length steps up to "
                             "--max-tokens")
-        if passes is not None:
-            raise SpecError("--passes goes with specsim's engine; vLLM's profile times whole generate calls")
+        if passes is not None or max_repeats is not None:
+            raise SpecError(f"{'--passes' if passes is not None else '--max-repeats'} goes with specsim's engine; "
+                            "vLLM's profile times whole generate calls")
         return _vllm(for_cache, target, drafts, batches, contexts, max_tokens, draft_widths, repeats, warmup, seed,
                      threads, out, overwrite, quiet)
     if trees and for_cache is None:
@@ -123,7 +130,7 @@ def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tok
     config = ProfileConfig(
         batches=tuple(batches) or (1,), contexts=tuple(contexts) or (128, 512),
         max_tokens=max_tokens or (256 if on_cuda else 33), draft_widths=tuple(draft_widths) or tuple(range(1, 9)),
-        repeats=repeats or 10, warmup=warmup, passes=passes or 3, seed=seed,
+        repeats=repeats or 10, warmup=warmup, passes=passes or 3, max_repeats=max_repeats or 0, seed=seed,
     )
     from specsim.specs import is_model_free
 
@@ -216,18 +223,14 @@ def summary(body: dict) -> str:
     return "\n".join(lines)
 
 
-MEDIAN_ERROR_GOAL = 0.05  # a median this certain (relative standard error) needs no more rounds
-
-
 def spread_lines(body: dict) -> list[str]:
-    """Per model, the entry whose median is least certain: its standard error estimated from its rounds' quartiles
-    (normal approximation, 1.2533 x IQR / 1.349 / sqrt(rounds)) relative to the median, and, above
-    MEDIAN_ERROR_GOAL, about how many rounds would bring it there (the error shrinks as 1 / sqrt(rounds)). Small steps
+    """Per model, the entry whose median is least certain (`median_error`), and, above MEDIAN_ERROR_GOAL, about how
+    many rounds would bring it there (the error shrinks as 1 / sqrt(rounds)): `--max-repeats` spends them. Small steps
     on a shared CPU scatter most: an EAGLE-3 head's 5-15 ms steps moved a profile's predictions by 12-34% between
     two 3-round profiles (analyses/results/eagle3-scale-cpu-2026-11-26)."""
     import math
 
-    import numpy as np
+    from specsim.attention.profile import MEDIAN_ERROR_GOAL, median_error
 
     worst = []
     for who, table in [("target", body["target_verify_s"]),
@@ -238,20 +241,17 @@ def spread_lines(body: dict) -> list[str]:
         if not cells:
             continue
 
-        def error(cell) -> float:
-            q25, q75 = np.percentile(cell["runs"], [25, 75])
-            return 1.2533 * (q75 - q25) / 1.349 / math.sqrt(len(cell["runs"])) / cell["median"]
-
-        cell, where = max(cells, key=lambda c: error(c[0]))
-        worst.append((who, error(cell), where, len(cell["runs"])))
+        cell, where = max(cells, key=lambda c: median_error(c[0]["runs"], c[0]["median"]))
+        worst.append((who, median_error(cell["runs"], cell["median"]), where, len(cell["runs"])))
     if not worst:
         return []
     line = ("median's standard error, least certain entry per model (estimated from its rounds' quartiles): "
             + "; ".join(f"{who} {100 * e:.1f}% ({where})" for who, e, where, _ in worst))
     unsure = [(who, e, n) for who, e, _, n in worst if e > MEDIAN_ERROR_GOAL]
     if unsure:
-        line += "; " + ", ".join(f"{who} would need about {math.ceil(n * (e / MEDIAN_ERROR_GOAL) ** 2)} rounds"
-                                 for who, e, n in unsure) + f" (--repeats) for {100 * MEDIAN_ERROR_GOAL:g}%"
+        need = ", ".join(f"{who} would need about {math.ceil(n * (e / MEDIAN_ERROR_GOAL) ** 2)} rounds"
+                         for who, e, n in unsure)
+        line += f"; {need} (--repeats or --max-repeats) for {100 * MEDIAN_ERROR_GOAL:g}%"
     return [line]
 
 
