@@ -1,6 +1,6 @@
 """A training step's trajectories run together (`batch_loss`) give the loss and gradient of running them one at a
-time (`terms` + `loss`, averaged), for EAGLE-3 and MTP, with the prompt as context, in the loss or not given (the
-trajectories then start inside their sequences: position ids offset), with and without a draft vocabulary, and
+time (`terms` + `loss`, averaged), for EAGLE, EAGLE-3 and MTP, with the prompt as context, in the loss or not given
+(the trajectories then start inside their sequences: position ids offset), with and without a draft vocabulary, and
 with trajectories shorter than the training-time test depth, however the batch is cut into groups (no padding, or
 all of it). The check rejects a batched step whose unrolled lanes see each other."""
 
@@ -28,6 +28,7 @@ def heads(training_cache, tiny_model_dir, tmp_path_factory):
                                           aux_layers=AUX, save_every=100, prompt="loss", ttt_decay=0.8),
         "eagle3-blind": TrainConfig(kind="eagle3", steps=8, lr=1e-2, batch=4, holdout_every=4, ttt_steps=3,
                                     aux_layers=AUX, draft_vocab=300, save_every=100, prompt="none"),
+        "eagle": TrainConfig(kind="eagle", steps=8, lr=1e-2, batch=4, holdout_every=4, save_every=100),
         "mtp": TrainConfig(kind="mtp", steps=8, lr=1e-2, batch=4, holdout_every=4, ttt_steps=3, save_every=100,
                            ttt_decay=0.6),
     }
@@ -43,13 +44,15 @@ def _sequences(cache, target, module, config):
     """Six trajectories of different lengths, one cut to two starts (shorter than the unrolling), one to one."""
     from specsim.record.train import load_sequences
 
-    seqs = [s for _, s in load_sequences(cache, target, module.config.hidden_layers, config.prompt)]
+    layers = module.config.hidden_layers if config.kind != "eagle" else ()  # as `train` reads them
+    seqs = [s for _, s in load_sequences(cache, target, layers, config.prompt)]
     seqs = sorted(seqs, key=lambda s: s.hidden.shape[0])
     picked = [seqs[0], seqs[len(seqs) // 3], seqs[len(seqs) // 2], seqs[-1]]
     for keep in (3, 2):  # entries after the loss's first row: starts = keep - 1
         s = seqs[len(seqs) // 4]
         n = s.loss_from(config) + keep
-        picked.append(dataclasses.replace(s, hidden=s.hidden[:n], tokens=s.tokens[:n], features=s.features[:n]))
+        picked.append(dataclasses.replace(s, hidden=s.hidden[:n], tokens=s.tokens[:n],
+                                          features=None if s.features is None else s.features[:n]))
     assert len({s.hidden.shape[0] for s in picked}) >= 4
     return picked
 
@@ -68,7 +71,7 @@ def _loss_and_grads(f, module):
     return value.item(), {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("case", ["eagle3-draft-vocab", "eagle3-whole-vocab", "eagle3-blind", "mtp"])
+@pytest.mark.parametrize("case", ["eagle3-draft-vocab", "eagle3-whole-vocab", "eagle3-blind", "mtp", "eagle"])
 def test_a_batched_step_has_the_per_trajectory_loss_and_gradient(heads, training_cache, case):
     from specsim.record.train import batch_loss
 

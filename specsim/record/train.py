@@ -52,11 +52,12 @@ teacher) computed in float32 (`_teacher`). Held-out numbers are float32 either w
 traineagle3"): the rate ramps up over the first 1.5% of the steps, decays along half a cosine to zero by the last, and
 the gradient's norm is clipped at 0.5. "constant" keeps `lr` throughout, unclipped, as heads were trained before.
 
-A step's EAGLE-3 and MTP trajectories run together (`batch_loss`): sorted by length, padded in groups whose
+A step's EAGLE, EAGLE-3 and MTP trajectories run together (`batch_loss`): sorted by length, padded in groups whose
 padding stays under PAD_SHARE, one forward per depth per group (`unroll_batch`), each trajectory's loss still
 averaged over its own rows. It is the per-trajectory loss up to float32 rounding; one trajectory at a time a step
 is hundreds of small kernels, launch-bound on a GPU (16 trajectories: 0.28-0.37 s per step on an H200 against 0.055
-batched). MTP layers with experts still run one at a time: their routers would count the padding.
+batched). MTP layers with experts still run one at a time (their routers would count the padding), and so do Medusa's
+heads.
 
 Prompts are split into training and held-out sets by index (every k-th prompt held out), so
 the held-out numbers are on prompts the heads never saw. Checkpoints go to `--out` every
@@ -107,7 +108,7 @@ class TrainConfig:
     prompt: str = "context"  # what the prompt is to the training (PROMPT_USES)
     precision: str = "float32"  # the training steps' arithmetic (specs.TRAIN_PRECISIONS); evaluation is float32
     router_bias_speed: float = 0.001  # DeepSeek-V3 MTP blocks: the routers' correction-bias step γ (RouterBalance)
-    batched: bool = True  # EAGLE-3 and MTP without experts: a step's trajectories run together (`batch_loss`);
+    batched: bool = True  # EAGLE, EAGLE-3, MTP without experts: a step's trajectories run together (`batch_loss`);
     #                       False: one at a time, as before (the benchmark's baseline; the same loss)
 
 
@@ -314,13 +315,15 @@ def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full
 
 
 def batches_together(config: TrainConfig, module) -> bool:
-    """Whether a step runs its trajectories together (`batch_loss`): EAGLE-3 and MTP with a plain block. A DeepSeek
-    block's routers count the tokens they route (`RouterBalance`), padding included, so those run one at a time."""
-    return config.batched and (config.kind == "eagle3" or (config.kind == "mtp" and not module.config.block))
+    """Whether a step runs its trajectories together (`batch_loss`): EAGLE, EAGLE-3 and MTP with a plain block. A
+    DeepSeek block's routers count the tokens they route (`RouterBalance`), padding included, so those run one at a
+    time; Medusa's heads hold K x V logits per row and gain nothing from a shared forward, so they do too."""
+    return config.batched and (config.kind in ("eagle", "eagle3")
+                               or (config.kind == "mtp" and not module.config.block))
 
 
 def batch_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -> torch.Tensor:
-    """The mean over `seqs` of `loss(terms(...))` for EAGLE-3 and MTP, the trajectories run together: sorted by
+    """The mean over `seqs` of `loss(terms(...))` for EAGLE, EAGLE-3 and MTP, the trajectories run together: sorted by
     length, cut into groups whose padding stays under PAD_SHARE and attention under GROUP_CELLS, each group one
     padded forward per depth
     (`unroll_batch`). The same loss up to float32 rounding (tests/test_train_batch.py): one trajectory at a time a
@@ -335,7 +338,8 @@ def batch_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -
             group = []
         group.append(seq)
     groups.append(group)
-    return sum(_group_loss(module, target, g, config) for g in groups) / len(seqs)
+    group_loss = _eagle_group_loss if config.kind == "eagle" else _group_loss
+    return sum(group_loss(module, target, g, config) for g in groups) / len(seqs)
 
 
 def _pad(rows: list[torch.Tensor], length: int) -> torch.Tensor:
@@ -386,6 +390,33 @@ def _group_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) 
         total = total + torch.where(has, w * (ce * live).sum(1) / count.clamp(min=1), 0.0)
         weights = weights + has * w
     return (total / weights).sum()
+
+
+def _eagle_group_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -> torch.Tensor:
+    """Σ over `seqs` of each one's EAGLE loss (`terms`, `loss`), computed together: the layer teacher-forced over
+    the padded trajectories at once, each one's feature regression and token loss averaged over its own rows."""
+    dev = next(module.parameters()).device
+    lm_head, embed = target.model.get_output_embeddings(), target.model.get_input_embeddings()
+    m = torch.tensor([s.hidden.shape[0] - 1 for s in seqs], device=dev)  # entries: the last row predicts nothing
+    a = torch.tensor([s.loss_from(config) for s in seqs], device=dev)
+    lanes = m - a  # predictions per trajectory: from rows a..m-1
+    M, N = int(m.max()), int(lanes.max())
+    j = torch.arange(N, device=dev)
+    pos = torch.arange(M, device=dev)
+    causal = (pos[None, :] <= pos[:, None])[None].expand(len(seqs), M, M)  # padding sits after: never attended
+    feats, _ = module(_pad([s.hidden[: int(n)].to(dev) for s, n in zip(seqs, m)], M),
+                      _pad([s.tokens[: int(n)].to(dev) for s, n in zip(seqs, m)], M),
+                      pos[None] + torch.tensor([s.start for s in seqs], device=dev)[:, None], causal, None, embed)
+    rows = torch.minimum(a[:, None] + j[None], m[:, None] - 1)  # lane k: the prediction from row a+k
+    pred = torch.gather(feats, 1, rows[..., None].expand(-1, -1, feats.shape[-1]))  # (B, N, H): ĥ_{t+1}
+    h = torch.stack([s.hidden.to(dev)[r + 1] for s, r in zip(seqs, rows)])  # (B, N, H): h_{t+1}
+    with _teacher(h):
+        p_logits = lm_head(h)
+    live = j[None] < lanes[:, None]
+    count = live.sum(1)
+    regression = (torch.nn.functional.smooth_l1_loss(pred, h, reduction="none").sum(-1) * live).sum(1)
+    ce = (_ce_rows(lm_head(pred), p_logits) * live).sum(1)
+    return (regression / (count * h.shape[-1]) + config.eagle_token_weight * ce / count).sum()
 
 
 def _draft_rows(module, lm_head, vocab: torch.Tensor) -> torch.Tensor:
