@@ -1,5 +1,6 @@
 """EAGLE-1/2 training steps one at a time vs batched, same data and seed, one run each (this CPU)."""
-import os, tempfile, time
+import os
+import tempfile
 from pathlib import Path
 import torch
 torch.set_num_threads(2)
