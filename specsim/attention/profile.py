@@ -30,7 +30,9 @@ sweeps through the (B, L) grid (contexts refilled, one warm-up run per entry in 
 a slow phase of the machine lasting as long as one block's measurement then lands on a few
 rounds of several blocks, which the median discards, not on every round of one block, which
 would shift that block's medians (seen on a GPU host: whole (B, L) blocks of a profile 1.5-2x
-their neighbours, the plain step among them). Every round's time is kept (`runs`:
+their neighbours, the plain step among them). With `max_repeats`, further passes follow until every
+entry's median has a relative standard error (`median_error`) under MEDIAN_ERROR_GOAL or that many
+rounds have run: every entry keeps the same rounds. Every round's time is kept (`runs`:
 `specsim.sim.cost` resamples the rounds jointly to carry the profile's error into speedup
 CIs); the median is used, the quartiles are kept (the spread); every run ends with a device synchronisation, so a
 time is the wall-clock the engine waits (CPU launch overhead included, as live decoding
