@@ -20,6 +20,7 @@ import argparse
 import os
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -66,15 +67,13 @@ def main(argv: list[str] | None = None) -> None:
                 "bfloat16, batched": ("bfloat16", True)}
         warmups = {}
         for i, (way, (precision, batched)) in enumerate(ways.items()):
-            def config(steps: int) -> TrainConfig:
-                return TrainConfig(kind="eagle3", steps=steps, batch=args.batch, lr=1e-3, holdout_every=5,
-                                   ttt_steps=4, aux_layers=aux, draft_vocab=args.draft_vocab, precision=precision,
-                                   batched=batched, save_every=steps + 1)
-
+            config = TrainConfig(kind="eagle3", steps=args.steps, batch=args.batch, lr=1e-3, holdout_every=5,
+                                 ttt_steps=4, aux_layers=aux, draft_vocab=args.draft_vocab, precision=precision,
+                                 batched=batched, save_every=args.steps + 1)
             if args.warmup_steps:
-                warmups[way] = train(cache, target, Path(tmp) / f"w{i}", config(args.warmup_steps),
-                                     progress=False).seconds
-            results[way] = train(cache, target, Path(tmp) / str(i), config(args.steps), progress=False)
+                warm = replace(config, steps=args.warmup_steps, save_every=args.warmup_steps + 1)
+                warmups[way] = train(cache, target, Path(tmp) / f"w{i}", warm, progress=False).seconds
+            results[way] = train(cache, target, Path(tmp) / str(i), config, progress=False)
     print(f"\nEAGLE-3 head for {args.target} on {args.device}"
           f"{f' ({torch.get_num_threads()} threads)' if args.device == 'cpu' else ''}, {args.steps} steps of "
           f"{args.batch} trajectories, draft vocabulary {args.draft_vocab}; load average {os.getloadavg()[0]:.2f}")

@@ -236,13 +236,11 @@ def spread_lines(body: dict) -> list[str]:
     for who, table in [("target", body["target_verify_s"]),
                        *[(f"draft {d}", t) for d, t in body["draft_step_s"].items()]]:
         axis = "N" if who == "target" else "w"
-        cells = [(cell, f"B={B} L={L} {axis}={x}") for B, by_L in table.items() for L, row in by_L.items()
-                 for x, cell in row.items() if len(cell.get("runs") or []) >= 2]
-        if not cells:
-            continue
-
-        cell, where = max(cells, key=lambda c: median_error(c[0]["runs"], c[0]["median"]))
-        worst.append((who, median_error(cell["runs"], cell["median"]), where, len(cell["runs"])))
+        cells = [(median_error(cell["runs"], cell["median"]), f"B={B} L={L} {axis}={x}", len(cell["runs"]))
+                 for B, by_L in table.items() for L, row in by_L.items() for x, cell in row.items()
+                 if len(cell.get("runs") or []) >= 2]
+        if cells:
+            worst.append((who, *max(cells)))
     if not worst:
         return []
     line = ("median's standard error, least certain entry per model (estimated from its rounds' quartiles): "

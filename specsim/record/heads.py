@@ -703,6 +703,13 @@ def unroll(forward, hidden: torch.Tensor, ids: torch.Tensor, starts: torch.Tenso
     return [f[0] for f in feats]
 
 
+def causal_masks(batch: int, m: int, device) -> torch.Tensor:
+    """(batch, m, m) causal masks: entry i sees entries 0..i. Padding placed after a sequence's entries is then never
+    seen by them."""
+    pos = torch.arange(m, device=device)
+    return (pos[None, :] <= pos[:, None])[None].expand(batch, m, m)
+
+
 def unroll_batch(forward, hidden: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor,
                  depth: int, first: torch.Tensor) -> list[torch.Tensor]:
     """`unroll` of B sequences at once, padded: [(B, N, H)] per depth.
@@ -715,8 +722,7 @@ def unroll_batch(forward, hidden: torch.Tensor, ids: torch.Tensor, lengths: torc
     B, M = ids.shape
     N = starts.shape[1]
     pos = torch.arange(M, device=dev)
-    causal = (pos[None, :] <= pos[:, None])[None].expand(B, M, M)
-    feats, kv = forward(hidden, ids, pos[None] + first[:, None], causal, None, from_target=True)
+    feats, kv = forward(hidden, ids, pos[None] + first[:, None], causal_masks(B, M, dev), None, from_target=True)
     prev = torch.gather(feats, 1, starts[..., None].expand(-1, -1, feats.shape[-1]))  # (B, N, H) depth 1
     out = [prev]
     lanes = torch.arange(N, device=dev)

@@ -305,9 +305,11 @@ def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full
             q_logits = module.draft_logits(f[: n - a - d]) if restrict else module.logits(f[: n - a - d], V)
             depths.append((q_logits, p_all[d - 1 :], y[a + d : n]))
         return Terms(depths, vocab=None if restrict else vocab)
+    from specsim.record.heads import causal_masks
+
     pos = torch.arange(n - 1, device=h.device) + seq.start
-    causal = torch.ones(n - 1, n - 1, dtype=torch.bool, device=h.device).tril()
-    feats, _ = module(h[None, :-1], y[None, :-1], pos[None], causal[None], None, target.model.get_input_embeddings())
+    feats, _ = module(h[None, :-1], y[None, :-1], pos[None], causal_masks(1, n - 1, h.device), None,
+                      target.model.get_input_embeddings())
     pred = feats[0, a:]  # (n - 1 - a, H): ĥ_{t+1}
     with _teacher(h):
         p_logits = lm_head(h[a + 1 :])
@@ -325,9 +327,9 @@ def batches_together(config: TrainConfig, module) -> bool:
 def batch_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -> torch.Tensor:
     """The mean over `seqs` of `loss(terms(...))` for EAGLE, EAGLE-3 and MTP, the trajectories run together: sorted by
     length, cut into groups whose padding stays under PAD_SHARE and attention under GROUP_CELLS, each group one
-    padded forward per depth
-    (`unroll_batch`). The same loss up to float32 rounding (tests/test_train_batch.py): one trajectory at a time a
-    step is launch-bound on a GPU (16 trajectories: 0.37 s on an H200, analyses/results/eagle3-gpu-h200-2026-11-27)."""
+    padded forward per depth (`unroll_batch`). The same loss up to float32 rounding (tests/test_train_batch.py): one
+    trajectory at a time a step is launch-bound on a GPU (16 trajectories: 0.37 s on an H200,
+    analyses/results/eagle3-gpu-h200-2026-11-27)."""
     order = sorted(seqs, key=lambda s: s.hidden.shape[0])
     groups, group = [], []
     for seq in order:
@@ -349,6 +351,35 @@ def _pad(rows: list[torch.Tensor], length: int) -> torch.Tensor:
     return out
 
 
+@dataclass(frozen=True)
+class _Group:
+    """A group's trajectories on the head's device, laid out for one padded forward."""
+
+    hidden: list  # each trajectory's states (n_b, H)
+    m: torch.Tensor  # (B,) entries: the rows that predict (the last row predicts nothing)
+    a: torch.Tensor  # (B,) the first row the loss covers
+    lanes: torch.Tensor  # (B,) predictions (starts) per trajectory: rows a..m-1
+    ids: torch.Tensor  # (B, M) each trajectory's tokens at its entries, padded after them
+    first: torch.Tensor  # (B,) position id of entry 0
+
+    @property
+    def j(self) -> torch.Tensor:
+        """(N,) lane indices, N the most lanes of any trajectory."""
+        return torch.arange(int(self.lanes.max()), device=self.m.device)
+
+    @staticmethod
+    def of(seqs: list[TrainSequence], config: TrainConfig, dev) -> "_Group":
+        m = torch.tensor([s.hidden.shape[0] - 1 for s in seqs], device=dev)
+        a = torch.tensor([s.loss_from(config) for s in seqs], device=dev)
+        return _Group(hidden=[s.hidden.to(dev) for s in seqs], m=m, a=a, lanes=m - a,
+                      ids=_pad([s.tokens[: int(n)].to(dev) for s, n in zip(seqs, m)], int(m.max())),
+                      first=torch.tensor([s.start for s in seqs], device=dev))
+
+    def states(self, rows: torch.Tensor) -> torch.Tensor:
+        """(B, N, H): trajectory b's states at rows[b]."""
+        return torch.stack([h[r] for h, r in zip(self.hidden, rows)])
+
+
 def _group_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -> torch.Tensor:
     """Σ over `seqs` of each one's `loss(terms(...))`, computed together: `terms`'s unrolling and laws on padded
     tensors, each trajectory's cross-entropies averaged over its own rows, its depths weighted over its own."""
@@ -356,34 +387,27 @@ def _group_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) 
 
     dev = next(module.parameters()).device
     lm_head, embed = target.model.get_output_embeddings(), target.model.get_input_embeddings()
-    m = torch.tensor([s.hidden.shape[0] - 1 for s in seqs], device=dev)  # entries: the last row predicts nothing
-    a = torch.tensor([s.loss_from(config) for s in seqs], device=dev)
-    lanes = m - a  # starts per trajectory, a..m-1
-    M, N = int(m.max()), int(lanes.max())
-    j = torch.arange(N, device=dev)
-    starts = a[:, None] + torch.minimum(j[None], lanes[:, None] - 1)  # padding lanes repeat the last start
+    g = _Group.of(seqs, config, dev)
+    j = g.j
+    N = len(j)
+    starts = g.a[:, None] + torch.minimum(j[None], g.lanes[:, None] - 1)  # padding lanes repeat the last start
     feats = unroll_batch(lambda *args, from_target: module(*args, embed, from_target=from_target),
-                         _pad([s.features[: int(n)].to(dev) for s, n in zip(seqs, m)], M),
-                         _pad([s.tokens[: int(n)].to(dev) for s, n in zip(seqs, m)], M), m, starts,
-                         min(config.ttt_steps, N), torch.tensor([s.start for s in seqs], device=dev))
+                         _pad([s.features[: int(n)].to(dev) for s, n in zip(seqs, g.m)], g.ids.shape[1]), g.ids,
+                         g.m, starts, min(config.ttt_steps, N), g.first)
     # the target's laws at rows a+1..m (lane k: row a+1+k), as `terms` takes them
-    rows = torch.minimum(a[:, None] + 1 + j[None], m[:, None])
-    h = torch.stack([s.hidden.to(dev)[r] for s, r in zip(seqs, rows)])  # (B, N, H)
+    h = g.states(torch.minimum(g.a[:, None] + 1 + j[None], g.m[:, None]))  # (B, N, H)
     vocab = None if config.kind == "mtp" or module.d2t is None else \
         torch.arange(len(module.d2t), device=dev) + module.d2t
     with _teacher(h):
-        if config.kind == "mtp":
-            p_all = lm_head(h)
-        else:
-            p_all = torch.nn.functional.linear(h, _draft_rows(module, lm_head, vocab)) if vocab is not None \
-                else lm_head(h)
+        p_all = torch.nn.functional.linear(h, _draft_rows(module, lm_head, vocab)) if vocab is not None \
+            else lm_head(h)
     total = h.new_zeros(len(seqs))
     weights = h.new_zeros(len(seqs))
     for d, f in enumerate(feats, start=1):
         f = f[:, : N - d + 1]  # starts with a depth-d term somewhere in the group
         q = module.logits(f, lm_head) if config.kind == "mtp" else module.draft_logits(f)
         ce = _ce_rows(q, p_all[:, d - 1 :])  # (B, N - d + 1)
-        live = j[None, : N - d + 1] < (lanes - d + 1)[:, None]  # this depth's rows of each trajectory
+        live = j[None, : N - d + 1] < (g.lanes - d + 1)[:, None]  # this depth's rows of each trajectory
         count = live.sum(1)
         has = count > 0  # a trajectory shorter than d has no depth d, as `terms` gives it none
         w = config.ttt_decay ** (d - 1)
@@ -395,24 +419,21 @@ def _group_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) 
 def _eagle_group_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -> torch.Tensor:
     """Σ over `seqs` of each one's EAGLE loss (`terms`, `loss`), computed together: the layer teacher-forced over
     the padded trajectories at once, each one's feature regression and token loss averaged over its own rows."""
+    from specsim.record.heads import causal_masks
+
     dev = next(module.parameters()).device
     lm_head, embed = target.model.get_output_embeddings(), target.model.get_input_embeddings()
-    m = torch.tensor([s.hidden.shape[0] - 1 for s in seqs], device=dev)  # entries: the last row predicts nothing
-    a = torch.tensor([s.loss_from(config) for s in seqs], device=dev)
-    lanes = m - a  # predictions per trajectory: from rows a..m-1
-    M, N = int(m.max()), int(lanes.max())
-    j = torch.arange(N, device=dev)
-    pos = torch.arange(M, device=dev)
-    causal = (pos[None, :] <= pos[:, None])[None].expand(len(seqs), M, M)  # padding sits after: never attended
-    feats, _ = module(_pad([s.hidden[: int(n)].to(dev) for s, n in zip(seqs, m)], M),
-                      _pad([s.tokens[: int(n)].to(dev) for s, n in zip(seqs, m)], M),
-                      pos[None] + torch.tensor([s.start for s in seqs], device=dev)[:, None], causal, None, embed)
-    rows = torch.minimum(a[:, None] + j[None], m[:, None] - 1)  # lane k: the prediction from row a+k
+    g = _Group.of(seqs, config, dev)
+    j = g.j
+    B, M = g.ids.shape
+    feats, _ = module(_pad([h[: int(n)] for h, n in zip(g.hidden, g.m)], M), g.ids,
+                      torch.arange(M, device=dev)[None] + g.first[:, None], causal_masks(B, M, dev), None, embed)
+    rows = torch.minimum(g.a[:, None] + j[None], g.m[:, None] - 1)  # lane k: the prediction from row a+k
     pred = torch.gather(feats, 1, rows[..., None].expand(-1, -1, feats.shape[-1]))  # (B, N, H): ĥ_{t+1}
-    h = torch.stack([s.hidden.to(dev)[r + 1] for s, r in zip(seqs, rows)])  # (B, N, H): h_{t+1}
+    h = g.states(rows + 1)  # (B, N, H): h_{t+1}
     with _teacher(h):
         p_logits = lm_head(h)
-    live = j[None] < lanes[:, None]
+    live = j[None] < g.lanes[:, None]
     count = live.sum(1)
     regression = (torch.nn.functional.smooth_l1_loss(pred, h, reduction="none").sum(-1) * live).sum(1)
     ce = (_ce_rows(lm_head(pred), p_logits) * live).sum(1)
