@@ -310,6 +310,30 @@ def test_profile_replicas_resample_rounds_jointly(tmp_path):
     assert one.rounds == 0 and one.replicas == ()  # a single round is no spread
 
 
+def test_further_rounds_of_some_blocks_are_resampled_apart_and_narrow_only_those_blocks(tmp_path):
+    """`profile --max-repeats` gives only the uncertain (B, L) blocks further rounds: the cost model loads the unequal
+    rounds (NaN past an entry's own), resamples the rounds every entry has jointly as before (a profile with equal
+    rounds gets the very same replicas) and the further ones apart, and the block with 8x the rounds scatters less
+    across replicas while the others scatter as before."""
+    from specsim.sim.cost import REPLICAS
+
+    body = with_rounds(profile_body(), [1.0] * 4, noise=0.3, seed=1)
+    equal = load_cost_profile(write(tmp_path / "e.json", body))
+    rng = np.random.default_rng(2)
+    for table in (body["target_verify_s"], *body["draft_step_s"].values()):
+        for row in table["1"]["512"].values():  # B = 1, L = 512: 28 more rounds, same noise
+            row["runs"] += [row["median"] * float(np.exp(0.3 * rng.normal())) for _ in range(28)]
+    more = load_cost_profile(write(tmp_path / "m.json", body))
+    assert (equal.rounds, equal.max_rounds, more.rounds, more.max_rounds) == (4, 4, 4, 32)
+    assert "4-32 rounds per entry" in more.describe() and "4-32 timed rounds" in more.uncertainty()
+    assert len(more.replicas) == REPLICAS and all(np.isfinite(r.verify).all() and np.isfinite(r.draft["d"]).all()
+                                                  for r in more.replicas)
+    spread = lambda m, L: np.std([np.log(float(r.verify_s(1, 4, L))) for r in m.replicas])  # noqa: E731
+    assert spread(more, 512) < 0.6 * spread(equal, 512)
+    assert spread(more, 128) == pytest.approx(spread(equal, 128))  # the blocks without further rounds: as before
+    assert more.stalls[1] == equal.stalls[1] + 28 * (4 + 3)  # timed runs counted, the missing ones not
+
+
 def test_speedup_cis_carry_the_profiles_error(tmp_path):
     """Noise common to a round cancels in plain / speculative time of the same replica (CI as without rounds);
     noise per entry does not (wider CI, same point estimate); the rows say what their CI covers."""

@@ -265,25 +265,33 @@ def test_a_random_context_is_what_the_next_forward_attends(tiny_model_dir):
     assert np.abs(outs[0] - outs[1]).max() > 1e-3
 
 
-def test_max_repeats_times_until_every_median_is_certain_enough(pair, monkeypatch, tmp_path):
-    """--max-repeats: after --repeats rounds, further passes until every entry's median has a standard error under
-    5% or the cap. Forwards that take a steady 40 ms stop at --repeats; a draft step that scatters 10-70 ms keeps the
-    profile going to the cap, every entry timed in as many rounds (the cost model still resamples them jointly)."""
+def test_max_repeats_times_the_uncertain_blocks_until_every_median_is_certain_enough(pair, monkeypatch, tmp_path):
+    """--max-repeats: after --repeats rounds, further passes over the (B, L) blocks where some median's standard
+    error is still over 5%, until none is or the cap. Forwards that take a steady 40 ms stop at --repeats; a draft
+    step that scatters 10-70 ms at context 32 only keeps that block going to the cap, every entry of it (the target's
+    too) timed in as many rounds, while the steady context-8 block keeps its 3; the cost model loads the unequal
+    rounds and still resamples them jointly."""
     import time
 
     import specsim.attention.profile as prof
 
     target, drafts = pair
-    original = prof._Bench.run
+    original, init = prof._Bench.run, prof._Bench.__init__
     rng = np.random.default_rng(0)
+
+    def remembered(self, model, batch, context, rng):
+        init(self, model, batch, context, rng)
+        self.context = context
+
+    monkeypatch.setattr(prof._Bench, "__init__", remembered)
 
     def profiled(scatter: bool) -> dict:
         def run(self, depth, attend, pick):
             once = original(self, depth, attend, pick)
-            draft = self.kv.model is not target.model
+            noisy = scatter and self.kv.model is not target.model and self.context == 32
 
             def steady() -> None:
-                time.sleep(float(rng.uniform(0.01, 0.07)) if scatter and draft else 0.04)
+                time.sleep(float(rng.uniform(0.01, 0.07)) if noisy else 0.04)
                 once()
             return steady
 
@@ -294,15 +302,21 @@ def test_max_repeats_times_until_every_median_is_certain_enough(pair, monkeypatc
 
     steady = profiled(scatter=False)
     assert steady["timing"]["repeats"] == 3 and steady["timing"]["passes"] == 3
+    assert steady["timing"]["max_rounds"] == 3
     assert steady["timing"]["least_certain_median"] < prof.MEDIAN_ERROR_GOAL
     noisy = profiled(scatter=True)
-    assert noisy["timing"]["repeats"] == 9 and noisy["timing"]["passes"] == 9  # one round per further pass
+    assert noisy["timing"]["repeats"] == 3 and noisy["timing"]["max_rounds"] == 9
+    assert noisy["timing"]["passes"] == 9  # one round per further pass
+    assert "blocks per pass: 1, 1, 1, 1, 1, 1" in noisy["timing"]["rounds"]
     assert noisy["timing"]["least_certain_median"] > prof.MEDIAN_ERROR_GOAL
-    cells = [c for t in (noisy["target_verify_s"], noisy["draft_step_s"]["layers:2"]) for by_L in t["1"].values()
-             for c in by_L.values()]
-    assert {len(c["runs"]) for c in cells} == {9}
+    for L, rounds in (("8", 3), ("32", 9)):
+        cells = [*noisy["target_verify_s"]["1"][L].values(), *noisy["draft_step_s"]["layers:2"]["1"][L].values()]
+        assert {len(c["runs"]) for c in cells} == {rounds}
+    assert {len(c["runs"]) for row in noisy["step_overhead_s"]["walk_greedy"].values() for c in row.values()} == {3}
     path = tmp_path / "p.json"
     path.write_text(json.dumps(noisy))
-    assert load_cost_profile(path).rounds == 9  # the uncertainty is carried
+    model = load_cost_profile(path)
+    assert (model.rounds, model.max_rounds) == (3, 9) and "3-9 rounds per entry" in model.describe()
+    assert len(model.replicas) and all(np.isfinite(r.verify).all() for r in model.replicas)  # the uncertainty is carried
     with pytest.raises(ArgumentError, match="max_repeats 2: at least repeats"):
         measure_cost_profile(target, drafts[:1], config=ProfileConfig(repeats=3, max_repeats=2), progress=False)

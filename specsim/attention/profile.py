@@ -30,11 +30,14 @@ sweeps through the (B, L) grid (contexts refilled, one warm-up run per entry in 
 a slow phase of the machine lasting as long as one block's measurement then lands on a few
 rounds of several blocks, which the median discards, not on every round of one block, which
 would shift that block's medians (seen on a GPU host: whole (B, L) blocks of a profile 1.5-2x
-their neighbours, the plain step among them). With `max_repeats`, further passes follow until every
-entry's median has a relative standard error (`median_error`) under MEDIAN_ERROR_GOAL or that many
-rounds have run: every entry keeps the same rounds. Every round's time is kept (`runs`:
-`specsim.sim.cost` resamples the rounds jointly to carry the profile's error into speedup
-CIs); the median is used, the quartiles are kept (the spread); every run ends with a device synchronisation, so a
+their neighbours, the plain step among them). With `max_repeats`, further passes follow, each
+timing only the (B, L) blocks where some entry's median still has a relative standard error
+(`median_error`) over MEDIAN_ERROR_GOAL, until none has or a block has run that many rounds: the
+rounds go where the medians are uncertain (a small draft head's steps on a busy CPU), not to the
+target's steady ones. Every entry of a block keeps the same rounds, and the blocks timed in a pass
+are those still timed in the one before, so round r of any two blocks that have it came from the
+same pass. Every round's time is kept (`runs`: `specsim.sim.cost` resamples the rounds jointly to
+carry the profile's error into speedup CIs); the median is used, the quartiles are kept (the spread); every run ends with a device synchronisation, so a
 time is the wall-clock the engine waits (CPU launch overhead included, as live decoding
 pays it). The profile records device, dtype, threads, load average, library versions,
 the models with the architecture fingerprints caches record, and the interpolation
@@ -76,7 +79,8 @@ class ProfileConfig:
     repeats: int = 10  # timed rounds per (B, L): every entry once per round (all kept; the median is used)
     warmup: int = 2  # untimed runs per entry (one more per entry in each later pass)
     passes: int = 3  # sweeps through the (B, L) grid the rounds are spread over (at most `repeats`)
-    max_repeats: int = 0  # above `repeats`: further passes until every median is within MEDIAN_ERROR_GOAL (or this)
+    max_repeats: int = 0  # above `repeats`: further passes over the (B, L) blocks whose medians are not yet within
+    #                        MEDIAN_ERROR_GOAL, up to this many rounds
     seed: int = 0  # random token ids
 
     @property
@@ -391,19 +395,28 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                unit="run", disable=not progress)
     greedy_pick = lambda logits: logits.argmax(dim=-1).cpu()  # noqa: E731  what greedy verification reads
     times: dict = {}  # (B, L or "overhead") -> {entry: [seconds per round]}, the passes' rounds in order
-    ran: list[int] = []  # rounds per pass: the planned passes, then any further ones (`max_repeats`)
+    ran: list[tuple[int, int]] = []  # (rounds, (B, L) blocks timed) per pass: the planned, then further ones
     planned = config.pass_rounds
+    per_block = config.entries(len(drafts)) // (len(batches) * len(config.contexts))
     with torch.inference_mode():
-        while len(ran) < len(planned) or (sum(ran) < config.max_repeats
-                                          and _least_certain(times) > MEDIAN_ERROR_GOAL):
+        while True:
             p = len(ran)
-            rounds = planned[p] if p < len(planned) else min(planned[-1], config.max_repeats - sum(ran))
-            if p >= len(planned):
-                bar.total += (config.entries(len(drafts)) + config.overhead_entries) * rounds
+            if p < len(planned):
+                rounds, blocks = planned[p], [(B, L) for B in batches for L in config.contexts]
+            else:  # further passes (`max_repeats`): only the blocks with a median still too uncertain
+                done = config.repeats + sum(r for r, _ in ran[len(planned):])
+                rounds = min(planned[-1], config.max_repeats - done)
+                blocks = [key for key in times if key[1] != "overhead"
+                          and _least_certain({key: times[key]}) > MEDIAN_ERROR_GOAL] if rounds > 0 else []
+                if not blocks:
+                    break
+                bar.total += per_block * len(blocks) * rounds
                 bar.refresh()
-            ran.append(rounds)
+            ran.append((rounds, len(blocks)))
             for B in batches:
                 for L in config.contexts:
+                    if (B, L) not in blocks:
+                        continue
                     runs = {}  # (who, x) -> one forward; timed together in interleaved rounds
                     benches = [_Bench(target.model, B, L, rng)]
                     for n in sizes:
@@ -419,9 +432,13 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                     _extend(times.setdefault((B, L), {}), _round_times(runs, device, warmup=config.warmups(p),
                                                                        repeats=rounds, rng=rng, tick=bar.update))
                     del benches, runs
-                runs = _overhead_runs(B, sizes, int(target.model.config.vocab_size), device, rng)
-                _extend(times.setdefault((B, "overhead"), {}), _round_times(runs, device, warmup=config.warmups(p),
-                                                                            repeats=rounds, rng=rng, tick=bar.update))
+                if p < len(planned):  # the work outside the forwards: the planned rounds only (no goal to meet)
+                    runs = _overhead_runs(B, sizes, int(target.model.config.vocab_size), device, rng)
+                    _extend(times.setdefault((B, "overhead"), {}),
+                            _round_times(runs, device, warmup=config.warmups(p), repeats=rounds, rng=rng,
+                                         tick=bar.update))
+            if p + 1 >= len(planned) and config.max_repeats <= config.repeats:
+                break
     bar.close()
     for B in batches:
         for kind in OVERHEAD_KINDS:
@@ -451,19 +468,22 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
         "target": _model_entry(target),
         "drafts": {d.name: _model_entry(d) for d in drafts},
         "batches": batches, "contexts": list(config.contexts), "sizes": sizes, "widths": widths,
-        "timing": {"warmup": config.warmup, "repeats": sum(ran), "passes": len(ran),
+        "timing": {"warmup": config.warmup, "repeats": config.repeats, "passes": len(ran),
                    "max_repeats": config.max_repeats or config.repeats,
+                   "max_rounds": max(len(t) for key, block in times.items() if key[1] != "overhead"
+                                     for t in block.values()),
                    "least_certain_median": _least_certain(times),
                    "statistic": "median",
                    "spread": "q25/q75", "clock": "wall, synchronised", "seed": config.seed,
                    "tokens": "random ids", "context": "random keys and values (no prefill)",
                    "rounds": "every entry of a (B, L) timed once per round, in random order; `runs` keeps each "
                              "round's time; the rounds spread over `passes` sweeps through the (B, L) grid "
-                             f"({'+'.join(map(str, ran))} rounds; a slow phase of the machine then "
-                             "falls on a few rounds of several blocks, not all of one)"
-                             + (f"; passes after the first {config.repeats} rounds until every median's standard "
-                                f"error was under {100 * MEDIAN_ERROR_GOAL:g}% or {config.max_repeats} rounds"
-                                if config.max_repeats > config.repeats else "")},
+                             f"({'+'.join(str(r) for r, _ in ran[:len(planned)])} rounds; a slow phase of the "
+                             "machine then falls on a few rounds of several blocks, not all of one)"
+                             + (f"; then further passes, each over the (B, L) blocks whose least certain median's "
+                                f"standard error was still over {100 * MEDIAN_ERROR_GOAL:g}% (blocks per pass: "
+                                f"{', '.join(str(n) for _, n in ran[len(planned):]) or 'none'}; at most "
+                                f"{config.max_repeats} rounds)" if config.max_repeats > config.repeats else "")},
         "target_verify_s": verify,
         "draft_step_s": draft,
         "step_overhead_s": {**overhead, "temperature": OVERHEAD_TEMPERATURE,
@@ -523,8 +543,8 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
         extra = config.max_repeats - config.repeats
         further = -(-extra // config.pass_rounds[-1])
         runs = extra + further * config.warmups(1)
-        more = (f"; up to {extra} more rounds in {further} more passes until every median is within "
-                f"{100 * MEDIAN_ERROR_GOAL:g}%, up to about "
+        more = (f"; up to {extra} more rounds in {further} more passes over the (B, L) blocks whose medians are not "
+                f"yet within {100 * MEDIAN_ERROR_GOAL:g}%, up to about "
                 f"{about + (forwards + outside) * runs / runs_per_entry + fill * further / passes:.0f} s")
     return (f"{config.entries(len(drafts))} entries x ({config.repeats} rounds + {runs_per_entry - config.repeats} "
             f"warm-up, over {passes} passes through the grid): {total} forwards, then {config.overhead_entries} "

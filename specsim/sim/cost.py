@@ -22,7 +22,9 @@ not set the slope), up to `EXTRAPOLATION` (2x) past the largest, refused further
 Its error. A profile that kept every timed run of every entry (`runs`, measured in rounds:
 each round times every entry of a (B, L) once, in random order, so a slow moment of the
 machine lands on all of them alike) is resampled by rounds, jointly over all entries
-(`replicas`: `REPLICAS` profiles, each the medians of R rounds drawn with replacement).
+(`replicas`: `REPLICAS` profiles, each the medians of R rounds drawn with replacement; where
+`profile --max-repeats` gave the uncertain blocks further rounds, those are drawn apart from
+the rounds every entry has).
 Pricing a configuration with each replica gives the spread of its time that the
 measurement leaves; `sim.metrics` pairs replica r with prompt resample b (r = b mod
 REPLICAS), so speedup CIs cover which prompts were cached *and* how the profile's timings
@@ -236,22 +238,41 @@ class ProfileCost:
 
     @property
     def rounds(self) -> int:
-        """Timed rounds kept per entry (0: the profile stored medians only, its uncertainty is not known)."""
+        """Timed rounds every entry kept (0: the profile stored medians only, its uncertainty is not known)."""
+        if self.verify_runs is None:
+            return 0
+        return min(int(np.isfinite(t).all(axis=tuple(range(1, t.ndim))).sum())
+                   for t in (self.verify_runs, *self.draft_runs.values()))
+
+    @property
+    def max_rounds(self) -> int:
+        """Timed rounds of the entries timed most (above `rounds` where `profile --max-repeats` spent further
+        passes on the uncertain (B, L) blocks only; the missing rounds are NaN in `verify_runs`/`draft_runs`)."""
         return 0 if self.verify_runs is None else int(self.verify_runs.shape[0])
+
+    def rounds_text(self) -> str:
+        R0, R = self.rounds, self.max_rounds
+        return f"{R0}" if R == R0 else f"{R0}-{R}"
 
     @cached_property
     def replicas(self) -> tuple["ProfileCost", ...]:
         """REPLICAS profiles whose tables are the medians of rounds resampled with replacement, the same rounds
-        for every entry (a slow round slows every entry it timed); () without stored rounds."""
-        R = self.rounds
-        if R < 2:
+        for every entry (a slow round slows every entry it timed); () without stored rounds. Where some blocks
+        have further rounds (`max_rounds` > `rounds`), the rounds every entry has are resampled as above and the
+        further ones separately, again the same for every block that has them (round r of two blocks came from
+        the same pass): a block with R_b rounds then gets on average R_b of them, never fewer than `rounds`."""
+        R0, R = self.rounds, self.max_rounds
+        if R0 < 2:
             return ()
-        rng = np.random.default_rng([self.seed, R])
+        rng, further = np.random.default_rng([self.seed, R0]), np.random.default_rng([self.seed, R0, R])
         out = []
         for _ in range(REPLICAS):
-            pick = rng.integers(0, R, size=R)
-            out.append(replace(self, verify=np.median(self.verify_runs[pick], axis=0),
-                               draft={k: np.median(v[pick], axis=0) for k, v in self.draft_runs.items()},
+            pick = rng.integers(0, R0, size=R0)
+            if R > R0:
+                pick = np.concatenate([pick, further.integers(R0, R, size=R - R0)])
+            median = np.median if R == R0 else np.nanmedian
+            out.append(replace(self, verify=median(self.verify_runs[pick], axis=0),
+                               draft={k: median(v[pick], axis=0) for k, v in self.draft_runs.items()},
                                verify_runs=None, draft_runs=None))
         return tuple(out)
 
@@ -273,15 +294,15 @@ class ProfileCost:
         if self.rounds < 2:
             return 0, 0
         tables = [self.verify_runs, *self.draft_runs.values()]
-        out = sum(int((t > OUTLIER * np.median(t, axis=0)).sum()) for t in tables)
-        return out, sum(int(t.size) for t in tables)
+        out = sum(int((t > OUTLIER * np.nanmedian(t, axis=0)).sum()) for t in tables)  # NaN (not timed) never is
+        return out, sum(int(np.isfinite(t).sum()) for t in tables)
 
     def uncertainty(self) -> str:
         """What the speedup CIs carry of this profile's error, in words."""
         if self.rounds < 2:
             return "profile error not carried (the profile kept medians only: re-run `specsim profile`)"
         stalled, runs = self.stalls
-        return (f"profile error carried: {self.rounds} timed rounds per entry, resampled jointly"
+        return (f"profile error carried: {self.rounds_text()} timed rounds per entry, resampled jointly"
                 + (f"; {stalled} of {runs} timed runs stalled (> {OUTLIER:g}x their entry's median: a busy "
                    "machine; with few rounds they can widen the CI, re-profile on a quiet one)" if stalled else ""))
 
@@ -348,7 +369,7 @@ class ProfileCost:
 
     def describe(self) -> str:
         err = f", interpolation error <= {100 * self.fit_error:.0f}%" if self.fit_error is not None else ""
-        err += f", {self.rounds} rounds per entry" if self.rounds >= 2 else ""
+        err += f", {self.rounds_text()} rounds per entry" if self.rounds >= 2 else ""
         err += f", {self.stalls[0]} stalled runs" if self.stalls[0] else ""
         err += "; " + self.overhead_note() if self.charges or self.overhead is None else ""
         engine = "" if self.engine == "specsim" else f"engine {self.engine}: "
@@ -588,15 +609,19 @@ def load_cost_profile(path, *, extrapolate: bool = False) -> ProfileCost:
 
 
 def _runs(data: Mapping, grid: Mapping) -> tuple[np.ndarray, dict] | None:
-    """((R, nb, nl, nn) target rounds, {draft: (R, nb, nl, nw)}) when every entry kept the same number R >= 2 of
-    timed rounds (`runs`), else None (older profiles and vLLM profiles of one run: no uncertainty to carry)."""
+    """((R, nb, nl, nn) target rounds, {draft: (R, nb, nl, nw)}) when every entry kept R0 >= 2 timed rounds
+    (`runs`), R the most any entry kept; an entry's rounds past its own count are NaN (`profile --max-repeats`
+    timed only the uncertain blocks further). None for older profiles and vLLM profiles of one run: no
+    uncertainty to carry."""
     def table(raw, xs):
         cells = [[[raw[f"{b:g}"][f"{L:g}"][f"{x:g}"] for x in xs] for L in grid["contexts"]] for b in grid["batches"]]
         flat = [c.get("runs") if isinstance(c, Mapping) else None for bl in cells for lx in bl for c in lx]
-        if any(not isinstance(r, list) for r in flat) or len({len(r) for r in flat}) != 1 or len(flat[0]) < 2:
+        if any(not isinstance(r, list) or len(r) < 2 for r in flat):
             return None
-        runs = np.array(flat, dtype=np.float64)  # (cells, R)
-        if not np.all(runs > 0):
+        runs = np.full((len(flat), max(len(r) for r in flat)), np.nan)  # (cells, R)
+        for i, r in enumerate(flat):
+            runs[i, :len(r)] = r
+        if not np.all(np.isnan(runs) | (runs > 0)):
             return None
         return runs.T.reshape(runs.shape[1], len(grid["batches"]), len(grid["contexts"]), len(xs))
 
@@ -605,9 +630,11 @@ def _runs(data: Mapping, grid: Mapping) -> tuple[np.ndarray, dict] | None:
         drafts = {name: table(data["draft_step_s"][name], grid["widths"]) for name in data["drafts"]}
     except (KeyError, TypeError, ValueError):
         return None
-    if verify is None or any(v is None or v.shape[0] != verify.shape[0] for v in drafts.values()):
+    if verify is None or any(v is None for v in drafts.values()):
         return None
-    return verify, drafts
+    R = max([verify.shape[0], *(v.shape[0] for v in drafts.values())])
+    pad = lambda t: np.concatenate([t, np.full((R - t.shape[0], *t.shape[1:]), np.nan)])  # noqa: E731
+    return pad(verify), {k: pad(v) for k, v in drafts.items()}
 
 
 def _table(raw: Mapping, batches: np.ndarray, contexts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
