@@ -31,12 +31,11 @@ a slow phase of the machine lasting as long as one block's measurement then land
 rounds of several blocks, which the median discards, not on every round of one block, which
 would shift that block's medians (seen on a GPU host: whole (B, L) blocks of a profile 1.5-2x
 their neighbours, the plain step among them). With `max_repeats`, further passes follow, each
-timing only the (B, L) blocks where some entry's median still has a relative standard error
-(`median_error`) over MEDIAN_ERROR_GOAL, until none has or a block has run that many rounds: the
-rounds go where the medians are uncertain (a small draft head's steps on a busy CPU), not to the
-target's steady ones. Every entry of a block keeps the same rounds, and the blocks timed in a pass
-are those still timed in the one before, so round r of any two blocks that have it came from the
-same pass. Every round's time is kept (`runs`: `specsim.sim.cost` resamples the rounds jointly to
+timing, in rounds among themselves, only the entries whose median still has a relative standard
+error (`median_error`) over MEDIAN_ERROR_GOAL, until none has or they have run that many rounds:
+the rounds go where the medians are uncertain (a small draft head's 4 ms steps on a busy CPU), not
+to the target's steady 40 ms ones. The entries timed in a pass are those still timed in the one
+before, so round r of any two entries that have it came from the same pass. Every round's time is kept (`runs`: `specsim.sim.cost` resamples the rounds jointly to
 carry the profile's error into speedup CIs); the median is used, the quartiles are kept (the spread); every run ends with a device synchronisation, so a
 time is the wall-clock the engine waits (CPU launch overhead included, as live decoding
 pays it). The profile records device, dtype, threads, load average, library versions,
@@ -79,7 +78,7 @@ class ProfileConfig:
     repeats: int = 10  # timed rounds per (B, L): every entry once per round (all kept; the median is used)
     warmup: int = 2  # untimed runs per entry (one more per entry in each later pass)
     passes: int = 3  # sweeps through the (B, L) grid the rounds are spread over (at most `repeats`)
-    max_repeats: int = 0  # above `repeats`: further passes over the (B, L) blocks whose medians are not yet within
+    max_repeats: int = 0  # above `repeats`: further passes over the entries whose medians are not yet within
     #                        MEDIAN_ERROR_GOAL, up to this many rounds
     seed: int = 0  # random token ids
 
@@ -179,6 +178,13 @@ def _least_certain(times: dict) -> float:
     """The largest `median_error` over the timed entries of `times` ((B, L) -> {entry: [seconds per round]})."""
     return max((median_error(t, float(np.median(t))) for (_, L), block in times.items() if L != "overhead"
                 for t in block.values()), default=0.0)
+
+
+def _unsure(times: dict) -> dict:
+    """{(B, L): the entries whose median's `median_error` is over MEDIAN_ERROR_GOAL}, blocks with none left out."""
+    out = {key: {k for k, t in block.items() if median_error(t, float(np.median(t))) > MEDIAN_ERROR_GOAL}
+           for key, block in times.items() if key[1] != "overhead"}
+    return {key: entries for key, entries in out.items() if entries}
 
 
 def _round_times(runs: dict, device: torch.device, *, warmup: int, repeats: int,
@@ -395,44 +401,45 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                unit="run", disable=not progress)
     greedy_pick = lambda logits: logits.argmax(dim=-1).cpu()  # noqa: E731  what greedy verification reads
     times: dict = {}  # (B, L or "overhead") -> {entry: [seconds per round]}, the passes' rounds in order
-    ran: list[tuple[int, int]] = []  # (rounds, (B, L) blocks timed) per pass: the planned, then further ones
+    ran: list[tuple[int, int]] = []  # (rounds, entries timed) per pass: the planned passes, then further ones
     planned = config.pass_rounds
-    per_block = config.entries(len(drafts)) // (len(batches) * len(config.contexts))
     with torch.inference_mode():
         while True:
             p = len(ran)
             if p < len(planned):
-                rounds, blocks = planned[p], [(B, L) for B in batches for L in config.contexts]
-            else:  # further passes (`max_repeats`): only the blocks with a median still too uncertain
+                rounds, unsure = planned[p], None  # every entry
+            else:  # further passes (`max_repeats`): only the entries whose median is still too uncertain
                 done = config.repeats + sum(r for r, _ in ran[len(planned):])
                 rounds = min(planned[-1], config.max_repeats - done)
-                blocks = [key for key in times if key[1] != "overhead"
-                          and _least_certain({key: times[key]}) > MEDIAN_ERROR_GOAL] if rounds > 0 else []
-                if not blocks:
+                unsure = _unsure(times) if rounds > 0 else {}
+                if not unsure:
                     break
-                bar.total += per_block * len(blocks) * rounds
+                bar.total += sum(map(len, unsure.values())) * rounds
                 bar.refresh()
-            ran.append((rounds, len(blocks)))
+            ran.append((rounds, config.entries(len(drafts)) if unsure is None else sum(map(len, unsure.values()))))
             for B in batches:
                 for L in config.contexts:
-                    if (B, L) not in blocks:
-                        continue
-                    runs = {}  # (who, x) -> one forward; timed together in interleaved rounds
-                    benches = [_Bench(target.model, B, L, rng)]
-                    for n in sizes:
-                        depth, attend = _tree_layout(verify_tree_parents(n))
-                        runs[("target", n)] = benches[0].run(depth, attend, greedy_pick)
-                    for d in drafts:
-                        bench = _HeadBench(d, B, L, rng) if d.name in heads else _Bench(d.model, B, L, rng)
-                        benches.append(bench)
-                        for w in widths:  # siblings: each sees the context and itself; their children are picked
+                    want = None if unsure is None else unsure.get((B, L), set())
+                    keys = ([("target", n) for n in sizes] + [(d.name, w) for d in drafts for w in widths]
+                            if want is None else sorted(want, key=str))
+                    runs, benches = {}, {}  # (who, x) -> one forward, timed together in interleaved rounds
+                    for who, x in keys:
+                        if who not in benches:
+                            d = next((d for d in drafts if d.name == who), None)
+                            benches[who] = (_Bench(target.model, B, L, rng) if d is None else _HeadBench(d, B, L, rng)
+                                            if who in heads else _Bench(d.model, B, L, rng))
+                        bench = benches[who]
+                        if who == "target":
+                            runs[(who, x)] = bench.run(*_tree_layout(verify_tree_parents(x)), greedy_pick)
+                        else:  # siblings: each sees the context and itself; their children are picked
                             pick = lambda logits: top_ranked(logits.reshape(-1, logits.shape[-1]), 1)  # noqa: E731
-                            runs[(d.name, w)] = (bench.run(w, pick) if d.name in heads
-                                                 else bench.run(np.ones(w, np.int64), np.eye(w, dtype=bool), pick))
-                    _extend(times.setdefault((B, L), {}), _round_times(runs, device, warmup=config.warmups(p),
-                                                                       repeats=rounds, rng=rng, tick=bar.update))
+                            runs[(who, x)] = (bench.run(x, pick) if who in heads
+                                              else bench.run(np.ones(x, np.int64), np.eye(x, dtype=bool), pick))
+                    if runs:
+                        _extend(times.setdefault((B, L), {}), _round_times(runs, device, warmup=config.warmups(p),
+                                                                           repeats=rounds, rng=rng, tick=bar.update))
                     del benches, runs
-                if p < len(planned):  # the work outside the forwards: the planned rounds only (no goal to meet)
+                if unsure is None:  # the work outside the forwards: the planned rounds only (no goal to meet)
                     runs = _overhead_runs(B, sizes, int(target.model.config.vocab_size), device, rng)
                     _extend(times.setdefault((B, "overhead"), {}),
                             _round_times(runs, device, warmup=config.warmups(p), repeats=rounds, rng=rng,
@@ -480,9 +487,9 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                              "round's time; the rounds spread over `passes` sweeps through the (B, L) grid "
                              f"({'+'.join(str(r) for r, _ in ran[:len(planned)])} rounds; a slow phase of the "
                              "machine then falls on a few rounds of several blocks, not all of one)"
-                             + (f"; then further passes, each over the (B, L) blocks whose least certain median's "
-                                f"standard error was still over {100 * MEDIAN_ERROR_GOAL:g}% (blocks per pass: "
-                                f"{', '.join(str(n) for _, n in ran[len(planned):]) or 'none'}; at most "
+                             + (f"; then further passes, each over the entries whose median's standard error was "
+                                f"still over {100 * MEDIAN_ERROR_GOAL:g}%, in rounds among themselves (entries per "
+                                f"pass: {', '.join(str(n) for _, n in ran[len(planned):]) or 'none'}; at most "
                                 f"{config.max_repeats} rounds)" if config.max_repeats > config.repeats else "")},
         "target_verify_s": verify,
         "draft_step_s": draft,
@@ -543,8 +550,8 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
         extra = config.max_repeats - config.repeats
         further = -(-extra // config.pass_rounds[-1])
         runs = extra + further * config.warmups(1)
-        more = (f"; up to {extra} more rounds in {further} more passes over the (B, L) blocks whose medians are not "
-                f"yet within {100 * MEDIAN_ERROR_GOAL:g}%, up to about "
+        more = (f"; up to {extra} more rounds in {further} more passes over the entries whose medians are not yet "
+                f"within {100 * MEDIAN_ERROR_GOAL:g}%, up to about "
                 f"{about + (forwards + outside) * runs / runs_per_entry + fill * further / passes:.0f} s")
     return (f"{config.entries(len(drafts))} entries x ({config.repeats} rounds + {runs_per_entry - config.repeats} "
             f"warm-up, over {passes} passes through the grid): {total} forwards, then {config.overhead_entries} "

@@ -53,12 +53,13 @@ from specsim.cli import _common as c
                    "per entry in each later sweep), so a slow phase of a shared machine lands on a few rounds of "
                    "several entries, which the median discards, not on every round of one.  [default: 3]")
 @click.option("--max-repeats", type=click.IntRange(min=1), default=None,
-              help="After --repeats rounds, keep timing the (B, L) blocks where some entry's median still has a "
-                   "standard error over 5% (estimated from its rounds' quartiles), one more pass over those blocks "
-                   "at a time, until none has or they have run this many rounds: the rounds go to the uncertain "
-                   "steps, not to the steady ones (every entry of a block gets the same rounds, so they still "
-                   "resample jointly). Small steps on a shared CPU need it: an EAGLE-3 head's 5-15 ms steps had "
-                   "78% with 3 rounds and 16% with 9.  [default: --repeats, no more]")
+              help="After --repeats rounds, keep timing the entries whose median still has a standard error over "
+                   "5% (estimated from its rounds' quartiles), one more pass over them at a time, in rounds among "
+                   "themselves, until none has or they have run this many rounds: the rounds go to the uncertain "
+                   "steps (a small head's 4 ms ones), not to the target's steady 40 ms ones (round r of every entry "
+                   "comes from one pass, so they still resample jointly). Small steps on a shared CPU need it: an "
+                   "EAGLE-3 head's 5-15 ms steps had 78% with 3 rounds and 16% with 9.  [default: --repeats, no "
+                   "more]")
 @c.seed_option
 @click.option("--threads", type=click.IntRange(min=1),
               help="CPU threads for torch (use what live decoding will use; the profile records it).")

@@ -23,7 +23,7 @@ Its error. A profile that kept every timed run of every entry (`runs`, measured 
 each round times every entry of a (B, L) once, in random order, so a slow moment of the
 machine lands on all of them alike) is resampled by rounds, jointly over all entries
 (`replicas`: `REPLICAS` profiles, each the medians of R rounds drawn with replacement; where
-`profile --max-repeats` gave the uncertain blocks further rounds, those are drawn apart from
+`profile --max-repeats` gave the uncertain entries further rounds, those are drawn apart from
 the rounds every entry has).
 Pricing a configuration with each replica gives the spread of its time that the
 measurement leaves; `sim.metrics` pairs replica r with prompt resample b (r = b mod
@@ -247,7 +247,7 @@ class ProfileCost:
     @property
     def max_rounds(self) -> int:
         """Timed rounds of the entries timed most (above `rounds` where `profile --max-repeats` spent further
-        passes on the uncertain (B, L) blocks only; the missing rounds are NaN in `verify_runs`/`draft_runs`)."""
+        passes on the uncertain entries only; the missing rounds are NaN in `verify_runs`/`draft_runs`)."""
         return 0 if self.verify_runs is None else int(self.verify_runs.shape[0])
 
     def rounds_text(self) -> str:
@@ -257,10 +257,10 @@ class ProfileCost:
     @cached_property
     def replicas(self) -> tuple["ProfileCost", ...]:
         """REPLICAS profiles whose tables are the medians of rounds resampled with replacement, the same rounds
-        for every entry (a slow round slows every entry it timed); () without stored rounds. Where some blocks
+        for every entry (a slow round slows every entry it timed); () without stored rounds. Where some entries
         have further rounds (`max_rounds` > `rounds`), the rounds every entry has are resampled as above and the
-        further ones separately, again the same for every block that has them (round r of two blocks came from
-        the same pass): a block with R_b rounds then gets on average R_b of them, never fewer than `rounds`."""
+        further ones separately, again the same for every entry that has them (round r of two entries came from
+        the same pass): an entry with R_e rounds then gets on average R_e of them, never fewer than `rounds`."""
         R0, R = self.rounds, self.max_rounds
         if R0 < 2:
             return ()
@@ -611,7 +611,7 @@ def load_cost_profile(path, *, extrapolate: bool = False) -> ProfileCost:
 def _runs(data: Mapping, grid: Mapping) -> tuple[np.ndarray, dict] | None:
     """((R, nb, nl, nn) target rounds, {draft: (R, nb, nl, nw)}) when every entry kept R0 >= 2 timed rounds
     (`runs`), R the most any entry kept; an entry's rounds past its own count are NaN (`profile --max-repeats`
-    timed only the uncertain blocks further). None for older profiles and vLLM profiles of one run: no
+    timed only the uncertain entries further). None for older profiles and vLLM profiles of one run: no
     uncertainty to carry."""
     def table(raw, xs):
         cells = [[[raw[f"{b:g}"][f"{L:g}"][f"{x:g}"] for x in xs] for L in grid["contexts"]] for b in grid["batches"]]
