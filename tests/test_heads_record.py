@@ -675,3 +675,38 @@ def test_live_draft_laws_equal_the_recorders(heads_cache, which):
             checked += 1
     assert checked >= 16, checked
     assert worst < 1e-4, worst
+
+
+def test_train_prompts_trains_on_nested_subsets_with_the_same_heldout_prompts(training_cache, tiny_model_dir,
+                                                                             tmp_path):
+    """--train-prompts N: a data-scaling curve's points. N of the 18 training prompts (24, every 4th held out), drawn
+    by the seed: the 6 are among the 12, every held-out prompt is the same, the head records what it trained on, and
+    more prompts than there are is refused in one line."""
+    import json
+
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+
+    def trained(n: int | None, out: str) -> dict:
+        args = ["train-draft", "--kind", "eagle", "--target", str(tiny_model_dir), "--from", str(training_cache[0]),
+                "--steps", "2", "--batch", "2", "--holdout-every", "4", "--out", str(tmp_path / out), "--quiet"]
+        result = CliRunner().invoke(main, args + ([] if n is None else ["--train-prompts", str(n)]))
+        assert result.exit_code == 0, result.output
+        return json.loads((tmp_path / out / "config.json").read_text())["training"]
+
+    runs = {n: trained(n, f"h{n}") for n in (6, 12, None)}
+    ids = {n: {p["question_id"] for p in r["trained_on"]["prompts"]} for n, r in runs.items()}
+    assert (len(ids[6]), len(ids[12]), len(ids[None])) == (6, 12, 18)
+    assert ids[6] < ids[12] < ids[None]
+    assert not ids[None] & {100 + i for i in range(3, 24, 4)}  # the held-out prompts, never trained on
+    assert runs[6]["positions"] < runs[12]["positions"] < runs[None]["positions"]
+    assert runs[6]["config"]["train_prompts"] == 6 and runs[None]["config"]["train_prompts"] == 0
+    assert runs[6]["heldout_trajectories"] == runs[None]["heldout_trajectories"] > 0
+    assert runs[6]["heldout"]["loss"] != runs[None]["heldout"]["loss"]  # the same held-out prompts, other heads
+    refused = CliRunner().invoke(main, ["train-draft", "--kind", "eagle", "--target", str(tiny_model_dir), "--from",
+                                        str(training_cache[0]), "--holdout-every", "4", "--train-prompts", "19",
+                                        "--out", str(tmp_path / "no"), "--quiet"])
+    assert refused.exit_code != 0
+    assert "--train-prompts 19: the cache has 18 training prompts (1 in 4 held out)" in refused.output
+    assert len(refused.output.strip().splitlines()) <= 2  # "loading target ..." and the error

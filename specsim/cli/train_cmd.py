@@ -54,6 +54,10 @@ from specsim.cli import _common as c
               help="The learning rate over the steps: " + registry.vocab_help(registry.LR_SCHEDULES) + ".")
 @click.option("--holdout-every", type=click.IntRange(min=2), default=5, show_default=True,
               help="Hold out every k-th prompt: the reported loss and agreement are on prompts never trained on.")
+@click.option("--train-prompts", type=click.IntRange(min=1), default=None,
+              help="Train on this many of the training prompts only, drawn by --seed (a smaller number's prompts are "
+                   "part of a larger one's; the held-out prompts stay the same): a data-scaling curve, what more "
+                   "data buys.  [default: all]")
 @click.option("--save-every", type=click.IntRange(min=1), default=100, show_default=True,
               help="Write a checkpoint every this many steps.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
@@ -63,8 +67,8 @@ from specsim.cli import _common as c
 @c.quiet_option
 @c.friendly_errors
 def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, router_bias_speed,
-                draft_vocab, prompt_use, precision, steps, batch, lr, lr_schedule, holdout_every, save_every, device,
-                out, overwrite, seed, quiet):
+                draft_vocab, prompt_use, precision, steps, batch, lr, lr_schedule, holdout_every, train_prompts,
+                save_every, device, out, overwrite, seed, quiet):
     """Train head drafts for TARGET by self-distillation on a cache's trajectories.
 
     The loss is against the target's whole next-token law (softmax of its LM head on the
@@ -111,7 +115,8 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
     click.echo(f"loading target {target} ...", err=True)
     loaded = load_model(target, device=device)
     config = TrainConfig(kind=kind, heads=heads, steps=steps, lr=lr, lr_schedule=lr_schedule, batch=batch,
-                         holdout_every=holdout_every, save_every=save_every, seed=seed, ttt_steps=ttt_steps,
+                         holdout_every=holdout_every, train_prompts=train_prompts or 0, save_every=save_every,
+                         seed=seed, ttt_steps=ttt_steps,
                          aux_layers=aux, draft_vocab=draft_vocab,
                          ttt_decay=ttt_decay if ttt_decay is not None else 0.6 if kind == "mtp" else 1.0,
                          mtp_style=mtp_style, prompt=prompt_use, precision=precision,

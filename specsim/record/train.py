@@ -96,6 +96,8 @@ class TrainConfig:
     lr_schedule: str = "cosine"  # the rate over the steps, and whether gradients are clipped (LR_SCHEDULES)
     batch: int = 4  # trajectories per step
     holdout_every: int = 5  # every k-th prompt is held out (k >= 2)
+    train_prompts: int = 0  # train on this many of the training prompts, a random subset by the seed (0: all); the
+    #                         held-out prompts stay the same, and a smaller subset is part of a larger (`subset`)
     save_every: int = 100  # checkpoint every this many steps
     seed: int = 0  # initialisation and batch order
     eagle_token_weight: float = 0.1  # EAGLE's p_w: the token loss's weight beside feature regression
@@ -231,14 +233,30 @@ def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "c
         return [(row.prompt_index, sequence(row)) for row in rows]
 
 
-def split(seqs, every: int) -> tuple[list[TrainSequence], list[TrainSequence]]:
-    """(training, held-out): every `every`-th prompt is held out."""
-    train = [s for i, s in seqs if i % every != every - 1]
+def split(seqs, every: int, prompts: int = 0, seed: int = 0) -> tuple[list[TrainSequence], list[TrainSequence]]:
+    """(training, held-out): every `every`-th prompt is held out; the training trajectories are those of `subset`'s
+    prompts."""
+    keep = subset(seqs, every, prompts, seed)
+    train = [s for i, s in seqs if i in keep]
     held = [s for i, s in seqs if i % every == every - 1]
     if not train or not held:
         raise CacheError(f"{len(seqs)} trajectories cannot be split 1 in {every} into training and held-out prompts; "
                          "record more prompts")
     return train, held
+
+
+def subset(seqs, every: int, prompts: int = 0, seed: int = 0) -> set[int]:
+    """The training prompts (those not held out, every `every`-th): all of them, or `prompts` of them drawn by
+    `seed`, the first of one permutation, so a smaller subset is part of a larger one and a data-scaling curve's
+    points add data to one another (the held-out prompts are the same whatever `prompts`)."""
+    pool = sorted({i for i, _ in seqs if i % every != every - 1})
+    if not prompts:
+        return set(pool)
+    if prompts > len(pool):
+        raise CacheError(f"--train-prompts {prompts}: the cache has {len(pool)} training prompts (1 in {every} held "
+                         "out)")
+    order = np.random.default_rng([seed, 1]).permutation(len(pool))
+    return {pool[k] for k in order[:prompts]}
 
 
 def _soft_ce(logits: torch.Tensor, p_logits: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
@@ -544,9 +562,9 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     blind = config.kind == "medusa" and config.prompt == "context"  # Medusa attends to nothing: no context to give
     seqs = load_sequences(cache, target, head_config.hidden_layers if config.kind in ("eagle3", "mtp") else (),
                           "none" if blind else config.prompt, progress=progress)
-    train_seqs, held = split(seqs, config.holdout_every)
+    train_seqs, held = split(seqs, config.holdout_every, config.train_prompts, config.seed)
     with CacheReader(cache) as reader:  # which prompts it saw: simulate, validate and report say when it meets them
-        seen = trained_on(reader, {i for i, _ in seqs if i % config.holdout_every != config.holdout_every - 1})
+        seen = trained_on(reader, subset(seqs, config.holdout_every, config.train_prompts, config.seed))
     draft_ids = (draft_vocabulary(train_seqs, config.draft_vocab, int(target.vocab_size), config)
                  if config.draft_vocab else None)
     if draft_ids is not None:
@@ -575,7 +593,8 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     n_train = sum(int(s.tokens.shape[0]) - s.loss_from(config) for s in train_seqs)
     n_held = sum(int(s.tokens.shape[0]) - s.context for s in held)
     echo(f"training {config.kind} heads for {target.name} on {len(train_seqs)} trajectories ({n_train} positions"
-         f"{', prompts included' if config.prompt == 'loss' else ''}); held out: {len(held)} ({n_held} generated "
+         + (f"; {config.train_prompts} of the training prompts, drawn by the seed" if config.train_prompts else "")
+         + f"{', prompts included' if config.prompt == 'loss' else ''}); held out: {len(held)} ({n_held} generated "
          f"positions, every {config.holdout_every}th prompt); the prompt: {config.prompt} "
          f"({PROMPT_USES[config.prompt]}); arithmetic: {config.precision}; learning rate: {config.lr_schedule}, "
          f"peak {config.lr:g}")
