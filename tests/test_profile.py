@@ -267,9 +267,10 @@ def test_a_random_context_is_what_the_next_forward_attends(tiny_model_dir):
 
 def test_max_repeats_times_the_uncertain_entries_until_every_median_is_certain_enough(pair, monkeypatch, tmp_path):
     """--max-repeats: after --repeats rounds, further passes over the entries whose median's standard error is still
-    over 5%, until none is or the cap. Forwards that take a steady 40 ms stop at --repeats; a draft step that scatters
-    10-70 ms at context 32 only keeps that entry going to the cap, while the target's steady steps beside it and the
-    context-8 block keep their 3 rounds; the cost model loads the unequal rounds and still resamples them jointly."""
+    over 5% (or with fewer than TRUSTED_ROUNDS, too few to tell), until none is or the cap. Forwards that take a steady
+    40 ms stop at TRUSTED_ROUNDS; a draft step that scatters 10-70 ms at context 32 only keeps that entry going to the
+    cap, while the target's steady steps beside it and the context-8 block stop; the cost model loads the unequal
+    rounds and still resamples them jointly."""
     import time
 
     import specsim.attention.profile as prof
@@ -296,26 +297,27 @@ def test_max_repeats_times_the_uncertain_entries_until_every_median_is_certain_e
 
         monkeypatch.setattr(prof._Bench, "run", run)
         config = ProfileConfig(batches=(1,), contexts=(8, 32), max_tokens=2, draft_widths=(1,), repeats=3, warmup=1,
-                               passes=3, max_repeats=9)
+                               passes=3, max_repeats=12)
         return measure_cost_profile(target, drafts[:1], config=config, progress=False)
 
     steady = profiled(scatter=False)
-    assert steady["timing"]["repeats"] == 3 and steady["timing"]["passes"] == 3
-    assert steady["timing"]["max_rounds"] == 3
+    assert prof.TRUSTED_ROUNDS == 8
+    assert steady["timing"]["repeats"] == 3 and steady["timing"]["passes"] == 8  # 3 planned, 5 to be trusted
+    assert steady["timing"]["max_rounds"] == 8
     assert steady["timing"]["least_certain_median"] < prof.MEDIAN_ERROR_GOAL
     noisy = profiled(scatter=True)
-    assert noisy["timing"]["repeats"] == 3 and noisy["timing"]["max_rounds"] == 9
-    assert noisy["timing"]["passes"] == 9  # one round per further pass
-    assert "entries per pass: 1, 1, 1, 1, 1, 1" in noisy["timing"]["rounds"]
+    assert noisy["timing"]["repeats"] == 3 and noisy["timing"]["max_rounds"] == 12
+    assert noisy["timing"]["passes"] == 12  # one round per further pass
+    assert "entries per pass: 6, 6, 6, 6, 6, 1, 1, 1, 1;" in noisy["timing"]["rounds"]
     assert noisy["timing"]["least_certain_median"] > prof.MEDIAN_ERROR_GOAL
-    for L, target_rounds, draft_rounds in (("8", 3, 3), ("32", 3, 9)):
+    for L, target_rounds, draft_rounds in (("8", 8, 8), ("32", 8, 12)):
         assert {len(c["runs"]) for c in noisy["target_verify_s"]["1"][L].values()} == {target_rounds}
         assert {len(c["runs"]) for c in noisy["draft_step_s"]["layers:2"]["1"][L].values()} == {draft_rounds}
     assert {len(c["runs"]) for row in noisy["step_overhead_s"]["walk_greedy"].values() for c in row.values()} == {3}
     path = tmp_path / "p.json"
     path.write_text(json.dumps(noisy))
     model = load_cost_profile(path)
-    assert (model.rounds, model.max_rounds) == (3, 9) and "3-9 rounds per entry" in model.describe()
+    assert (model.rounds, model.max_rounds) == (8, 12) and "8-12 rounds per entry" in model.describe()
     assert len(model.replicas) and all(np.isfinite(r.verify).all() for r in model.replicas)  # the uncertainty is carried
     with pytest.raises(ArgumentError, match="max_repeats 2: at least repeats"):
         measure_cost_profile(target, drafts[:1], config=ProfileConfig(repeats=3, max_repeats=2), progress=False)

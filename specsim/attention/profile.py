@@ -32,7 +32,8 @@ rounds of several blocks, which the median discards, not on every round of one b
 would shift that block's medians (seen on a GPU host: whole (B, L) blocks of a profile 1.5-2x
 their neighbours, the plain step among them). With `max_repeats`, further passes follow, each
 timing, in rounds among themselves, only the entries whose median still has a relative standard
-error (`median_error`) over MEDIAN_ERROR_GOAL, until none has or they have run that many rounds:
+error (`median_error`) over MEDIAN_ERROR_GOAL (or that have fewer than TRUSTED_ROUNDS rounds, too
+few to estimate it from), until none has or they have run that many rounds:
 the rounds go where the medians are uncertain (a small draft head's 4 ms steps on a busy CPU), not
 to the target's steady 40 ms ones. The entries timed in a pass are those still timed in the one
 before, so round r of any two entries that have it came from the same pass. Every round's time is kept (`runs`: `specsim.sim.cost` resamples the rounds jointly to
@@ -180,9 +181,17 @@ def _least_certain(times: dict) -> float:
                 for t in block.values()), default=0.0)
 
 
+TRUSTED_ROUNDS = 8  # `max_repeats` stops timing an entry only after this many rounds: fewer rounds' quartiles do not
+#                    say how certain a median is (a plain step's 5 rounds of 43-45 ms and one stalled at 79 ms gave
+#                    a 1% error, and resampling those 5 put the plain step at 79 ms in some replicas,
+#                    analyses/results/profile-blocks-cpu-2026-11-27)
+
+
 def _unsure(times: dict) -> dict:
-    """{(B, L): the entries whose median's `median_error` is over MEDIAN_ERROR_GOAL}, blocks with none left out."""
-    out = {key: {k for k, t in block.items() if median_error(t, float(np.median(t))) > MEDIAN_ERROR_GOAL}
+    """{(B, L): the entries with fewer than TRUSTED_ROUNDS rounds or whose median's `median_error` is over
+    MEDIAN_ERROR_GOAL}, blocks with none left out."""
+    out = {key: {k for k, t in block.items()
+                 if len(t) < TRUSTED_ROUNDS or median_error(t, float(np.median(t))) > MEDIAN_ERROR_GOAL}
            for key, block in times.items() if key[1] != "overhead"}
     return {key: entries for key, entries in out.items() if entries}
 
@@ -487,8 +496,9 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                              "round's time; the rounds spread over `passes` sweeps through the (B, L) grid "
                              f"({'+'.join(str(r) for r, _ in ran[:len(planned)])} rounds; a slow phase of the "
                              "machine then falls on a few rounds of several blocks, not all of one)"
-                             + (f"; then further passes, each over the entries whose median's standard error was "
-                                f"still over {100 * MEDIAN_ERROR_GOAL:g}%, in rounds among themselves (entries per "
+                             + (f"; then further passes, each over the entries with fewer than {TRUSTED_ROUNDS} "
+                                f"rounds or whose median's standard error was still over "
+                                f"{100 * MEDIAN_ERROR_GOAL:g}%, in rounds among themselves (entries per "
                                 f"pass: {', '.join(str(n) for _, n in ran[len(planned):]) or 'none'}; at most "
                                 f"{config.max_repeats} rounds)" if config.max_repeats > config.repeats else "")},
         "target_verify_s": verify,
