@@ -33,13 +33,14 @@ would shift that block's medians (seen on a GPU host: whole (B, L) blocks of a p
 their neighbours, the plain step among them). With `max_repeats`, further passes follow, each
 timing, in rounds among themselves, only the entries whose median still has a relative standard
 error (`median_error`) over MEDIAN_ERROR_GOAL (or that have fewer than TRUSTED_ROUNDS rounds, too
-few to estimate it from), until none has or they have run that many rounds:
-the rounds go where the medians are uncertain (a small draft head's 4 ms steps on a busy CPU), not
-to the target's steady 40 ms ones. The entries timed in a pass are those still timed in the one
-before, so round r of any two entries that have it came from the same pass. Every round's time is kept (`runs`: `specsim.sim.cost` resamples the rounds jointly to
-carry the profile's error into speedup CIs); the median is used, the quartiles are kept (the spread); every run ends with a device synchronisation, so a
-time is the wall-clock the engine waits (CPU launch overhead included, as live decoding
-pays it). The profile records device, dtype, threads, load average, library versions,
+few to estimate it from), until none has or they have run that many rounds: the rounds go where
+the medians are uncertain (a small draft head's 4 ms steps on a busy CPU), not to the target's
+steady 40 ms ones. The entries timed in a pass are those still timed in the one before, so round
+r of any two entries that have it came from the same pass. Every round's time is kept (`runs`:
+`specsim.sim.cost` resamples the rounds jointly to carry the profile's error into speedup CIs);
+the median is used, the quartiles are kept (the spread); every run ends with a device
+synchronisation, so a time is the wall-clock the engine waits (CPU launch overhead included, as
+live decoding pays it). The profile records device, dtype, threads, load average, library versions,
 the models with the architecture fingerprints caches record, and the interpolation
 error of the grid (leave-one-out: each interior point predicted from its neighbours).
 The JSON written here is what `specsim.sim.cost` reads.
@@ -433,10 +434,10 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                             if want is None else sorted(want, key=str))
                     runs, benches = {}, {}  # (who, x) -> one forward, timed together in interleaved rounds
                     for who, x in keys:
-                        if who not in benches:
-                            d = next((d for d in drafts if d.name == who), None)
-                            benches[who] = (_Bench(target.model, B, L, rng) if d is None else _HeadBench(d, B, L, rng)
-                                            if who in heads else _Bench(d.model, B, L, rng))
+                        if who not in benches:  # each model's context filled once per block and pass
+                            model = target if who == "target" else next(d for d in drafts if d.name == who)
+                            benches[who] = (_HeadBench(model, B, L, rng) if who in heads
+                                            else _Bench(model.model, B, L, rng))
                         bench = benches[who]
                         if who == "target":
                             runs[(who, x)] = bench.run(*_tree_layout(verify_tree_parents(x)), greedy_pick)
