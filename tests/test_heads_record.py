@@ -704,6 +704,10 @@ def test_train_prompts_trains_on_nested_subsets_with_the_same_heldout_prompts(tr
     assert runs[6]["config"]["train_prompts"] == 6 and runs[None]["config"]["train_prompts"] == 0
     assert runs[6]["heldout_trajectories"] == runs[None]["heldout_trajectories"] > 0
     assert runs[6]["heldout"]["loss"] != runs[None]["heldout"]["loss"]  # the same held-out prompts, other heads
+    from specsim.cache.provenance import training_summary
+
+    assert "(6 of its training prompts)" in training_summary({"path": str(tmp_path / "h6")})
+    assert "training prompts" not in training_summary({"path": str(tmp_path / "hNone")})
     refused = CliRunner().invoke(main, ["train-draft", "--kind", "eagle", "--target", str(tiny_model_dir), "--from",
                                         str(training_cache[0]), "--holdout-every", "4", "--train-prompts", "19",
                                         "--out", str(tmp_path / "no"), "--quiet"])

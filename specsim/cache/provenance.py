@@ -91,9 +91,11 @@ def training_summary(info) -> str:
     training = _training_record(info.get("path") if info else None)
     if not training:
         return ""
+    config = training.get("config") or {}
     text = (f"trained by specsim train-draft: {int(training.get('steps', 0)):,} steps on "
             f"{int(training.get('positions', 0)):,} positions of {Path(str(training.get('cache', '?'))).name}")
-    config = training.get("config") or {}
+    if config.get("train_prompts"):  # --train-prompts: a subset, a data-scaling curve's point
+        text += f" ({int(config['train_prompts'])} of its training prompts)"
     prompt = config.get("prompt", "none")  # heads trained before --prompt never saw it
     if config.get("kind") != "medusa" or prompt == "loss":  # Medusa attends to nothing: context is moot
         text += {"context": ", the prompt as context", "loss": ", the prompt as context and in the loss",
