@@ -714,3 +714,24 @@ def test_train_prompts_trains_on_nested_subsets_with_the_same_heldout_prompts(tr
     assert refused.exit_code != 0
     assert "--train-prompts 19: the cache has 18 training prompts (1 in 4 held out)" in refused.output
     assert len(refused.output.strip().splitlines()) <= 2  # "loading target ..." and the error
+
+
+def test_train_prompts_computes_the_states_of_the_prompts_it_uses_only(training_cache, tiny_model_dir, tmp_path,
+                                                                       monkeypatch):
+    """A data-scaling point on a quarter of the prompts does not pay for the prompt states of the rest: with 6 of the
+    18 training prompts, the target runs over those 6 and the 6 held out, 12 prompts, not 24."""
+    import specsim.record.heads as heads
+    from specsim.record.models import load_model
+    from specsim.record.train import TrainConfig, train
+
+    ran = []
+    real = heads.target_hidden
+
+    def counted(target, ids, layers):
+        ran.append(len(ids))
+        return real(target, ids, layers)
+
+    monkeypatch.setattr(heads, "target_hidden", counted)
+    outcome = train(training_cache[0], load_model(str(tiny_model_dir)), tmp_path / "h",
+                    TrainConfig(kind="eagle", steps=1, batch=2, holdout_every=4, train_prompts=6), progress=False)
+    assert len(ran) == 12 and outcome.steps == 1

@@ -70,7 +70,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 import numpy as np
 import torch
@@ -181,11 +181,11 @@ class TrainSequence:
 
 
 def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "context", *,
-                   progress: bool = False) -> list[tuple[int, TrainSequence]]:
-    """(prompt index, trajectory) of every trajectory of 2+ tokens in a cache with hidden states, checked
-    against `target`; `layers` (the head's: EAGLE-3's fused layers, MTP's state) are read side by side into
-    `features`. Unless `prompt` is "none", each trajectory is preceded by its prompt's states, computed by
-    `target` (`context` rows)."""
+                   prompts: Collection[int] | None = None, progress: bool = False) -> list[tuple[int, TrainSequence]]:
+    """(prompt index, trajectory) of every trajectory of 2+ tokens in a cache with hidden states (of the prompts
+    `prompts` only, when given), checked against `target`; `layers` (the head's: EAGLE-3's fused layers, MTP's
+    state) are read side by side into `features`. Unless `prompt` is "none", each trajectory is preceded by its
+    prompt's states, computed by `target` (`context` rows)."""
     from tqdm.auto import tqdm
 
     from specsim.cache.store import CacheReader
@@ -208,7 +208,8 @@ def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "c
         if reader.spec.hidden_size != H:
             raise ModelError(f"{reader.path} stores hidden states of width {reader.spec.hidden_size}; --target "
                              f"{target.name} has hidden size {H}")
-        rows = [row for row in reader.iter_trajectories() if row.length >= 2]
+        rows = [row for row in reader.iter_trajectories()
+                if row.length >= 2 and (prompts is None or row.prompt_index in prompts)]
         ids = {i: reader.prompt_token_ids(i).astype(np.int64) for i in sorted({row.prompt_index for row in rows})}
         context = {}  # prompt index -> {layer: (prompt length - 1, H) float32}, rounded as the cache rounds states
         if prompt != "none":
@@ -233,10 +234,17 @@ def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "c
         return [(row.prompt_index, sequence(row)) for row in rows]
 
 
-def split(seqs, every: int, prompts: int = 0, seed: int = 0) -> tuple[list[TrainSequence], list[TrainSequence]]:
-    """(training, held-out): every `every`-th prompt is held out; the training trajectories are those of `subset`'s
-    prompts."""
-    keep = subset(seqs, every, prompts, seed)
+def recorded_prompts(cache) -> list[int]:
+    """The prompt indices of a cache's trajectories of 2+ tokens (what `load_sequences` loads), ascending."""
+    from specsim.cache.store import CacheReader
+
+    with CacheReader(cache) as reader:
+        return sorted({row.prompt_index for row in reader.iter_trajectories() if row.length >= 2})
+
+
+def split(seqs, every: int, keep: Collection[int]) -> tuple[list[TrainSequence], list[TrainSequence]]:
+    """(training, held-out): every `every`-th prompt is held out; the training trajectories are those of the prompts
+    `keep` (`subset`)."""
     train = [s for i, s in seqs if i in keep]
     held = [s for i, s in seqs if i % every == every - 1]
     if not train or not held:
@@ -245,11 +253,11 @@ def split(seqs, every: int, prompts: int = 0, seed: int = 0) -> tuple[list[Train
     return train, held
 
 
-def subset(seqs, every: int, prompts: int = 0, seed: int = 0) -> set[int]:
-    """The training prompts (those not held out, every `every`-th): all of them, or `prompts` of them drawn by
-    `seed`, the first of one permutation, so a smaller subset is part of a larger one and a data-scaling curve's
-    points add data to one another (the held-out prompts are the same whatever `prompts`)."""
-    pool = sorted({i for i, _ in seqs if i % every != every - 1})
+def subset(recorded: Collection[int], every: int, prompts: int = 0, seed: int = 0) -> set[int]:
+    """The training prompts of the prompt indices `recorded` (those not held out, every `every`-th): all of them, or
+    `prompts` of them drawn by `seed`, the first of one permutation, so a smaller subset is part of a larger one and
+    a data-scaling curve's points add data to one another (the held-out prompts are the same whatever `prompts`)."""
+    pool = sorted(i for i in set(recorded) if i % every != every - 1)
     if not prompts:
         return set(pool)
     if prompts > len(pool):
@@ -560,11 +568,14 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
            if config.kind == "eagle3" else ())
     head_config = head_config_for(config.kind, target, heads=config.heads, aux_layers=aux, mtp_style=config.mtp_style)
     blind = config.kind == "medusa" and config.prompt == "context"  # Medusa attends to nothing: no context to give
+    recorded, every = recorded_prompts(cache), config.holdout_every
+    keep = subset(recorded, every, config.train_prompts, config.seed)
     seqs = load_sequences(cache, target, head_config.hidden_layers if config.kind in ("eagle3", "mtp") else (),
-                          "none" if blind else config.prompt, progress=progress)
-    train_seqs, held = split(seqs, config.holdout_every, config.train_prompts, config.seed)
+                          "none" if blind else config.prompt, progress=progress,
+                          prompts=keep | {i for i in recorded if i % every == every - 1})
+    train_seqs, held = split(seqs, every, keep)
     with CacheReader(cache) as reader:  # which prompts it saw: simulate, validate and report say when it meets them
-        seen = trained_on(reader, subset(seqs, config.holdout_every, config.train_prompts, config.seed))
+        seen = trained_on(reader, keep)
     draft_ids = (draft_vocabulary(train_seqs, config.draft_vocab, int(target.vocab_size), config)
                  if config.draft_vocab else None)
     if draft_ids is not None:
