@@ -220,6 +220,7 @@ def test_profile_for_a_cache_measures_what_its_trees_need(tiny_cache, tmp_path):
     assert result.exit_code == 0, result.output
     assert "passes through the grid): " in result.output and "forwards, then" in result.output
     assert "s filling the contexts" in result.output
+    assert "further passes" not in result.output  # no --max-repeats: the planned rounds only
     assert "draft widths 1, 2" in result.output
     data = json.loads(out.read_text())
     assert set(data["drafts"]) == {"layers:2", "int8"} and data["sizes"] == list(range(1, 8))
@@ -321,3 +322,25 @@ def test_max_repeats_times_the_uncertain_entries_until_every_median_is_certain_e
     assert len(model.replicas) and all(np.isfinite(r.verify).all() for r in model.replicas)  # the uncertainty is carried
     with pytest.raises(ArgumentError, match="max_repeats 2: at least repeats"):
         measure_cost_profile(target, drafts[:1], config=ProfileConfig(repeats=3, max_repeats=2), progress=False)
+
+
+def test_the_estimate_says_what_max_repeats_can_add(pair):
+    """Before it starts, `profile --max-repeats` says the least and the most it will take: every entry runs to
+    TRUSTED_ROUNDS, the uncertain ones up to the cap, and the bounds are ordered (seconds: the tiny model's round
+    to 0)."""
+    import re
+
+    from specsim.attention.profile import TRUSTED_ROUNDS, estimate
+
+    target, drafts = pair
+    base = dict(batches=(1,), contexts=(8,), max_tokens=2, draft_widths=(1,), repeats=3, warmup=1)
+    plain = estimate(target, drafts[:1], ProfileConfig(**base))
+    assert "further passes" not in plain
+    said = estimate(target, drafts[:1], ProfileConfig(**base, max_repeats=30))
+    assert f"fewer than {TRUSTED_ROUNDS} rounds" in said and "at least 5 more rounds of every entry" in said
+    low, high = (float(x) for x in re.findall(r"about (\d+) s in all\), up to 27 more \(up to about (\d+) s\)",
+                                                  said)[0])
+    first = float(re.search(r"; about (\d+) s", plain).group(1))
+    assert first <= low <= high
+    capped = estimate(target, drafts[:1], ProfileConfig(**base, max_repeats=6))  # under TRUSTED_ROUNDS: to the cap
+    assert "at least 3 more rounds of every entry" in capped and "up to 3 more" in capped

@@ -557,13 +557,18 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
     forwards = total * float(np.mean(seconds))
     about = forwards + fill + outside
     more = ""
-    if config.max_repeats > config.repeats:  # each further pass: its rounds, a warm-up run, the contexts refilled
-        extra = config.max_repeats - config.repeats
-        further = -(-extra // config.pass_rounds[-1])
-        runs = extra + further * config.warmups(1)
-        more = (f"; up to {extra} more rounds in {further} more passes over the entries whose medians are not yet "
-                f"within {100 * MEDIAN_ERROR_GOAL:g}%, up to about "
-                f"{about + (forwards + outside) * runs / runs_per_entry + fill * further / passes:.0f} s")
+    if config.max_repeats > config.repeats:
+        def further_s(extra: int) -> float:  # every entry `extra` more rounds: a warm-up run and the contexts
+            further = -(-extra // config.pass_rounds[-1])  # refilled per further pass, no work outside the forwards
+            return forwards * (extra + further * config.warmups(1)) / runs_per_entry + fill * further / passes
+
+        least = min(TRUSTED_ROUNDS, config.max_repeats) - config.repeats  # every entry runs to TRUSTED_ROUNDS
+        more = (f"; then further passes over the entries with fewer than {TRUSTED_ROUNDS} rounds or a median not yet "
+                f"within {100 * MEDIAN_ERROR_GOAL:g}%: "
+                + (f"at least {least} more rounds of every entry (about {about + further_s(least):.0f} s in all), "
+                   if least > 0 else "")
+                + f"up to {config.max_repeats - config.repeats} more (up to about "
+                f"{about + further_s(config.max_repeats - config.repeats):.0f} s)")
     return (f"{config.entries(len(drafts))} entries x ({config.repeats} rounds + {runs_per_entry - config.repeats} "
             f"warm-up, over {passes} passes through the grid): {total} forwards, then {config.overhead_entries} "
             f"entries of the per-step work outside the forwards; about "
