@@ -142,3 +142,45 @@ def test_training_steps_run_batched_unless_asked_not_to(training_cache, tiny_mod
     assert calls == [4, 4, 4]  # the batched run's three steps of four trajectories; none in the other
     # the same steps either way: the held-out numbers after them agree to rounding
     assert outcomes[True].after["loss"] == pytest.approx(outcomes[False].after["loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("case", ["eagle3-draft-vocab", "eagle3-whole-vocab", "eagle3-blind", "mtp"])
+def test_a_batched_evaluation_has_the_per_trajectory_numbers(heads, training_cache, case):
+    """Held-out evaluation of EAGLE-3 and MTP heads runs `config.batch` trajectories at a time: the same loss, top-1
+    and overlap per depth as one at a time (`batched=False`), on the generated rows (with the prompt in the loss
+    too), for trajectories shorter than the depth, in groups of 1, 2 or all of them; a wrong evaluation that counts
+    the padding's lanes is caught."""
+    import specsim.record.train as train_module
+    from specsim.record.train import evaluate, load_sequences
+
+    target, cases = heads
+    module, config = cases[case]
+    module.eval()
+    seqs = sorted((s for _, s in load_sequences(training_cache[0], target, module.config.hidden_layers,
+                                                config.prompt)), key=lambda s: s.hidden.shape[0])
+    picked = [seqs[0], seqs[len(seqs) // 2], seqs[-1]]
+    for keep in (3, 2):  # generated rows after the first: starts = keep - 1, fewer than the depth
+        s = seqs[len(seqs) // 4]
+        n = s.context + keep
+        picked.append(dataclasses.replace(s, hidden=s.hidden[:n], tokens=s.tokens[:n], features=s.features[:n]))
+    want = evaluate(config.kind, module, target, picked, dataclasses.replace(config, batched=False))
+    assert set(want["top1"]) == set(range(1, config.ttt_steps + 1))
+    for batch in (1, 2, len(picked)):
+        got = evaluate(config.kind, module, target, picked, dataclasses.replace(config, batch=batch))
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), (batch, got, want)
+        for d in want["top1"]:
+            assert got["top1"][d] == pytest.approx(want["top1"][d], abs=1e-9), (batch, d, got, want)
+            assert got["overlap"][d] == pytest.approx(want["overlap"][d], rel=1e-5), (batch, d, got, want)
+    real = train_module._group_laws
+
+    def padding_counted(*args, **kwargs):  # every lane taken as live: the padding's rows in the numbers
+        g, laws, vocab = real(*args, **kwargs)
+        return g, [(q, p, torch.ones_like(live)) for q, p, live in laws], vocab
+
+    train_module._group_laws = padding_counted
+    try:
+        wrong = evaluate(config.kind, module, target, picked, dataclasses.replace(config, batch=len(picked)))
+    finally:
+        train_module._group_laws = real
+    assert wrong["loss"] != pytest.approx(want["loss"], rel=1e-5)
+    assert wrong["overlap"] != pytest.approx(want["overlap"], rel=1e-5)

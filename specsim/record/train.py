@@ -356,18 +356,25 @@ def batch_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -
     padded forward per depth (`unroll_batch`). The same loss up to float32 rounding (tests/test_train_batch.py): one
     trajectory at a time a step is launch-bound on a GPU (16 trajectories: 0.37 s on an H200,
     analyses/results/eagle3-gpu-h200-2026-11-27)."""
+    groups = _groups(seqs)
+    group_loss = _eagle_group_loss if config.kind == "eagle" else _group_loss
+    return sum(group_loss(module, target, g, config) for g in groups) / len(seqs)
+
+
+def _groups(seqs: list[TrainSequence], most: int | None = None) -> list[list[TrainSequence]]:
+    """`seqs` sorted by length and cut into groups whose padding stays under PAD_SHARE and attention under
+    GROUP_CELLS (and of at most `most` trajectories, when given)."""
     order = sorted(seqs, key=lambda s: s.hidden.shape[0])
     groups, group = [], []
     for seq in order:
         n = seq.hidden.shape[0]  # the longest yet: the group's padded length if it joins
         if group and ((len(group) + 1) * n > PAD_SHARE * sum(s.hidden.shape[0] for s in group + [seq])
-                      or (len(group) + 1) * n * n > GROUP_CELLS):
+                      or (len(group) + 1) * n * n > GROUP_CELLS or len(group) == most):
             groups.append(group)
             group = []
         group.append(seq)
     groups.append(group)
-    group_loss = _eagle_group_loss if config.kind == "eagle" else _group_loss
-    return sum(group_loss(module, target, g, config) for g in groups) / len(seqs)
+    return groups
 
 
 def _pad(rows: list[torch.Tensor], length: int) -> torch.Tensor:
@@ -394,9 +401,10 @@ class _Group:
         return torch.arange(int(self.lanes.max()), device=self.m.device)
 
     @staticmethod
-    def of(seqs: list[TrainSequence], config: TrainConfig, dev) -> "_Group":
+    def of(seqs: list[TrainSequence], config: TrainConfig, dev, *, generated: bool = False) -> "_Group":
+        """generated: the starts are the generated rows (held-out evaluation), not the loss's (`loss_from`)."""
         m = torch.tensor([s.hidden.shape[0] - 1 for s in seqs], device=dev)
-        a = torch.tensor([s.loss_from(config) for s in seqs], device=dev)
+        a = torch.tensor([s.context if generated else s.loss_from(config) for s in seqs], device=dev)
         return _Group(hidden=[s.hidden.to(dev) for s in seqs], m=m, a=a, lanes=m - a,
                       ids=_pad([s.tokens[: int(n)].to(dev) for s, n in zip(seqs, m)], int(m.max())),
                       first=torch.tensor([s.start for s in seqs], device=dev))
@@ -409,11 +417,20 @@ class _Group:
 def _group_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -> torch.Tensor:
     """Σ over `seqs` of each one's `loss(terms(...))`, computed together: `terms`'s unrolling and laws on padded
     tensors, each trajectory's cross-entropies averaged over its own rows, its depths weighted over its own."""
+    g, laws, _ = _group_laws(module, target, seqs, config, full=False)
+    return _group_losses(laws, config, None).sum()
+
+
+def _group_laws(module, target, seqs: list[TrainSequence], config: TrainConfig, *, full: bool):
+    """(the group's layout, per depth d (q logits (B, N - d + 1, V), the target's there, live rows), the draft
+    vocabulary's target ids when `full` and there is one): `terms`'s unrolling and laws for a group, padded. full=False
+    (training) computes both laws on the draft vocabulary only, all the loss reads, from the loss's first row;
+    full=True (evaluation) on the whole vocabulary, from the first generated row."""
     from specsim.record.heads import unroll_batch
 
     dev = next(module.parameters()).device
     lm_head, embed = target.model.get_output_embeddings(), target.model.get_input_embeddings()
-    g = _Group.of(seqs, config, dev)
+    g = _Group.of(seqs, config, dev, generated=full)
     j = g.j
     N = len(j)
     starts = g.a[:, None] + torch.minimum(j[None], g.lanes[:, None] - 1)  # padding lanes repeat the last start
@@ -424,22 +441,38 @@ def _group_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) 
     h = g.states(torch.minimum(g.a[:, None] + 1 + j[None], g.m[:, None]))  # (B, N, H)
     vocab = None if config.kind == "mtp" or module.d2t is None else \
         torch.arange(len(module.d2t), device=dev) + module.d2t
+    restrict = vocab is not None and not full
     with _teacher(h):
-        p_all = torch.nn.functional.linear(h, _draft_rows(module, lm_head, vocab)) if vocab is not None \
-            else lm_head(h)
-    total = h.new_zeros(len(seqs))
-    weights = h.new_zeros(len(seqs))
+        p_all = torch.nn.functional.linear(h, _draft_rows(module, lm_head, vocab)) if restrict else lm_head(h)
+    laws = []
     for d, f in enumerate(feats, start=1):
         f = f[:, : N - d + 1]  # starts with a depth-d term somewhere in the group
-        q = module.logits(f, lm_head) if config.kind == "mtp" else module.draft_logits(f)
-        ce = _ce_rows(q, p_all[:, d - 1 :])  # (B, N - d + 1)
+        q = (module.logits(f, lm_head) if config.kind == "mtp" else module.draft_logits(f) if restrict
+             else module.logits(f, int(target.vocab_size)))
         live = j[None, : N - d + 1] < (g.lanes - d + 1)[:, None]  # this depth's rows of each trajectory
+        laws.append((q, p_all[:, d - 1 :], live))
+    return g, laws, vocab if full else None
+
+
+def _predicted_rows(g: _Group, d: int, lanes: int) -> torch.Tensor:
+    """(B, lanes) the row whose token lane k predicts at depth d: a + d + k (padding lanes clamped to the last)."""
+    return torch.minimum(g.a[:, None] + d + g.j[None, :lanes], g.m[:, None])
+
+
+def _group_losses(laws: list, config: TrainConfig, vocab: torch.Tensor | None) -> torch.Tensor:
+    """(B,) each trajectory's `loss` from `_group_laws`'s laws: its cross-entropies (over the ids `vocab` only, when
+    given) averaged over its own rows, its depths weighted over its own (one shorter than d has no depth d)."""
+    total = weights = 0.0
+    for d, (q, p, live) in enumerate(laws, start=1):
+        if vocab is not None:
+            q, p = q[..., vocab], p[..., vocab]
+        ce = _ce_rows(q, p)  # (B, N - d + 1)
         count = live.sum(1)
-        has = count > 0  # a trajectory shorter than d has no depth d, as `terms` gives it none
+        has = count > 0
         w = config.ttt_decay ** (d - 1)
         total = total + torch.where(has, w * (ce * live).sum(1) / count.clamp(min=1), 0.0)
         weights = weights + has * w
-    return (total / weights).sum()
+    return total / weights
 
 
 def _eagle_group_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -> torch.Tensor:
@@ -507,16 +540,32 @@ def loss(t: Terms, config: "TrainConfig") -> torch.Tensor:
 def evaluate(kind, module, target, seqs, config: TrainConfig) -> dict:
     """Held-out loss, top-1 agreement with the target's token and overlap Σ min(p, q) (a one-token draft's
     acceptance at T = 1) per depth (Medusa: head k; EAGLE: depth 1, teacher-forced; EAGLE-3: depths 1..ttt_steps
-    on its own features, the target's tokens fed), on the generated tokens: what a head drafts."""
+    on its own features, the target's tokens fed), on the generated tokens: what a head drafts. EAGLE-3 and MTP
+    heads whose steps run together (`batches_together`) are evaluated together too, `config.batch` trajectories at
+    a time (the same numbers up to float32 rounding; tests/test_train_batch.py)."""
     losses, hits, counts, overlap = [], {}, {}, {}
-    for seq in seqs:
-        t = terms(kind, module, target, seq, config.ttt_steps)
-        losses.append(float(loss(t, config)))
-        for d, (q, p_logits, y) in enumerate(t.depths, start=1):
-            hits[d] = hits.get(d, 0) + int((q.argmax(-1) == y).sum())
-            counts[d] = counts.get(d, 0) + int(y.shape[0])
-            both = torch.minimum(torch.softmax(q.float(), -1), torch.softmax(p_logits.float(), -1))
-            overlap[d] = overlap.get(d, 0.0) + float(both.sum())
+
+    def tally(d, q, p_logits, y, live=None):
+        agree, both = q.argmax(-1) == y, torch.minimum(torch.softmax(q.float(), -1), torch.softmax(p_logits.float(), -1))
+        if live is not None:
+            agree, both = agree & live, both * live[..., None]
+        hits[d] = hits.get(d, 0) + int(agree.sum())
+        counts[d] = counts.get(d, 0) + int(y.numel() if live is None else live.sum())
+        overlap[d] = overlap.get(d, 0.0) + float(both.sum())
+
+    if kind in ("eagle3", "mtp") and batches_together(config, module):
+        for group in _groups(list(seqs), max(1, config.batch)):
+            g, laws, vocab = _group_laws(module, target, group, config, full=True)
+            losses += _group_losses(laws, config, vocab).tolist()
+            tokens = _pad([s.tokens.to(g.m.device) for s in group], int(g.m.max()) + 1)
+            for d, (q, p_logits, live) in enumerate(laws, start=1):
+                tally(d, q, p_logits, torch.gather(tokens, 1, _predicted_rows(g, d, q.shape[1])), live)
+    else:
+        for seq in seqs:
+            t = terms(kind, module, target, seq, config.ttt_steps)
+            losses.append(float(loss(t, config)))
+            for d, (q, p_logits, y) in enumerate(t.depths, start=1):
+                tally(d, q, p_logits, y)
     return {"loss": float(np.mean(losses)), "top1": {d: hits[d] / counts[d] for d in sorted(counts)},
             "overlap": {d: overlap[d] / counts[d] for d in sorted(counts)}}
 
