@@ -146,10 +146,11 @@ def test_training_steps_run_batched_unless_asked_not_to(training_cache, tiny_mod
 
 @pytest.mark.parametrize("case", ["eagle3-draft-vocab", "eagle3-whole-vocab", "eagle3-blind", "mtp"])
 def test_a_batched_evaluation_has_the_per_trajectory_numbers(heads, training_cache, case):
-    """Held-out evaluation of EAGLE-3 and MTP heads runs `config.batch` trajectories at a time: the same loss, top-1
-    and overlap per depth as one at a time (`batched=False`), on the generated rows (with the prompt in the loss
-    too), for trajectories shorter than the depth, in groups of 1, 2 or all of them; a wrong evaluation that counts
-    the padding's lanes is caught."""
+    """Held-out evaluation of EAGLE-3 and MTP heads can run `config.batch` trajectories at a time (a GPU's default; on
+    a CPU one at a time, which is faster there): the same loss, top-1 and overlap per depth as one at a time, on the
+    generated rows (with the prompt in the loss
+    too), for trajectories shorter than the depth, in groups of 1, 2 or all of them; a wrong evaluation whose target
+    laws are one row off is caught."""
     import specsim.record.train as train_module
     from specsim.record.train import evaluate, load_sequences
 
@@ -163,23 +164,31 @@ def test_a_batched_evaluation_has_the_per_trajectory_numbers(heads, training_cac
         s = seqs[len(seqs) // 4]
         n = s.context + keep
         picked.append(dataclasses.replace(s, hidden=s.hidden[:n], tokens=s.tokens[:n], features=s.features[:n]))
-    want = evaluate(config.kind, module, target, picked, dataclasses.replace(config, batched=False))
+    want = evaluate(config.kind, module, target, picked, config, together=False)
+    calls = []
+    real_laws = train_module._group_laws
+    train_module._group_laws = lambda *a, **k: calls.append(1) or real_laws(*a, **k)
+    try:
+        assert evaluate(config.kind, module, target, picked, config) == want and not calls  # a CPU: one at a time
+    finally:
+        train_module._group_laws = real_laws
     assert set(want["top1"]) == set(range(1, config.ttt_steps + 1))
     for batch in (1, 2, len(picked)):
-        got = evaluate(config.kind, module, target, picked, dataclasses.replace(config, batch=batch))
+        got = evaluate(config.kind, module, target, picked, dataclasses.replace(config, batch=batch), together=True)
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), (batch, got, want)
         for d in want["top1"]:
             assert got["top1"][d] == pytest.approx(want["top1"][d], abs=1e-9), (batch, d, got, want)
             assert got["overlap"][d] == pytest.approx(want["overlap"][d], rel=1e-5), (batch, d, got, want)
     real = train_module._group_laws
 
-    def padding_counted(*args, **kwargs):  # every lane taken as live: the padding's rows in the numbers
+    def one_row_off(*args, **kwargs):  # each row's target law taken from the row before: an index slip
         g, laws, vocab = real(*args, **kwargs)
-        return g, [(q, p, torch.ones_like(live)) for q, p, live in laws], vocab
+        return g, [(q, p.roll(1, 0), b, k) for q, p, b, k in laws], vocab
 
-    train_module._group_laws = padding_counted
+    train_module._group_laws = one_row_off
     try:
-        wrong = evaluate(config.kind, module, target, picked, dataclasses.replace(config, batch=len(picked)))
+        wrong = evaluate(config.kind, module, target, picked, dataclasses.replace(config, batch=len(picked)),
+                         together=True)
     finally:
         train_module._group_laws = real
     assert wrong["loss"] != pytest.approx(want["loss"], rel=1e-5)

@@ -417,15 +417,17 @@ class _Group:
 def _group_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -> torch.Tensor:
     """Σ over `seqs` of each one's `loss(terms(...))`, computed together: `terms`'s unrolling and laws on padded
     tensors, each trajectory's cross-entropies averaged over its own rows, its depths weighted over its own."""
-    g, laws, _ = _group_laws(module, target, seqs, config, full=False)
-    return _group_losses(laws, config, None).sum()
+    _, laws, _ = _group_laws(module, target, seqs, config, full=False)
+    return _group_losses(laws, config, None, len(seqs)).sum()
 
 
 def _group_laws(module, target, seqs: list[TrainSequence], config: TrainConfig, *, full: bool):
-    """(the group's layout, per depth d (q logits (B, N - d + 1, V), the target's there, live rows), the draft
-    vocabulary's target ids when `full` and there is one): `terms`'s unrolling and laws for a group, padded. full=False
-    (training) computes both laws on the draft vocabulary only, all the loss reads, from the loss's first row;
-    full=True (evaluation) on the whole vocabulary, from the first generated row."""
+    """(the group's layout, per depth d (q logits (R_d, V), the target's there (R_d, V), the trajectory (R_d,) and
+    lane (R_d,) of each row), the draft vocabulary's target ids when `full` and there is one): `terms`'s unrolling
+    for a group, padded, and its laws on the rows that have a depth-d term only (lane k of trajectory b at depth d
+    predicts row a_b + d + k), so no vocabulary-wide work is spent on padding. full=False (training) computes both
+    laws on the draft vocabulary only, all the loss reads, from the loss's first row; full=True (evaluation) on the
+    whole vocabulary, from the first generated row."""
     from specsim.record.heads import unroll_batch
 
     dev = next(module.parameters()).device
@@ -437,8 +439,10 @@ def _group_laws(module, target, seqs: list[TrainSequence], config: TrainConfig, 
     feats = unroll_batch(lambda *args, from_target: module(*args, embed, from_target=from_target),
                          _pad([s.features[: int(n)].to(dev) for s, n in zip(seqs, g.m)], g.ids.shape[1]), g.ids,
                          g.m, starts, min(config.ttt_steps, N), g.first)
-    # the target's laws at rows a+1..m (lane k: row a+1+k), as `terms` takes them
-    h = g.states(torch.minimum(g.a[:, None] + 1 + j[None], g.m[:, None]))  # (B, N, H)
+    # the target's laws at rows a+1..m of each trajectory (lane k: row a+1+k), once, on its lanes only, as `terms`
+    lanes = j[None] < g.lanes[:, None]
+    h = g.states(torch.minimum(g.a[:, None] + 1 + j[None], g.m[:, None]))[lanes]  # (R_1, H)
+    offset = torch.cumsum(g.lanes, 0) - g.lanes  # trajectory b's first row in h
     vocab = None if config.kind == "mtp" or module.d2t is None else \
         torch.arange(len(module.d2t), device=dev) + module.d2t
     restrict = vocab is not None and not full
@@ -446,31 +450,32 @@ def _group_laws(module, target, seqs: list[TrainSequence], config: TrainConfig, 
         p_all = torch.nn.functional.linear(h, _draft_rows(module, lm_head, vocab)) if restrict else lm_head(h)
     laws = []
     for d, f in enumerate(feats, start=1):
-        f = f[:, : N - d + 1]  # starts with a depth-d term somewhere in the group
+        b, k = (j[None, : N - d + 1] < (g.lanes - d + 1)[:, None]).nonzero(as_tuple=True)  # depth d's rows
+        f = f[b, k]  # (R_d, H)
         q = (module.logits(f, lm_head) if config.kind == "mtp" else module.draft_logits(f) if restrict
              else module.logits(f, int(target.vocab_size)))
-        live = j[None, : N - d + 1] < (g.lanes - d + 1)[:, None]  # this depth's rows of each trajectory
-        laws.append((q, p_all[:, d - 1 :], live))
+        laws.append((q, p_all[offset[b] + k + d - 1], b, k))
     return g, laws, vocab if full else None
 
 
-def _predicted_rows(g: _Group, d: int, lanes: int) -> torch.Tensor:
-    """(B, lanes) the row whose token lane k predicts at depth d: a + d + k (padding lanes clamped to the last)."""
-    return torch.minimum(g.a[:, None] + d + g.j[None, :lanes], g.m[:, None])
+def _predicted_row(g: _Group, b: torch.Tensor, k: torch.Tensor, d: int) -> torch.Tensor:
+    """The row whose token lane k of trajectory b predicts at depth d: a_b + d + k."""
+    return g.a[b] + d + k
 
 
-def _group_losses(laws: list, config: TrainConfig, vocab: torch.Tensor | None) -> torch.Tensor:
+def _group_losses(laws: list, config: TrainConfig, vocab: torch.Tensor | None, trajectories: int) -> torch.Tensor:
     """(B,) each trajectory's `loss` from `_group_laws`'s laws: its cross-entropies (over the ids `vocab` only, when
     given) averaged over its own rows, its depths weighted over its own (one shorter than d has no depth d)."""
     total = weights = 0.0
-    for d, (q, p, live) in enumerate(laws, start=1):
+    for d, (q, p, b, _) in enumerate(laws, start=1):
         if vocab is not None:
             q, p = q[..., vocab], p[..., vocab]
-        ce = _ce_rows(q, p)  # (B, N - d + 1)
-        count = live.sum(1)
+        ce = _ce_rows(q, p)  # (R_d,)
+        count = torch.bincount(b, minlength=trajectories)
         has = count > 0
         w = config.ttt_decay ** (d - 1)
-        total = total + torch.where(has, w * (ce * live).sum(1) / count.clamp(min=1), 0.0)
+        total = total + torch.where(has, w * ce.new_zeros(trajectories).index_add(0, b, ce) / count.clamp(min=1),
+                                    0.0)
         weights = weights + has * w
     return total / weights
 
@@ -537,29 +542,33 @@ def loss(t: Terms, config: "TrainConfig") -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(kind, module, target, seqs, config: TrainConfig) -> dict:
+def evaluate(kind, module, target, seqs, config: TrainConfig, *, together: bool | None = None) -> dict:
     """Held-out loss, top-1 agreement with the target's token and overlap Σ min(p, q) (a one-token draft's
     acceptance at T = 1) per depth (Medusa: head k; EAGLE: depth 1, teacher-forced; EAGLE-3: depths 1..ttt_steps
-    on its own features, the target's tokens fed), on the generated tokens: what a head drafts. EAGLE-3 and MTP
-    heads whose steps run together (`batches_together`) are evaluated together too, `config.batch` trajectories at
-    a time (the same numbers up to float32 rounding; tests/test_train_batch.py)."""
+    on its own features, the target's tokens fed), on the generated tokens: what a head drafts.
+
+    together: EAGLE-3 and MTP heads whose steps run together (`batches_together`) evaluated `config.batch`
+    trajectories at a time too (the same numbers up to float32 rounding; tests/test_train_batch.py). By default
+    (None) on a GPU only, where one trajectory at a time is launch-bound as the training steps were; on a CPU one at
+    a time is faster (86 held-out trajectories: 27-30 s against 35-36 s,
+    analyses/results/eagle3-data-curve-cpu-2026-11-27/eval_timing.txt)."""
+    if together is None:
+        together = next(module.parameters()).device.type != "cpu"
     losses, hits, counts, overlap = [], {}, {}, {}
 
-    def tally(d, q, p_logits, y, live=None):
-        agree, both = q.argmax(-1) == y, torch.minimum(torch.softmax(q.float(), -1), torch.softmax(p_logits.float(), -1))
-        if live is not None:
-            agree, both = agree & live, both * live[..., None]
-        hits[d] = hits.get(d, 0) + int(agree.sum())
-        counts[d] = counts.get(d, 0) + int(y.numel() if live is None else live.sum())
+    def tally(d, q, p_logits, y):
+        hits[d] = hits.get(d, 0) + int((q.argmax(-1) == y).sum())
+        counts[d] = counts.get(d, 0) + int(y.numel())
+        both = torch.minimum(torch.softmax(q.float(), -1), torch.softmax(p_logits.float(), -1))
         overlap[d] = overlap.get(d, 0.0) + float(both.sum())
 
-    if kind in ("eagle3", "mtp") and batches_together(config, module):
+    if together and kind in ("eagle3", "mtp") and batches_together(config, module):
         for group in _groups(list(seqs), max(1, config.batch)):
             g, laws, vocab = _group_laws(module, target, group, config, full=True)
-            losses += _group_losses(laws, config, vocab).tolist()
+            losses += _group_losses(laws, config, vocab, len(group)).tolist()
             tokens = _pad([s.tokens.to(g.m.device) for s in group], int(g.m.max()) + 1)
-            for d, (q, p_logits, live) in enumerate(laws, start=1):
-                tally(d, q, p_logits, torch.gather(tokens, 1, _predicted_rows(g, d, q.shape[1])), live)
+            for d, (q, p_logits, b, k) in enumerate(laws, start=1):
+                tally(d, q, p_logits, tokens[b, _predicted_row(g, b, k, d)])
     else:
         for seq in seqs:
             t = terms(kind, module, target, seq, config.ttt_steps)
