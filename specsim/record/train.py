@@ -415,8 +415,9 @@ class _Group:
 
 
 def _group_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -> torch.Tensor:
-    """Σ over `seqs` of each one's `loss(terms(...))`, computed together: `terms`'s unrolling and laws on padded
-    tensors, each trajectory's cross-entropies averaged over its own rows, its depths weighted over its own."""
+    """Σ over `seqs` of each one's `loss(terms(...))`, computed together: `terms`'s unrolling on padded tensors, its
+    laws on the rows that have a term (`_group_laws`), each trajectory's cross-entropies averaged over its own rows,
+    its depths weighted over its own."""
     _, laws, _ = _group_laws(module, target, seqs, config, full=False)
     return _group_losses(laws, config, None, len(seqs)).sum()
 
@@ -440,8 +441,8 @@ def _group_laws(module, target, seqs: list[TrainSequence], config: TrainConfig, 
                          _pad([s.features[: int(n)].to(dev) for s, n in zip(seqs, g.m)], g.ids.shape[1]), g.ids,
                          g.m, starts, min(config.ttt_steps, N), g.first)
     # the target's laws at rows a+1..m of each trajectory (lane k: row a+1+k), once, on its lanes only, as `terms`
-    lanes = j[None] < g.lanes[:, None]
-    h = g.states(torch.minimum(g.a[:, None] + 1 + j[None], g.m[:, None]))[lanes]  # (R_1, H)
+    live = j[None] < g.lanes[:, None]
+    h = g.states(torch.minimum(g.a[:, None] + 1 + j[None], g.m[:, None]))[live]  # (R_1, H)
     offset = torch.cumsum(g.lanes, 0) - g.lanes  # trajectory b's first row in h
     vocab = None if config.kind == "mtp" or module.d2t is None else \
         torch.arange(len(module.d2t), device=dev) + module.d2t
@@ -456,11 +457,6 @@ def _group_laws(module, target, seqs: list[TrainSequence], config: TrainConfig, 
              else module.logits(f, int(target.vocab_size)))
         laws.append((q, p_all[offset[b] + k + d - 1], b, k))
     return g, laws, vocab if full else None
-
-
-def _predicted_row(g: _Group, b: torch.Tensor, k: torch.Tensor, d: int) -> torch.Tensor:
-    """The row whose token lane k of trajectory b predicts at depth d: a_b + d + k."""
-    return g.a[b] + d + k
 
 
 def _group_losses(laws: list, config: TrainConfig, vocab: torch.Tensor | None, trajectories: int) -> torch.Tensor:
@@ -567,8 +563,8 @@ def evaluate(kind, module, target, seqs, config: TrainConfig, *, together: bool 
             g, laws, vocab = _group_laws(module, target, group, config, full=True)
             losses += _group_losses(laws, config, vocab, len(group)).tolist()
             tokens = _pad([s.tokens.to(g.m.device) for s in group], int(g.m.max()) + 1)
-            for d, (q, p_logits, b, k) in enumerate(laws, start=1):
-                tally(d, q, p_logits, tokens[b, _predicted_row(g, b, k, d)])
+            for d, (q, p_logits, b, k) in enumerate(laws, start=1):  # lane k at depth d predicts row a + d + k
+                tally(d, q, p_logits, tokens[b, g.a[b] + d + k])
     else:
         for seq in seqs:
             t = terms(kind, module, target, seq, config.ttt_steps)
