@@ -315,6 +315,9 @@ def test_max_repeats_times_the_uncertain_entries_until_every_median_is_certain_e
         assert {len(c["runs"]) for c in noisy["target_verify_s"]["1"][L].values()} == {target_rounds}
         assert {len(c["runs"]) for c in noisy["draft_step_s"]["layers:2"]["1"][L].values()} == {draft_rounds}
     assert {len(c["runs"]) for row in noisy["step_overhead_s"]["walk_greedy"].values() for c in row.values()} == {3}
+    from specsim.cli.profile_cmd import summary
+
+    assert "(median of 8-12 runs," in summary(noisy) and "(median of 8 runs," in summary(steady)
     path = tmp_path / "p.json"
     path.write_text(json.dumps(noisy))
     model = load_cost_profile(path)

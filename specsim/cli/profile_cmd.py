@@ -198,8 +198,12 @@ def plan_for(cache, trees, drafts) -> tuple[str, tuple, tuple, int, tuple]:
 
 def summary(body: dict) -> str:
     """Plain step time per (B, L) and the other entries in plain-step units."""
+    counts = {len(cell.get("runs") or []) or body["timing"]["repeats"]  # --max-repeats: some entries ran more
+              for table in (body["target_verify_s"], *body["draft_step_s"].values())
+              for by_L in table.values() for row in by_L.values() for cell in row.values()}
+    runs = f"{min(counts)}" if len(counts) == 1 else f"{min(counts)}-{max(counts)}"
     lines = [f"device: {body['device']}  dtype: {body['dtype']}  target: {body['target']['name']}  drafts: "
-             f"{', '.join(body['drafts']) or 'none'}  (median of {body['timing']['repeats']} runs, random token ids; "
+             f"{', '.join(body['drafts']) or 'none'}  (median of {runs} runs, random token ids; "
              f"load average {body['load_average']['before']} -> {body['load_average']['after']})"]
     for B in body["batches"]:
         for L in body["contexts"]:
