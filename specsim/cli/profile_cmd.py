@@ -199,8 +199,7 @@ def plan_for(cache, trees, drafts) -> tuple[str, tuple, tuple, int, tuple]:
 def summary(body: dict) -> str:
     """Plain step time per (B, L) and the other entries in plain-step units."""
     counts = {len(cell.get("runs") or []) or body["timing"]["repeats"]  # --max-repeats: some entries ran more
-              for table in (body["target_verify_s"], *body["draft_step_s"].values())
-              for by_L in table.values() for row in by_L.values() for cell in row.values()}
+              for *_, cell in _entries(body)}
     runs = f"{min(counts)}" if len(counts) == 1 else f"{min(counts)}-{max(counts)}"
     lines = [f"device: {body['device']}  dtype: {body['dtype']}  target: {body['target']['name']}  drafts: "
              f"{', '.join(body['drafts']) or 'none'}  (median of {runs} runs, random token ids; "
@@ -229,6 +228,17 @@ def summary(body: dict) -> str:
     return "\n".join(lines)
 
 
+def _entries(body: dict):
+    """(model, axis, B, L, x, entry) for every timed entry of a profile body: "target" over N, then each "draft NAME"
+    over w, in the body's order."""
+    for who, axis, table in [("target", "N", body["target_verify_s"]),
+                             *[(f"draft {d}", "w", t) for d, t in body["draft_step_s"].items()]]:
+        for B, by_L in table.items():
+            for L, row in by_L.items():
+                for x, cell in row.items():
+                    yield who, axis, B, L, x, cell
+
+
 def spread_lines(body: dict) -> list[str]:
     """Per model, the entry whose median is least certain (`median_error`), and, above MEDIAN_ERROR_GOAL, about how
     many rounds would bring it there (the error shrinks as 1 / sqrt(rounds)): `--max-repeats` spends them. Small steps
@@ -238,15 +248,12 @@ def spread_lines(body: dict) -> list[str]:
 
     from specsim.attention.profile import MEDIAN_ERROR_GOAL, median_error
 
-    worst = []
-    for who, table in [("target", body["target_verify_s"]),
-                       *[(f"draft {d}", t) for d, t in body["draft_step_s"].items()]]:
-        axis = "N" if who == "target" else "w"
-        cells = [(median_error(cell["runs"], cell["median"]), f"B={B} L={L} {axis}={x}", len(cell["runs"]))
-                 for B, by_L in table.items() for L, row in by_L.items() for x, cell in row.items()
-                 if len(cell.get("runs") or []) >= 2]
-        if cells:
-            worst.append((who, *max(cells)))
+    per_model: dict = {}
+    for who, axis, B, L, x, cell in _entries(body):
+        if len(cell.get("runs") or []) >= 2:
+            per_model.setdefault(who, []).append((median_error(cell["runs"], cell["median"]),
+                                                  f"B={B} L={L} {axis}={x}", len(cell["runs"])))
+    worst = [(who, *max(cells)) for who, cells in per_model.items()]
     if not worst:
         return []
     line = ("median's standard error, least certain entry per model (estimated from its rounds' quartiles): "
@@ -264,15 +271,11 @@ def stall_lines(body: dict) -> list[str]:
     from specsim.sim.cost import OUTLIER
 
     found = []
-    for who, table in [("target N", body["target_verify_s"]),
-                       *[(f"draft {d} w", t) for d, t in body["draft_step_s"].items()]]:
-        for B, by_L in table.items():
-            for L, row in by_L.items():
-                for x, cell in row.items():
-                    runs = cell.get("runs") or []
-                    worst = max(runs, default=0.0)
-                    if runs and worst > OUTLIER * cell["median"]:
-                        found.append((worst / cell["median"], f"B={B} L={L} {who}={x}"))
+    for who, axis, B, L, x, cell in _entries(body):
+        runs = cell.get("runs") or []
+        worst = max(runs, default=0.0)
+        if runs and worst > OUTLIER * cell["median"]:
+            found.append((worst / cell["median"], f"B={B} L={L} {who} {axis}={x}"))
     if not found:
         return []
     found.sort(reverse=True)
