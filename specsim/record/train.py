@@ -242,11 +242,16 @@ def recorded_prompts(cache) -> list[int]:
         return sorted({row.prompt_index for row in reader.iter_trajectories() if row.length >= 2})
 
 
+def held_out(prompt: int, every: int) -> bool:
+    """Whether prompt index `prompt` is held out from training: every `every`-th is."""
+    return prompt % every == every - 1
+
+
 def split(seqs, every: int, keep: Collection[int]) -> tuple[list[TrainSequence], list[TrainSequence]]:
     """(training, held-out): every `every`-th prompt is held out; the training trajectories are those of the prompts
     `keep` (`subset`)."""
     train = [s for i, s in seqs if i in keep]
-    held = [s for i, s in seqs if i % every == every - 1]
+    held = [s for i, s in seqs if held_out(i, every)]
     if not train or not held:
         raise CacheError(f"{len(seqs)} trajectories cannot be split 1 in {every} into training and held-out prompts; "
                          "record more prompts")
@@ -257,7 +262,7 @@ def subset(recorded: Collection[int], every: int, prompts: int = 0, seed: int = 
     """The training prompts of the prompt indices `recorded` (those not held out, every `every`-th): all of them, or
     `prompts` of them drawn by `seed`, the first of one permutation, so a smaller subset is part of a larger one and
     a data-scaling curve's points add data to one another (the held-out prompts are the same whatever `prompts`)."""
-    pool = sorted(i for i in set(recorded) if i % every != every - 1)
+    pool = sorted(i for i in set(recorded) if not held_out(i, every))
     if not prompts:
         return set(pool)
     if prompts > len(pool):
@@ -626,7 +631,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     keep = subset(recorded, every, config.train_prompts, config.seed)
     seqs = load_sequences(cache, target, head_config.hidden_layers if config.kind in ("eagle3", "mtp") else (),
                           "none" if blind else config.prompt, progress=progress,
-                          prompts=keep | {i for i in recorded if i % every == every - 1})
+                          prompts=keep | {i for i in recorded if held_out(i, every)})
     train_seqs, held = split(seqs, every, keep)
     with CacheReader(cache) as reader:  # which prompts it saw: simulate, validate and report say when it meets them
         seen = trained_on(reader, keep)
