@@ -172,6 +172,19 @@ def test_cli_rejects_bad_grids_before_loading_models(tmp_path, args, message):
     assert result.exit_code == 2 and message in result.output
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--repeats", "3", "--max-repeats", "2"], "--max-repeats 2: at least --repeats (3)"),
+    (["--draft-widths", "2,3"], "--draft-widths (2, 3): positive, and 1 among them"),
+])
+def test_cli_refuses_a_grid_it_cannot_measure_before_loading_any_model(tmp_path, args, message):
+    """Values that pass their flags' own types but not together: refused first, in one line (the target named here
+    does not exist, so an error from loading it would mean the check came too late)."""
+    result = CliRunner().invoke(main, ["profile", "--target", str(tmp_path / "no-such-model"), *args,
+                                       "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "loading target" not in result.output
+
+
 def test_cli_refuses_to_overwrite_and_model_free_drafts(tmp_path):
     existing = tmp_path / "p.json"
     existing.write_text("{}")
@@ -200,10 +213,10 @@ def test_cli_profiles_the_packaged_model(tmp_path):
 
 def test_a_batch_list_without_1_still_measures_from_1():
     """`--batch 4` measures B = 1..4 (the dense small-batch grid); it used to be refused for lacking 1."""
-    from specsim.attention.profile import ProfileConfig, _validate
+    from specsim.attention.profile import ProfileConfig, check_config
 
     config = ProfileConfig(batches=(4,))
-    _validate(config)
+    check_config(config)
     assert config.batch_grid == [1, 2, 3, 4]
 
 

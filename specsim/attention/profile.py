@@ -390,7 +390,7 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
 
     from specsim.record.heads import HeadDraft
 
-    _validate(config)
+    check_config(config)
     heads = {d.name for d in drafts if isinstance(d, HeadDraft)}
     models = [("target", target)] + [(d.name, d) for d in drafts if d.name not in heads]
     for what, m in models:
@@ -607,7 +607,8 @@ def write_profile(body: dict, path: str | Path, *, overwrite: bool = False) -> P
     return path
 
 
-def _validate(config: ProfileConfig) -> None:
+def check_config(config: ProfileConfig) -> None:
+    """Refuse a grid or a round count that cannot be measured, before any model is loaded."""
     if not config.batches or min(config.batches) < 1:
         raise ArgumentError("{batches} {value}: batch sizes are positive", value=config.batches)
     if not config.contexts or min(config.contexts) < 1:

@@ -93,7 +93,7 @@ def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tok
     """
     import transformers
 
-    from specsim.attention.profile import ProfileConfig, estimate, measure_cost_profile, write_profile
+    from specsim.attention.profile import ProfileConfig, check_config, estimate, measure_cost_profile, write_profile
     from specsim.errors import SpecError
     from specsim.record.models import load_draft, load_model, resolve_device
 
@@ -134,6 +134,7 @@ def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tok
         max_tokens=max_tokens or (256 if on_cuda else 33), draft_widths=tuple(draft_widths) or tuple(range(1, 9)),
         repeats=repeats or 10, warmup=warmup, passes=passes or 3, max_repeats=max_repeats or 0, seed=seed,
     )
+    check_config(config)
     from specsim.specs import is_model_free
 
     free = [d for d in drafts if is_model_free(d)]
