@@ -96,7 +96,7 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
     from specsim.errors import CacheError
     from specsim.interrupts import sigterm_as_interrupt
     from specsim.record.models import load_model
-    from specsim.record.train import CURVE_HELDOUT, TrainConfig, train
+    from specsim.record.train import CURVE_HELDOUT, TrainConfig, recorded_prompts, subset, train
 
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise CacheError(f"--out {out} is not empty; pass --overwrite to replace the heads in it")
@@ -110,6 +110,8 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
         aux = tuple(int(k) for k in aux_layers.split(",")) if aux_layers else ()
     except ValueError:
         raise CacheError.naming("{aux_layers} {value!r}: give layer numbers, e.g. 2,15,27", value=aux_layers) from None
+    if train_prompts:  # more than the cache has: refused before the target is loaded (minutes for a large one)
+        subset(recorded_prompts(cache), holdout_every, train_prompts, seed)
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     click.echo(f"loading target {target} ...", err=True)
