@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     import transformers
 
-    from specsim.record.heads import default_aux_layers
+    from specsim.record.head_checkpoints import default_aux_layers
     from specsim.record.models import load_model
     from specsim.record.run import RecordRequest, record_cache
     from specsim.record.train import TrainConfig, train

@@ -5,7 +5,7 @@ Layouts are written by the library that defines them, in vLLM's environment (`ma
 (`tests/head_writers.py` runs them; the EAGLE-3 reference layout SGLang serves, a Llama
 config with `draft_vocab_size`, `midlayer.*`). Each writes a head for the tiny target and runs its
 own training-time test on fixed inputs; specsim loads the checkpoint and its unrolling
-(`specsim.record.heads.unroll`, what the recorder replays) must give the same logits at every
+(`specsim.record.head_unroll.unroll`, what the recorder replays) must give the same logits at every
 step. `pytorch_model.bin` is tested by re-saving the reference layout as one.
 
 Recording, replay, live decoding and pricing of EAGLE-3 heads are tested with the other heads
@@ -84,7 +84,7 @@ def _unrolled(head, hidden, ids):
     """specsim's logits per step, on the draft vocabulary when the head has one: (steps, m, V_draft)."""
     import torch
 
-    from specsim.record.heads import unroll
+    from specsim.record.head_unroll import unroll
 
     m = hidden.shape[0]
     with torch.no_grad():
@@ -99,7 +99,9 @@ def test_a_speculators_checkpoint_loads_and_computes_what_speculators_computes(w
     a head that reads the layout's flag the other way, so it can tell."""
     import dataclasses
 
-    from specsim.record.heads import Eagle3Head, load_heads
+    from specsim.record.head_checkpoints import load_heads
+
+    from specsim.record.heads import Eagle3Head
     from specsim.record.models import load_model
 
     folder, hidden, ids, reference, draft_ids = written[vocab, nbr]
@@ -131,7 +133,7 @@ def test_specforge_s_reference_layout_loads_and_computes_what_specforge_computes
     import torch
     from safetensors.torch import load_file
 
-    from specsim.record.heads import load_heads
+    from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
 
     folder, hidden, ids, reference, draft_ids = written["specforge"]
@@ -165,7 +167,7 @@ def test_medusa_s_own_checkpoint_loads_and_computes_what_medusa_computes(written
     head's logits equal `MedusaModel.medusa_head[k]`'s on the same target states."""
     import torch
 
-    from specsim.record.heads import load_heads
+    from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
 
     folder, hidden, _, reference, _ = written["medusa"]
@@ -182,7 +184,7 @@ def test_medusa_s_own_checkpoint_loads_and_computes_what_medusa_computes(written
 def test_heads_that_do_not_fit_the_target_are_refused_naming_both(written, tiny_model_dir, tmp_path):
     import shutil
 
-    from specsim.record.heads import load_heads
+    from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
 
     folder = written[200, False][0]
@@ -287,7 +289,7 @@ def test_the_learning_rate_warms_up_and_decays_as_specforge_s_and_the_gradient_i
 
 
 def test_training_time_test_lowers_heldout_loss_at_every_depth(training, tiny_model_dir):
-    from specsim.record.heads import load_heads
+    from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
 
     _, out, outcome = training
@@ -410,7 +412,7 @@ def test_medusa_2_heads_inside_a_whole_model_checkpoint_load(written, tiny_model
     import torch
     from safetensors.torch import load_file, save_file
 
-    from specsim.record.heads import load_heads
+    from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
 
     folder, hidden, _, reference, _ = written["medusa"]

@@ -78,7 +78,7 @@ def eagle3_from_last_layer(target, folder: Path, *, draft_vocab: int = 0, seed: 
     where it repeats itself. (The draft vocabulary, when given, is a random subset.)"""
     import torch
 
-    from specsim.record.heads import build, head_config_for, save_heads
+    from specsim.record.head_checkpoints import build, head_config_for, save_heads
 
     torch.manual_seed(seed)
     config = head_config_for("eagle3", target, aux_layers=EAGLE3_LAYERS, draft_vocab_size=draft_vocab)
@@ -116,7 +116,7 @@ def mtp_from_last_layer(target, folder: Path, style: str, *, seed: int = 0, mix:
     the root's predecessor, so it proposes the root again and the target accepts it where it repeats itself."""
     import torch
 
-    from specsim.record.heads import build, head_config_for, save_heads
+    from specsim.record.head_checkpoints import build, head_config_for, save_heads
 
     torch.manual_seed(seed)
     config = head_config_for("mtp", target, mtp_style=style)
@@ -283,7 +283,7 @@ def test_tensor_pickles_load_code_pickles_and_heads_for_another_target_are_refus
     import torch
     from safetensors.torch import load_file
 
-    from specsim.record.heads import load_heads
+    from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
 
     _, _, target_dir = heads_cache
@@ -316,7 +316,7 @@ def test_training_lowers_heldout_loss_and_raises_acceptance(training_cache, tiny
     training_cache = training_cache[0]
     import torch
 
-    from specsim.record.heads import load_heads
+    from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
     from specsim.record.train import TrainConfig, train
 
@@ -380,7 +380,8 @@ def test_training_computes_the_laws_the_head_drafts(training_cache, tiny_model_d
 
     from specsim.cache.store import CacheReader
     from specsim.record import train as training
-    from specsim.record.heads import HeadDraft, build, head_config_for, target_hidden
+    from specsim.record.head_checkpoints import build, head_config_for
+    from specsim.record.head_unroll import HeadDraft, target_hidden
     from specsim.record.models import load_model
 
     target = load_model(str(tiny_model_dir))
@@ -449,7 +450,7 @@ def test_heads_are_profiled_and_priced_as_the_engine_drafts_with_them(heads_cach
 
     from specsim.attention.profile import ProfileConfig, measure_cost_profile, write_profile
     from specsim.cache.store import CacheReader
-    from specsim.record.heads import load_heads
+    from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
     from specsim.sim.pricing import Pricing
     from specsim.sim.sweep import SweepConfig, sweep
@@ -570,7 +571,7 @@ def test_eagle_heads_are_written_in_the_layout_vllm_loads(tiny_model_dir, tmp_pa
 
     from specsim.engines.export import export_eagle
     from specsim.errors import EngineError
-    from specsim.record.heads import build, head_config_for, load_heads, save_heads
+    from specsim.record.head_checkpoints import build, head_config_for, load_heads, save_heads
     from specsim.record.models import load_model
 
     target = load_model(str(tiny_model_dir))
@@ -642,7 +643,7 @@ def test_live_draft_laws_equal_the_recorders(heads_cache, which):
 
     from specsim.live.decoder import LiveConfig, Target, decode
     from specsim.live.head_drafting import head_drafter
-    from specsim.record.heads import target_hidden
+    from specsim.record.head_unroll import target_hidden
     from specsim.record.models import eos_token_ids, load_model
     from specsim.specs import parse_tree
 
@@ -720,7 +721,7 @@ def test_train_prompts_computes_the_states_of_the_prompts_it_uses_only(training_
                                                                        monkeypatch):
     """A data-scaling point on a quarter of the prompts does not pay for the prompt states of the rest: with 6 of the
     18 training prompts, the target runs over those 6 and the 6 held out, 12 prompts, not 24."""
-    import specsim.record.heads as heads
+    import specsim.record.head_unroll as heads
     from specsim.record.models import load_model
     from specsim.record.train import TrainConfig, train
 

@@ -1,6 +1,6 @@
 """MTP layers: native checkpoints load, vLLM's mtp method counts what the replay counts, training learns.
 
-An MTP module (DeepSeek-V3 §2.2; `specsim.record.heads.MtpHead`) sits inside its target's own
+An MTP module (DeepSeek-V3 §2.2; `specsim.record.mtp_heads.MtpHead`) sits inside its target's own
 checkpoint: MiMo's `model.mtp_layers.0.*` (a Qwen2 target whose config names MiMoForCausalLM and
 `num_nextn_predict_layers`), DeepSeek's `model.layers.{L}.*`. No library on the package index
 writes either (MiMo's modelling code is remote code; transformers' DeepSeek-V3 drops the MTP
@@ -63,7 +63,7 @@ def build_mimo_target(out: Path) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from specsim.record.heads import build, head_config_for, save_heads
+    from specsim.record.head_checkpoints import build, head_config_for, save_heads
     from specsim.record.models import load_model
 
     block = build_bigram_qwen2(out)
@@ -161,7 +161,7 @@ def test_a_targets_own_mtp_layer_loads_alone_and_computes_what_was_written(mimo_
     import torch
     from safetensors.torch import load_file, save_file
 
-    from specsim.record.heads import load_heads
+    from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
 
     target = load_model(str(mimo_target))
@@ -192,7 +192,7 @@ def test_mtp_checkpoints_that_specsim_cannot_run_are_refused_in_one_line(mimo_ta
     import torch
     from safetensors.torch import save_file
 
-    from specsim.record.heads import load_heads
+    from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
 
     target = load_model(str(mimo_target))
@@ -234,7 +234,9 @@ def test_a_deepseek_v3_mtp_layer_loads_with_its_latent_attention_and_experts(dee
     import torch
     from safetensors.torch import load_file
 
-    from specsim.record.heads import DeepseekBlock, load_heads
+    from specsim.record.head_checkpoints import load_heads
+
+    from specsim.record.mtp_heads import DeepseekBlock
     from specsim.record.models import load_model
 
     target = load_model(str(deepseek_target))
@@ -266,7 +268,9 @@ def test_a_speculators_mtp_head_loads_and_computes_what_speculators_computes(tin
     import torch
 
     from specsim.engines.export import mtp_directory
-    from specsim.record.heads import MtpHead, load_heads, unroll
+    from specsim.record.head_checkpoints import load_heads
+    from specsim.record.head_unroll import unroll
+    from specsim.record.mtp_heads import MtpHead
     from specsim.record.models import load_model
     from tests.test_eagle3 import ROOT
 
@@ -307,7 +311,7 @@ def test_training_unrolled_lowers_heldout_loss_at_every_depth(training_cache, ti
     the overlap with the target rises at depths 1..3; what it saved loads back as mtp:DIR in its style's keys."""
     from safetensors.torch import load_file
 
-    from specsim.record.heads import load_heads
+    from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
     from specsim.record.train import TrainConfig, train
 
@@ -426,7 +430,7 @@ def test_deepseek_v3s_fp8_layer_loads_dequantized_by_its_block_scales(deepseek_t
     import torch
     from safetensors.torch import load_file, save_file
 
-    from specsim.record.heads import dequantize_fp8, load_heads
+    from specsim.record.head_checkpoints import dequantize_fp8, load_heads
     from specsim.record.models import load_model
 
     fp8 = tmp_path / "fp8"
@@ -549,7 +553,7 @@ def test_the_routers_correction_bias_moves_toward_balance_as_deepseek_v3_trains_
     sign, a step without the reset or counting the held-out evaluation fails."""
     import torch
 
-    from specsim.record.heads import load_heads
+    from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
     from specsim.record.train import RouterBalance
 
@@ -594,7 +598,8 @@ def test_a_head_train_draft_wrote_for_deepseek_v3_is_written_out_as_the_targets_
     from safetensors.torch import load_file
 
     from specsim.engines.export import draft_directory
-    from specsim.record.heads import DeepseekBlock, load_heads
+    from specsim.record.head_checkpoints import load_heads
+    from specsim.record.mtp_heads import DeepseekBlock
     from specsim.record.models import load_model
     from specsim.record.run import RecordRequest, record_cache
     from specsim.record.train import TrainConfig, train

@@ -15,7 +15,7 @@ AUX = (1, 2, 3)  # the tiny target's 4 layers: the inputs of layers 1, 2 and 3
 @pytest.fixture(scope="module")
 def heads(training_cache, tiny_model_dir, tmp_path_factory):
     """Heads trained a few steps (weights away from their initialisation), per case name: (module, config)."""
-    from specsim.record.heads import load_heads
+    from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
     from specsim.record.train import TrainConfig, train
 
@@ -102,7 +102,7 @@ def test_a_batched_step_has_the_per_trajectory_loss_and_gradient(heads, training
 def test_the_check_rejects_a_batched_step_whose_lanes_see_each_other(heads, training_cache, monkeypatch):
     """Training-time test's mask gone wrong (each start's unrolled entries visible to every start, a tree-mask slip):
     the comparison above catches it."""
-    import specsim.record.heads as heads_module
+    import specsim.record.head_unroll as heads_module
     from specsim.record.train import batch_loss
 
     target, cases = heads

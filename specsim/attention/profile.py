@@ -388,7 +388,7 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
 
     from specsim.live.drafting import top_ranked
 
-    from specsim.record.heads import HeadDraft
+    from specsim.record.head_unroll import HeadDraft
 
     check_config(config)
     heads = {d.name for d in drafts if isinstance(d, HeadDraft)}
@@ -522,7 +522,7 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
     largest batch; filling each (B, L)'s contexts (every model's B x L entries of random keys and values, scaled
     from one timed fill per model, the target's at the largest batch and context, each draft's at one request); and the
     per-step work outside the forwards, from one run of each at the largest batch."""
-    from specsim.record.heads import HeadDraft
+    from specsim.record.head_unroll import HeadDraft
 
     passes = len(config.pass_rounds)
     runs_per_entry = config.repeats + sum(config.warmups(p) for p in range(passes))
@@ -577,7 +577,7 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
 
 
 def _model_entry(loaded) -> dict:
-    from specsim.record.heads import HeadDraft
+    from specsim.record.head_unroll import HeadDraft
 
     if isinstance(loaded, HeadDraft):  # timed as the engine drafts with it (docs/design.md §3)
         return {"name": loaded.name, "kind": loaded.kind, "heads": True,

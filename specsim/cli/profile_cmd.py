@@ -149,7 +149,7 @@ def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tok
 
     def loaded(spec: str):
         if is_head_draft(spec):  # Medusa / EAGLE heads ride on the target: timed as the engine drafts with them
-            from specsim.record.heads import load_heads
+            from specsim.record.head_checkpoints import load_heads
 
             return load_heads(spec, p_target)
         return load_draft(spec, p_target, device=device, dtype=dtype)

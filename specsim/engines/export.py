@@ -83,7 +83,7 @@ def mtp_directory(draft: str, target: str, *, target_info: dict | None = None, o
     import hashlib
 
     from specsim.record import packaged
-    from specsim.record.heads import WEIGHTS
+    from specsim.record.head_checkpoints import WEIGHTS
 
     where = Path(draft.partition(":")[2]).expanduser()
     target_dir = Path(model_directory(target, target_info))
@@ -170,7 +170,7 @@ def export_eagle(draft: str, target: str, *, target_info: dict | None = None, ou
     import hashlib
 
     from specsim.record import packaged
-    from specsim.record.heads import WEIGHTS
+    from specsim.record.head_checkpoints import WEIGHTS
 
     where = Path(draft.partition(":")[2]).expanduser()
     if not where.is_dir():

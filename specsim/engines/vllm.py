@@ -28,7 +28,7 @@ A configuration maps to vLLM's `speculative_config` (vLLM 0.32, `vllm/config/spe
   MiMo-style head `train-draft --kind mtp` wrote for a Qwen2 target (written out with the target
   as a MiMo checkpoint, `export.mtp_directory`, which vLLM then loads as the target too) +
   `chain:k` -> method "mtp": vLLM runs the first MTP layer k times, each step fed its previous
-  output, as specsim replays it (`specsim.record.heads.MtpHead`);
+  output, as specsim replays it (`specsim.record.mtp_heads.MtpHead`);
 * `suffix[:...]` + `chain:k` -> method "suffix" with its suffix_decoding_* settings (vLLM's
   SuffixDecodingProposer over arctic-inference: `make vllm-suffix`).
 

@@ -23,10 +23,11 @@ import torch
 
 from specsim.errors import SpecError
 from specsim.live.drafting import Proposal, allowed, fill_children
-from specsim.record.heads import concat_kv, load_heads
+from specsim.record.head_checkpoints import load_heads
+from specsim.record.head_unroll import concat_kv
 
 class _HeadDrafter:
-    """What every head drafter is: a loaded head (`specsim.record.heads.HeadDraft`) that reads the target's states
+    """What every head drafter is: a loaded head (`specsim.record.head_unroll.HeadDraft`) that reads the target's states
     `hidden_layers`, which the engine keeps for it (`needs_hidden`); `levels` the draft forwards of the last call."""
 
     needs_hidden = True

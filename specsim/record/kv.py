@@ -167,7 +167,7 @@ class SlotKV:
         ids = torch.as_tensor(tokens, device=dev)
         positions = torch.as_tensor(self.lengths[:, None] + depth, device=dev)  # (B, n)
         if self.keep_hidden:  # the base model, then the LM head: the same logits, and the state they came from
-            from specsim.record.heads import base_states
+            from specsim.record.head_unroll import base_states
 
             out, states = base_states(getattr(self.model, self.model.base_model_prefix), self.keep_hidden,
                                       input_ids=ids, attention_mask=mask, position_ids=positions,

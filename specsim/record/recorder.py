@@ -432,12 +432,12 @@ def record(
 ) -> RecordStats:
     """Record every (prompt, temperature) pair the writer does not have yet.
 
-    drafts: LoadedModels (teacher-forced, one law per position) and `specsim.record.heads.HeadDraft`s
+    drafts: LoadedModels (teacher-forced, one law per position) and `specsim.record.head_unroll.HeadDraft`s
     (one law per call start and depth, `writer.spec.depths`).
     """
     from tqdm.auto import tqdm
 
-    from specsim.record.heads import HeadDraft, target_hidden
+    from specsim.record.head_unroll import HeadDraft, target_hidden
 
     heads = [d for d in drafts if isinstance(d, HeadDraft)]
     drafts = [d for d in drafts if not isinstance(d, HeadDraft)]

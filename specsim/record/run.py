@@ -162,7 +162,7 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
         else:
             meta = build_meta(p_target, q_drafts, prompt_spec, run_settings, device=p_target.info["device"],
                               batch_size=request.batch_size)
-            from specsim.record.heads import HeadDraft
+            from specsim.record.head_unroll import HeadDraft
 
             depths = {d.name: head_depth(d, request.head_depth) for d in q_drafts if isinstance(d, HeadDraft)}
             spec = CacheSpec(vocab_size=p_target.vocab_size, drafts=tuple(request.drafts), temperatures=temperatures,
@@ -207,7 +207,7 @@ def _load(request: RecordRequest, echo):
     for spec in request.drafts:
         echo(f"loading draft {spec} ...")
         if is_head_draft(spec):
-            from specsim.record.heads import load_heads
+            from specsim.record.head_checkpoints import load_heads
 
             q_drafts.append(load_heads(spec, p_target))
         else:

@@ -15,7 +15,7 @@ recommend for matching the deployed distribution), not only its sampled token.
 * EAGLE-3 (Li et al. 2025; speculators' `Eagle3DraftModel.forward`, SpecForge's online
   trainer): the layer reads the target's fused low/middle/high states (the cache must hold
   them: `--hidden-states last,K1,K2,K3`) and is trained with training-time test: unrolled
-  `ttt_steps` deep on its own features (`specsim.record.heads.unroll`, the same unrolling
+  `ttt_steps` deep on its own features (`specsim.record.head_unroll.unroll`, the same unrolling
   the recorder replays), the target's tokens fed at each step; loss = Σ_d decay^(d-1) ·
   CE(p_{t+d}, q_d), no feature regression. Its LM head is the target's rows for the draft
   vocabulary (frozen, as speculators freezes it); with `draft_vocab` > 0 the draft vocabulary
@@ -189,7 +189,7 @@ def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "c
     from tqdm.auto import tqdm
 
     from specsim.cache.store import CacheReader
-    from specsim.record.heads import target_hidden
+    from specsim.record.head_unroll import target_hidden
 
     if prompt not in PROMPT_USES:
         raise ModelError(f"--prompt {prompt!r}: one of {', '.join(PROMPT_USES)}")
@@ -313,7 +313,7 @@ def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full
         return Terms([(q_all[: n - a - 1 - k, k], p_all[k:], y[a + 1 + k :])
                       for k in range(min(q_all.shape[1], n - a - 1))])
     if kind in ("eagle3", "mtp"):
-        from specsim.record.heads import unroll
+        from specsim.record.head_unroll import unroll
 
         embed = target.model.get_input_embeddings()
         m = n - 1  # entries (f_t, y_t), t = 0..n-2: the last row has no next token to predict
@@ -336,7 +336,7 @@ def terms(kind: str, module, target, seq: TrainSequence, depth: int = 1, *, full
             q_logits = module.draft_logits(f[: n - a - d]) if restrict else module.logits(f[: n - a - d], V)
             depths.append((q_logits, p_all[d - 1 :], y[a + d : n]))
         return Terms(depths, vocab=None if restrict else vocab)
-    from specsim.record.heads import causal_masks
+    from specsim.record.head_unroll import causal_masks
 
     pos = torch.arange(n - 1, device=h.device) + seq.start
     feats, _ = module(h[None, :-1], y[None, :-1], pos[None], causal_masks(1, n - 1, h.device), None,
@@ -434,7 +434,7 @@ def _group_laws(module, target, seqs: list[TrainSequence], config: TrainConfig, 
     predicts row a_b + d + k), so no vocabulary-wide work is spent on padding. full=False (training) computes both
     laws on the draft vocabulary only, all the loss reads, from the loss's first row; full=True (evaluation) on the
     whole vocabulary, from the first generated row."""
-    from specsim.record.heads import unroll_batch
+    from specsim.record.head_unroll import unroll_batch
 
     dev = next(module.parameters()).device
     lm_head, embed = target.model.get_output_embeddings(), target.model.get_input_embeddings()
@@ -484,7 +484,7 @@ def _group_losses(laws: list, config: TrainConfig, vocab: torch.Tensor | None, t
 def _eagle_group_loss(module, target, seqs: list[TrainSequence], config: TrainConfig) -> torch.Tensor:
     """Σ over `seqs` of each one's EAGLE loss (`terms`, `loss`), computed together: the layer teacher-forced over
     the padded trajectories at once, each one's feature regression and token loss averaged over its own rows."""
-    from specsim.record.heads import causal_masks
+    from specsim.record.head_unroll import causal_masks
 
     dev = next(module.parameters()).device
     lm_head, embed = target.model.get_output_embeddings(), target.model.get_input_embeddings()
@@ -614,7 +614,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
 
     from specsim.cache.provenance import trained_on
     from specsim.cache.store import CacheReader
-    from specsim.record.heads import build, default_aux_layers, head_config_for, save_heads
+    from specsim.record.head_checkpoints import build, default_aux_layers, head_config_for, save_heads
 
     if config.kind not in HEAD_KINDS:
         raise ModelError(f"--kind {config.kind!r}: one of {', '.join(HEAD_KINDS)}")

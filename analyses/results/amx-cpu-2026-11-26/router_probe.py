@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from specsim.record.heads import load_heads
+from specsim.record.head_checkpoints import load_heads
 from specsim.record.models import load_model
 from specsim.record.run import RecordRequest, record_cache
 from specsim.record.train import TrainConfig, load_sequences, terms, train

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import torch
 
-from specsim.record.heads import build, head_config_for
+from specsim.record.head_checkpoints import build, head_config_for
 from specsim.record.models import load_model
 from specsim.record.train import TrainConfig, load_sequences, loss, split, terms
 

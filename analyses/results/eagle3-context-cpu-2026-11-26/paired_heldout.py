@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from specsim.record import train as training
-from specsim.record.heads import load_heads
+from specsim.record.head_checkpoints import load_heads
 from specsim.record.models import load_model
 
 target = load_model("smollm2-135m")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from specsim.record.heads import load_heads
+from specsim.record.head_checkpoints import load_heads
 from specsim.record.models import load_model
 from specsim.record.train import TrainConfig, evaluate, load_sequences, recorded_prompts
 

@@ -4,7 +4,7 @@ untrained head's numbers into config.json (fixed in the same session): these are
 import json
 
 from specsim.record import train as training
-from specsim.record.heads import load_heads
+from specsim.record.head_checkpoints import load_heads
 from specsim.record.models import load_model
 
 target = load_model("smollm2-135m")

@@ -10,6 +10,7 @@ from pathlib import Path
 import transformers.models.deepseek_v3.modeling_deepseek_v3 as deepseek
 
 import specsim.record.heads as heads
+import specsim.record.mtp_heads as mtp_heads
 from specsim.engines.check import EngineReport, EngineValidateConfig, compare, read_cache
 from specsim.engines.vllm import VllmRun, run_vllm, speculative_config, vllm_python
 from specsim.record.run import RecordRequest, record_cache
@@ -53,7 +54,7 @@ def check(name: str, data) -> None:
 
 check("specsim's wiring", data)
 
-forward, logits, norm = heads.MtpHead.forward, heads.MtpHead.logits, heads.RMSNorm.forward
+forward, logits, norm = mtp_heads.MtpHead.forward, mtp_heads.MtpHead.logits, heads.RMSNorm.forward
 
 
 def fed_back_before_norm(self, *args, **kwargs):  # the block's output fed back without the final norm
@@ -64,10 +65,10 @@ def fed_back_before_norm(self, *args, **kwargs):  # the block's output fed back 
         heads.RMSNorm.forward = norm
 
 
-heads.MtpHead.forward = fed_back_before_norm
-heads.MtpHead.logits = lambda self, features, lm_head: (self.lm_head or lm_head)(self.norm(features))
+mtp_heads.MtpHead.forward = fed_back_before_norm
+mtp_heads.MtpHead.logits = lambda self, features, lm_head: (self.lm_head or lm_head)(self.norm(features))
 check("output fed back before the final norm", record("prenorm"))
-heads.MtpHead.forward, heads.MtpHead.logits = forward, logits
+mtp_heads.MtpHead.forward, mtp_heads.MtpHead.logits = forward, logits
 
 route = deepseek.DeepseekV3TopkRouter.forward
 
