@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> None:
 
     import transformers
 
-    from specsim.cache.store import CacheReader, CacheSpec, CacheWriter
+    from specsim.cache.layout import CacheSpec
+    from specsim.cache.reader import CacheReader
+    from specsim.cache.writer import CacheWriter
     from specsim.prompts import load_prompts
     from specsim.record.models import load_draft, load_model, resolve_device
     from specsim.record.recorder import RecordConfig, prompt_records, record

@@ -54,7 +54,8 @@ SWEEP = [  # (trees, policies, temperature, multi_draft): 100 configurations
 def build(path: Path, positions: int, seed: int = 0) -> int:
     """A stats-only cache of `positions` positions per temperature; returns the file size."""
     from specsim.cache.stats import StatsSpec
-    from specsim.cache.store import CacheSpec, CacheWriter, PromptRecord
+    from specsim.cache.layout import CacheSpec, PromptRecord
+    from specsim.cache.writer import CacheWriter
 
     rng = np.random.default_rng(seed)
     stats_spec = StatsSpec()

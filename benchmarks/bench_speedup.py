@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     import transformers
 
     from specsim.attention.profile import ProfileConfig, measure_cost_profile, write_profile
-    from specsim.cache.store import CacheReader, CacheSpec, CacheWriter
+    from specsim.cache.layout import CacheSpec
+    from specsim.cache.reader import CacheReader
+    from specsim.cache.writer import CacheWriter
     from specsim.live.validate import ValidateConfig, run_validation
     from specsim.prompts import load_prompts
     from specsim.record.models import load_draft, load_model

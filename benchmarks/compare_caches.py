@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 
 
 def main(a_path, b_path):

@@ -136,7 +136,8 @@ def tiny_cache(tiny_model_dir, tiny_prompts_file, tmp_path_factory) -> Path:
     """A cache recorded from the tiny model: drafts layers:2 and int8, T=0 and T=1, 4 prompts x 12 tokens."""
     import torch
 
-    from specsim.cache.store import CacheSpec, CacheWriter
+    from specsim.cache.layout import CacheSpec
+    from specsim.cache.writer import CacheWriter
     from specsim.prompts import load_prompts
     from specsim.record.models import load_draft, load_model
     from specsim.record.recorder import RecordConfig, build_meta, prompt_records, record, settings

@@ -21,7 +21,8 @@ from typing import Sequence
 import numpy as np
 
 from specsim.cache.stats import StatsSpec
-from specsim.cache.store import CacheSpec, CacheWriter, PromptRecord
+from specsim.cache.layout import CacheSpec, PromptRecord
+from specsim.cache.writer import CacheWriter
 
 TARGET_NAME = "synthetic-target"
 

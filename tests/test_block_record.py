@@ -17,7 +17,7 @@ import pytest
 
 from specsim import verify
 from specsim.cache.stats import StatsSpec
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.errors import SpecError
 from specsim.sim.features import load_features
 from specsim.sim.policies import block_table

@@ -117,7 +117,7 @@ def test_specsim_bound_averages_both_over_the_recorded_positions(tiny_cache):
     from click.testing import CliRunner
 
     from specsim.cache.stats import node_acceptance_iid, optimal_acceptance_iid, probabilities
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
     from specsim.cli import main
     from specsim.sim.bound import node_bound
 
@@ -295,7 +295,7 @@ def test_specsim_bound_without_replacement_over_the_recorded_positions(tiny_cach
     from click.testing import CliRunner
 
     from specsim.cache.stats import node_acceptance_swor, optimal_acceptance_swor, probabilities
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
     from specsim.cli import main
     from specsim.sim.bound import node_bound
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.cli import main
 from tests.conftest import build_tiny_model, write_prompts
 

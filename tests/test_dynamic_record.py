@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.sim.dynamic import expand_reference
 
 
@@ -14,7 +14,8 @@ def expanded_cache(tiny_model_dir, tiny_prompts_file, tmp_path_factory):
     import torch
 
     from specsim.cache.stats import StatsSpec
-    from specsim.cache.store import CacheSpec, CacheWriter
+    from specsim.cache.layout import CacheSpec
+    from specsim.cache.writer import CacheWriter
     from specsim.prompts import load_prompts
     from specsim.record.models import load_draft, load_model
     from specsim.record.recorder import RecordConfig, build_meta, prompt_records, record, settings

@@ -102,12 +102,13 @@ def test_vllms_step_times_become_a_profile_the_cache_accepts(tmp_path):
     """`profile --engine vllm`'s arithmetic, without vLLM: N = k + 1 from the fixed proposer, a draft forward
     from the draft model's step minus the fixed proposer's at the same k, over k; contexts at the window's mean."""
     import specsim
+    from specsim.cache.reader import CacheReader
     from specsim.engines.vllm_profile import profile_body
     from specsim.sim.cost import load_cost_profile
     from tests.synthetic import random_cache
 
     cache = random_cache(tmp_path / "c.h5", temperatures=(0.0,), drafts=("small",), max_new_tokens=30)
-    with specsim.cache.store.CacheReader(cache) as r:
+    with CacheReader(cache) as r:
         info = dict(r.meta["target"])
     plan = {"target": "synthetic-target", "target_info": info, "drafts": {"small": {"name": "small"}},
             "contexts": [8, 40]}

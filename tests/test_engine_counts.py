@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import specsim
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from tests.synthetic import random_cache
 
 
@@ -150,7 +150,7 @@ def test_greedy_draft_at_t1_accepts_the_draft_argmax_where_it_is_the_sampled_tok
 def test_without_an_overhang_the_counts_are_a_lower_bound_and_say_so(tmp_path, over_cache):
     from dataclasses import replace
 
-    from specsim.cache.store import CacheWriter
+    from specsim.cache.writer import CacheWriter
 
     bare = tmp_path / "bare.h5"  # the same trajectories, their overhang rows left behind
     with CacheReader(over_cache) as r, CacheWriter.create(bare, r.spec, r._prompts) as w:

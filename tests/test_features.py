@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import specsim.sim.features as features_mod
-from specsim.cache.store import CacheReader, CacheWriter
+from specsim.cache.reader import CacheReader
+from specsim.cache.writer import CacheWriter
 from specsim.errors import CacheError
 from specsim.sim.features import features_path, load_features, token_rank, top_k_ids
 from tests.synthetic import random_cache, rank_cache
@@ -119,7 +120,7 @@ def test_topk_cache_is_flagged_inexact(tmp_path):
 
 def test_streaming_reads_interleaved_trajectories_in_few_spans(tmp_path, monkeypatch):
     """T=0 and T=1 trajectories alternate in the cache: one read spans many of them, the others' rows dropped."""
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
 
     path = random_cache(tmp_path / "c.h5", n_prompts=6, length=12, vocab=10)
     f = load_features(path, "small", 1.0, progress=False)

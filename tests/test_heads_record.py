@@ -167,7 +167,7 @@ def heads_cache(tiny_prompts_file, tmp_path_factory):
 
 
 def test_head_columns_are_keyed_by_depth(heads_cache):
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
 
     path, drafts, _ = heads_cache
     with CacheReader(path) as reader:
@@ -184,7 +184,7 @@ def test_head_columns_are_keyed_by_depth(heads_cache):
                                          (5, "chain:3"), (5, "widths:3,2,1")])
 def test_live_head_decoding_matches_the_replay_call_for_call(heads_cache, which, tree):
     """Greedy float32: live decoding with the heads emits plain greedy's tokens, in the calls replay predicts."""
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
     from specsim.live.decoder import LiveConfig, Target, speculative_decode
     from specsim.live.head_drafting import head_drafter
     from specsim.record.models import eos_token_ids, load_model
@@ -235,7 +235,7 @@ def test_medusa_sampling_laws_are_keyed_by_the_calls_start(heads_cache):
     live's 0.29.)"""
     import torch
 
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
     from specsim.live.head_drafting import head_drafter
     from specsim.record.models import load_model
     from tests.test_structure import features_of
@@ -378,7 +378,7 @@ def test_training_computes_the_laws_the_head_drafts(training_cache, tiny_model_d
     head. Trained blind to the prompt (--prompt none, how heads were trained before), the laws differ."""
     import torch
 
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
     from specsim.record import train as training
     from specsim.record.head_checkpoints import build, head_config_for
     from specsim.record.head_unroll import HeadDraft, target_hidden
@@ -449,7 +449,7 @@ def test_heads_are_profiled_and_priced_as_the_engine_drafts_with_them(heads_cach
     import torch
 
     from specsim.attention.profile import ProfileConfig, measure_cost_profile, write_profile
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
     from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
     from specsim.sim.pricing import Pricing
@@ -494,7 +494,7 @@ def test_heads_are_profiled_and_priced_as_the_engine_drafts_with_them(heads_cach
 def test_batched_head_decoding_matches_the_replay_call_for_call(heads_cache, which, tree, batch, batching):
     """Medusa and EAGLE heads at batch > 1 (EAGLE's own cache padded across rows): every request's output
     and every call's accepted length equal the replay's."""
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
     from specsim.live.decoder import LiveConfig, Target, decode
     from specsim.live.head_drafting import head_drafter
     from specsim.record.models import eos_token_ids, load_model

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from specsim.cache.meta import RunMeta
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.errors import CacheError
 
 

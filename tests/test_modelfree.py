@@ -21,7 +21,8 @@ from specsim.sim.policies import run_policy
 from specsim.specs import parse_policy
 from specsim.specs import parse_tree
 from tests.strategies import trees
-from specsim.cache.store import CacheSpec, CacheWriter, PromptRecord
+from specsim.cache.layout import CacheSpec, PromptRecord
+from specsim.cache.writer import CacheWriter
 
 CTX = np.array([1, 2, 3, 9, 1, 2, 4, 5, 1, 2])
 

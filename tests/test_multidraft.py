@@ -233,7 +233,7 @@ def test_replicate_means_in_blocks_equal_one_pass(tree, n, chunk, seed):
 def test_rows_report_the_samples_the_swor_estimate_used(tmp_path):
     """Where the recording holds π for the tree's fan-out, its own samples are used, not --samples: rows say so."""
     import specsim
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
 
     path = random_cache(tmp_path / "c.h5", storage="stats", temperatures=(1.0,), n_prompts=3, length=10)
     with CacheReader(path) as reader:

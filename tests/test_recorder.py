@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.errors import ResumeMismatchError
 from specsim.prompts import encode
 from specsim.record.models import load_draft, load_model

@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.cli import main
 from specsim.record import packaged
 

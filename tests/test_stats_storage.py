@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.cli import main
 from specsim.sim.sweep import simulate
 from tests.cli_helpers import one_line_error, record

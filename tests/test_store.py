@@ -11,7 +11,9 @@ import h5py
 import numpy as np
 import pytest
 
-from specsim.cache.store import CacheReader, CacheSpec, CacheWriter, PromptRecord, topk_compress, topk_expand
+from specsim.cache.layout import CacheSpec, PromptRecord, topk_compress, topk_expand
+from specsim.cache.reader import CacheReader
+from specsim.cache.writer import CacheWriter
 from specsim.errors import CacheError
 
 V = 40
@@ -136,7 +138,8 @@ def test_reader_rejects_missing_foreign_and_truncated_files(tmp_path):
 WRITER = textwrap.dedent(
     """
     import sys, time, numpy as np
-    from specsim.cache.store import CacheSpec, CacheWriter, PromptRecord
+    from specsim.cache.layout import CacheSpec, PromptRecord
+    from specsim.cache.writer import CacheWriter
     spec = CacheSpec(vocab_size=40, drafts=("d1",), temperatures=(0.0,))
     prompts = [PromptRecord(i, "c", "p", np.arange(3, dtype=np.int32)) for i in range(1000)]
     w = CacheWriter.create(sys.argv[1], spec, prompts)
@@ -268,7 +271,7 @@ def test_an_overhang_is_recorded_after_its_trajectory_and_read_by_nothing_else(t
     # resume keeps the overhang rows (what the row counts past its length), a merge copies them
     with CacheWriter.resume(path) as w:
         assert w.n_positions == 12
-    from specsim.cache.store import CacheWriter as W
+    from specsim.cache.writer import CacheWriter as W
 
     with CacheReader(path) as r, W.create(tmp_path / "copy.h5", r.spec, [
             PromptRecord(p.question_id, p.category, p.text, p.token_ids) for p in r._prompts]) as w:

@@ -284,7 +284,8 @@ def test_live_engine_equals_the_replay_call_for_call(tiny_model_dir, tmp_path):
     replay: a repeated request is drafted from the first one's output, call for call as replayed."""
     import torch
 
-    from specsim.cache.store import CacheSpec, CacheWriter, PromptRecord
+    from specsim.cache.layout import CacheSpec, PromptRecord
+    from specsim.cache.writer import CacheWriter
     from specsim.live.drafting import SuffixDrafter
     from specsim.live.decoder import LiveConfig, Target, decode, plain_decode
     from specsim.record.models import eos_token_ids, load_model

@@ -25,7 +25,8 @@ from typing import Sequence
 import numpy as np
 
 from specsim.cache.stats import StatsSpec, draft_stats
-from specsim.cache.store import CacheSpec, CacheWriter, PromptRecord
+from specsim.cache.layout import CacheSpec, PromptRecord
+from specsim.cache.writer import CacheWriter
 from specsim.trees import Tree
 from tests.toy_markov import DecodeResult, MarkovLM, sample_tokens, speculative_decode
 

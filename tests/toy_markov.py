@@ -27,7 +27,8 @@ from typing import Sequence
 import numpy as np
 
 from specsim import verify
-from specsim.cache.store import CacheSpec, CacheWriter, PromptRecord
+from specsim.cache.layout import CacheSpec, PromptRecord
+from specsim.cache.writer import CacheWriter
 from specsim.trees import Tree
 
 

@@ -22,7 +22,8 @@ from typing import Callable
 
 import numpy as np
 
-from specsim.cache.store import TARGET, CacheReader
+from specsim.cache.layout import TARGET
+from specsim.cache.reader import CacheReader
 from specsim.errors import CacheError
 
 BLOCK = 64  # positions read at once per column: 64 x V float32 (~39 MB at V = 152k)

@@ -36,7 +36,9 @@ def merge_shards(out, shards: Sequence, *, overwrite: bool = False, allow_partia
     from tqdm.auto import tqdm
 
     from specsim.cache.lock import CacheLock
-    from specsim.cache.store import CacheReader, CacheWriter, PromptRecord
+    from specsim.cache.layout import PromptRecord
+    from specsim.cache.reader import CacheReader
+    from specsim.cache.writer import CacheWriter
 
     out = Path(out)
     paths = [Path(p) for p in shards]

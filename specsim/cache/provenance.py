@@ -73,7 +73,7 @@ def shared_prompts(reader, draft: str) -> Overlap | None:
 
 def leakage_lines(cache, drafts) -> list[str]:
     """A warning line for each head draft in `drafts` evaluated on a cache that shares prompts with its training."""
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
     from specsim.specs import is_head_draft
 
     heads = [d for d in dict.fromkeys(drafts) if d and is_head_draft(d)]

@@ -54,7 +54,7 @@ def inspect(file: Path, verify: bool, quiet: bool) -> None:
     from tqdm.auto import tqdm
 
     from specsim.cache.inspect import agreement_stats
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
 
     if verify:
         return _verify(file, quiet)
@@ -129,7 +129,7 @@ def _verify(file: Path, quiet: bool) -> None:
     """`inspect --verify`: every chunk, every digest, the prompts; one line per damaged thing, exit 1 if any."""
     from tqdm.auto import tqdm
 
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
 
     with CacheReader(file, probe=False) as reader:  # read everything below, reporting damage instead of refusing
         with tqdm(total=reader.n_positions, unit="pos", desc="verifying", disable=quiet, leave=False) as bar:

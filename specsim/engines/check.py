@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.checks import Check
 from specsim.errors import CacheError
 from specsim.sim.cost import load_cost_profile

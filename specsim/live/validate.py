@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.checks import Check
 from specsim.errors import CacheError
 from specsim.live.runs import LivePrompt, LiveRun

@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from specsim.cache.meta import RunMeta
-from specsim.cache.store import CacheWriter, PromptRecord
+from specsim.cache.layout import PromptRecord
+from specsim.cache.writer import CacheWriter
 from specsim.errors import ModelError, ResumeMismatchError
 from specsim.record.models import LoadedModel, eos_token_ids
 

@@ -98,7 +98,9 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
                  echo: Callable[[str], None] = lambda line: None) -> RecordOutcome:
     """Record `request` into the cache `out` (see the module docstring for the order of checks)."""
     from specsim.cache.lock import CacheLock
-    from specsim.cache.store import CacheReader, CacheSpec, CacheWriter
+    from specsim.cache.layout import CacheSpec
+    from specsim.cache.reader import CacheReader
+    from specsim.cache.writer import CacheWriter
     from specsim.prompts import load_prompts
     from specsim.record.recorder import RecordConfig, check_resume, settings
 

@@ -188,7 +188,7 @@ def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "c
     prompt's states, computed by `target` (`context` rows)."""
     from tqdm.auto import tqdm
 
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
     from specsim.record.head_unroll import target_hidden
 
     if prompt not in PROMPT_USES:
@@ -236,7 +236,7 @@ def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "c
 
 def recorded_prompts(cache) -> list[int]:
     """The prompt indices of a cache's trajectories of 2+ tokens (what `load_sequences` loads), ascending."""
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
 
     with CacheReader(cache) as reader:
         return sorted({row.prompt_index for row in reader.iter_trajectories() if row.length >= 2})
@@ -613,7 +613,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     from tqdm.auto import tqdm
 
     from specsim.cache.provenance import trained_on
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
     from specsim.record.head_checkpoints import build, default_aux_layers, head_config_for, save_heads
 
     if config.kind not in HEAD_KINDS:

@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from specsim.cache.provenance import shared_prompts, training_summary
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.errors import CacheError, SpecError
 from specsim.sim.replay import BLOCK_POSITIONS, fit_sample
 from specsim.sim.features import feature_source

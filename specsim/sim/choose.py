@@ -114,7 +114,7 @@ def fit_on_cache(cache, budgets: Sequence[int], *, draft: str | None = None, pol
     """The optimal tree for each budget on a cache (defaults: the first recorded draft, T by policy)."""
     from pathlib import Path
 
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
     from specsim.errors import CacheError
     from specsim.sim.replay import FIT_POSITIONS, fit_sample
     from specsim.sim.features import feature_source
@@ -148,7 +148,7 @@ def fit_on_cache(cache, budgets: Sequence[int], *, draft: str | None = None, pol
 
 def pricing_for(cache, cost_model, draft: str, temperature: float) -> Pricing:
     """How `draft`'s calls on `cache` at `temperature` are priced (refuses a profile measured for other models)."""
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
 
     with CacheReader(cache) as reader:
         return Pricing.for_draft(cost_model, reader, draft).at_temperature(temperature)

@@ -37,7 +37,8 @@ import h5py
 import numpy as np
 
 from specsim.cache.stats import STATS_TOP_K, log_prob as _log_prob, token_rank, top_k_ids
-from specsim.cache.store import TARGET, CacheReader
+from specsim.cache.layout import TARGET
+from specsim.cache.reader import CacheReader
 from specsim.errors import CacheError, SpecError
 from specsim.specs import is_model_free
 

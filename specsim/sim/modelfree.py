@@ -177,7 +177,7 @@ def modelfree_table(features: "Features", tree: Tree, spec, rng: np.random.Gener
     """Exact, deterministic table for a model-free draft (`features.draft`, e.g. 'ngram:3')."""
     from tqdm.auto import tqdm
 
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
     from specsim.sim.engine import AcceptanceTable
 
     from specsim.sim.engine import EngineTail

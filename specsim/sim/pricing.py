@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.errors import SpecError
 from specsim.sim.engine import walk
 from specsim.sim.features import Features, FeatureSource

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 import polars as pl
 
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.errors import SpecError
 from specsim.sim.engine import EngineTotals, TrajectoryStats
 from specsim.sim.features import Features, FeatureSource

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.errors import SpecError
 from specsim.sim.engine import TrajectoryStats
 from specsim.sim.features import Features, FeatureSource

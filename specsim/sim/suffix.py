@@ -352,7 +352,7 @@ def suffix_table(features: "Features", tree: Tree, spec, rng: np.random.Generato
     """Exact, deterministic table of a suffix draft: trajectories replayed one after another in cache order."""
     from tqdm.auto import tqdm
 
-    from specsim.cache.store import CacheReader
+    from specsim.cache.reader import CacheReader
     from specsim.sim.engine import AcceptanceTable
     from specsim.sim.modelfree import accepted_length
 

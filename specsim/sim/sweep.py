@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.errors import ArgumentError, CacheError, SpecError
 from specsim.sim.cost import ProfileCost, load_cost_profile, parse_cost
 from specsim.sim.features import feature_source

@@ -5,7 +5,7 @@
 """
 import sys, time
 import numpy as np
-from specsim.cache.store import CacheReader
+from specsim.cache.reader import CacheReader
 from specsim.sim.features import feature_source
 from specsim.sim.adaptive import adaptive_stats
 from specsim.specs import parse_policy
