@@ -355,3 +355,17 @@ def test_verify_finds_a_changed_header_and_a_damaged_trajectory_table(tmp_path):
     res = CliRunner().invoke(main, ["inspect", str(path), "--verify", "-q"])
     assert res.exit_code == 1 and "corrupt or truncated cache" in res.output, res.output
     assert len(res.output.strip().splitlines()) == 1  # one line, no traceback
+
+
+def test_the_former_store_module_still_gives_the_reader_and_writer_and_says_where_they_live():
+    """Scripts written against `specsim.cache.store` (documented before the split) keep running, warned."""
+    import importlib
+    import sys
+
+    from specsim.cache.reader import CacheReader
+    from specsim.cache.writer import CacheWriter
+
+    sys.modules.pop("specsim.cache.store", None)
+    with pytest.warns(DeprecationWarning, match="specsim.cache.reader"):
+        store = importlib.import_module("specsim.cache.store")
+    assert store.CacheReader is CacheReader and store.CacheWriter is CacheWriter
