@@ -314,7 +314,7 @@ def test_bfloat16_training_runs_its_products_in_bfloat16_and_learns_as_float32_d
     teacher under it."""
     import torch
 
-    import specsim.record.train as train_module
+    import specsim.record.train_loss as train_module
     from specsim.record.models import load_model
     from specsim.record.train import TrainConfig, train
 

@@ -42,7 +42,7 @@ def heads(training_cache, tiny_model_dir, tmp_path_factory):
 
 def _sequences(cache, target, module, config):
     """Six trajectories of different lengths, one cut to two starts (shorter than the unrolling), one to one."""
-    from specsim.record.train import load_sequences
+    from specsim.record.train_data import load_sequences
 
     layers = module.config.hidden_layers if config.kind != "eagle" else ()  # as `train` reads them
     seqs = [s for _, s in load_sequences(cache, target, layers, config.prompt)]
@@ -58,7 +58,7 @@ def _sequences(cache, target, module, config):
 
 
 def _one_at_a_time(module, target, seqs, config):
-    from specsim.record.train import loss, terms
+    from specsim.record.train_loss import loss, terms
 
     return sum(loss(terms(config.kind, module, target, s, config.ttt_steps, full=False,
                           loss_from=s.loss_from(config)), config) for s in seqs) / len(seqs)
@@ -73,7 +73,7 @@ def _loss_and_grads(f, module):
 
 @pytest.mark.parametrize("case", ["eagle3-draft-vocab", "eagle3-whole-vocab", "eagle3-blind", "mtp", "eagle"])
 def test_a_batched_step_has_the_per_trajectory_loss_and_gradient(heads, training_cache, case):
-    from specsim.record.train import batch_loss
+    from specsim.record.train_loss import batch_loss
 
     target, cases = heads
     module, config = cases[case]
@@ -88,7 +88,7 @@ def test_a_batched_step_has_the_per_trajectory_loss_and_gradient(heads, training
     for name, g in want_grads.items():
         torch.testing.assert_close(got_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
     # the batch is cut into groups of similar length, and the loss is the same whichever way it is cut
-    import specsim.record.train as train_module
+    import specsim.record.train_loss as train_module
 
     for share, cells in ((1.0, 1 << 40), (100.0, 1 << 40), (100.0, 1)):  # equal lengths only; all in one; one each
         saved = train_module.PAD_SHARE, train_module.GROUP_CELLS
@@ -103,7 +103,7 @@ def test_the_check_rejects_a_batched_step_whose_lanes_see_each_other(heads, trai
     """Training-time test's mask gone wrong (each start's unrolled entries visible to every start, a tree-mask slip):
     the comparison above catches it."""
     import specsim.record.head_unroll as heads_module
-    from specsim.record.train import batch_loss
+    from specsim.record.train_loss import batch_loss
 
     target, cases = heads
     module, config = cases["eagle3-draft-vocab"]
@@ -151,8 +151,9 @@ def test_a_batched_evaluation_has_the_per_trajectory_numbers(heads, training_cac
     generated rows (with the prompt in the loss
     too), for trajectories shorter than the depth, in groups of 1, 2 or all of them; a wrong evaluation whose target
     laws are one row off is caught."""
-    import specsim.record.train as train_module
-    from specsim.record.train import evaluate, load_sequences
+    import specsim.record.train_loss as train_module
+    from specsim.record.train_data import load_sequences
+    from specsim.record.train_loss import evaluate
 
     target, cases = heads
     module, config = cases[case]

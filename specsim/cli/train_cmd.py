@@ -96,7 +96,8 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
     from specsim.errors import CacheError
     from specsim.interrupts import sigterm_as_interrupt
     from specsim.record.models import load_model
-    from specsim.record.train import CURVE_HELDOUT, TrainConfig, recorded_prompts, subset, train
+    from specsim.record.train import CURVE_HELDOUT, TrainConfig, train
+    from specsim.record.train_data import recorded_prompts, subset
 
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise CacheError(f"--out {out} is not empty; pass --overwrite to replace the heads in it")

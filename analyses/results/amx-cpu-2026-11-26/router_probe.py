@@ -13,7 +13,9 @@ import torch
 from specsim.record.head_checkpoints import load_heads
 from specsim.record.models import load_model
 from specsim.record.run import RecordRequest, record_cache
-from specsim.record.train import TrainConfig, load_sequences, terms, train
+from specsim.record.train import TrainConfig, train
+from specsim.record.train_data import load_sequences
+from specsim.record.train_loss import terms
 from tests.conftest import TINY_PROMPTS
 from tests.test_mtp import build_deepseek_target
 

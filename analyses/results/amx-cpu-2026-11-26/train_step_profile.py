@@ -12,7 +12,9 @@ import torch
 
 from specsim.record.head_checkpoints import build, head_config_for
 from specsim.record.models import load_model
-from specsim.record.train import TrainConfig, load_sequences, loss, split, terms
+from specsim.record.train import TrainConfig
+from specsim.record.train_data import load_sequences, split
+from specsim.record.train_loss import loss, terms
 
 cache = sys.argv[1]
 target = load_model("smollm2-135m")

@@ -13,7 +13,9 @@ import torch
 
 from specsim.record.head_checkpoints import load_heads
 from specsim.record.models import load_model
-from specsim.record.train import TrainConfig, evaluate, load_sequences, recorded_prompts
+from specsim.record.train import TrainConfig
+from specsim.record.train_data import load_sequences, recorded_prompts
+from specsim.record.train_loss import evaluate
 
 where = Path(sys.argv[1])
 torch.set_num_threads(2)

@@ -1,0 +1,146 @@
+"""What a head trains on: a cache's trajectories with their hidden states, the prompt's states
+before them, and the split into training and held-out prompts (every k-th held out).
+
+The prompt is the heads' context, as it is when they draft: a head drafting a call attends over
+the target's states at every earlier position, the prompt's included (`HeadDraft.start_logits`),
+and EAGLE-3's and SpecForge's trainers run the whole conversation through the head with the loss
+masked to the assistant's response (SpecForge 0.2's `specforge/data/preprocessing.py`,
+`preprocess_conversations`, copied from EAGLE's `traineagle3/cnets.py`: loss_mask 1 on the
+assistant spans only). A cache stores states at generated positions only, so the prompt's are
+computed here by the target (one forward per prompt), rounded to float16 as the cache rounds the
+rest. `prompt` (PROMPT_USES) chooses: "context" (the default; the loss on generated tokens only),
+"loss" (the prompt's tokens are predicted too: the target's laws on text it did not write, more
+positions per recording), "none" (the generated part alone, the head blind to the prompt: how
+heads were trained before, kept to measure the difference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Collection
+
+import numpy as np
+import torch
+
+from specsim.errors import CacheError, ModelError
+from specsim.specs import PROMPT_USES
+
+if TYPE_CHECKING:
+    from specsim.record.train import TrainConfig
+
+
+@dataclass(frozen=True)
+class TrainSequence:
+    """One trajectory's training data."""
+
+    hidden: torch.Tensor  # (n, H) float32: row r is the state at input position start + r, which gave p for tokens[r]
+    tokens: torch.Tensor  # (n,) int64: the token after row r's position
+    start: int  # input position of row 0: 0 with the prompt's rows, else the prompt length - 1
+    features: torch.Tensor | None = None  # (n, F) EAGLE-3, MTP: the states the head reads, side by side
+    context: int = 0  # leading rows that are the prompt's (prompt length - 1, or 0): not the target's own output
+
+    def loss_from(self, config: "TrainConfig") -> int:
+        """The first row a training step's loss covers: the generated part's, or row 0 with `prompt` "loss"."""
+        return 0 if config.prompt == "loss" else self.context
+
+
+def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "context", *,
+                   prompts: Collection[int] | None = None, progress: bool = False) -> list[tuple[int, TrainSequence]]:
+    """(prompt index, trajectory) of every trajectory of 2+ tokens in a cache with hidden states (of the prompts
+    `prompts` only, when given), checked against `target`; `layers` (the head's: EAGLE-3's fused layers, MTP's
+    state) are read side by side into `features`. Unless `prompt` is "none", each trajectory is preceded by its
+    prompt's states, computed by `target` (`context` rows)."""
+    from tqdm.auto import tqdm
+
+    from specsim.cache.reader import CacheReader
+    from specsim.record.head_unroll import target_hidden
+
+    if prompt not in PROMPT_USES:
+        raise ModelError(f"--prompt {prompt!r}: one of {', '.join(PROMPT_USES)}")
+    with CacheReader(cache) as reader:
+        want = tuple(dict.fromkeys(("last", *layers)))
+        missing = [k for k in want if k not in reader.spec.hidden]
+        if missing:
+            raise CacheError(f"{reader.path} has no hidden states {','.join(missing)} to train on (it holds "
+                             f"{','.join(reader.spec.hidden) or 'none'}); record it with `specsim cache ... "
+                             f"--hidden-states {','.join(want)}`")
+        sha = reader.run.tokenizer_sha256
+        if sha and sha != target.info.get("tokenizer_sha256"):
+            raise ModelError(f"{reader.path} was recorded with target {reader.run.setting('target')!r} "
+                             f"(another tokenizer); --target {target.name} is not that model")
+        H = int(target.model.config.hidden_size)
+        if reader.spec.hidden_size != H:
+            raise ModelError(f"{reader.path} stores hidden states of width {reader.spec.hidden_size}; --target "
+                             f"{target.name} has hidden size {H}")
+        rows = [row for row in reader.iter_trajectories()
+                if row.length >= 2 and (prompts is None or row.prompt_index in prompts)]
+        ids = {i: reader.prompt_token_ids(i).astype(np.int64) for i in sorted({row.prompt_index for row in rows})}
+        context = {}  # prompt index -> {layer: (prompt length - 1, H) float32}, rounded as the cache rounds states
+        if prompt != "none":
+            device = target.info.get("device", "cpu")
+            for i in tqdm(ids, desc="prompt states", unit="prompt", disable=not progress, dynamic_ncols=True):
+                if len(ids[i]) >= 2:
+                    states = target_hidden(target, torch.as_tensor(ids[i], device=device), want)
+                    context[i] = {k: v.half().float().cpu() for k, v in states.items()}
+
+        def sequence(row) -> TrainSequence:
+            prompt_ids, before = ids[row.prompt_index], context.get(row.prompt_index)
+            states = {k: torch.as_tensor(reader.hidden(k, row.start, row.stop).astype(np.float32)) for k in want}
+            tokens = torch.as_tensor(reader.tokens(row.start, row.stop).astype(np.int64))
+            if before is not None:
+                states = {k: torch.cat([before[k], v]) for k, v in states.items()}
+                tokens = torch.cat([torch.as_tensor(prompt_ids[1:]), tokens])
+            rows_before = 0 if before is None else len(prompt_ids) - 1  # the prompt's rows, when given
+            return TrainSequence(hidden=states["last"], tokens=tokens, start=len(prompt_ids) - 1 - rows_before,
+                                 features=torch.cat([states[k] for k in layers], dim=1) if layers else None,
+                                 context=rows_before)
+
+        return [(row.prompt_index, sequence(row)) for row in rows]
+
+
+def recorded_prompts(cache) -> list[int]:
+    """The prompt indices of a cache's trajectories of 2+ tokens (what `load_sequences` loads), ascending."""
+    from specsim.cache.reader import CacheReader
+
+    with CacheReader(cache) as reader:
+        return sorted({row.prompt_index for row in reader.iter_trajectories() if row.length >= 2})
+
+
+def held_out(prompt: int, every: int) -> bool:
+    """Whether prompt index `prompt` is held out from training: every `every`-th is."""
+    return prompt % every == every - 1
+
+
+def split(seqs, every: int, keep: Collection[int]) -> tuple[list[TrainSequence], list[TrainSequence]]:
+    """(training, held-out): every `every`-th prompt is held out; the training trajectories are those of the prompts
+    `keep` (`subset`)."""
+    train = [s for i, s in seqs if i in keep]
+    held = [s for i, s in seqs if held_out(i, every)]
+    if not train or not held:
+        raise CacheError(f"{len(seqs)} trajectories cannot be split 1 in {every} into training and held-out prompts; "
+                         "record more prompts")
+    return train, held
+
+
+def subset(recorded: Collection[int], every: int, prompts: int = 0, seed: int = 0) -> set[int]:
+    """The training prompts of the prompt indices `recorded` (those not held out, every `every`-th): all of them, or
+    `prompts` of them drawn by `seed`, the first of one permutation, so a smaller subset is part of a larger one and
+    a data-scaling curve's points add data to one another (the held-out prompts are the same whatever `prompts`)."""
+    pool = sorted(i for i in set(recorded) if not held_out(i, every))
+    if not prompts:
+        return set(pool)
+    if prompts > len(pool):
+        raise CacheError(f"--train-prompts {prompts}: the cache has {len(pool)} training prompts (1 in {every} held "
+                         "out)")
+    order = np.random.default_rng([seed, 1]).permutation(len(pool))
+    return {pool[k] for k in order[:prompts]}
+
+
+def draft_vocabulary(seqs: list[TrainSequence], size: int, vocab: int, config: "TrainConfig") -> np.ndarray:
+    """The `size` most frequent tokens the loss covers in the training trajectories, ascending (ties: the lower
+    id), as speculators' `build_vocab_mappings_from_distribution` picks an EAGLE-3 draft vocabulary."""
+    if not 0 < size <= vocab:
+        raise ModelError(f"--draft-vocab {size}: give 1..{vocab:,} (the target's vocabulary), or 0 for all of it")
+    counts = np.bincount(np.concatenate([s.tokens[s.loss_from(config):].numpy() for s in seqs]), minlength=vocab)
+    order = np.lexsort((np.arange(vocab), -counts))  # by count, descending; then by id
+    return np.sort(order[:size])
