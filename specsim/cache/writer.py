@@ -15,7 +15,7 @@ import json
 import os
 import zlib
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import h5py
 import numpy as np
@@ -48,9 +48,11 @@ from specsim.cache.layout import (
     same_temperature,
     topk_compress,
 )
-from specsim.cache.reader import CacheReader
 from specsim.cache.stats import draft_stats, target_stats
 from specsim.errors import CacheError
+
+if TYPE_CHECKING:  # append_copy's argument; the writer itself never reads a cache
+    from specsim.cache.reader import CacheReader
 
 
 class CacheWriter:

@@ -60,21 +60,8 @@ import numpy as np
 import torch
 
 from specsim.errors import ModelError
-from specsim.record.train_data import (
-    draft_vocabulary,
-    held_out,
-    load_sequences,
-    recorded_prompts,
-    split,
-    subset,
-)
-from specsim.record.train_loss import (
-    batch_loss,
-    batches_together,
-    evaluate,
-    loss,
-    terms,
-)
+from specsim.record.train_data import draft_vocabulary, held_out, load_sequences, recorded_prompts, split, subset
+from specsim.record.train_loss import batch_loss, batches_together, evaluate, loss, terms
 from specsim.specs import HEAD_KINDS, LR_SCHEDULES, PROMPT_USES, TRAIN_PRECISIONS
 
 CURVE_HELDOUT = 24  # held-out trajectories the training curve evaluates at each checkpoint (all of them at the end)
@@ -164,12 +151,7 @@ def schedule(optimiser: torch.optim.Optimizer, config: TrainConfig) -> torch.opt
     """The learning rate over `config.steps` (`config.lr_schedule`). "cosine" is SpecForge's CosineAnnealingWarmupLR:
     step i of the first w = WARMUP_SHARE · steps runs at lr · (i + 1) / w, then lr · (1 + cos(π (i - w) / (steps -
     w))) / 2."""
-    from torch.optim.lr_scheduler import (
-        ConstantLR,
-        CosineAnnealingLR,
-        LinearLR,
-        SequentialLR,
-    )
+    from torch.optim.lr_scheduler import ConstantLR, CosineAnnealingLR, LinearLR, SequentialLR
 
     if config.lr_schedule == "constant":
         return ConstantLR(optimiser, factor=1.0, total_iters=0)
@@ -189,12 +171,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
 
     from specsim.cache.provenance import trained_on
     from specsim.cache.reader import CacheReader
-    from specsim.record.head_checkpoints import (
-        build,
-        default_aux_layers,
-        head_config_for,
-        save_heads,
-    )
+    from specsim.record.head_checkpoints import build, default_aux_layers, head_config_for, save_heads
 
     if config.kind not in HEAD_KINDS:
         raise ModelError(f"--kind {config.kind!r}: one of {', '.join(HEAD_KINDS)}")
