@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import h5py
 import pytest
 from click.testing import CliRunner
@@ -86,3 +88,29 @@ def test_shard_arguments(tmp_path):
         shard_path(tmp_path / "r.h5", (0, 2))
     with pytest.raises(Exception, match="add --shard"):
         shard_path(tmp_path / "r-{i}.h5", None)
+
+
+def test_merge_runs_where_polars_is_not_installed_and_still_compares_the_prompts(run, tiny_model_dir,
+                                                                                 tiny_prompts_file, tmp_path):
+    """Shards recorded on a GPU image without polars are merged there too: `merge` imports none (a stub that fails
+    every polars import stands in), gives the unsharded recording's data, and still refuses a shard holding other
+    prompts (the prompts file rewritten between the shards: its settings' prompts digest differs)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['polars'] = None\n"  # `import polars` now raises ImportError
+            "from specsim.cli import main\n"
+            "main(sys.argv[1:], standalone_mode=False)\n")
+    merged = tmp_path / "merged.h5"
+    subprocess.run([sys.executable, "-c", code, "merge", str(merged), str(run / "part-0-of-2.h5"),
+                    str(run / "part-1-of-2.h5"), "--quiet"], check=True)
+    whole, ours = _datasets(run / "whole.h5"), _datasets(merged)
+    assert all(whole[k].tobytes() == ours[k].tobytes() for k in whole if not k.startswith("prompts/"))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(Path(tiny_prompts_file).read_text())
+    _record(tiny_model_dir, prompts, tmp_path / "a-{i}-of-{n}.h5", "--shard", "0/2")
+    prompts.write_text(Path(tiny_prompts_file).read_text().replace("a", "b"))
+    _record(tiny_model_dir, prompts, tmp_path / "a-{i}-of-{n}.h5", "--shard", "1/2")
+    other = subprocess.run([sys.executable, "-c", code, "merge", str(tmp_path / "m.h5"), str(tmp_path / "a-0-of-2.h5"),
+                            str(tmp_path / "a-1-of-2.h5")], capture_output=True, text=True)
+    assert other.returncode != 0 and "prompts_sha256" in other.stderr and not (tmp_path / "m.h5").exists()

@@ -36,7 +36,7 @@ def merge_shards(out, shards: Sequence, *, overwrite: bool = False, allow_partia
     from tqdm.auto import tqdm
 
     from specsim.cache.lock import CacheLock
-    from specsim.cache.layout import PromptRecord
+    from specsim.cache.layout import prompts_digest
     from specsim.cache.reader import CacheReader
     from specsim.cache.writer import CacheWriter
 
@@ -71,7 +71,7 @@ def merge_shards(out, shards: Sequence, *, overwrite: bool = False, allow_partia
                                      f"{settings0.get(key)!r}: shards of one merge share every setting")
             if replace(reader.spec, meta={}) != replace(first.spec, meta={}):
                 raise CacheError(f"{reader.path} has another layout than {first.path} (storage, drafts or vocabulary)")
-            if not reader.prompts.equals(first.prompts) or \
+            if prompts_digest(reader.prompt_records()) != prompts_digest(first.prompt_records()) or \
                     reader.run.tokenizer_sha256 != first.run.tokenizer_sha256:
                 raise CacheError(f"{reader.path} holds other prompts (or another tokenizer's ids) than {first.path}")
             if reader.fingerprint is None:
@@ -89,8 +89,7 @@ def merge_shards(out, shards: Sequence, *, overwrite: bool = False, allow_partia
         order = {float(t): k for k, t in enumerate(first.spec.temperatures)}
         rows = sorted(((row.prompt_index, order[min(order, key=lambda t: abs(t - row.temperature))], reader, row)
                        for reader in readers for row in reader.iter_trajectories()), key=lambda x: x[:2])
-        prompts = [PromptRecord(int(r["question_id"]), r["category"], r["text"], first.prompt_token_ids(k))
-                   for k, r in enumerate(first.prompts.iter_rows(named=True))]
+        prompts = first.prompt_records()
         meta = dict(first.meta)
         meta["settings"] = {**settings0, "shard": None}
         meta["merged_from"] = [{"path": str(r.path), "shard": f"{_shard(r)[0]}/{n_shards}",
