@@ -180,8 +180,8 @@ def tiny_profile(tiny_model_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def training_cache(tiny_model_dir, tmp_path_factory):
     """24 short prompts x 24 tokens at T = 0 and 1 with the target's hidden states ("last", the inputs of layers
-    1, 2, 3, which EAGLE-3 fuses, and "prenorm", which MiMo's MTP reads): enough to learn from. (cache path,
-    prompts file)."""
+    1, 2, 3, which EAGLE-3 fuses, and "prenorm", which MiMo's MTP reads): enough to learn from. Categories "x"
+    (even prompts) and "y" (odd). (cache path, prompts file)."""
     import json
     import random
 
@@ -191,7 +191,7 @@ def training_cache(tiny_model_dir, tmp_path_factory):
     rng = random.Random(0)
     folder = tmp_path_factory.mktemp("train")
     prompts = folder / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": " ".join(rng.sample(words, 6)), "category": "x",
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(rng.sample(words, 6)), "category": "xy"[i % 2],
                                            "question_id": 100 + i}) + "\n" for i in range(24)))
     path = folder / "train.h5"
     record_cache(path, RecordRequest(target=str(tiny_model_dir), prompts=str(prompts), max_new_tokens=24,

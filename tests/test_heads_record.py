@@ -717,6 +717,42 @@ def test_train_prompts_trains_on_nested_subsets_with_the_same_heldout_prompts(tr
     assert len(refused.output.strip().splitlines()) == 1 and "loading target" not in refused.output  # before it
 
 
+def test_train_categories_trains_on_those_categories_with_the_same_heldout_prompts(training_cache, tiny_model_dir,
+                                                                                 tmp_path):
+    """--train-categories: a head trained on category "x" only (the even prompts) trains on exactly the even training
+    prompts, is held out on the same prompts as a head trained on all (every 4th, both categories), and an unknown
+    category is refused in one line, naming those the cache has, before the target is loaded."""
+    import json
+
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+
+    def run(extra: list[str], out: str):
+        args = ["train-draft", "--kind", "eagle", "--target", str(tiny_model_dir), "--from", str(training_cache[0]),
+                "--steps", "2", "--batch", "2", "--holdout-every", "4", "--out", str(tmp_path / out), "--quiet"]
+        return CliRunner().invoke(main, args + extra)
+
+    def trained(extra: list[str], out: str) -> dict:
+        result = run(extra, out)
+        assert result.exit_code == 0, result.output
+        return json.loads((tmp_path / out / "config.json").read_text())["training"]
+
+    x, both = trained(["--train-categories", "x"], "hx"), trained([], "hall")
+    ids = {p["question_id"] for p in x["trained_on"]["prompts"]}
+    assert ids == {100 + i for i in range(0, 24, 2) if i % 4 != 3}  # even prompts; none of them is held out
+    assert x["config"]["train_categories"] == ["x"] and both["config"]["train_categories"] == []
+    assert x["heldout_trajectories"] == both["heldout_trajectories"] == 12  # 6 prompts at 2 temperatures
+    assert x["positions"] < both["positions"]
+    from specsim.cache.provenance import training_summary
+
+    assert "(categories x only)" in training_summary({"path": str(tmp_path / "hx")})
+    refused = run(["--train-categories", "x,writing"], "no")
+    assert refused.exit_code != 0
+    assert "--train-categories writing: no prompt of" in refused.output and "it has: x, y" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1 and "loading target" not in refused.output
+
+
 def test_train_prompts_computes_the_states_of_the_prompts_it_uses_only(training_cache, tiny_model_dir, tmp_path,
                                                                        monkeypatch):
     """A data-scaling point on a quarter of the prompts does not pay for the prompt states of the rest: with 6 of the

@@ -96,6 +96,8 @@ def training_summary(info) -> str:
             f"{int(training.get('positions', 0)):,} positions of {Path(str(training.get('cache', '?'))).name}")
     if config.get("train_prompts"):  # --train-prompts: a subset, a data-scaling curve's point
         text += f" ({int(config['train_prompts'])} of its training prompts)"
+    if config.get("train_categories"):  # --train-categories
+        text += f" (categories {', '.join(map(str, config['train_categories']))} only)"
     prompt = config.get("prompt", "none")  # heads trained before --prompt never saw it
     if config.get("kind") != "medusa" or prompt == "loss":  # Medusa attends to nothing: context is moot
         text += {"context": ", the prompt as context", "loss": ", the prompt as context and in the loss",

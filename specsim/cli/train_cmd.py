@@ -58,6 +58,11 @@ from specsim.cli import _common as c
               help="Train on this many of the training prompts only, drawn by --seed (a smaller number's prompts are "
                    "part of a larger one's; the held-out prompts stay the same): a data-scaling curve, what more "
                    "data buys.  [default: all]")
+@click.option("--train-categories", default=None, metavar="C1,C2,...",
+              help="Train on the prompts of these categories only (the prompt file's category field; e.g. a coding "
+                   "head, or one without added prompts to measure what they buy); the held-out prompts stay every "
+                   "k-th of all categories, so heads trained on different categories are compared on one set.  "
+                   "[default: all]")
 @click.option("--save-every", type=click.IntRange(min=1), default=100, show_default=True,
               help="Write a checkpoint every this many steps.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
@@ -68,7 +73,7 @@ from specsim.cli import _common as c
 @c.friendly_errors
 def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, router_bias_speed,
                 draft_vocab, prompt_use, precision, steps, batch, lr, lr_schedule, holdout_every, train_prompts,
-                save_every, device, out, overwrite, seed, quiet):
+                train_categories, save_every, device, out, overwrite, seed, quiet):
     """Train head drafts for TARGET by self-distillation on a cache's trajectories.
 
     The loss is against the target's whole next-token law (softmax of its LM head on the
@@ -97,7 +102,7 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
     from specsim.interrupts import sigterm_as_interrupt
     from specsim.record.models import load_model
     from specsim.record.train import CURVE_HELDOUT, TrainConfig, train
-    from specsim.record.train_data import recorded_prompts, subset
+    from specsim.record.train_data import in_categories, recorded_prompts, subset
 
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise CacheError(f"--out {out} is not empty; pass --overwrite to replace the heads in it")
@@ -111,14 +116,20 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
         aux = tuple(int(k) for k in aux_layers.split(",")) if aux_layers else ()
     except ValueError:
         raise CacheError.naming("{aux_layers} {value!r}: give layer numbers, e.g. 2,15,27", value=aux_layers) from None
-    if train_prompts:  # more than the cache has: refused before the target is loaded (minutes for a large one)
-        subset(recorded_prompts(cache), holdout_every, train_prompts, seed)
+    categories = tuple(dict.fromkeys(c.strip() for c in train_categories.split(",") if c.strip())) \
+        if train_categories is not None else ()
+    if train_categories is not None and not categories:
+        raise CacheError.naming("{train_categories}: give category names, e.g. writing,coding")
+    if train_prompts or categories:  # refused before the target is loaded (minutes for a large one)
+        subset(recorded_prompts(cache), holdout_every, train_prompts or 0, seed,
+               in_categories(cache, categories) if categories else None)
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     click.echo(f"loading target {target} ...", err=True)
     loaded = load_model(target, device=device)
     config = TrainConfig(kind=kind, heads=heads, steps=steps, lr=lr, lr_schedule=lr_schedule, batch=batch,
-                         holdout_every=holdout_every, train_prompts=train_prompts or 0, save_every=save_every,
+                         holdout_every=holdout_every, train_prompts=train_prompts or 0,
+                         train_categories=categories, save_every=save_every,
                          seed=seed, ttt_steps=ttt_steps,
                          aux_layers=aux, draft_vocab=draft_vocab,
                          ttt_decay=ttt_decay if ttt_decay is not None else 0.6 if kind == "mtp" else 1.0,

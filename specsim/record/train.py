@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from specsim.errors import ModelError
-from specsim.record.train_data import draft_vocabulary, held_out, load_sequences, recorded_prompts, split, subset
+from specsim.record.train_data import draft_vocabulary, held_out, in_categories, load_sequences, recorded_prompts, split, subset
 from specsim.record.train_loss import batch_loss, batches_together, evaluate, loss, terms
 from specsim.specs import HEAD_KINDS, LR_SCHEDULES, PROMPT_USES, TRAIN_PRECISIONS
 
@@ -80,6 +80,7 @@ class TrainConfig:
     holdout_every: int = 5  # every k-th prompt is held out (k >= 2)
     train_prompts: int = 0  # train on this many of the training prompts, a random subset by the seed (0: all); the
     #                         held-out prompts stay the same, and a smaller subset is part of a larger (`subset`)
+    train_categories: tuple = ()  # train on the prompts of these categories only (empty: all); held-out unchanged
     save_every: int = 100  # checkpoint every this many steps
     seed: int = 0  # initialisation and batch order
     eagle_token_weight: float = 0.1  # EAGLE's p_w: the token loss's weight beside feature regression
@@ -185,7 +186,8 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     head_config = head_config_for(config.kind, target, heads=config.heads, aux_layers=aux, mtp_style=config.mtp_style)
     blind = config.kind == "medusa" and config.prompt == "context"  # Medusa attends to nothing: no context to give
     recorded, every = recorded_prompts(cache), config.holdout_every
-    keep = subset(recorded, every, config.train_prompts, config.seed)
+    among = in_categories(cache, config.train_categories) if config.train_categories else None
+    keep = subset(recorded, every, config.train_prompts, config.seed, among)
     seqs = load_sequences(cache, target, head_config.hidden_layers if config.kind in ("eagle3", "mtp") else (),
                           "none" if blind else config.prompt, progress=progress,
                           prompts=keep | {i for i in recorded if held_out(i, every)})
@@ -221,6 +223,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     n_held = sum(int(s.tokens.shape[0]) - s.context for s in held)
     echo(f"training {config.kind} heads for {target.name} on {len(train_seqs)} trajectories ({n_train} positions"
          + (f"; {config.train_prompts} of the training prompts, drawn by the seed" if config.train_prompts else "")
+         + (f"; categories {', '.join(config.train_categories)} only" if config.train_categories else "")
          + f"{', prompts included' if config.prompt == 'loss' else ''}); held out: {len(held)} ({n_held} generated "
          f"positions, every {config.holdout_every}th prompt); the prompt: {config.prompt} "
          f"({PROMPT_USES[config.prompt]}); arithmetic: {config.precision}; learning rate: {config.lr_schedule}, "

@@ -122,18 +122,39 @@ def split(seqs, every: int, keep: Collection[int]) -> tuple[list[TrainSequence],
     return train, held
 
 
-def subset(recorded: Collection[int], every: int, prompts: int = 0, seed: int = 0) -> set[int]:
-    """The training prompts of the prompt indices `recorded` (those not held out, every `every`-th): all of them, or
-    `prompts` of them drawn by `seed`, the first of one permutation, so a smaller subset is part of a larger one and
-    a data-scaling curve's points add data to one another (the held-out prompts are the same whatever `prompts`)."""
-    pool = sorted(i for i in set(recorded) if not held_out(i, every))
+def subset(recorded: Collection[int], every: int, prompts: int = 0, seed: int = 0,
+           among: Collection[int] | None = None) -> set[int]:
+    """The training prompts of the prompt indices `recorded` (those not held out, every `every`-th), of those in
+    `among` when given (`in_categories`): all of them, or `prompts` of them drawn by `seed`, the first of one
+    permutation, so a smaller subset is part of a larger one and a data-scaling curve's points add data to one
+    another (the held-out prompts are the same whatever `prompts` and `among`)."""
+    pool = sorted(i for i in set(recorded) if not held_out(i, every) and (among is None or i in among))
+    if among is not None and not pool:
+        raise CacheError.naming("{train_categories}: none of the cache's training prompts is in those categories")
     if not prompts:
         return set(pool)
     if prompts > len(pool):
-        raise CacheError(f"--train-prompts {prompts}: the cache has {len(pool)} training prompts (1 in {every} held "
-                         "out)")
+        raise CacheError.naming("{train_prompts} {value}: the cache has {n} training prompts (1 in {every} held out"
+                                + (", in {train_categories}" if among is not None else "") + ")",
+                                value=prompts, n=len(pool), every=every)
     order = np.random.default_rng([seed, 1]).permutation(len(pool))
     return {pool[k] for k in order[:prompts]}
+
+
+def in_categories(cache, categories: Collection[str]) -> set[int]:
+    """The prompt indices of a cache whose category is one of `categories`; a category no prompt has is refused,
+    naming those the cache has."""
+    from specsim.cache.reader import CacheReader
+
+    with CacheReader(cache) as reader:
+        have = [reader.prompt_category(i) for i in range(reader.n_prompts)]
+    unknown = sorted(set(categories) - set(have))
+    if unknown:
+        shown = ", ".join(sorted({c or "(none)" for c in have}))
+        raise CacheError.naming("{train_categories} {value}: no prompt of {cache} has {which}; it has: {shown}",
+                                value=",".join(unknown), cache=str(cache), shown=shown,
+                                which="that category" if len(unknown) == 1 else "those categories")
+    return {i for i, c in enumerate(have) if c in set(categories)}
 
 
 def draft_vocabulary(seqs: list[TrainSequence], size: int, vocab: int, config: "TrainConfig") -> np.ndarray:
