@@ -371,6 +371,34 @@ def test_an_interrupted_training_saves_the_head_with_its_own_heldout_numbers(tra
     assert "prompt" not in said  # Medusa attends to nothing: what the prompt was to it is moot
 
 
+def test_an_interrupt_in_the_final_evaluation_keeps_every_step(training_cache, tiny_model_dir, tmp_path,
+                                                               monkeypatch):
+    """A stop (a deadline's SIGTERM) while the trained head is measured on every held-out trajectory, after the last
+    step: the head of the last step is on disk, and the run says it was interrupted."""
+    import json
+
+    from specsim.record import train as training
+    from specsim.record.head_checkpoints import load_heads
+    from specsim.record.models import load_model
+
+    real, calls = training.evaluate, []
+
+    def stop_in_the_last(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # before training, then after it
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "evaluate", stop_in_the_last)
+    target, out = load_model(str(tiny_model_dir)), tmp_path / "head"
+    outcome = training.train(training_cache[0], target, out,
+                             training.TrainConfig(kind="eagle", steps=6, lr=1e-2, batch=2, holdout_every=4,
+                                                  save_every=100), progress=False)
+    assert outcome.interrupted and outcome.steps == 6 and outcome.after == {}
+    assert json.loads((out / "config.json").read_text())["training"]["steps"] == 6
+    assert load_heads(f"eagle:{out}", target).kind == "eagle"
+
+
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp"])
 def test_training_computes_the_laws_the_head_drafts(training_cache, tiny_model_dir, kind):
     """What training fits is what drafting uses: the training's law of depth d from every generated start equals

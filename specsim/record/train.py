@@ -295,7 +295,12 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
         outcome.seconds = time.perf_counter() - started
     module.eval()
     if not outcome.interrupted:
-        outcome.after = evaluate(config.kind, module, target, held, config)
+        save_heads(out, head_config, module, extra())  # first: an interrupt in the evaluation below loses no steps
+        try:
+            outcome.after = evaluate(config.kind, module, target, held, config)
+        except KeyboardInterrupt:  # the trained head is saved, without its held-out numbers
+            outcome.interrupted = True
+            return outcome
     elif outcome.steps and not (outcome.curve and outcome.curve[-1]["step"] == outcome.steps):
         # stopped between checkpoints: save the weights first (a second interrupt loses nothing), then measure them
         # on the curve's probe, as a checkpoint is
