@@ -1,6 +1,7 @@
 """Model specs: local directories, derived drafts, tokenizer checks, GGUF and packaged-model plumbing."""
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -216,6 +217,56 @@ def test_gguf_of_an_architecture_transformers_cannot_load_is_refused(tmp_path, m
     writer.close()
     with pytest.raises(ModelError, match="GGUF architecture 'exotic-arch' is not supported"):
         load_model(str(path))
+
+
+def _convert_in_a_child(path: str, home: str, log: str, out) -> None:
+    """A child process of the test below: convert `path` with a slow stand-in for transformers' GGUF loader."""
+    import os
+    import time
+
+    os.environ["SPECSIM_HOME"] = home
+
+    class Saved:
+        def __init__(self, name):
+            self.name, self.config = name, type("Config", (), {})()
+
+        def save_pretrained(self, folder):
+            time.sleep(0.3)  # long enough for every process to be converting at once without the lock
+            (Path(folder) / self.name).write_text(f"written by {os.getpid()}")
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()} {self.name}\n")
+
+    packaged._load_gguf = lambda gguf: (Saved("model.safetensors"), Saved("tokenizer.json"), "llama")
+    try:
+        dest, marker = packaged.convert_gguf_file(Path(path))
+        out.put((str(dest), marker["sha256"], (dest / "model.safetensors").read_text()))
+    except Exception as exc:  # noqa: BLE001 - the parent asserts on it
+        out.put(repr(exc))
+
+
+def test_processes_loading_one_gguf_at_once_convert_it_once(tmp_path):
+    """Every rank of a multi-process recording loads the same GGUF at once (on a GPU, six shards side by side lost
+    two of them to this): they convert it once, one process, and all get the finished folder; no scratch folder is
+    left. Without the lock the four converted into one scratch folder together."""
+    import multiprocessing
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF" + bytes(60))
+    log, home = tmp_path / "conversions.log", tmp_path / "home"
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    children = [context.Process(target=_convert_in_a_child, args=(str(path), str(home), str(log), out))
+                for _ in range(4)]
+    for child in children:
+        child.start()
+    results = [out.get(timeout=60) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+    assert all(isinstance(r, tuple) for r in results), results
+    assert len(set(results)) == 1  # the same folder, marker and model file for all
+    assert len(log.read_text().splitlines()) == 2  # one process wrote the model and the tokenizer, once
+    folder = Path(results[0][0])
+    assert sorted(p.name for p in folder.parent.iterdir() if not p.name.endswith(".lock")) == [folder.name]
 
 
 def test_resolve_device():

