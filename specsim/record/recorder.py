@@ -174,7 +174,6 @@ def generate(
     start = start if start is not None else prefill(target, prompts)
     generators = [torch.Generator(device="cpu").manual_seed(s) for s in seeds]
     B = len(prompts)
-    steps: list = []  # each (B, V) float32 on the model's device
     tokens = torch.zeros((B, max_new_tokens + overhang), dtype=torch.long)
     lengths = [0] * B
     extra = [0] * B  # overhang tokens sampled so far
@@ -182,9 +181,13 @@ def generate(
     with torch.inference_mode():
         cache = copy.deepcopy(start.cache)
         logits, mask, positions = start.last_logits, start.mask, start.next_positions
+        # every step's (B, V) float32 logits, written in place: a list of steps stacked at the end held them twice at
+        # the peak (128 x 192 x 49,152 logits are 4.8 GB; six recorders of that size ran a 140 GB GPU out of memory)
+        logits_of = torch.empty((B, max_new_tokens + overhang, logits.shape[-1]), dtype=torch.float32,
+                                device=logits.device)
         for step in range(max_new_tokens + overhang):
             nxt = logits.argmax(dim=-1) if temperature == 0 else sample_tokens(logits, temperature, generators)
-            steps.append(logits)
+            logits_of[:, step] = logits
             alive = 0
             for i, tok in enumerate(nxt.tolist()):
                 if finished[i]:
@@ -203,11 +206,10 @@ def generate(
             out = model(input_ids=nxt.view(B, 1), attention_mask=mask, position_ids=positions,
                         use_cache=True, logits_to_keep=1, **with_cache(cache))
             cache, logits, positions = cache_of(out), out.logits[:, -1, :].float(), positions + 1
-    stacked = torch.stack(steps, dim=1)  # (B, steps, V) on the device
     return [
         Trajectory(
             tokens=tokens[i, : lengths[i]].numpy(),
-            p_target_logits=stacked[i, : lengths[i] + extra[i]],
+            p_target_logits=logits_of[i, : lengths[i] + extra[i]],
             stop_reason="eos" if int(tokens[i, lengths[i] - 1]) in eos else "max_new_tokens",
             overhang=tokens[i, lengths[i] : lengths[i] + extra[i]].numpy(),
         )
