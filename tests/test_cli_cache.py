@@ -65,6 +65,8 @@ def test_cache_records_every_prompt_and_temperature_and_says_so(tiny_model_dir, 
     assert result.exit_code == 0, result.output
     assert re.search(r"recorded 8 trajectories \(\d+ positions\) in [\d.]+ s \([\d.]+ positions/s, target \+ 2 draft\(s\)\); "
                      r"0 already present", result.output)
+    timing = next(line for line in result.output.splitlines() if line.startswith("time: "))
+    assert {"generation", "drafts", "statistics", "writing"} <= {p.rsplit(" ", 3)[0] for p in timing[6:].split(", ")}
     assert f"wrote {out}: 8 trajectories" in result.output
     with CacheReader(out) as r:
         assert r.spec.drafts == ("layers:2", "int8") and r.spec.temperatures == (0.0, 1.0)
@@ -269,6 +271,8 @@ def test_ctrl_c_or_sigterm_keeps_committed_trajectories_and_says_how_to_resume(r
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     assert "rerun the same command with --resume to continue" in stderr and "Traceback" not in stderr
+    # what the stopped run did, and where its time went (a capped run on a lent machine has no other record)
+    assert re.search(r"this run: [1-9]\d* trajectories \(\d+ positions\) in [\d.]+ s; time: .*generation \d+%", stderr)
     assert _run(*args(out), "--resume").exit_code == 0
     _assert_same_contents(_contents(out), reference)
 

@@ -37,6 +37,11 @@ def expanded_cache(tiny_model_dir, tiny_prompts_file, tmp_path_factory):
     with CacheWriter.create(path, spec, prompt_records(prompts.prompts, target.tokenizer)) as writer:
         outcome = record(writer, target, drafts, config, progress=False)
     assert outcome.expand_seconds > 0
+    # where the time went: every phase this recording ran, adding up to its wall time
+    assert set(outcome.phases) == {"prompt passes", "generation", "drafts", "statistics", "expansion", "writing",
+                                   "other"}
+    assert abs(sum(outcome.phases.values()) - outcome.seconds) < 1e-3 + 1e-3 * outcome.seconds
+    assert outcome.phases["expansion"] >= outcome.expand_seconds and not outcome.interrupted
     return path, drafts[0]
 
 

@@ -10,7 +10,7 @@ import click
 
 from specsim import specs as registry
 from specsim.cli import _common as c
-from specsim.record.recorder import MAX_OVERHANG, OVERHANG
+from specsim.record.recorder import MAX_OVERHANG, OVERHANG, phases_line
 
 
 @c.command("cache")
@@ -133,9 +133,13 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
                             hidden=parse_hidden(hidden), head_depth=head_depth, overhang=overhang)
     outcome = record_cache(out, request, resume=resume, overwrite=overwrite, progress=not quiet,
                            echo=lambda line: click.echo(line, err=True))
+    timing = phases_line(outcome.phases, outcome.seconds)
     if outcome.interrupted:
         click.echo(f"interrupted: {out} keeps {outcome.total} committed trajectories; "
                    "rerun the same command with --resume to continue", err=True)
+        if outcome.seconds > 0:
+            click.echo(f"this run: {outcome.trajectories} trajectories ({outcome.positions} positions) in "
+                       f"{outcome.seconds:.1f} s" + (f"; {timing}" if timing else ""), err=True)
         # Skip interpreter finalisation: the cache is closed and nothing else needs cleaning up, while
         # garbage-collecting torch + transformers after an interrupt took minutes on a loaded machine.
         sys.stdout.flush()
@@ -150,4 +154,6 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
         + (f"; {' and '.join(extra)} took {outcome.expand_seconds:.1f} s of it "
            f"({outcome.expand_seconds / outcome.seconds:.0%})" if extra and outcome.seconds > 0 else "")
     )
+    if timing:
+        click.echo(timing)
     click.echo(f"wrote {out}: {outcome.total} trajectories, {c.human_bytes(outcome.bytes)}; next: specsim inspect {out}")

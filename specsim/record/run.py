@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -57,6 +57,7 @@ class RecordOutcome:
     bytes: int  # file size now
     interrupted: bool  # stopped by Ctrl-C / SIGTERM (committed trajectories kept)
     expand_seconds: float = 0.0  # of `seconds`, expanding the drafts' trees (--expand)
+    phases: dict = field(default_factory=dict)  # of `seconds`, each phase's (`recorder.Phases`)
 
 
 def check_output(out: Path, *, resume: bool, overwrite: bool) -> None:
@@ -185,14 +186,16 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
         try:
             with writer, sigterm_as_interrupt():
                 stats = record(writer, p_target, q_drafts, config, progress=progress)
-        except KeyboardInterrupt:
+            interrupted = stats.interrupted
+        except KeyboardInterrupt:  # outside the recording loop (closing the file)
             interrupted = True
         with CacheReader(out) as reader:
             total = reader.n_trajectories
         return RecordOutcome(trajectories=stats.trajectories if stats else 0, positions=stats.positions if stats else 0,
                              skipped=stats.skipped if stats else 0, seconds=stats.seconds if stats else 0.0,
                              total=total, bytes=out.stat().st_size, interrupted=interrupted,
-                             expand_seconds=stats.expand_seconds if stats else 0.0)
+                             expand_seconds=stats.expand_seconds if stats else 0.0,
+                             phases=stats.phases if stats else {})
 
 
 def _load(request: RecordRequest, echo):
