@@ -371,6 +371,52 @@ def test_an_interrupted_training_saves_the_head_with_its_own_heldout_numbers(tra
     assert "prompt" not in said  # Medusa attends to nothing: what the prompt was to it is moot
 
 
+def test_a_time_limit_fits_the_schedule_to_the_time_and_keeps_the_final_evaluation(training_cache, tiny_model_dir,
+                                                                                   tmp_path, monkeypatch):
+    """--time-limit: on a clock that moves 1 s whenever it is read (twice a step), a 60 s run keeps 1.25x the untrained
+    head's evaluation and 2 s to save, trains until the rest is spent (far fewer steps than the cap), its rate falls
+    along the cosine to near zero by then, and it ends with the full held-out evaluation, not interrupted."""
+    import itertools
+    import json
+
+    from specsim.record import train as training
+    from specsim.record.models import load_model
+
+    ticks = itertools.count()
+    monkeypatch.setattr(training, "_clock", lambda: float(next(ticks)))
+    config = training.TrainConfig(kind="eagle", steps=1000, lr=1e-2, batch=2, holdout_every=4, save_every=4,
+                                  time_limit=60.0)
+    said = []
+    outcome = training.train(training_cache[0], load_model(str(tiny_model_dir)), tmp_path / "h", config,
+                             progress=False, echo=said.append)
+    # read at: start 0, around the first evaluation 1 and 2, the schedule's first rate 3; then twice a step; the end
+    # is 60 - 1.25 * 1 - 2 = 56.75, so the step whose check reads 57 is the last
+    assert outcome.steps == 27 and not outcome.interrupted and outcome.after
+    assert "time limit 60 s: training until 57 s" in said[-1]
+    rates = [c["lr"] for c in outcome.curve]
+    assert len(rates) == 6 and all(a > b for a, b in zip(rates, rates[1:])) and rates[-1] < 0.15 * config.lr
+    record = json.loads((tmp_path / "h" / "config.json").read_text())["training"]
+    assert record["steps"] == 27 and record["config"]["time_limit"] == 60.0 and record["heldout"]["loss"] == outcome.after["loss"]
+    schedule = training.TimedSchedule(config, 0.0, 100.0, lambda: 0.0)
+    assert schedule.factor() == training.WARMUP_FLOOR  # the first step, before any is timed
+    assert [round(training.TimedSchedule(config, 0.0, 100.0, lambda t=t: t).factor(), 3) for t in (50.0, 100.0)] \
+        == [round(0.5 * (1 + np.cos(np.pi * (0.5 - 0.015) / 0.985)), 3), 0.0]
+
+
+def test_a_time_limit_too_short_to_train_is_refused_in_one_line(training_cache, tiny_model_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+
+    result = CliRunner().invoke(main, ["train-draft", "--kind", "eagle", "--target", str(tiny_model_dir), "--from",
+                                       str(training_cache[0]), "--holdout-every", "4", "--time-limit", "0.01",
+                                       "--out", str(tmp_path / "h"), "--quiet"])
+    assert result.exit_code == 1
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("Error: --time-limit 0.01 s: loading and evaluating took") and "nothing is left" in line
+    assert not (tmp_path / "h" / "config.json").exists()
+
+
 def test_an_interrupt_in_the_final_evaluation_keeps_every_step(training_cache, tiny_model_dir, tmp_path,
                                                                monkeypatch):
     """A stop (a deadline's SIGTERM) while the trained head is measured on every held-out trajectory, after the last

@@ -46,7 +46,14 @@ from specsim.cli import _common as c
 @click.option("--precision", type=c.choice(registry.TRAIN_PRECISIONS), default="float32", show_default=True,
               help="The training steps' arithmetic (held-out numbers are float32 either way): "
                    + registry.vocab_help(registry.TRAIN_PRECISIONS) + ".")
-@click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True, help="Optimiser steps.")
+@click.option("--steps", type=click.IntRange(min=1), default=None,
+              help="Optimiser steps (with --time-limit: at most this many).  [default: 300; with --time-limit: no "
+                   "cap]")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Train for as long as the time allows instead of a step count: the whole run (loading included) "
+                   "aims to end within SECONDS (a step at most later); the learning-rate schedule runs over the time left after loading, less "
+                   "the final held-out evaluation's (taken as 1.25x the untrained head's, measured first). For a "
+                   "lent or scheduled machine's minutes.")
 @click.option("--batch", type=click.IntRange(min=1), default=4, show_default=True, help="Trajectories per step.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True,
               help="AdamW learning rate (the peak rate under --lr-schedule cosine).")
@@ -72,7 +79,7 @@ from specsim.cli import _common as c
 @c.quiet_option
 @c.friendly_errors
 def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, router_bias_speed,
-                draft_vocab, prompt_use, precision, steps, batch, lr, lr_schedule, holdout_every, train_prompts,
+                draft_vocab, prompt_use, precision, steps, time_limit, batch, lr, lr_schedule, holdout_every, train_prompts,
                 train_categories, save_every, device, out, overwrite, seed, quiet):
     """Train head drafts for TARGET by self-distillation on a cache's trajectories.
 
@@ -95,13 +102,18 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
       specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 --draft-vocab 16384 \
           --out heads/eagle3
       specsim train-draft --kind mtp --target smollm2-135m --from cache/train.h5 --out heads/mtp
+      specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 --time-limit 600 \
+          --out heads/eagle3-10min            # as many steps as ten minutes hold, the schedule fitted to them
     """
+    import time
+
+    begun = time.perf_counter()  # --time-limit counts from here: importing and loading count too
     import transformers
 
     from specsim.errors import CacheError
     from specsim.interrupts import sigterm_as_interrupt
     from specsim.record.models import load_model
-    from specsim.record.train import CURVE_HELDOUT, TrainConfig, train
+    from specsim.record.train import CURVE_HELDOUT, NO_STEP_CAP, TrainConfig, train
     from specsim.record.train_data import in_categories, recorded_prompts, subset
 
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -127,7 +139,8 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
     transformers.utils.logging.set_verbosity_error()
     click.echo(f"loading target {target} ...", err=True)
     loaded = load_model(target, device=device)
-    config = TrainConfig(kind=kind, heads=heads, steps=steps, lr=lr, lr_schedule=lr_schedule, batch=batch,
+    config = TrainConfig(kind=kind, heads=heads, steps=steps or (NO_STEP_CAP if time_limit else 300),
+                         time_limit=time_limit or 0.0, lr=lr, lr_schedule=lr_schedule, batch=batch,
                          holdout_every=holdout_every, train_prompts=train_prompts or 0,
                          train_categories=categories, save_every=save_every,
                          seed=seed, ttt_steps=ttt_steps,
@@ -136,7 +149,8 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
                          mtp_style=mtp_style, prompt=prompt_use, precision=precision,
                          **({} if router_bias_speed is None else {"router_bias_speed": router_bias_speed}))
     with sigterm_as_interrupt():  # SIGTERM (a scheduler's stop) saves the last checkpoint as Ctrl-C does
-        outcome = train(cache, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True))
+        outcome = train(cache, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True),
+                        begun=begun)
 
     def agreement(result):
         return ", ".join(f"depth {d} {v:.3f} (overlap {result['overlap'][d]:.3f})" for d, v in result["top1"].items())

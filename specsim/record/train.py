@@ -67,6 +67,10 @@ from specsim.specs import HEAD_KINDS, LR_SCHEDULES, PROMPT_USES, TRAIN_PRECISION
 CURVE_HELDOUT = 24  # held-out trajectories the training curve evaluates at each checkpoint (all of them at the end)
 WARMUP_SHARE = 0.015  # "cosine": the share of the steps spent warming up (SpecForge's warmup_ratio)
 CLIP_NORM = 0.5  # "cosine": the gradient's norm is clipped to this (SpecForge's max_grad_norm)
+WARMUP_FLOOR = 0.1  # a time-limited warm-up starts at this share of the rate (no step is timed before the first)
+EVAL_RESERVE = 1.25  # a time limit keeps this many times the untrained head's held-out evaluation for the final one
+SAVE_RESERVE = 2.0  # ... and these seconds to save the head
+NO_STEP_CAP = 10**9  # `steps` of a time-limited run given no cap
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,8 @@ class TrainConfig:
     #                         held-out prompts stay the same, and a smaller subset is part of a larger (`subset`)
     train_categories: tuple = ()  # train on the prompts of these categories only (empty: all); held-out unchanged
     save_every: int = 100  # checkpoint every this many steps
+    time_limit: float = 0.0  # seconds for the whole run (0: none): the schedule runs over the time left after loading,
+    #                          less the final evaluation's (`steps` then caps the steps); see `TimedSchedule`
     seed: int = 0  # initialisation and batch order
     eagle_token_weight: float = 0.1  # EAGLE's p_w: the token loss's weight beside feature regression
     ttt_steps: int = 4  # EAGLE-3: training-time test depth (the deepest draft trained on its own features)
@@ -165,9 +171,37 @@ def schedule(optimiser: torch.optim.Optimizer, config: TrainConfig) -> torch.opt
     return SequentialLR(optimiser, [ramp, cosine], milestones=[warmup])
 
 
+def _clock() -> float:
+    return time.perf_counter()
+
+
+class TimedSchedule:
+    """`schedule` over time instead of steps, for a run that must end by a deadline (a lent GPU's minutes): a step
+    starting a fraction p of the way from `start` to `end` runs at the rate "cosine" gives that fraction of the steps
+    (the warm-up ramps from WARMUP_FLOOR of the rate, the first step being untimed), or the full rate ("constant").
+    A LambdaLR reads the clock when it sets the next step's rate."""
+
+    def __init__(self, config: TrainConfig, start: float, end: float, clock: Callable[[], float]) -> None:
+        self.config, self.start, self.end, self.clock = config, start, end, clock
+
+    def factor(self, _step: int = 0) -> float:
+        import math
+
+        if self.config.lr_schedule == "constant":
+            return 1.0
+        p = min(1.0, max(0.0, (self.clock() - self.start) / (self.end - self.start)))
+        if p < WARMUP_SHARE:
+            return max(p / WARMUP_SHARE, WARMUP_FLOOR)
+        return 0.5 * (1 + math.cos(math.pi * (p - WARMUP_SHARE) / (1 - WARMUP_SHARE)))
+
+    def over(self) -> bool:
+        return self.clock() >= self.end
+
+
 def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = True,
-          echo: Callable[[str], None] = lambda line: None) -> TrainOutcome:
-    """Train `config.kind` heads for `target` on `cache`'s hidden states and save them in `out`."""
+          echo: Callable[[str], None] = lambda line: None, begun: float | None = None) -> TrainOutcome:
+    """Train `config.kind` heads for `target` on `cache`'s hidden states and save them in `out`. begun: when the
+    run began by `_clock` (`config.time_limit` counts from it; default: now), so a caller's loading counts too."""
     from tqdm.auto import tqdm
 
     from specsim.cache.provenance import trained_on
@@ -180,6 +214,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
         raise ModelError(f"--precision {config.precision!r}: one of {', '.join(TRAIN_PRECISIONS)}")
     if config.lr_schedule not in LR_SCHEDULES:
         raise ModelError(f"--lr-schedule {config.lr_schedule!r}: one of {', '.join(LR_SCHEDULES)}")
+    begun = _clock() if begun is None else begun
     torch.manual_seed(config.seed)
     aux = (tuple(config.aux_layers) or default_aux_layers(int(target.model.config.num_hidden_layers))
            if config.kind == "eagle3" else ())
@@ -230,10 +265,26 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
          f"peak {config.lr:g}")
     outcome = TrainOutcome(steps=0, seconds=0.0, positions=n_train, heldout_positions=n_held)
     module.eval()
+    evaluating = _clock()
     outcome.before = evaluate(config.kind, module, target, held, config)
+    now = _clock()
     trained = [p for p in module.parameters() if p.requires_grad]
     optimiser = torch.optim.AdamW(trained, lr=config.lr)
-    rates = schedule(optimiser, config)
+    timed = None
+    if config.time_limit:  # the rest of the time, less the final evaluation's (as long as the one just run)
+        end = begun + config.time_limit - EVAL_RESERVE * (now - evaluating) - SAVE_RESERVE
+        if end <= now:
+            raise ModelError.naming("{time_limit} {value:g} s: loading and evaluating took {used:.0f} s and the "
+                                    "final evaluation needs about {need:.0f} s more; nothing is left to train",
+                                    value=config.time_limit, used=now - begun,
+                                    need=EVAL_RESERVE * (now - evaluating) + SAVE_RESERVE)
+        timed = TimedSchedule(config, now, end, _clock)
+        echo(f"time limit {config.time_limit:g} s: training until {end - begun:.0f} s (loading and evaluating took "
+             f"{now - begun:.0f} s; the final evaluation is kept {EVAL_RESERVE * (now - evaluating):.0f} s)"
+             + (f", at most {config.steps} steps" if config.steps < NO_STEP_CAP else ""))
+        rates = torch.optim.lr_scheduler.LambdaLR(optimiser, timed.factor)
+    else:
+        rates = schedule(optimiser, config)
     rng = np.random.default_rng(config.seed)
     probe = held[:CURVE_HELDOUT]  # the held-out trajectories the training curve is measured on
 
@@ -257,7 +308,8 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     together = batches_together(config, module)
     rate = config.lr  # the learning rate of the last step taken
     started = time.perf_counter()
-    bar = tqdm(total=config.steps, unit="step", desc=f"train {config.kind}", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=None if timed else config.steps, unit="step", desc=f"train {config.kind}", disable=not progress,
+               dynamic_ncols=True)
     try:
         module.train()
         for step in range(config.steps):
@@ -281,6 +333,8 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
             losses.append(total.item())
             bar.update()
             bar.set_postfix(loss=f"{total.item():.3f}")
+            if timed is not None and timed.over():
+                break
             if (step + 1) % config.save_every == 0 and step + 1 < config.steps:
                 module.eval()
                 outcome.curve.append({"step": step + 1, "train_loss": float(np.mean(losses[-config.save_every:])),
