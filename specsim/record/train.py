@@ -51,6 +51,7 @@ The data a run trains on (trajectories, the prompt's states, the held-out split)
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,8 +186,6 @@ class TimedSchedule:
         self.config, self.start, self.end, self.clock = config, start, end, clock
 
     def factor(self, _step: int = 0) -> float:
-        import math
-
         if self.config.lr_schedule == "constant":
             return 1.0
         p = min(1.0, max(0.0, (self.clock() - self.start) / (self.end - self.start)))
