@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "models": "specsim.cli.models_cmd:models",
     "cache": "specsim.cli.cache_cmd:cache",
     "merge": "specsim.cli.merge_cmd:merge",
+    "write-prompts": "specsim.cli.prompts_cmd:write_prompts",
     "train-draft": "specsim.cli.train_cmd:train_draft",
     "inspect": "specsim.cli.inspect_cmd:inspect",
     "trees": "specsim.cli.trees_cmd:trees",
