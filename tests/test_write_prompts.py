@@ -18,7 +18,7 @@ def target(tiny_model_dir):
 
 
 def _write(tiny_model_dir, out, *extra):
-    return CliRunner().invoke(main, ["write-prompts", "--target", str(tiny_model_dir), "--count", "6",
+    return CliRunner().invoke(main, ["write-prompts", "--model", str(tiny_model_dir), "--count", "6",
                                      "--max-new-tokens", "200", "--batch-size", "32", "--out", str(out), "--quiet",
                                      *extra])
 
@@ -79,7 +79,7 @@ def test_refusals_come_in_one_line_before_anything_is_written(tiny_model_dir, tm
     result = _write(tiny_model_dir, out)
     assert result.exit_code == 1 and result.output.strip().splitlines()[-1] == \
         f"Error: --out {out} exists; pass --overwrite to replace it"
-    assert out.read_text() == "mine\n" and "loading target" not in result.output
+    assert out.read_text() == "mine\n" and "loading" not in result.output
     assert _write(tiny_model_dir, out, "--overwrite").exit_code == 0 and out.read_text() != "mine\n"
 
 

@@ -12,8 +12,10 @@ from specsim.cli import _common as c
 
 
 @c.command("write-prompts")
-@click.option("--target", required=True, help="An instruct (chat) model: packaged short name, hub id, local path or "
-              "GGUF file. It writes the prompts its drafts will be trained on.")
+@click.option("--model", "model", required=True,
+              help="The instruct (chat) model that writes the prompts: packaged short name, hub id, local path or GGUF "
+                   "file. Usually the target whose drafts will be trained on them (its own kind of request); a "
+                   "larger instruct model with the same chat format writes better ones.")
 @click.option("--count", type=click.IntRange(min=1), required=True, help="Prompts to write.")
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="JSONL file to write ({\"prompt\": ..., \"category\": ..., \"question_id\": ...} a line), what "
@@ -35,9 +37,9 @@ from specsim.cli import _common as c
 @c.seed_option
 @c.quiet_option
 @c.friendly_errors
-def write_prompts(target, count, out, category, first_id, temperature, max_new_tokens, batch_size, device, overwrite,
+def write_prompts(model, count, out, category, first_id, temperature, max_new_tokens, batch_size, device, overwrite,
                   seed, quiet):
-    """Have TARGET write user prompts, the way it was tuned to be asked (Magpie: Xu et al., arXiv 2406.08464).
+    """Have an instruct model write user prompts as it was tuned to be asked (Magpie, arXiv 2406.08464).
 
     The chat template up to where a user turn's text begins is sampled until the turn
     ends; turns that end within --max-new-tokens, with 3 to 2,000 characters, and new,
@@ -48,7 +50,7 @@ def write_prompts(target, count, out, category, first_id, temperature, max_new_t
 
     \b
     Examples:
-      specsim write-prompts --target smollm2-135m --count 1000 --out prompts/smollm2.jsonl
+      specsim write-prompts --model smollm2-135m --count 1000 --out prompts/smollm2.jsonl
       specsim cache --target smollm2-135m --prompts prompts/smollm2.jsonl --hidden-states last,2,15,27 \\
           --temperature 0,0.7 --store stats --out cache/train-generated.h5
     """
@@ -65,8 +67,8 @@ def write_prompts(target, count, out, category, first_id, temperature, max_new_t
 
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
-    click.echo(f"loading target {target} ...", err=True)
-    loaded = load_model(target, device=resolve_device(device))
+    click.echo(f"loading {model} ...", err=True)
+    loaded = load_model(model, device=resolve_device(device))
     config = PromptWriteConfig(count=count, temperature=temperature, max_new_tokens=max_new_tokens,
                                batch_size=batch_size, seed=seed)
     with sigterm_as_interrupt():
@@ -81,13 +83,13 @@ def write_prompts(target, count, out, category, first_id, temperature, max_new_t
     said = (f"{len(outcome.prompts)} prompts to {out} (category {category!r}) in {outcome.seconds:.1f} s: "
             f"{outcome.drawn} turns drawn at T={temperature:g}, {outcome.unfinished} unfinished within "
             f"{max_new_tokens} tokens, {outcome.bad_length} too short or long, {outcome.repeated} repeated"
-            + (f", {outcome.surplus} beyond the count" if outcome.surplus else "") + f"; target {target}, seed {seed}")
+            + (f", {outcome.surplus} beyond the count" if outcome.surplus else "") + f"; written by {model}, seed {seed}")
     if outcome.interrupted:
         click.echo(f"interrupted: wrote {said}", err=True)
         raise SystemExit(130)
     if len(outcome.prompts) < count:
-        click.echo(f"wrote only {said}: the target stopped ending its turns often enough (raise --max-new-tokens)",
+        click.echo(f"wrote only {said}: the model did not end its turns often enough (raise --max-new-tokens)",
                    err=True)
         raise SystemExit(1)
     click.echo(f"wrote {said}")
-    click.echo(f"next: specsim cache --target {target} --prompts {out} ...")
+    click.echo(f"next: specsim cache --target TARGET --prompts {out} ...")

@@ -1,5 +1,5 @@
-"""Prompts written by the target itself (Magpie: Xu et al., "Magpie: Alignment Data Synthesis from Scratch by
-Prompting Aligned LLMs with Nothing", arXiv 2406.08464).
+"""Prompts written by an instruct model, usually the target itself (Magpie: Xu et al., "Magpie: Alignment Data
+Synthesis from Scratch by Prompting Aligned LLMs with Nothing", arXiv 2406.08464).
 
 An aligned chat model given its chat template up to where a user turn's text begins writes a user request: the kind
 of request it was tuned to answer. Sampling at T = 1 until the turn ends gives prompts from the model's own
@@ -50,22 +50,23 @@ class PromptWriteOutcome:
 
 
 def user_turn_prefix(tokenizer) -> str:
-    """The target's chat template rendered up to where a user turn's text begins (its default system prompt
+    """A chat template rendered up to where a user turn's text begins (its default system prompt
     included); ModelError if the tokenizer has no chat template (a base model: nothing to prompt it with)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ModelError("the target's tokenizer has no chat template: prompts are written by an instruct (chat) "
+        raise ModelError("the model's tokenizer has no chat template: prompts are written by an instruct (chat) "
                          "model from the start of a user turn")
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": MARK}], tokenize=False,
                                              add_generation_prompt=False)
     if MARK not in rendered:
-        raise ModelError("the target's chat template does not show a user turn's text; cannot find where one starts")
+        raise ModelError("the model's chat template does not show a user turn's text; cannot find where one starts")
     return rendered.split(MARK)[0]
 
 
-def write_prompts(target, config: PromptWriteConfig, *, progress: bool = True,
+def write_prompts(writer, config: PromptWriteConfig, *, progress: bool = True,
                   on_round: Callable[[PromptWriteOutcome], None] = lambda outcome: None) -> PromptWriteOutcome:
-    """Sample user turns from `target` (a `LoadedModel`) until `config.count` are kept (see the module docstring).
-    Ctrl-C or SIGTERM stops it with what was kept (`interrupted`)."""
+    """Sample user turns from `writer` (a `LoadedModel`: usually the target itself, or a larger instruct model of
+    the same chat format) until `config.count` are kept (see the module docstring). Ctrl-C or SIGTERM stops it with
+    what was kept (`interrupted`)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -73,12 +74,12 @@ def write_prompts(target, config: PromptWriteConfig, *, progress: bool = True,
 
     if config.count < 1:
         raise ModelError(f"count {config.count}: give at least 1 prompt to write")
-    tokenizer, model = target.tokenizer, target.model
+    tokenizer, model = writer.tokenizer, writer.model
     prefix = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False, return_tensors="pt")["input_ids"]
-    prefix = prefix.to(target.info["device"])
-    ends = sorted(eos_token_ids(target))
+    prefix = prefix.to(writer.info["device"])
+    ends = sorted(eos_token_ids(writer))
     if not ends:
-        raise ModelError("the target has no end-of-generation token: a user turn would never end")
+        raise ModelError("the model has no end-of-generation token: a user turn would never end")
     limit = config.max_draws or 4 * config.count + config.batch_size
     torch.manual_seed(config.seed)  # generate draws from torch's global generator
     outcome, seen, started = PromptWriteOutcome(), set(), time.perf_counter()
