@@ -18,3 +18,12 @@ for set in eval heldout46; do
         --per-request "pr-$h-${set}.csv" > "simulate_${set}_$h.txt" 2>&1
   done
 done
+# Run afterwards, the same day: the 46 held-out prompts at T = 0.7 (sampled trajectories), both heads and the data
+# curve's full head (HEADFULL, the head of ../eagle3-scale-cpu-2026-11-26/) in one cache, replayed with sampling.
+ln -sfn "${HEADFULL:-/work/e3big/head}" headFull
+/usr/bin/time -v $SPECSIM cache --target smollm2-135m --prompts "$E3BIG/heldout46_prompts.jsonl" \
+    --draft eagle3:headA,eagle3:headB,eagle3:headFull --head-depth 4 --max-new-tokens 128 --temperature 0.7 \
+    --store stats --out heldout46_t07.h5 --quiet > record_heldout46_t07.log 2>&1
+$SPECSIM simulate heldout46_t07.h5 --tree chain:4 --tree chain:2 --policy sample --temperature 0.7 \
+    --draft eagle3:headA --draft eagle3:headB --draft eagle3:headFull --draft suffix --per-request pr_t07.csv \
+    > simulate_heldout46_t07.txt 2>&1
