@@ -14,16 +14,20 @@ import fcntl
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 from specsim.errors import CacheError
 
 
 class CacheLock:
-    """`with CacheLock(path):` — exclusive, non-blocking; CacheError naming the holder when taken."""
+    """`with CacheLock(path):` — exclusive, non-blocking; CacheError naming the holder when taken. With
+    `wait=callback`, a taken lock is waited for instead, after `callback(holder)` (one process converts a model
+    while the others wait for it: `record.packaged.converting`)."""
 
-    def __init__(self, path) -> None:
+    def __init__(self, path, *, wait: Callable[[str], None] | None = None) -> None:
         self.path = Path(path)
         self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self.wait = wait
         self._fd: int | None = None
 
     def __enter__(self) -> "CacheLock":
@@ -35,9 +39,12 @@ class CacheLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise CacheError(f"{self.path} is being recorded by {holder}; wait for it to finish or stop it "
-                             "(one writer per cache)") from None
+            if self.wait is None:
+                os.close(fd)
+                raise CacheError(f"{self.path} is being recorded by {holder}; wait for it to finish or stop it "
+                                 "(one writer per cache)") from None
+            self.wait(holder)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"process {os.getpid()} ({' '.join(sys.argv)[:300]})\n".encode(), 0)
         self._fd = fd

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -224,25 +223,15 @@ def gguf_architecture(path: Path) -> str:
         raise ModelError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
 
 
-@contextmanager
 def converting(dest: Path, echo: Callable[[str], None] = lambda msg: None):
-    """One process at a time converts into ``dest``: an exclusive ``fcntl.flock`` on ``<dest>.lock``, waited for.
+    """One process at a time converts into ``dest``: the cache's one-writer lock on ``<dest>.lock``, waited for.
     Every rank of a multi-process recording (torchrun, or shards side by side) loads the same model at once; without
     it they converted into one scratch folder together and deleted each other's files. Inside, check the marker
     again: the process that held the lock may have finished the conversion."""
-    import fcntl
+    from specsim.cache.lock import CacheLock
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(dest.with_name(dest.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            echo(f"waiting for another process converting into {dest} ...")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    return CacheLock(dest, wait=lambda holder: echo(f"waiting for {holder}, converting into {dest} ..."))
 
 
 def _load_gguf(gguf: Path):
