@@ -87,11 +87,19 @@ class RecordStats:
     positions: int  # generated positions committed in this run
     skipped: int  # (prompt, temperature) pairs already in the file
     seconds: float  # wall time of this run's recording loop
-    stats_seconds: float = 0.0  # of which computing the per-position statistics on the device
-    expand_seconds: float = 0.0  # of which expanding the drafts' EAGLE-2 trees (--expand) or drawing chains and
-    #                               running the target along them (--expand-target)
     phases: dict = field(default_factory=dict)  # of which each phase's seconds (`Phases`), all of `seconds`
     interrupted: bool = False  # stopped by Ctrl-C / SIGTERM: these are the committed trajectories' numbers
+
+    @property
+    def stats_seconds(self) -> float:
+        """Of `seconds`, computing the per-position statistics on the device."""
+        return self.phases.get("statistics", 0.0)
+
+    @property
+    def expand_seconds(self) -> float:
+        """Of `seconds`, expanding the drafts' EAGLE-2 trees (--expand) or drawing chains and running the target
+        along them (--expand-target)."""
+        return self.phases.get("expansion", 0.0)
 
 
 class Phases:
@@ -483,7 +491,6 @@ def record(
     n_pending = sum(len(ts) for ts in todo.values())
     skipped = len(config.temperatures) * len(mine) - n_pending
     n_traj = n_pos = 0
-    stats_seconds = expand_seconds = 0.0
     bar = tqdm(total=n_pending * config.max_new_tokens, unit="pos", desc="recording", disable=not progress,
                dynamic_ncols=True)
     clock = Phases(target.info["device"])
@@ -515,9 +522,7 @@ def record(
                         continue
                     columns = {name: logits[k] for name, logits in q_draft.items()}
                     _check_finite(y.p_target_logits, columns, prompt_index=i, temperature=t)
-                    t_stats = time.perf_counter()
                     stats = trajectory_stats(y, columns, t, seed, writer.spec.stats)  # synchronous: ends in .cpu()
-                    stats_seconds += time.perf_counter() - t_stats
                     clock.lap("statistics")
                     hidden = {}
                     if hidden_layers:
@@ -538,16 +543,13 @@ def record(
                     if writer.spec.stats.expand is not None:
                         from specsim.record.expand import expand_trajectory
 
-                        t_expand = time.perf_counter()
                         K, D = writer.spec.stats.expand
                         for d in drafts:
                             stats[d.name].update(expand_trajectory(d.model, prompt_ids[k], y.recorded,
                                                                    columns[d.name], topk=K, depth=D))
-                        expand_seconds += time.perf_counter() - t_expand
                     if writer.spec.stats.expand_target is not None:
                         from specsim.record.proposals import no_proposals, target_along_proposals
 
-                        t_expand = time.perf_counter()
                         K, R = writer.spec.stats.expand_target
                         models = {d.name: (d.model, columns[d.name]) for d in drafts}
                         along = (target_along_proposals(target.model, models, prompt_ids[k], y.recorded,
@@ -556,7 +558,6 @@ def record(
                                  {name: no_proposals(len(y.recorded), K, R) for name in models})
                         for name, recorded in along.items():
                             stats[name].update(recorded)
-                        expand_seconds += time.perf_counter() - t_expand
                     if writer.spec.stats.expand is not None or writer.spec.stats.expand_target is not None:
                         clock.lap("expansion")
                     keep = writer.spec.storage != "stats"
@@ -577,6 +578,5 @@ def record(
         bar.close()
     clock.lap("other")
     return RecordStats(trajectories=n_traj, positions=n_pos, skipped=skipped,
-                       seconds=time.perf_counter() - started, stats_seconds=stats_seconds,
-                       expand_seconds=expand_seconds, phases={k: v for k, v in clock.seconds.items() if v > 0},
+                       seconds=time.perf_counter() - started, phases={k: v for k, v in clock.seconds.items() if v > 0},
                        interrupted=interrupted)
