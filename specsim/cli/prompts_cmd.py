@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
@@ -60,6 +59,7 @@ def write_prompts(model, count, out, category, first_id, temperature, max_new_to
         raise CacheError(f"--out {out} exists; pass --overwrite to replace it")
     import transformers
 
+    from specsim.engines.emit import write_text
     from specsim.interrupts import sigterm_as_interrupt
     from specsim.record.models import load_model, resolve_device
     from specsim.record.prompt_writer import PromptWriteConfig
@@ -74,12 +74,8 @@ def write_prompts(model, count, out, category, first_id, temperature, max_new_to
     with sigterm_as_interrupt():
         outcome = write(loaded, config, progress=not quiet)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".partial")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for k, text in enumerate(outcome.prompts):
-            f.write(json.dumps({"prompt": text, "category": category, "question_id": first_id + k},
-                               ensure_ascii=False) + "\n")
-    os.replace(tmp, out)  # never half-written under its name
+    write_text(out, "".join(json.dumps({"prompt": text, "category": category, "question_id": first_id + k},
+                                       ensure_ascii=False) + "\n" for k, text in enumerate(outcome.prompts)))
     said = (f"{len(outcome.prompts)} prompts to {out} (category {category!r}) in {outcome.seconds:.1f} s: "
             f"{outcome.drawn} turns drawn at T={temperature:g}, {outcome.unfinished} unfinished within "
             f"{max_new_tokens} tokens, {outcome.bad_length} too short or long, {outcome.repeated} repeated"

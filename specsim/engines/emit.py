@@ -111,7 +111,7 @@ def write_text(path: Path, text: str) -> Path:
     path = Path(path)
     tmp = path.with_name(path.name + ".writing")
     try:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
