@@ -171,11 +171,6 @@ class CacheReader:
         """Committed trajectories (what `trajectories.height` counts, without building the table)."""
         return len(self._rows)
 
-    @property
-    def n_prompts(self) -> int:
-        """The prompts the cache was created with (recorded or not)."""
-        return len(self._prompts)
-
     def prompt_records(self) -> list[PromptRecord]:
         """The prompts as stored (question id, category, text, token ids), without polars (`prompts` is the table)."""
         return list(self._prompts)
@@ -185,9 +180,6 @@ class CacheReader:
 
     def prompt_question_id(self, prompt_index: int) -> int:
         return int(self._prompts[prompt_index].question_id)
-
-    def prompt_category(self, prompt_index: int) -> str:
-        return self._prompts[prompt_index].category
 
     def iter_trajectories(self, temperature: float | None = None) -> Iterator[TrajectoryRow]:
         overhang = overhangs(self._rows)

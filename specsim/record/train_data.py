@@ -147,7 +147,7 @@ def in_categories(cache, categories: Collection[str]) -> set[int]:
     from specsim.cache.reader import CacheReader
 
     with CacheReader(cache) as reader:
-        have = [reader.prompt_category(i) for i in range(reader.n_prompts)]
+        have = [p.category for p in reader.prompt_records()]
     unknown = sorted(set(categories) - set(have))
     if unknown:
         shown = ", ".join(sorted({c or "(none)" for c in have}))
