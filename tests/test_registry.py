@@ -124,3 +124,30 @@ def test_help_names_every_head_kind_the_registry_holds(command):
     assert specs.head_specs() in " ".join(result.output.split())
     for name in heads:
         assert f"{name}:DIR" in result.output
+
+
+def _commands(command: click.Command, prefix=()):
+    if isinstance(command, click.Group):
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            yield from _commands(command.get_command(ctx, name), prefix + (name,))
+    else:
+        yield prefix
+
+
+def test_every_help_example_is_one_command_per_line():
+    """An example continued with a lone backslash in a (non-raw) docstring joins its two lines with the
+    indentation between them ('16384           --out'); written as '\\\\' it prints the continuation a shell
+    reads. Every command's --help is checked, so a new command's examples are too."""
+    import re
+
+    from click.testing import CliRunner
+
+    commands = list(_commands(cli))
+    assert len(commands) > 10
+    for words in commands:
+        result = CliRunner().invoke(cli, [*words, "--help"], terminal_width=1000)
+        assert result.exit_code == 0, result.output
+        examples = [ln for ln in result.output.splitlines() if ln.lstrip().startswith("specsim ")]
+        joined = [ln for ln in examples if re.search(r"\S {6,}--", ln)]
+        assert not joined, (words, joined)

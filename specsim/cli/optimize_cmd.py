@@ -81,7 +81,7 @@ def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, 
       specsim optimize cache/demo.h5 --budget 16 --policy sample --temperature 1 --multi-draft swor
       specsim optimize cache/demo.h5 --budget 16 --cost-profile profile.json --batch 1,4,16
       specsim optimize --acceptance-vector sequoia.json --budget 16
-      specsim optimize cache/v.h5 --draft layers:20 --budget 8 --cost-profile p.json --batch 1,4 \
+      specsim optimize cache/v.h5 --draft layers:20 --budget 8 --cost-profile p.json --batch 1,4 \\
           --emit vllm spec.json      # then: vllm serve MODEL --speculative-config "$(cat spec.json)"
       specsim optimize cache/v.h5 --draft layers:20 --budget 8 --cost-profile p.json --emit sglang flags.txt
     """

@@ -99,10 +99,10 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
       specsim train-draft --kind eagle --target smollm2-135m --from cache/train.h5 --out heads/eagle
       specsim cache --target smollm2-135m --draft medusa:heads/medusa,eagle:heads/eagle --out cache/heads.h5
       specsim cache --target smollm2-135m --hidden-states last,2,15,27 --store stats --out cache/train3.h5
-      specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 --draft-vocab 16384 \
+      specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 --draft-vocab 16384 \\
           --out heads/eagle3
       specsim train-draft --kind mtp --target smollm2-135m --from cache/train.h5 --out heads/mtp
-      specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 --time-limit 600 \
+      specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 --time-limit 600 \\
           --out heads/eagle3-10min            # as many steps as ten minutes hold, the schedule fitted to them
     """
     import time
