@@ -336,6 +336,27 @@ def test_training_lowers_heldout_loss_and_raises_acceptance(training_cache, tiny
     assert load_heads(f"eagle:{tmp_path / 'eagle'}", target).kind == "eagle"
 
 
+def test_weight_decay_reaches_the_optimiser(training_cache, tiny_model_dir, tmp_path):
+    """AdamW's decoupled decay shrinks every weight by lr x decay per step: at decay 1/lr one step leaves only
+    Adam's own update (at most about lr per weight) of an EAGLE head's matrices, initialised at std 0.02; at
+    decay 0 they keep their initial size."""
+    from specsim.record.head_checkpoints import load_heads
+    from specsim.record.models import load_model
+    from specsim.record.train import TrainConfig, train
+
+    target = load_model(str(tiny_model_dir))
+    largest = {}
+    for decay in (0.0, 1e3):
+        out = tmp_path / f"decay{decay:g}"
+        train(training_cache[0], target, out, TrainConfig(kind="eagle", steps=1, lr=1e-3, weight_decay=decay,
+                                                          lr_schedule="constant", batch=2, holdout_every=4),
+              progress=False)
+        module = load_heads(f"eagle:{out}", target).module
+        largest[decay] = max(float(p.detach().abs().max()) for p in module.parameters() if p.dim() >= 2)
+        assert json.loads((out / "config.json").read_text())["training"]["config"]["weight_decay"] == decay
+    assert largest[1e3] < 1.5e-3 < 0.02 < largest[0.0], largest
+
+
 def test_an_interrupted_training_saves_the_head_with_its_own_heldout_numbers(training_cache, tiny_model_dir, tmp_path,
                                                                            monkeypatch):
     """Stopped at step 7 (checkpoints every 5): the saved head is step 7's, and the held-out numbers its config

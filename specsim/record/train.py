@@ -80,6 +80,7 @@ class TrainConfig:
     heads: int = 4  # Medusa: heads (the deepest depth drafted); EAGLE drafts autoregressively: unused
     steps: int = 300  # optimiser steps (one trajectory batch each)
     lr: float = 1e-3  # AdamW learning rate (the peak rate under the "cosine" schedule)
+    weight_decay: float = 0.01  # AdamW's decoupled decay (torch's default; EAGLE-3's reference trainer: 0)
     lr_schedule: str = "cosine"  # the rate over the steps, and whether gradients are clipped (LR_SCHEDULES)
     batch: int = 4  # trajectories per step
     holdout_every: int = 5  # every k-th prompt is held out (k >= 2)
@@ -268,7 +269,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     outcome.before = evaluate(config.kind, module, target, held, config)
     now = _clock()
     trained = [p for p in module.parameters() if p.requires_grad]
-    optimiser = torch.optim.AdamW(trained, lr=config.lr)
+    optimiser = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
     timed = None
     if config.time_limit:  # the rest of the time, less the final evaluation's (as long as the one just run)
         end = begun + config.time_limit - EVAL_RESERVE * (now - evaluating) - SAVE_RESERVE
