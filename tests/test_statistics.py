@@ -57,6 +57,23 @@ def test_device_statistics_equal_the_numpy_reference(temperature):
     assert np.all(gap <= 6 * se[:, 2:] + 2e-3)
 
 
+def test_a_cpu_works_in_pieces_and_records_what_one_block_records(monkeypatch):
+    """A CPU computes each block of positions in cache-sized pieces; the swor estimates' uniforms are still drawn
+    per block, so a seed records the same numbers, bit for bit, as one block at a time (and as a GPU, which
+    takes whole blocks). Drawing them per piece instead would change every Monte-Carlo column."""
+    p, q, y = _logits(1, n=23)
+    spec = ref.StatsSpec(candidates=5, swor_samples=32, swor_groups=8, lossy=("p>=q", "p>=lq:0.5", "typical"))
+    monkeypatch.setattr(dev, "CHUNK_ELEMENTS", 10 * 50)  # blocks of 10 positions (V = 50)
+    got = {}
+    for piece in (10, 3):  # one piece per block, then pieces of 3 positions (the last block's: 3)
+        monkeypatch.setattr(dev, "CPU_CHUNK_ELEMENTS", piece * 50)
+        got[piece] = dev.draft_stats(torch.tensor(p), torch.tensor(q), torch.tensor(y), 0.8, spec,
+                                     torch.Generator().manual_seed(0))
+    for name, value in got[10].items():
+        np.testing.assert_array_equal(got[3][name], value, err_msg=name)
+    assert np.isfinite(got[3]["pi_swor"]).all() and got[3]["pi_swor"][:, 2:].std() > 0
+
+
 @given(distribution_pairs(max_size=5), st.integers(3, 4), st.integers(0, 2**31 - 1))
 @settings(max_examples=25, deadline=None)
 def test_device_swor_estimates_are_unbiased(pq, k, seed):
