@@ -32,7 +32,9 @@ from specsim.record.recorder import MAX_OVERHANG, OVERHANG, phases_line
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
               help="Model dtype (float32 keeps greedy speculative decoding exact on CPU).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Prompts generated together (left-padded); pays off on GPU.")
+              help="Prompts generated together (left-padded). Faster on a CPU too: on a 2-core Xeon, 8 prompts x 96 "
+                   "tokens recorded 2.3x faster at 8 than at 1, token for token the same, the statistics within "
+                   "3e-5 (padded batches round differently in float32).")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Cache file to write (.h5).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted cache (same settings), skipping finished trajectories.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing cache file.")
