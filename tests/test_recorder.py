@@ -233,3 +233,46 @@ def test_sampled_overhangs_do_not_move_the_trajectory(target):
     np.testing.assert_array_equal(over.tokens, plain.tokens)
     longer = generate(target, [ids], temperature=1.0, seeds=[5], max_new_tokens=13)[0]
     np.testing.assert_array_equal(over.recorded, longer.tokens)  # the row's own stream, one uniform a token
+
+
+@pytest.mark.parametrize("max_tokens", [16_384, 40])  # one forward; many (a few sequences each)
+def test_batched_hidden_states_equal_one_forward_per_trajectory(target, max_tokens):
+    """`target_hidden_batched` (right-padded forwards of several sequences of different lengths) equals
+    `target_hidden` one sequence at a time, up to the rounding of larger products; a row off by one is far outside
+    that, so the check can fail."""
+    from specsim.record.head_unroll import target_hidden, target_hidden_batched
+
+    rng = np.random.default_rng(3)
+    layers = ("last", "1", "3", "prenorm")
+    xs = [torch.as_tensor(rng.integers(3, 300, size=n)) for n in (9, 23, 14, 31, 6)]
+    got = target_hidden_batched(target, xs, layers, max_tokens)
+    for x, states in zip(xs, got):
+        want = target_hidden(target, x, layers)
+        for k in layers:
+            assert states[k].shape == want[k].shape == (len(x) - 1, want[k].shape[1])
+            scale = float(want[k].abs().max())
+            assert float((states[k] - want[k]).abs().max()) < 1e-4 * scale, k
+            assert float((states[k][1:] - want[k][:-1]).abs().max()) > 1e-2 * scale, k
+
+
+def test_a_recording_with_batched_hidden_states_stores_the_same_states(tiny_model_dir, tiny_prompts_file, tmp_path):
+    """`cache --hidden-batch`: the same trajectories and statistics, and the stored (float16) states equal one
+    forward per trajectory's to float16's step."""
+    from tests.cli_helpers import record
+
+    paths = {}
+    for tokens in (None, 24):  # 24 tokens: a forward of one or two trajectories
+        paths[tokens] = tmp_path / f"h{tokens}.h5"
+        record("--target", tiny_model_dir, "--prompts", tiny_prompts_file, "--max-new-tokens", 8, "--temperature",
+               "0,1", "--store", "stats", "--batch-size", 4, "--hidden-states", "last,2",
+               *(("--hidden-batch", tokens) if tokens else ()), "--out", paths[tokens])
+    with CacheReader(paths[None]) as one, CacheReader(paths[24]) as batched:
+        n = one.n_positions
+        assert n == batched.n_positions > 0
+        assert one.trajectories.equals(batched.trajectories)  # the same seeds, lengths and ends
+        np.testing.assert_array_equal(one.tokens(0, n), batched.tokens(0, n))
+        np.testing.assert_array_equal(one.stats("target", "logprob", 0, n), batched.stats("target", "logprob", 0, n))
+        for layer in ("last", "2"):
+            a = one.hidden(layer, 0, n).astype(np.float32)
+            b = batched.hidden(layer, 0, n).astype(np.float32)
+            assert np.abs(a - b).max() <= 2e-3 * np.abs(a).max(), layer

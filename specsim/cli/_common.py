@@ -36,7 +36,8 @@ class SpecUsageError(click.ClickException):
 # Library arguments whose flag is not the argument's name with dashes: a list argument takes its flag once per
 # value (`trees=[...]` is `--tree A --tree B`).
 FLAGS = {"trees": "--tree", "drafts": "--draft", "policies": "--policy", "temperatures": "--temperature",
-         "batches": "--batch", "budgets": "--budget", "hidden": "--hidden-states"}
+         "batches": "--batch", "budgets": "--budget", "hidden": "--hidden-states",
+         "hidden_batch_tokens": "--hidden-batch"}
 
 
 def flag(argument: str) -> str:

@@ -74,6 +74,12 @@ from specsim.record.recorder import MAX_OVERHANG, OVERHANG, phases_line
               help="Also store the target's hidden states per position (float16): 'last' (the LM head's input, "
                    "what `specsim train-draft` trains on), 'prenorm' (before the final norm: MiMo-style MTP) "
                    "and/or decoder layer numbers, comma-separated.")
+@click.option("--hidden-batch", "hidden_batch", type=click.IntRange(min=1), default=None, metavar="TOKENS",
+              help="Compute the target's hidden states (--hidden-states, head drafts) for a batch's trajectories in "
+                   "right-padded forwards of up to TOKENS tokens instead of one forward per trajectory. For a GPU, "
+                   "where one forward of a small model costs about the same for 1 sequence as for 128 (one per "
+                   "trajectory was 37% of an H200 recording; batched not yet measured there); on a 2-core CPU it "
+                   "was slower (4.4 against 2.8 s). The states equal the unbatched ones up to rounding.")
 @click.option("--shard", default=None, metavar="I/N|auto",
               help="Record every N-th prompt from the I-th (0-based) into its own file; `auto` reads torchrun's "
                    "RANK/WORLD_SIZE or a SLURM array's task id. --out may contain {i} and {n}. Join the shards "
@@ -86,7 +92,7 @@ from specsim.record.recorder import MAX_OVERHANG, OVERHANG, phases_line
 @c.friendly_errors
 def cache(target, drafts, prompts, categories, per_category, max_new_tokens, temperatures, seed, device, dtype,
           batch_size, out, resume, overwrite, store, top_k, candidates, swor_samples, lossy, expand, expand_target,
-          proposal_chains, head_depth, hidden, shard, overhang, quiet):
+          proposal_chains, head_depth, hidden, hidden_batch, shard, overhang, quiet):
     """Record what the target and each draft predict along target-sampled trajectories.
 
     For every prompt and temperature the target samples a trajectory (greedy at T=0),
@@ -132,7 +138,8 @@ def cache(target, drafts, prompts, categories, per_category, max_new_tokens, tem
                             per_category=per_category, max_new_tokens=max_new_tokens,
                             temperatures=tuple(temperatures) or (0.0,), seed=seed, device=device, dtype=dtype,
                             batch_size=batch_size, top_k=top_k, store=store, stats=stats, shard=shard,
-                            hidden=parse_hidden(hidden), head_depth=head_depth, overhang=overhang)
+                            hidden=parse_hidden(hidden), head_depth=head_depth, overhang=overhang,
+                            hidden_batch_tokens=hidden_batch or 0)
     outcome = record_cache(out, request, resume=resume, overwrite=overwrite, progress=not quiet,
                            echo=lambda line: click.echo(line, err=True))
     timing = phases_line(outcome.phases, outcome.seconds)

@@ -165,6 +165,40 @@ def target_hidden(target, x: torch.Tensor, layers: tuple[str, ...] = ("last",)) 
     return {k: v[0].float() for k, v in zip(layers, states)}
 
 
+def target_hidden_batched(target, xs: list[torch.Tensor], layers: tuple[str, ...],
+                          max_tokens: int) -> list[dict[str, torch.Tensor]]:
+    """`target_hidden(target, x, layers)` for every x of `xs`, from few forwards instead of one per sequence: sorted
+    by length, right-padded, at most `max_tokens` padded tokens a forward. Padding follows a sequence's last token
+    and causal attention never shows it to the positions before, so each result is the unbatched one up to the
+    rounding of larger matrix products (`tests/test_recorder.py` bounds it)."""
+    device = target.info["device"]
+    base = getattr(target.model, target.model.base_model_prefix)
+    inputs = [x[:-1] for x in xs]  # target_hidden's input: x without its last token
+    out: list[dict[str, torch.Tensor]] = [{} for _ in xs]
+
+    def run(group: list[int]) -> None:
+        width = max(len(inputs[j]) for j in group)
+        ids = torch.zeros((len(group), width), dtype=torch.long, device=device)
+        mask = torch.zeros((len(group), width), dtype=torch.long, device=device)
+        for r, j in enumerate(group):
+            ids[r, : len(inputs[j])] = inputs[j]
+            mask[r, : len(inputs[j])] = 1
+        with torch.inference_mode():
+            _, states = base_states(base, layers, input_ids=ids, attention_mask=mask, use_cache=False)
+        for r, j in enumerate(group):
+            out[j] = {k: v[r, : len(inputs[j])].float() for k, v in zip(layers, states)}
+
+    group: list[int] = []
+    for j in sorted(range(len(xs)), key=lambda j: len(inputs[j])):
+        if group and (len(group) + 1) * len(inputs[j]) > max_tokens:
+            run(group)
+            group = []
+        group.append(j)
+    if group:
+        run(group)
+    return out
+
+
 def base_states(base, layers: tuple[str, ...], **inputs) -> tuple[object, list[torch.Tensor]]:
     """Run a target's base model on `inputs`; (its output, the states `layers` names: "last", "prenorm" or layer
     numbers, as `target_hidden` defines them)."""

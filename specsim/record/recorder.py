@@ -59,7 +59,9 @@ class RecordConfig:
     max_new_tokens: int = 128  # generation stops here unless EOS comes first
     temperatures: tuple[float, ...] = (0.0,)  # 0.0 = greedy; one trajectory per prompt per temperature
     seed: int = 0  # base seed; each (prompt, temperature) derives its own
-    batch_size: int = 1  # prompts generated together (left-padded); >1 pays off on GPU
+    batch_size: int = 1  # prompts generated together (left-padded)
+    hidden_batch_tokens: int = 0  # > 0: the target's hidden states of a batch's trajectories from forwards of up
+    #                               to this many padded tokens (`target_hidden_batched`); 0: one per trajectory
     shard: tuple[int, int] | None = None  # (i, n): record only the prompts with index % n == i
     overhang: int = OVERHANG  # positions recorded past each trajectory's end (the target decodes on past
     #                           max_new_tokens and EOS): what an engine that drafts and verifies past the end
@@ -478,7 +480,7 @@ def record(
     """
     from tqdm.auto import tqdm
 
-    from specsim.record.head_unroll import HeadDraft, target_hidden
+    from specsim.record.head_unroll import HeadDraft, target_hidden, target_hidden_batched
 
     heads = [d for d in drafts if isinstance(d, HeadDraft)]
     drafts = [d for d in drafts if not isinstance(d, HeadDraft)]
@@ -515,6 +517,16 @@ def record(
                 }
                 if drafts:
                     clock.lap("drafts")
+                batched = {}  # k -> the target's states, from batched forwards
+                if hidden_layers and config.hidden_batch_tokens:
+                    import torch
+
+                    pending = [k for k, i in enumerate(indices) if t in todo[i]]
+                    xs = [torch.as_tensor(np.concatenate([prompt_ids[k], trajs[k].recorded]), dtype=torch.long,
+                                          device=target.info["device"]) for k in pending]
+                    batched = dict(zip(pending, target_hidden_batched(target, xs, hidden_layers,
+                                                                      config.hidden_batch_tokens)))
+                    clock.lap("hidden states and heads")
                 for k, (i, seed, y) in enumerate(zip(indices, seeds, trajs)):
                     clock.lap("other")
                     if t not in todo[i]:
@@ -528,9 +540,9 @@ def record(
                     if hidden_layers:
                         import torch
 
-                        x = torch.as_tensor(np.concatenate([prompt_ids[k], y.recorded]), dtype=torch.long,
-                                            device=target.info["device"])
-                        states = target_hidden(target, x, hidden_layers)  # (L - 1, H) each
+                        states = batched.pop(k, None) or target_hidden(  # (L - 1, H) each
+                            target, torch.as_tensor(np.concatenate([prompt_ids[k], y.recorded]), dtype=torch.long,
+                                                    device=target.info["device"]), hidden_layers)
                         plen, n = len(prompt_ids[k]), len(y.recorded)
                         hidden = {layer: states[layer][plen - 1 : plen - 1 + n].half().cpu().numpy()
                                   for layer in writer.spec.hidden}  # row t: the state giving p_t

@@ -36,6 +36,7 @@ class RecordRequest:
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     dtype: str = "float32"  # model dtype
     batch_size: int = 1  # prompts generated together
+    hidden_batch_tokens: int = 0  # > 0: hidden states from batched forwards of up to this many tokens (RecordConfig)
     top_k: int = 0  # 0: full logits; K: top-K logits + tail log-sum-exp
     store: str = "full"  # "full": statistics and the logits; "stats": the per-position statistics only
     stats: StatsSpec = StatsSpec()  # which statistics (π candidates, swor samples, lossy rules)
@@ -128,13 +129,20 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
     if head_specs and request.stats.expand is not None:
         raise CacheError(f"--expand records a draft model's EAGLE-2 expansion; head draft {head_specs[0]} is not "
                          "expanded: record it without --expand (or in a cache of its own)")
+    if request.hidden_batch_tokens and not (hidden or head_specs):
+        raise CacheError.naming("{hidden_batch_tokens} batches the target's hidden-state forwards; without "
+                                "{hidden} or a head draft there are none")
+    if request.hidden_batch_tokens < 0:
+        raise CacheError.naming("{hidden_batch_tokens} {value}: give a positive number of tokens",
+                                value=request.hidden_batch_tokens)
     if request.head_depth is not None and not 1 <= request.head_depth <= 16:
         raise CacheError.naming("{head_depth} {value}: give 1..16", value=request.head_depth)
     if not 0 <= request.overhang <= MAX_OVERHANG:
         raise CacheError.naming("{overhang} {value}: give 0..{most} positions past each end", value=request.overhang,
                                 most=MAX_OVERHANG)
     config = RecordConfig(max_new_tokens=request.max_new_tokens, temperatures=temperatures, seed=request.seed,
-                          batch_size=request.batch_size, shard=request.shard, overhang=request.overhang)
+                          batch_size=request.batch_size, shard=request.shard, overhang=request.overhang,
+                          hidden_batch_tokens=request.hidden_batch_tokens)
     if request.store not in ("full", "stats"):
         raise CacheError.naming("{store} {value!r}: use full (statistics and logits) or stats (statistics only)",
                                 value=request.store)
