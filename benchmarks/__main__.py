@@ -1,5 +1,5 @@
 """Run every benchmark: `python -m benchmarks [NAME ...]` (names: cache, simulate, attention, live, speedup, scale,
-train).
+train, stats).
 
 Each benchmark prints its figures as ratios against a baseline measured in the
 same run, so numbers from a loaded or different machine stay comparable.
@@ -16,6 +16,7 @@ BENCHMARKS = {
     "speedup": "benchmarks.bench_speedup",
     "scale": "benchmarks.bench_scale",
     "train": "benchmarks.bench_train",
+    "stats": "benchmarks.bench_stats",
 }
 
 
