@@ -58,8 +58,8 @@ from specsim.cli import _common as c
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True,
               help="AdamW learning rate (the peak rate under --lr-schedule cosine).")
 @click.option("--weight-decay", type=click.FloatRange(min=0), default=0.01, show_default=True,
-              help="AdamW's decoupled weight decay: every step shrinks the weights by lr x this (torch's default; "
-                   "EAGLE-3's reference trainer uses 0).")
+              help="AdamW's decoupled weight decay: every step multiplies the weights by 1 - lr x this (torch's "
+                   "default; EAGLE-3's reference trainer uses 0).")
 @click.option("--lr-schedule", type=c.choice(registry.LR_SCHEDULES), default="cosine", show_default=True,
               help="The learning rate over the steps: " + registry.vocab_help(registry.LR_SCHEDULES) + ".")
 @click.option("--holdout-every", type=click.IntRange(min=2), default=5, show_default=True,
@@ -82,8 +82,8 @@ from specsim.cli import _common as c
 @c.quiet_option
 @c.friendly_errors
 def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, router_bias_speed,
-                draft_vocab, prompt_use, precision, steps, time_limit, batch, lr, weight_decay, lr_schedule, holdout_every,
-                train_prompts, train_categories, save_every, device, out, overwrite, seed, quiet):
+                draft_vocab, prompt_use, precision, steps, time_limit, batch, lr, weight_decay, lr_schedule,
+                holdout_every, train_prompts, train_categories, save_every, device, out, overwrite, seed, quiet):
     """Train head drafts for TARGET by self-distillation on a cache's trajectories.
 
     The loss is against the target's whole next-token law (softmax of its LM head on the
@@ -143,8 +143,8 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
     click.echo(f"loading target {target} ...", err=True)
     loaded = load_model(target, device=device)
     config = TrainConfig(kind=kind, heads=heads, steps=steps or (NO_STEP_CAP if time_limit else 300),
-                         time_limit=time_limit or 0.0, lr=lr, weight_decay=weight_decay, lr_schedule=lr_schedule, batch=batch,
-                         holdout_every=holdout_every, train_prompts=train_prompts or 0,
+                         time_limit=time_limit or 0.0, lr=lr, weight_decay=weight_decay, lr_schedule=lr_schedule,
+                         batch=batch, holdout_every=holdout_every, train_prompts=train_prompts or 0,
                          train_categories=categories, save_every=save_every,
                          seed=seed, ttt_steps=ttt_steps,
                          aux_layers=aux, draft_vocab=draft_vocab,

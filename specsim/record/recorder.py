@@ -540,7 +540,7 @@ def record(
                     if hidden_layers:
                         import torch
 
-                        states = batched.pop(k, None) or target_hidden(  # (L - 1, H) each
+                        states = batched.pop(k) if k in batched else target_hidden(  # (L - 1, H) each
                             target, torch.as_tensor(np.concatenate([prompt_ids[k], y.recorded]), dtype=torch.long,
                                                     device=target.info["device"]), hidden_layers)
                         plen, n = len(prompt_ids[k]), len(y.recorded)

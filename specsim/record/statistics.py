@@ -34,7 +34,7 @@ def draft_stats(p_logits: torch.Tensor, q_logits: torch.Tensor, tokens: torch.Te
 
     The swor estimates' uniforms are drawn per block of CHUNK_ELEMENTS, whatever the device; a CPU then works
     through each block in pieces of CPU_CHUNK_ELEMENTS, which its caches hold. So a seed gives the same
-    estimates on a CPU and a GPU, and as before the pieces."""
+    estimates in pieces as in whole blocks: on a CPU as on a GPU, and as before pieces existed."""
     n, V = q_logits.shape
     step = max(1, CHUNK_ELEMENTS // max(V, 1))
     piece = step if q_logits.device.type != "cpu" else max(1, CPU_CHUNK_ELEMENTS // max(V, 1))
