@@ -337,8 +337,8 @@ def test_training_lowers_heldout_loss_and_raises_acceptance(training_cache, tiny
 
 
 def test_weight_decay_reaches_the_optimiser(training_cache, tiny_model_dir, tmp_path):
-    """AdamW's decoupled decay shrinks every weight by lr x decay per step: at decay 1/lr one step leaves only
-    Adam's own update (at most about lr per weight) of an EAGLE head's matrices, initialised at std 0.02; at
+    """AdamW's decoupled decay multiplies every weight by 1 - lr x decay per step: at decay 1/lr one step leaves
+    only Adam's own update (at most about lr per weight) of an EAGLE head's matrices, initialised at std 0.02; at
     decay 0 they keep their initial size."""
     from specsim.record.head_checkpoints import load_heads
     from specsim.record.models import load_model
