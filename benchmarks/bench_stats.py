@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     p = torch.randn(n, V) * 3
     q = p + torch.randn(n, V) * 1.5
     spec = StatsSpec()
-    block = statistics.CPU_CHUNK_ELEMENTS
+    piece_size = statistics.CPU_CHUNK_ELEMENTS
     print(f"{n} positions x V = {V}, {spec.candidates} candidates, {spec.swor_samples} swor samples, lossy "
           f"{', '.join(spec.lossy)}; {platform.processor() or platform.machine()}, {args.threads} threads, "
           f"load {os.getloadavg()[0]:.2f}")
@@ -48,15 +48,15 @@ def main(argv: list[str] | None = None) -> None:
         y = torch.distributions.Categorical(logits=p / (T or 1.0)).sample()
         best, outs = {}, {}
         for _ in range(args.rounds):
-            for way, piece in (("blocks", statistics.CHUNK_ELEMENTS), ("pieces", block)):
+            for way, piece in (("blocks", statistics.CHUNK_ELEMENTS), ("pieces", piece_size)):
                 statistics.CPU_CHUNK_ELEMENTS = piece
                 start = time.perf_counter()
                 outs[way] = statistics.draft_stats(p, q, y, T, spec, torch.Generator().manual_seed(1))
                 best[way] = min(best.get(way, float("inf")), time.perf_counter() - start)
-        statistics.CPU_CHUNK_ELEMENTS = block
+        statistics.CPU_CHUNK_ELEMENTS = piece_size
         same = all(np.array_equal(outs["blocks"][k], outs["pieces"][k], equal_nan=True) for k in outs["blocks"])
         print(f"T = {T:g}: blocks of {statistics.CHUNK_ELEMENTS // V} positions {1e3 * best['blocks'] / n:.2f} ms "
-              f"per position, pieces of {block // V} {1e3 * best['pieces'] / n:.2f} ms: "
+              f"per position, pieces of {piece_size // V} {1e3 * best['pieces'] / n:.2f} ms: "
               f"{best['blocks'] / best['pieces']:.2f}x; bit-identical: {same}")
         if not same:
             raise SystemExit("pieces and blocks disagree")
