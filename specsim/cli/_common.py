@@ -89,6 +89,10 @@ def quiet_option(fn: Callable) -> Callable:
     return click.option("-q", "--quiet", is_flag=True, help="No progress bars.")(fn)
 
 
+def device_option(fn: Callable) -> Callable:
+    return click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")(fn)
+
+
 def seed_option(fn: Callable) -> Callable:
     return click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
                         help="Seed (a non-negative integer).")(fn)

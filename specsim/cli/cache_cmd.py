@@ -28,7 +28,7 @@ from specsim.record.recorder import MAX_OVERHANG, OVERHANG, phases_line
 @click.option("--temperature", "temperatures", multiple=True, callback=c.numbers(float, minimum=0),
               help="Sampling temperature (repeatable or comma-separated); 0 = greedy.  [default: 0]")
 @c.seed_option
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@c.device_option
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
               help="Model dtype (float32 keeps greedy speculative decoding exact on CPU).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,

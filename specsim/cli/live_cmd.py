@@ -79,7 +79,7 @@ def footer(df, run) -> str:
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Speculative decodes per prompt, each with its own seed (sampling: tighter CIs).")
 @c.seed_option
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@c.device_option
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
               help="Model dtype (float32 keeps greedy output identical to plain decoding on CPU).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for torch.")

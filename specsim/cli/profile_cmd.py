@@ -41,7 +41,7 @@ from specsim.cli import _common as c
 @click.option("--draft-widths", multiple=True, metavar="W", callback=c.numbers(int, minimum=1),
               help="Draft forward widths w (tokens per request per draft step: tree level widths), repeatable or "
                    "comma-separated.  [default: 1,2,...,8]")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@c.device_option
 @click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto",
               show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA.")
 @click.option("--repeats", type=click.IntRange(min=1), default=None,

@@ -31,7 +31,7 @@ from specsim.cli import _common as c
               help="A turn that has not ended within this many tokens is dropped.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True,
               help="Turns sampled together.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@c.device_option
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 @c.seed_option
 @c.quiet_option

@@ -75,7 +75,7 @@ from specsim.cli import _common as c
                    "[default: all]")
 @click.option("--save-every", type=click.IntRange(min=1), default=100, show_default=True,
               help="Write a checkpoint every this many steps.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@c.device_option
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory to write the heads to.")
 @click.option("--overwrite", is_flag=True, help="Replace heads already in --out.")
 @c.seed_option

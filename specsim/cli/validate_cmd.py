@@ -58,7 +58,7 @@ from specsim.cli import _common as c
                    "cpu_triton_utils._expand_kernel_impl); the check says so. Without it such a check is "
                    "reported as not comparable.")
 @c.seed_option
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@c.device_option
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="CPU threads for torch (the profile's, for a speed comparison).")
 @c.out_options
