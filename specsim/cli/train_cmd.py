@@ -51,9 +51,9 @@ from specsim.cli import _common as c
                    "cap]")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="Train for as long as the time allows instead of a step count: the whole run (loading included) "
-                   "aims to end within SECONDS (a step at most later); the learning-rate schedule runs over the time left after loading, less "
-                   "the final held-out evaluation's (taken as 1.25x the untrained head's, measured first). For a "
-                   "lent or scheduled machine's minutes.")
+                   "aims to end within SECONDS (a step at most later); the learning-rate schedule runs over the "
+                   "time left after loading, less the final held-out evaluation's (taken as 1.25x the untrained "
+                   "head's, measured first). For a lent or scheduled machine's minutes.")
 @click.option("--batch", type=click.IntRange(min=1), default=4, show_default=True, help="Trajectories per step.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True,
               help="AdamW learning rate (the peak rate under --lr-schedule cosine).")

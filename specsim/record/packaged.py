@@ -267,7 +267,6 @@ def convert_gguf(gguf: Path, dest: Path, *, source: dict) -> Path:
         del model.hf_quantizer
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + ".partial-"))
     try:
         model.save_pretrained(tmp)

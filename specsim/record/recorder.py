@@ -465,6 +465,13 @@ def head_stats(head, p_logits, features, prompt_ids, tokens, depth: int, tempera
     return {name: np.stack([s[name] for s in per_depth], axis=1) for name in per_depth[0]}
 
 
+def _token_tensor(prompt: Sequence[int], recorded: np.ndarray, device):
+    """A trajectory's prompt and recorded tokens as one (L,) long tensor on `device`: the target's states' input."""
+    import torch
+
+    return torch.as_tensor(np.concatenate([prompt, recorded]), dtype=torch.long, device=device)
+
+
 def record(
     writer: CacheWriter,
     target: LoadedModel,
@@ -519,11 +526,8 @@ def record(
                     clock.lap("drafts")
                 batched = {}  # k -> the target's states, from batched forwards
                 if hidden_layers and config.hidden_batch_tokens:
-                    import torch
-
                     pending = [k for k, i in enumerate(indices) if t in todo[i]]
-                    xs = [torch.as_tensor(np.concatenate([prompt_ids[k], trajs[k].recorded]), dtype=torch.long,
-                                          device=target.info["device"]) for k in pending]
+                    xs = [_token_tensor(prompt_ids[k], trajs[k].recorded, target.info["device"]) for k in pending]
                     batched = dict(zip(pending, target_hidden_batched(target, xs, hidden_layers,
                                                                       config.hidden_batch_tokens)))
                     clock.lap("hidden states and heads")
@@ -537,12 +541,9 @@ def record(
                     stats = trajectory_stats(y, columns, t, seed, writer.spec.stats)  # synchronous: ends in .cpu()
                     clock.lap("statistics")
                     hidden = {}
-                    if hidden_layers:
-                        import torch
-
-                        states = batched.pop(k) if k in batched else target_hidden(  # (L - 1, H) each
-                            target, torch.as_tensor(np.concatenate([prompt_ids[k], y.recorded]), dtype=torch.long,
-                                                    device=target.info["device"]), hidden_layers)
+                    if hidden_layers:  # (L - 1, H) each
+                        states = batched.pop(k) if k in batched else target_hidden(
+                            target, _token_tensor(prompt_ids[k], y.recorded, target.info["device"]), hidden_layers)
                         plen, n = len(prompt_ids[k]), len(y.recorded)
                         hidden = {layer: states[layer][plen - 1 : plen - 1 + n].half().cpu().numpy()
                                   for layer in writer.spec.hidden}  # row t: the state giving p_t

@@ -57,8 +57,13 @@ class RecordOutcome:
     total: int  # trajectories in the file now
     bytes: int  # file size now
     interrupted: bool  # stopped by Ctrl-C / SIGTERM (committed trajectories kept)
-    expand_seconds: float = 0.0  # of `seconds`, expanding the drafts' trees (--expand)
     phases: dict = field(default_factory=dict)  # of `seconds`, each phase's (`recorder.Phases`)
+
+    @property
+    def expand_seconds(self) -> float:
+        """Of `seconds`, expanding the drafts' trees (--expand) or running the target along their proposals
+        (--expand-target)."""
+        return self.phases.get("expansion", 0.0)
 
 
 def check_output(out: Path, *, resume: bool, overwrite: bool) -> None:
@@ -129,12 +134,12 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
     if head_specs and request.stats.expand is not None:
         raise CacheError(f"--expand records a draft model's EAGLE-2 expansion; head draft {head_specs[0]} is not "
                          "expanded: record it without --expand (or in a cache of its own)")
-    if request.hidden_batch_tokens and not (hidden or head_specs):
-        raise CacheError.naming("{hidden_batch_tokens} batches the target's hidden-state forwards; without "
-                                "{hidden} or a head draft there are none")
     if request.hidden_batch_tokens < 0:
         raise CacheError.naming("{hidden_batch_tokens} {value}: give a positive number of tokens",
                                 value=request.hidden_batch_tokens)
+    if request.hidden_batch_tokens and not (hidden or head_specs):
+        raise CacheError.naming("{hidden_batch_tokens} batches the target's hidden-state forwards; without "
+                                "{hidden} or a head draft there are none")
     if request.head_depth is not None and not 1 <= request.head_depth <= 16:
         raise CacheError.naming("{head_depth} {value}: give 1..16", value=request.head_depth)
     if not 0 <= request.overhang <= MAX_OVERHANG:
@@ -202,7 +207,6 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
         return RecordOutcome(trajectories=stats.trajectories if stats else 0, positions=stats.positions if stats else 0,
                              skipped=stats.skipped if stats else 0, seconds=stats.seconds if stats else 0.0,
                              total=total, bytes=out.stat().st_size, interrupted=interrupted,
-                             expand_seconds=stats.expand_seconds if stats else 0.0,
                              phases=stats.phases if stats else {})
 
 

@@ -272,15 +272,15 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     optimiser = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
     timed = None
     if config.time_limit:  # the rest of the time, less the final evaluation's (as long as the one just run)
-        end = begun + config.time_limit - EVAL_RESERVE * (now - evaluating) - SAVE_RESERVE
+        final = EVAL_RESERVE * (now - evaluating)
+        end = begun + config.time_limit - final - SAVE_RESERVE
         if end <= now:
             raise ModelError.naming("{time_limit} {value:g} s: loading and evaluating took {used:.0f} s and the "
                                     "final evaluation needs about {need:.0f} s more; nothing is left to train",
-                                    value=config.time_limit, used=now - begun,
-                                    need=EVAL_RESERVE * (now - evaluating) + SAVE_RESERVE)
+                                    value=config.time_limit, used=now - begun, need=final + SAVE_RESERVE)
         timed = TimedSchedule(config, now, end, _clock)
         echo(f"time limit {config.time_limit:g} s: training until {end - begun:.0f} s (loading and evaluating took "
-             f"{now - begun:.0f} s; the final evaluation is kept {EVAL_RESERVE * (now - evaluating):.0f} s)"
+             f"{now - begun:.0f} s; the final evaluation is kept {final:.0f} s)"
              + (f", at most {config.steps} steps" if config.steps < NO_STEP_CAP else ""))
         rates = torch.optim.lr_scheduler.LambdaLR(optimiser, timed.factor)
     else:
