@@ -848,6 +848,52 @@ def test_train_categories_trains_on_those_categories_with_the_same_heldout_promp
     assert len(refused.output.strip().splitlines()) == 1 and "loading target" not in refused.output
 
 
+def test_train_draft_trains_on_several_caches_and_no_prompt_one_of_them_holds_out(training_cache, tiny_model_dir,
+                                                                                  tmp_path):
+    """--from twice: a head trains on the training prompts of both caches, each cache holding out its own every
+    4th prompt (the first cache's are those it holds out alone); a prompt the two caches share is trained on in
+    neither when one of them holds it out; its record names both caches; a cache given twice is refused in one
+    line before the target loads."""
+    import json
+
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+    from specsim.record.run import RecordRequest, record_cache
+
+    first = [json.loads(line) for line in training_cache[1].read_text().splitlines()]
+    new = [{"prompt": f"a new prompt number {k} about birds", "category": "z", "question_id": 200 + k}
+           for k in range(6)]
+    # second cache: index 1 is the first cache's held-out prompt 3; index 3 (held out here) is its training prompt 0
+    second = [new[0], first[3], new[1], first[0], *new[2:]]
+    (tmp_path / "second.jsonl").write_text("".join(json.dumps(p) + "\n" for p in second))
+    record_cache(tmp_path / "second.h5", RecordRequest(target=str(tiny_model_dir), prompts=str(tmp_path / "second.jsonl"),
+                                                       max_new_tokens=8, temperatures=(0.0,), device="cpu",
+                                                       hidden=("last",)), progress=False)
+
+    def run(froms: list, out: str):
+        args = ["train-draft", "--kind", "eagle", "--target", str(tiny_model_dir), "--steps", "2", "--batch", "2",
+                "--holdout-every", "4", "--out", str(tmp_path / out)]
+        return CliRunner().invoke(main, args + [a for f in froms for a in ("--from", str(f))])
+
+    result = run([training_cache[0], tmp_path / "second.h5"], "both")
+    assert result.exit_code == 0, result.output
+    training = json.loads((tmp_path / "both" / "config.json").read_text())["training"]
+    trained = [p["question_id"] for p in training["trained_on"]["prompts"]]
+    alone = {100 + i for i in range(24) if i % 4 != 3}
+    assert sorted(trained) == sorted(alone - {100} | {200, 201, 202, 203, 204})  # 103 and 100: held out somewhere
+    assert training["caches"] == training["trained_on"]["caches"] == [str(training_cache[0]), str(tmp_path / "second.h5")]
+    assert training["heldout_trajectories"] == 6 * 2 + 2  # the first's 6 prompts at 2 temperatures, 2 of the second
+    assert "2 caches" in result.output and "2 training prompts another cache holds out" in result.output
+    from specsim.cache.provenance import training_summary
+
+    assert "positions of train.h5 + second.h5" in training_summary({"path": str(tmp_path / "both")})
+    refused = run([training_cache[0], tmp_path / "second.h5", training_cache[0]], "no")
+    assert refused.exit_code != 0 and "loading target" not in refused.output
+    assert f"--from {training_cache[0]} is given twice" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1
+
+
 def test_train_prompts_computes_the_states_of_the_prompts_it_uses_only(training_cache, tiny_model_dir, tmp_path,
                                                                        monkeypatch):
     """A data-scaling point on a quarter of the prompts does not pay for the prompt states of the rest: with 6 of the

@@ -24,12 +24,19 @@ def prompt_fingerprint(token_ids) -> str:
     return hashlib.sha256(np.asarray(token_ids, dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
-def trained_on(reader, indices) -> dict:
-    """The `training.trained_on` record of a head trained on prompts `indices` of an open CacheReader."""
-    prompts = [{"question_id": reader.prompt_question_id(i), "tokens": prompt_fingerprint(reader.prompt_token_ids(i))}
-               for i in sorted(indices)]
+def trained_on(caches, keys) -> dict:
+    """The `training.trained_on` record of a head trained on prompts `keys` ((cache number, prompt index), the
+    number `caches`' position) of `caches`."""
+    from specsim.cache.reader import CacheReader
+
+    prompts = []
+    for c, cache in enumerate(caches):
+        with CacheReader(cache) as reader:
+            prompts += [{"question_id": reader.prompt_question_id(i),
+                         "tokens": prompt_fingerprint(reader.prompt_token_ids(i))}
+                        for i in sorted(i for d, i in keys if d == c)]
     digest = hashlib.sha256(json.dumps([p["tokens"] for p in prompts]).encode()).hexdigest()[:16]
-    return {"cache": str(reader.path), "prompts": prompts, "fingerprint": digest}
+    return {"caches": [str(c) for c in caches], "prompts": prompts, "fingerprint": digest}
 
 
 @dataclass(frozen=True)
@@ -92,8 +99,9 @@ def training_summary(info) -> str:
     if not training:
         return ""
     config = training.get("config") or {}
+    caches = training.get("caches") or [training.get("cache", "?")]  # heads trained before several caches: one
     text = (f"trained by specsim train-draft: {int(training.get('steps', 0)):,} steps on "
-            f"{int(training.get('positions', 0)):,} positions of {Path(str(training.get('cache', '?'))).name}")
+            f"{int(training.get('positions', 0)):,} positions of {' + '.join(Path(str(c)).name for c in caches)}")
     if config.get("train_prompts"):  # --train-prompts: a subset, a data-scaling curve's point
         text += f" ({int(config['train_prompts'])} of its training prompts)"
     if config.get("train_categories"):  # --train-categories

@@ -37,7 +37,7 @@ class SpecUsageError(click.ClickException):
 # value (`trees=[...]` is `--tree A --tree B`).
 FLAGS = {"trees": "--tree", "drafts": "--draft", "policies": "--policy", "temperatures": "--temperature",
          "batches": "--batch", "budgets": "--budget", "hidden": "--hidden-states",
-         "hidden_batch_tokens": "--hidden-batch"}
+         "hidden_batch_tokens": "--hidden-batch", "caches": "--from"}
 
 
 def flag(argument: str) -> str:

@@ -16,9 +16,12 @@ from specsim.cli import _common as c
 @click.option("--kind", type=c.choice(registry.HEAD_KINDS), required=True,
               help=registry.vocab_help(registry.HEAD_KINDS) + ".")
 @click.option("--target", required=True, help="The cache's target model (its LM head gives the training targets).")
-@click.option("--from", "cache", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
-              help="A cache recorded with --hidden-states last (MiMo-style MTP: last,prenorm; EAGLE-3: last and the layers it fuses, e.g. "
-                   "last,2,15,27 for SmolLM2's 30 layers).")
+@click.option("--from", "caches", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
+              multiple=True,
+              help="A cache recorded with --hidden-states last (MiMo-style MTP: last,prenorm; EAGLE-3: last and the "
+                   "layers it fuses, e.g. last,2,15,27 for SmolLM2's 30 layers). Repeat it to train on several caches "
+                   "together (recorded from other prompts or at other times): every --holdout-every-th prompt of each "
+                   "is held out, and a prompt one cache holds out is trained on in none.")
 @click.option("--heads", type=click.IntRange(1, 16), default=4, show_default=True,
               help="Medusa: heads (the deepest depth drafted). EAGLE drafts autoregressively: `specsim cache "
                    "--head-depth` sets how deep it is recorded.")
@@ -81,7 +84,7 @@ from specsim.cli import _common as c
 @c.seed_option
 @c.quiet_option
 @c.friendly_errors
-def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, router_bias_speed,
+def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, router_bias_speed,
                 draft_vocab, prompt_use, precision, steps, time_limit, batch, lr, weight_decay, lr_schedule,
                 holdout_every, train_prompts, train_categories, save_every, device, out, overwrite, seed, quiet):
     """Train head drafts for TARGET by self-distillation on a cache's trajectories.
@@ -105,6 +108,8 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
       specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 --draft-vocab 16384 \\
           --out heads/eagle3
       specsim train-draft --kind mtp --target smollm2-135m --from cache/train.h5 --out heads/mtp
+      specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 \
+          --from cache/train-generated.h5 --draft-vocab 16384 --out heads/eagle3-both   # two caches together
       specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 --time-limit 600 \\
           --out heads/eagle3-10min            # as many steps as ten minutes hold, the schedule fitted to them
     """
@@ -117,7 +122,7 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
     from specsim.interrupts import sigterm_as_interrupt
     from specsim.record.models import load_model
     from specsim.record.train import CURVE_HELDOUT, NO_STEP_CAP, TrainConfig, train
-    from specsim.record.train_data import in_categories, recorded_prompts, subset
+    from specsim.record.train_data import plan_prompts
 
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise CacheError(f"--out {out} is not empty; pass --overwrite to replace the heads in it")
@@ -135,9 +140,7 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
         if train_categories is not None else ()
     if train_categories is not None and not categories:
         raise CacheError.naming("{train_categories}: give category names, e.g. writing,coding")
-    if train_prompts or categories:  # refused before the target is loaded (minutes for a large one)
-        subset(recorded_prompts(cache), holdout_every, train_prompts or 0, seed,
-               in_categories(cache, categories) if categories else None)
+    plan_prompts(caches, holdout_every, train_prompts or 0, seed, categories)  # refused before the target loads
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     click.echo(f"loading target {target} ...", err=True)
@@ -152,7 +155,7 @@ def train_draft(kind, target, cache, heads, aux_layers, ttt_steps, ttt_decay, mt
                          mtp_style=mtp_style, prompt=prompt_use, precision=precision,
                          **({} if router_bias_speed is None else {"router_bias_speed": router_bias_speed}))
     with sigterm_as_interrupt():  # SIGTERM (a scheduler's stop) saves the last checkpoint as Ctrl-C does
-        outcome = train(cache, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True),
+        outcome = train(caches, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True),
                         begun=begun)
 
     def agreement(result):

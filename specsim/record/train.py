@@ -52,6 +52,7 @@ The data a run trains on (trajectories, the prompt's states, the held-out split)
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +61,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from specsim.errors import ModelError
-from specsim.record.train_data import draft_vocabulary, held_out, in_categories, load_sequences, recorded_prompts, split, subset
+from specsim.errors import CacheError, ModelError
+from specsim.record.train_data import draft_vocabulary, load_sequences, plan_prompts
 from specsim.record.train_loss import batch_loss, batches_together, evaluate, loss, terms
 from specsim.specs import HEAD_KINDS, LR_SCHEDULES, PROMPT_USES, TRAIN_PRECISIONS
 
@@ -198,14 +199,15 @@ class TimedSchedule:
         return self.clock() >= self.end
 
 
-def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = True,
+def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = True,
           echo: Callable[[str], None] = lambda line: None, begun: float | None = None) -> TrainOutcome:
-    """Train `config.kind` heads for `target` on `cache`'s hidden states and save them in `out`. begun: when the
-    run began by `_clock` (`config.time_limit` counts from it; default: now), so a caller's loading counts too."""
+    """Train `config.kind` heads for `target` on the hidden states of `caches` (a cache file, or a sequence of them
+    trained on together: `plan_prompts` says which prompts of each are held out) and save them in `out`. begun:
+    when the run began by `_clock` (`config.time_limit` counts from it; default: now), so a caller's loading
+    counts too."""
     from tqdm.auto import tqdm
 
     from specsim.cache.provenance import trained_on
-    from specsim.cache.reader import CacheReader
     from specsim.record.head_checkpoints import build, default_aux_layers, head_config_for, save_heads
 
     if config.kind not in HEAD_KINDS:
@@ -215,20 +217,24 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     if config.lr_schedule not in LR_SCHEDULES:
         raise ModelError(f"--lr-schedule {config.lr_schedule!r}: one of {', '.join(LR_SCHEDULES)}")
     begun = _clock() if begun is None else begun
+    caches = [caches] if isinstance(caches, (str, os.PathLike)) else list(caches)
     torch.manual_seed(config.seed)
     aux = (tuple(config.aux_layers) or default_aux_layers(int(target.model.config.num_hidden_layers))
            if config.kind == "eagle3" else ())
     head_config = head_config_for(config.kind, target, heads=config.heads, aux_layers=aux, mtp_style=config.mtp_style)
     blind = config.kind == "medusa" and config.prompt == "context"  # Medusa attends to nothing: no context to give
-    recorded, every = recorded_prompts(cache), config.holdout_every
-    among = in_categories(cache, config.train_categories) if config.train_categories else None
-    keep = subset(recorded, every, config.train_prompts, config.seed, among)
-    seqs = load_sequences(cache, target, head_config.hidden_layers if config.kind in ("eagle3", "mtp") else (),
-                          "none" if blind else config.prompt, progress=progress,
-                          prompts=keep | {i for i in recorded if held_out(i, every)})
-    train_seqs, held = split(seqs, every, keep)
-    with CacheReader(cache) as reader:  # which prompts it saw: simulate, validate and report say when it meets them
-        seen = trained_on(reader, keep)
+    plan = plan_prompts(caches, config.holdout_every, config.train_prompts, config.seed, config.train_categories)
+    layers = head_config.hidden_layers if config.kind in ("eagle3", "mtp") else ()
+    train_seqs, held = [], []
+    for c, path in enumerate(caches):
+        keep, hold = plan.of(c)
+        for i, seq in load_sequences(path, target, layers, "none" if blind else config.prompt, progress=progress,
+                                     prompts=keep | hold):
+            (held if i in hold else train_seqs).append(seq)
+    if not train_seqs or not held:
+        raise CacheError(f"{len(train_seqs) + len(held)} trajectories cannot be split 1 in {config.holdout_every} "
+                         "into training and held-out prompts; record more prompts")
+    seen = trained_on(caches, plan.keep)  # which prompts it saw: simulate, validate and report say when they meet them
     draft_ids = (draft_vocabulary(train_seqs, config.draft_vocab, int(target.vocab_size), config)
                  if config.draft_vocab else None)
     if draft_ids is not None:
@@ -259,8 +265,12 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
     echo(f"training {config.kind} heads for {target.name} on {len(train_seqs)} trajectories ({n_train} positions"
          + (f"; {config.train_prompts} of the training prompts, drawn by the seed" if config.train_prompts else "")
          + (f"; categories {', '.join(config.train_categories)} only" if config.train_categories else "")
-         + f"{', prompts included' if config.prompt == 'loss' else ''}); held out: {len(held)} ({n_held} generated "
-         f"positions, every {config.holdout_every}th prompt); the prompt: {config.prompt} "
+         + f"{', prompts included' if config.prompt == 'loss' else ''}"
+         + (f"; {len(caches)} caches" if len(caches) > 1 else "")
+         + f"); held out: {len(held)} ({n_held} generated positions, every {config.holdout_every}th prompt"
+         + (" of each cache" if len(caches) > 1 else "")
+         + (f", and {plan.moved} training prompts another cache holds out" if plan.moved else "")
+         + f"); the prompt: {config.prompt} "
          f"({PROMPT_USES[config.prompt]}); arithmetic: {config.precision}; learning rate: {config.lr_schedule}, "
          f"peak {config.lr:g}")
     outcome = TrainOutcome(steps=0, seconds=0.0, positions=n_train, heldout_positions=n_held)
@@ -294,7 +304,7 @@ def train(cache, target, out: Path, config: TrainConfig, *, progress: bool = Tru
         heldout = outcome.after if outcome.after else next(
             (c["heldout"] for c in outcome.curve[-1:] if c["step"] == outcome.steps),
             outcome.before if outcome.steps == 0 else None)
-        return {"training": {"cache": str(cache), "steps": outcome.steps, "config": config.__dict__,
+        return {"training": {"caches": [str(c) for c in caches], "steps": outcome.steps, "config": config.__dict__,
                              "positions": n_train, "heldout": heldout,
                              "heldout_trajectories": len(held) if outcome.after else len(probe),
                              "curve": outcome.curve, "trained_on": seen}}

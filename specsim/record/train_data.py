@@ -17,6 +17,7 @@ heads were trained before, kept to measure the difference).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Collection
 
 import numpy as np
@@ -98,63 +99,72 @@ def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "c
         return [(row.prompt_index, sequence(row)) for row in rows]
 
 
-def recorded_prompts(cache) -> list[int]:
-    """The prompt indices of a cache's trajectories of 2+ tokens (what `load_sequences` loads), ascending."""
-    from specsim.cache.reader import CacheReader
-
-    with CacheReader(cache) as reader:
-        return sorted({row.prompt_index for row in reader.iter_trajectories() if row.length >= 2})
-
-
 def held_out(prompt: int, every: int) -> bool:
     """Whether prompt index `prompt` is held out from training: every `every`-th is."""
     return prompt % every == every - 1
 
 
-def split(seqs, every: int, keep: Collection[int]) -> tuple[list[TrainSequence], list[TrainSequence]]:
-    """(training, held-out): every `every`-th prompt is held out; the training trajectories are those of the prompts
-    `keep` (`subset`)."""
-    train = [s for i, s in seqs if i in keep]
-    held = [s for i, s in seqs if held_out(i, every)]
-    if not train or not held:
-        raise CacheError(f"{len(seqs)} trajectories cannot be split 1 in {every} into training and held-out prompts; "
-                         "record more prompts")
-    return train, held
+@dataclass(frozen=True)
+class PromptPlan:
+    """Which prompts a run trains on and which it holds out, over one or more caches: keys (cache number, prompt
+    index). Every `every`-th prompt of each cache is held out (the same ones as when that cache is trained on
+    alone); a prompt held out in one cache is held out of training in every cache that also holds it (`moved`
+    counts those), so no held-out prompt is trained on."""
+
+    keep: frozenset  # (cache, prompt index) trained on
+    held: frozenset  # (cache, prompt index) held out
+    moved: int = 0  # training prompts left out because another cache holds the same prompt out
+
+    def of(self, cache: int) -> tuple[set[int], set[int]]:
+        """(trained on, held out): cache number `cache`'s prompt indices."""
+        return {i for c, i in self.keep if c == cache}, {i for c, i in self.held if c == cache}
 
 
-def subset(recorded: Collection[int], every: int, prompts: int = 0, seed: int = 0,
-           among: Collection[int] | None = None) -> set[int]:
-    """The training prompts of the prompt indices `recorded` (those not held out, every `every`-th), of those in
-    `among` when given (`in_categories`): all of them, or `prompts` of them drawn by `seed`, the first of one
-    permutation, so a smaller subset is part of a larger one and a data-scaling curve's points add data to one
-    another (the held-out prompts are the same whatever `prompts` and `among`)."""
-    pool = sorted(i for i in set(recorded) if not held_out(i, every) and (among is None or i in among))
-    if among is not None and not pool:
-        raise CacheError.naming("{train_categories}: none of the cache's training prompts is in those categories")
-    if not prompts:
-        return set(pool)
-    if prompts > len(pool):
-        raise CacheError.naming("{train_prompts} {value}: the cache has {n} training prompts (1 in {every} held out"
-                                + (", in {train_categories}" if among is not None else "") + ")",
-                                value=prompts, n=len(pool), every=every)
-    order = np.random.default_rng([seed, 1]).permutation(len(pool))
-    return {pool[k] for k in order[:prompts]}
-
-
-def in_categories(cache, categories: Collection[str]) -> set[int]:
-    """The prompt indices of a cache whose category is one of `categories`; a category no prompt has is refused,
-    naming those the cache has."""
+def plan_prompts(caches, every: int, prompts: int = 0, seed: int = 0,
+                 categories: Collection[str] = ()) -> PromptPlan:
+    """The prompts of `caches` (their trajectories of 2+ tokens) split into training and held-out ones: every
+    `every`-th prompt of each cache held out; of the rest, those of `categories` (when given), and of those all, or
+    `prompts` of them drawn by `seed`, the first of one permutation, so a smaller subset is part of a larger one
+    and a data-scaling curve's points add data to one another (the held-out prompts are the same whatever
+    `prompts` and `categories`)."""
+    from specsim.cache.provenance import prompt_fingerprint
     from specsim.cache.reader import CacheReader
 
-    with CacheReader(cache) as reader:
-        have = [p.category for p in reader.prompt_records()]
-    unknown = sorted(set(categories) - set(have))
-    if unknown:
-        shown = ", ".join(sorted({c or "(none)" for c in have}))
-        raise CacheError.naming("{train_categories} {value}: no prompt of {cache} has {which}; it has: {shown}",
-                                value=",".join(unknown), cache=str(cache), shown=shown,
-                                which="that category" if len(unknown) == 1 else "those categories")
-    return {i for i, c in enumerate(have) if c in set(categories)}
+    caches = list(caches)
+    twice = next((c for k, c in enumerate(caches) if Path(c).resolve() in {Path(d).resolve() for d in caches[:k]}),
+                 None)
+    if twice is not None:
+        raise CacheError.naming("{caches} {path} is given twice: its trajectories would count twice", path=str(twice))
+    fingerprints, category, have = {}, {}, set()  # per recorded (cache, prompt index); every category there is
+    for c, cache in enumerate(caches):
+        with CacheReader(cache) as reader:
+            names = [p.category for p in reader.prompt_records()]
+            for i in sorted({row.prompt_index for row in reader.iter_trajectories() if row.length >= 2}):
+                fingerprints[c, i], category[c, i] = prompt_fingerprint(reader.prompt_token_ids(i)), names[i]
+            have.update(names)
+    if categories:
+        unknown = sorted(set(categories) - have)
+        if unknown:
+            shown = ", ".join(sorted({c or "(none)" for c in have}))
+            raise CacheError.naming("{train_categories} {value}: no prompt of {cache} has {which}; it has: {shown}",
+                                    value=",".join(unknown), cache=" or ".join(map(str, caches)), shown=shown,
+                                    which="that category" if len(unknown) == 1 else "those categories")
+    held = {k for k in fingerprints if held_out(k[1], every)}
+    unseen = {fingerprints[k] for k in held}
+    pool = sorted(k for k in fingerprints if k not in held and (not categories or category[k] in set(categories)))
+    if categories and not pool:
+        raise CacheError.naming("{train_categories}: none of the training prompts is in those categories")
+    kept = [k for k in pool if fingerprints[k] not in unseen]
+    moved, pool = len(pool) - len(kept), kept
+    if prompts:
+        if prompts > len(pool):
+            raise CacheError.naming("{train_prompts} {value}: {where} {n} training prompts (1 in {every} held out"
+                                    + (", in {train_categories}" if categories else "") + ")", value=prompts,
+                                    n=len(pool), every=every,
+                                    where="the cache has" if len(caches) == 1 else f"the {len(caches)} caches have")
+        order = np.random.default_rng([seed, 1]).permutation(len(pool))
+        pool = [pool[k] for k in order[:prompts]]
+    return PromptPlan(keep=frozenset(pool), held=frozenset(held), moved=moved)
 
 
 def draft_vocabulary(seqs: list[TrainSequence], size: int, vocab: int, config: "TrainConfig") -> np.ndarray:
