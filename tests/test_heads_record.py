@@ -392,6 +392,114 @@ def test_an_interrupted_training_saves_the_head_with_its_own_heldout_numbers(tra
     assert "prompt" not in said  # Medusa attends to nothing: what the prompt was to it is moot
 
 
+def test_a_resumed_training_ends_with_the_weights_of_an_uninterrupted_one(training_cache, tiny_model_dir, tmp_path,
+                                                                          monkeypatch):
+    """Stopped at step 5 of 8 (checkpoints every 3) and resumed, a run ends with exactly the weights the same run
+    reaches uninterrupted: the optimiser's moments, the schedule, the batch order and the held-out numbers before
+    training all continue; the finished run removes its state. Resuming with another setting, or where no run was
+    interrupted, is refused in one line."""
+    from dataclasses import replace
+
+    import torch
+    from safetensors.torch import load_file
+
+    from specsim.record import train as training
+    from specsim.record.models import load_model
+
+    target = load_model(str(tiny_model_dir))
+    config = training.TrainConfig(kind="eagle", steps=8, lr=3e-3, batch=2, holdout_every=4, save_every=3)
+    straight = training.train(training_cache[0], target, tmp_path / "straight", config, progress=False)
+    real, calls = training.batch_loss, []
+
+    def stop_at_step_6(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "batch_loss", stop_at_step_6)
+    out = tmp_path / "resumed"
+    stopped = training.train(training_cache[0], target, out, config, progress=False)
+    assert stopped.interrupted and stopped.steps == 5 and (out / training.STATE_FILE).exists()
+    monkeypatch.setattr(training, "batch_loss", real)
+    with pytest.raises(ModelError, match="setting lr differs: the run in .* had 0.003, now 0.001"):
+        training.train(training_cache[0], target, out, replace(config, lr=1e-3), progress=False, resume=True)
+    resumed = training.train(training_cache[0], target, out, config, progress=False, resume=True)
+    assert resumed.steps == 8 and not resumed.interrupted and resumed.before == straight.before
+    a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(out / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.after == straight.after and not (out / training.STATE_FILE).exists()
+    with pytest.raises(ModelError, match="holds no interrupted run"):
+        training.train(training_cache[0], target, out, config, progress=False, resume=True)
+
+
+def test_train_draft_resume_is_refused_in_one_line_before_the_target_loads(training_cache, tiny_model_dir, tmp_path):
+    """--resume where no run was interrupted, or with --overwrite, is refused in one line before the target loads."""
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "config.json").write_text("{}")
+    args = ["train-draft", "--kind", "eagle", "--target", str(tiny_model_dir), "--from", str(training_cache[0])]
+    for extra, said in ((["--out", str(tmp_path / "done"), "--resume"], "holds no interrupted run"),
+                        (["--out", str(tmp_path / "done"), "--resume", "--overwrite"], "exclude each other"),
+                        (["--out", str(tmp_path / "done")], "or --resume to continue the run interrupted there")):
+        result = CliRunner().invoke(main, args + extra)
+        assert result.exit_code == 1 and said in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1 and "loading target" not in result.output
+
+
+def test_a_resumed_time_limited_schedule_runs_the_rest_of_its_cosine():
+    """A time-limited run resumed at half its schedule starts at the cosine's half-way rate and ends at zero."""
+    from specsim.record.train import TimedSchedule, TrainConfig
+
+    now = [0.0]
+    timed = TimedSchedule(TrainConfig(kind="eagle3", time_limit=60), 0.0, 10.0, lambda: now[0], reached=0.5)
+    fresh = TimedSchedule(TrainConfig(kind="eagle3", time_limit=60), 0.0, 10.0, lambda: 5.0)
+    assert timed.factor() == pytest.approx(fresh.factor()) and 0.4 < timed.factor() < 0.6
+    now[0] = 10.0
+    assert timed.reached() == 1.0 and timed.factor() == pytest.approx(0.0)
+
+
+def test_a_time_limited_run_resumed_runs_the_rest_of_its_schedule_in_the_new_limit(training_cache, tiny_model_dir,
+                                                                                   tmp_path, monkeypatch):
+    """On a clock that moves 1 s whenever it is read, a 60 s run stopped at step 10 and resumed with 60 s more goes
+    on where its schedule was, its rate falling from below the stopped run's last rate to near zero, and finishes."""
+    import itertools
+
+    from specsim.record import train as training
+    from specsim.record.models import load_model
+
+    target = load_model(str(tiny_model_dir))
+    config = training.TrainConfig(kind="eagle", steps=1000, lr=1e-2, batch=2, holdout_every=4, save_every=2,
+                                  time_limit=60.0)
+    real, calls = training.batch_loss, []
+
+    def stop_at_step_11(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 11:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    ticks = itertools.count()
+    monkeypatch.setattr(training, "_clock", lambda: float(next(ticks)))
+    monkeypatch.setattr(training, "batch_loss", stop_at_step_11)
+    stopped = training.train(training_cache[0], target, tmp_path / "h", config, progress=False)
+    assert stopped.interrupted and stopped.steps == 10
+    ticks = itertools.count()
+    monkeypatch.setattr(training, "_clock", lambda: float(next(ticks)))
+    monkeypatch.setattr(training, "batch_loss", real)
+    said = []
+    resumed = training.train(training_cache[0], target, tmp_path / "h", config, progress=False, resume=True,
+                             echo=said.append)
+    assert any("resuming the run in" in line and "at step 10" in line for line in said)
+    assert not resumed.interrupted and resumed.after and resumed.steps > 10
+    before, after = [c["lr"] for c in resumed.curve if c["step"] <= 10], [c["lr"] for c in resumed.curve if c["step"] > 10]
+    assert after[0] < before[-1] and all(a > b for a, b in zip(after, after[1:])) and after[-1] < 0.15 * config.lr
+    assert not (tmp_path / "h" / training.STATE_FILE).exists()
+
+
 def test_a_time_limit_fits_the_schedule_to_the_time_and_keeps_the_final_evaluation(training_cache, tiny_model_dir,
                                                                                    tmp_path, monkeypatch):
     """--time-limit: on a clock that moves 1 s whenever it is read (twice a step), a 60 s run keeps 1.25x the untrained

@@ -81,12 +81,17 @@ from specsim.cli import _common as c
 @c.device_option
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory to write the heads to.")
 @click.option("--overwrite", is_flag=True, help="Replace heads already in --out.")
+@click.option("--resume", is_flag=True,
+              help="Continue the run interrupted in --out (Ctrl-C, SIGTERM, a crash: from its last checkpoint) with "
+                   "the same command: the same settings and caches. A --steps run resumed ends with the weights it "
+                   "would have had uninterrupted; a --time-limit run runs the rest of its schedule in the new limit.")
 @c.seed_option
 @c.quiet_option
 @c.friendly_errors
 def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, router_bias_speed,
                 draft_vocab, prompt_use, precision, steps, time_limit, batch, lr, weight_decay, lr_schedule,
-                holdout_every, train_prompts, train_categories, save_every, device, out, overwrite, seed, quiet):
+                holdout_every, train_prompts, train_categories, save_every, device, out, overwrite, resume, seed,
+                quiet):
     """Train head drafts for TARGET by self-distillation on a cache's trajectories.
 
     The loss is against the target's whole next-token law (softmax of its LM head on the
@@ -95,7 +100,7 @@ def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, m
     EAGLE's model.safetensors, EAGLE-3 in speculators' layout, which vLLM's eagle3 method
     loads, MTP with its style's published keys), ready for --draft medusa:DIR / eagle:DIR /
     eagle3:DIR / mtp:DIR. EAGLE-3 and MTP are trained with training-time test (--ttt-steps
-    deep on their own features). Ctrl-C saves the last checkpoint and stops.
+    deep on their own features). Ctrl-C saves the last checkpoint and stops; --resume continues it.
 
     \b
     Examples:
@@ -108,7 +113,7 @@ def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, m
       specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 --draft-vocab 16384 \\
           --out heads/eagle3
       specsim train-draft --kind mtp --target smollm2-135m --from cache/train.h5 --out heads/mtp
-      specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 \
+      specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 \\
           --from cache/train-generated.h5 --draft-vocab 16384 --out heads/eagle3-both   # two caches together
       specsim train-draft --kind eagle3 --target smollm2-135m --from cache/train3.h5 --time-limit 600 \\
           --out heads/eagle3-10min            # as many steps as ten minutes hold, the schedule fitted to them
@@ -121,11 +126,17 @@ def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, m
     from specsim.errors import CacheError
     from specsim.interrupts import sigterm_as_interrupt
     from specsim.record.models import load_model
-    from specsim.record.train import CURVE_HELDOUT, NO_STEP_CAP, TrainConfig, train
+    from specsim.record.train import CURVE_HELDOUT, NO_STEP_CAP, STATE_FILE, TrainConfig, train
     from specsim.record.train_data import plan_prompts
 
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise CacheError(f"--out {out} is not empty; pass --overwrite to replace the heads in it")
+    if resume and overwrite:
+        raise CacheError("--resume and --overwrite exclude each other")
+    if out.exists() and any(out.iterdir()) and not (overwrite or resume):
+        raise CacheError(f"--out {out} is not empty; pass --overwrite to replace the heads in it, or --resume to "
+                         "continue the run interrupted there")
+    if resume and not (out / STATE_FILE).exists():  # before the target loads
+        raise CacheError(f"--resume: {out} holds no interrupted run (no {STATE_FILE}; a run that finished removes "
+                         "it); drop --resume")
     if kind != "eagle3" and (aux_layers or draft_vocab):
         raise CacheError.naming("{aux_layers} and {draft_vocab} are EAGLE-3's: use {kind} eagle3")
     if kind != "mtp" and router_bias_speed is not None:
@@ -156,7 +167,7 @@ def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, m
                          **({} if router_bias_speed is None else {"router_bias_speed": router_bias_speed}))
     with sigterm_as_interrupt():  # SIGTERM (a scheduler's stop) saves the last checkpoint as Ctrl-C does
         outcome = train(caches, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True),
-                        begun=begun)
+                        begun=begun, resume=resume)
 
     def agreement(result):
         return ", ".join(f"depth {d} {v:.3f} (overlap {result['overlap'][d]:.3f})" for d, v in result["top1"].items())
@@ -165,8 +176,8 @@ def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, m
                f"top-1 agreement with the target's token {agreement(outcome.before)}; overlap = Σ min(p, q), a one-token "
                "draft's acceptance at T=1")
     if outcome.interrupted:
-        click.echo(f"interrupted after {outcome.steps} steps ({outcome.seconds:.1f} s); saved that checkpoint to {out}",
-                   err=True)
+        click.echo(f"interrupted after {outcome.steps} steps ({outcome.seconds:.1f} s); saved that checkpoint to {out}; "
+                   "the same command with --resume continues it", err=True)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)

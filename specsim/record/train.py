@@ -73,6 +73,7 @@ WARMUP_FLOOR = 0.1  # a time-limited warm-up starts at this share of the rate (n
 EVAL_RESERVE = 1.25  # a time limit keeps this many times the untrained head's held-out evaluation for the final one
 SAVE_RESERVE = 2.0  # ... and these seconds to save the head
 NO_STEP_CAP = 10**9  # `steps` of a time-limited run given no cap
+STATE_FILE = "training_state.pt"  # beside each checkpoint: what `train(resume=True)` continues from
 
 
 @dataclass(frozen=True)
@@ -184,13 +185,22 @@ class TimedSchedule:
     (the warm-up ramps from WARMUP_FLOOR of the rate, the first step being untimed), or the full rate ("constant").
     A LambdaLR reads the clock when it sets the next step's rate."""
 
-    def __init__(self, config: TrainConfig, start: float, end: float, clock: Callable[[], float]) -> None:
-        self.config, self.start, self.end, self.clock = config, start, end, clock
+    def __init__(self, config: TrainConfig, start: float, end: float, clock: Callable[[], float],
+                 reached: float = 0.0) -> None:
+        """reached: the fraction an interrupted run had reached; this one runs the rest, from there to the end."""
+        self.config, self.start, self.end, self.clock, self.first = config, start, end, clock, reached
+        self.last = reached  # the fraction run when the clock was last read (where a resumed run goes on)
+
+    def reached(self) -> float:
+        """The fraction of the schedule run by now."""
+        done = min(1.0, max(0.0, (self.clock() - self.start) / (self.end - self.start)))
+        self.last = self.first + (1 - self.first) * done
+        return self.last
 
     def factor(self, _step: int = 0) -> float:
+        p = self.reached()
         if self.config.lr_schedule == "constant":
             return 1.0
-        p = min(1.0, max(0.0, (self.clock() - self.start) / (self.end - self.start)))
         if p < WARMUP_SHARE:
             return max(p / WARMUP_SHARE, WARMUP_FLOOR)
         return 0.5 * (1 + math.cos(math.pi * (p - WARMUP_SHARE) / (1 - WARMUP_SHARE)))
@@ -199,12 +209,54 @@ class TimedSchedule:
         return self.clock() >= self.end
 
 
+RESUME_FREE = ("time_limit",)  # the settings a resumed run may change: how long it may take
+
+
+def _save_state(out: Path, state: dict) -> None:
+    """Write a run's state (`STATE_FILE`) beside its checkpoint, atomically (tmp, then rename)."""
+    tmp = out / (STATE_FILE + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, out / STATE_FILE)
+
+
+def _resumed_state(out: Path, config: TrainConfig, prompts: str, positions: int) -> dict:
+    """The state an interrupted run left in `out`, checked against this run's settings, training prompts (their
+    fingerprint) and training positions."""
+    path = out / STATE_FILE
+    if not path.exists():
+        raise ModelError.naming("{resume}: {path} holds no interrupted run (no " + STATE_FILE + "; a run that "
+                                "finished removes it); drop {resume}", path=str(out))
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as exc:  # a damaged file: say so in one line
+        raise ModelError.naming("{resume}: {path} is damaged ({why}); drop {resume} to start again",
+                                path=str(path), why=f"{type(exc).__name__}: {exc}") from None
+    was = state["config"]
+    for key, value in config.__dict__.items():
+        if key not in RESUME_FREE and was.get(key) != value:
+            raise ModelError.naming("{resume}: setting {key} differs: the run in {path} had {was!r}, now {value!r}; "
+                                    "rerun with its settings", key=key, path=str(out), was=was.get(key), value=value)
+    if bool(was["time_limit"]) != bool(config.time_limit):
+        raise ModelError.naming("{resume}: the run in {path} was " + ("" if was["time_limit"] else "not ")
+                                + "time-limited; resume it " + ("with" if was["time_limit"] else "without")
+                                + " {time_limit}", path=str(out))
+    if state["prompts"] != prompts or state["positions"] != positions:
+        raise ModelError.naming("{resume}: the caches hold other training data than the run in {path} trained on "
+                                "({positions:,} positions then, {now:,} now); give the same caches",
+                                path=str(out), positions=state["positions"], now=positions)
+    return state
+
+
 def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = True,
-          echo: Callable[[str], None] = lambda line: None, begun: float | None = None) -> TrainOutcome:
+          echo: Callable[[str], None] = lambda line: None, begun: float | None = None,
+          resume: bool = False) -> TrainOutcome:
     """Train `config.kind` heads for `target` on the hidden states of `caches` (a cache file, or a sequence of them
     trained on together: `plan_prompts` says which prompts of each are held out) and save them in `out`. begun:
     when the run began by `_clock` (`config.time_limit` counts from it; default: now), so a caller's loading
-    counts too."""
+    counts too. Every checkpoint of a run not yet finished leaves its state beside it (`STATE_FILE`: weights,
+    optimiser, schedule, random streams); resume=True continues the run interrupted in `out` from there, with the
+    same settings and data (a time-limited one runs the rest of its schedule in the new `config.time_limit`): a
+    run of `steps` resumed ends with the weights it would have had uninterrupted."""
     from tqdm.auto import tqdm
 
     from specsim.cache.provenance import trained_on
@@ -262,6 +314,9 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
         p.requires_grad_(False)
     n_train = sum(int(s.tokens.shape[0]) - s.loss_from(config) for s in train_seqs)
     n_held = sum(int(s.tokens.shape[0]) - s.context for s in held)
+    resumed = _resumed_state(out, config, seen["fingerprint"], n_train) if resume else None
+    if resumed is not None:
+        module.load_state_dict(resumed["module"])
     echo(f"training {config.kind} heads for {target.name} on {len(train_seqs)} trajectories ({n_train} positions"
          + (f"; {config.train_prompts} of the training prompts, drawn by the seed" if config.train_prompts else "")
          + (f"; categories {', '.join(config.train_categories)} only" if config.train_categories else "")
@@ -275,20 +330,27 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
          f"peak {config.lr:g}")
     outcome = TrainOutcome(steps=0, seconds=0.0, positions=n_train, heldout_positions=n_held)
     module.eval()
-    evaluating = _clock()
-    outcome.before = evaluate(config.kind, module, target, held, config)
+    if resumed is None:
+        evaluating = _clock()
+        outcome.before = evaluate(config.kind, module, target, held, config)
+        evaluation = _clock() - evaluating
+    else:
+        outcome.before, outcome.curve, outcome.steps = resumed["before"], resumed["curve"], resumed["step"]
+        evaluation = resumed["evaluation_seconds"]
+        echo(f"resuming the run in {out} at step {outcome.steps}"
+             + (f", {resumed['reached']:.1%} of its time-limited schedule run" if config.time_limit else ""))
     now = _clock()
     trained = [p for p in module.parameters() if p.requires_grad]
     optimiser = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
     timed = None
     if config.time_limit:  # the rest of the time, less the final evaluation's (as long as the one just run)
-        final = EVAL_RESERVE * (now - evaluating)
+        final = EVAL_RESERVE * evaluation
         end = begun + config.time_limit - final - SAVE_RESERVE
         if end <= now:
             raise ModelError.naming("{time_limit} {value:g} s: loading and evaluating took {used:.0f} s and the "
                                     "final evaluation needs about {need:.0f} s more; nothing is left to train",
                                     value=config.time_limit, used=now - begun, need=final + SAVE_RESERVE)
-        timed = TimedSchedule(config, now, end, _clock)
+        timed = TimedSchedule(config, now, end, _clock, resumed["reached"] if resumed is not None else 0.0)
         echo(f"time limit {config.time_limit:g} s: training until {end - begun:.0f} s (loading and evaluating took "
              f"{now - begun:.0f} s; the final evaluation is kept {final:.0f} s)"
              + (f", at most {config.steps} steps" if config.steps < NO_STEP_CAP else ""))
@@ -296,7 +358,21 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
     else:
         rates = schedule(optimiser, config)
     rng = np.random.default_rng(config.seed)
+    losses: list[float] = []
+    rate = config.lr  # the learning rate of the last step taken
+    if resumed is not None:  # after the schedule is built: building it sets the optimiser's rate, loading resets it
+        optimiser.load_state_dict(resumed["optimiser"])
+        if timed is None:
+            rates.load_state_dict(resumed["rates"])
+        else:  # the rate where the rest of the schedule starts, not the interrupted step's
+            for group in optimiser.param_groups:
+                group["lr"] = group["initial_lr"] * timed.factor()
+        rng.bit_generator.state = resumed["rng"]
+        torch.set_rng_state(resumed["torch_rng"])
+        losses, rate = list(resumed["losses"]), resumed["rate"]
+    streams = (rng.bit_generator.state, torch.get_rng_state())  # as the next step starts: its batch is drawn from them
     probe = held[:CURVE_HELDOUT]  # the held-out trajectories the training curve is measured on
+    earlier = resumed["seconds"] if resumed is not None else 0.0  # the training loop's seconds before this run
 
     def extra() -> dict:
         """The checkpoint's training record; its `heldout` is this checkpoint's own evaluation: all held-out
@@ -309,20 +385,32 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
                              "heldout_trajectories": len(held) if outcome.after else len(probe),
                              "curve": outcome.curve, "trained_on": seen}}
 
-    losses: list[float] = []
+    def checkpoint(finished: bool = False) -> None:
+        """Save the heads; then the run's state beside them, or, once it has finished, remove that."""
+        save_heads(out, head_config, module, extra())
+        if finished:
+            (out / STATE_FILE).unlink(missing_ok=True)
+            return
+        _save_state(out, {"config": dict(config.__dict__), "prompts": seen["fingerprint"], "positions": n_train,
+                          "step": outcome.steps, "seconds": earlier + time.perf_counter() - started,
+                          "module": module.state_dict(), "optimiser": optimiser.state_dict(),
+                          "rates": rates.state_dict() if timed is None else None, "rng": streams[0],
+                          "torch_rng": streams[1], "reached": timed.last if timed else 0.0,
+                          "before": outcome.before, "curve": outcome.curve, "losses": losses[-config.save_every:],
+                          "rate": rate, "evaluation_seconds": evaluation})
+
     # bfloat16: autocast's matrix products; the loss's softmaxes are taken in float32 (_soft_ce) and the weights
     # and AdamW's state stay float32 (no loss scaling: bfloat16 has float32's exponent range)
     autocast = torch.autocast(device_type=torch.device(target.info["device"]).type, dtype=torch.bfloat16,
                               enabled=config.precision == "bfloat16")
     balance = RouterBalance(module, config.router_bias_speed)
     together = batches_together(config, module)
-    rate = config.lr  # the learning rate of the last step taken
     started = time.perf_counter()
-    bar = tqdm(total=None if timed else config.steps, unit="step", desc=f"train {config.kind}", disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(total=None if timed else config.steps, initial=outcome.steps, unit="step", desc=f"train {config.kind}",
+               disable=not progress, dynamic_ncols=True)
     try:
         module.train()
-        for step in range(config.steps):
+        for step in range(outcome.steps, config.steps):
             batch = rng.choice(len(train_seqs), size=min(config.batch, len(train_seqs)), replace=False)
             optimiser.zero_grad()
             with autocast:
@@ -340,6 +428,7 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
             rates.step()
             balance.step()
             outcome.steps = step + 1
+            streams = (rng.bit_generator.state, torch.get_rng_state())
             losses.append(total.item())
             bar.update()
             bar.set_postfix(loss=f"{total.item():.3f}")
@@ -350,27 +439,29 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
                 outcome.curve.append({"step": step + 1, "train_loss": float(np.mean(losses[-config.save_every:])),
                                       "lr": rate, "heldout": evaluate(config.kind, module, target, probe, config)})
                 module.train()
-                save_heads(out, head_config, module, extra())
+                checkpoint()
     except KeyboardInterrupt:
         outcome.interrupted = True
     finally:
         bar.close()
         balance.close()
-        outcome.seconds = time.perf_counter() - started
+        outcome.seconds = earlier + time.perf_counter() - started
     module.eval()
     if not outcome.interrupted:
-        save_heads(out, head_config, module, extra())  # first: an interrupt in the evaluation below loses no steps
+        checkpoint(finished=True)  # first: an interrupt in the evaluation below loses no steps
         try:
             outcome.after = evaluate(config.kind, module, target, held, config)
         except KeyboardInterrupt:  # the trained head is saved, without its held-out numbers
             outcome.interrupted = True
             return outcome
-    elif outcome.steps and not (outcome.curve and outcome.curve[-1]["step"] == outcome.steps):
-        # stopped between checkpoints: save the weights first (a second interrupt loses nothing), then measure them
-        # on the curve's probe, as a checkpoint is
         save_heads(out, head_config, module, extra())
+        return outcome
+    if outcome.steps and not (outcome.curve and outcome.curve[-1]["step"] == outcome.steps):
+        # stopped between checkpoints: save the weights and state first (a second interrupt loses nothing), then
+        # measure them on the curve's probe, as a checkpoint is
+        checkpoint()
         since = outcome.steps - (outcome.curve[-1]["step"] if outcome.curve else 0)
         outcome.curve.append({"step": outcome.steps, "train_loss": float(np.mean(losses[-since:])), "lr": rate,
                               "heldout": evaluate(config.kind, module, target, probe, config)})
-    save_heads(out, head_config, module, extra())
+    checkpoint()
     return outcome
