@@ -392,6 +392,19 @@ def test_an_interrupted_training_saves_the_head_with_its_own_heldout_numbers(tra
     assert "prompt" not in said  # Medusa attends to nothing: what the prompt was to it is moot
 
 
+def _interrupted_at(step: int, batch_loss):
+    """`batch_loss` that raises KeyboardInterrupt (a Ctrl-C) as training step `step` starts computing its loss."""
+    calls = []
+
+    def stopping(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == step:
+            raise KeyboardInterrupt
+        return batch_loss(*args, **kwargs)
+
+    return stopping
+
+
 def test_a_resumed_training_ends_with_the_weights_of_an_uninterrupted_one(training_cache, tiny_model_dir, tmp_path,
                                                                           monkeypatch):
     """Stopped at step 5 of 8 (checkpoints every 3) and resumed, a run ends with exactly the weights the same run
@@ -409,15 +422,8 @@ def test_a_resumed_training_ends_with_the_weights_of_an_uninterrupted_one(traini
     target = load_model(str(tiny_model_dir))
     config = training.TrainConfig(kind="eagle", steps=8, lr=3e-3, batch=2, holdout_every=4, save_every=3)
     straight = training.train(training_cache[0], target, tmp_path / "straight", config, progress=False)
-    real, calls = training.batch_loss, []
-
-    def stop_at_step_6(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 6:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(training, "batch_loss", stop_at_step_6)
+    real = training.batch_loss
+    monkeypatch.setattr(training, "batch_loss", _interrupted_at(6, real))
     out = tmp_path / "resumed"
     stopped = training.train(training_cache[0], target, out, config, progress=False)
     assert stopped.interrupted and stopped.steps == 5 and (out / training.STATE_FILE).exists()
@@ -474,17 +480,10 @@ def test_a_time_limited_run_resumed_runs_the_rest_of_its_schedule_in_the_new_lim
     target = load_model(str(tiny_model_dir))
     config = training.TrainConfig(kind="eagle", steps=1000, lr=1e-2, batch=2, holdout_every=4, save_every=2,
                                   time_limit=60.0)
-    real, calls = training.batch_loss, []
-
-    def stop_at_step_11(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 11:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
+    real = training.batch_loss
     ticks = itertools.count()
     monkeypatch.setattr(training, "_clock", lambda: float(next(ticks)))
-    monkeypatch.setattr(training, "batch_loss", stop_at_step_11)
+    monkeypatch.setattr(training, "batch_loss", _interrupted_at(11, real))
     stopped = training.train(training_cache[0], target, tmp_path / "h", config, progress=False)
     assert stopped.interrupted and stopped.steps == 10
     ticks = itertools.count()
