@@ -15,7 +15,8 @@ from specsim.cli import _common as c
 @c.command("train-draft")
 @click.option("--kind", type=c.choice(registry.HEAD_KINDS), required=True,
               help=registry.vocab_help(registry.HEAD_KINDS) + ".")
-@click.option("--target", required=True, help="The cache's target model (its LM head gives the training targets).")
+@click.option("--target", required=True,
+              help="The target model the caches were recorded with (its LM head gives the training targets).")
 @click.option("--from", "caches", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
               multiple=True,
               help="A cache recorded with --hidden-states last (MiMo-style MTP: last,prenorm; EAGLE-3: last and the "
@@ -92,7 +93,7 @@ def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, m
                 draft_vocab, prompt_use, precision, steps, time_limit, batch, lr, weight_decay, lr_schedule,
                 holdout_every, train_prompts, train_categories, save_every, device, out, overwrite, resume, seed,
                 quiet):
-    """Train head drafts for TARGET by self-distillation on a cache's trajectories.
+    """Train head drafts for TARGET by self-distillation on the trajectories of one or more caches.
 
     The loss is against the target's whole next-token law (softmax of its LM head on the
     recorded hidden states), not only its sampled token. The heads are saved as
