@@ -24,17 +24,10 @@ def prompt_fingerprint(token_ids) -> str:
     return hashlib.sha256(np.asarray(token_ids, dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
-def trained_on(caches, keys) -> dict:
-    """The `training.trained_on` record of a head trained on prompts `keys` ((cache number, prompt index), the
-    number `caches`' position) of `caches`."""
-    from specsim.cache.reader import CacheReader
-
-    prompts = []
-    for c, cache in enumerate(caches):
-        with CacheReader(cache) as reader:
-            prompts += [{"question_id": reader.prompt_question_id(i),
-                         "tokens": prompt_fingerprint(reader.prompt_token_ids(i))}
-                        for i in sorted(i for d, i in keys if d == c)]
+def trained_on(caches, prompts) -> dict:
+    """The `training.trained_on` record of a head trained on `caches`' prompts `prompts`: (question id, token
+    fingerprint) of each, in order."""
+    prompts = [{"question_id": int(qid), "tokens": tokens} for qid, tokens in prompts]
     digest = hashlib.sha256(json.dumps([p["tokens"] for p in prompts]).encode()).hexdigest()[:16]
     return {"caches": [str(c) for c in caches], "prompts": prompts, "fingerprint": digest}
 

@@ -127,7 +127,7 @@ def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, m
     from specsim.errors import CacheError
     from specsim.interrupts import sigterm_as_interrupt
     from specsim.record.models import load_model
-    from specsim.record.train import CURVE_HELDOUT, NO_STEP_CAP, STATE_FILE, TrainConfig, train
+    from specsim.record.train import CURVE_HELDOUT, NO_STEP_CAP, TrainConfig, interrupted_state, train
     from specsim.record.train_data import plan_prompts
 
     if resume and overwrite:
@@ -135,9 +135,8 @@ def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, m
     if out.exists() and any(out.iterdir()) and not (overwrite or resume):
         raise CacheError(f"--out {out} is not empty; pass --overwrite to replace the heads in it, or --resume to "
                          "continue the run interrupted there")
-    if resume and not (out / STATE_FILE).exists():  # before the target loads
-        raise CacheError(f"--resume: {out} holds no interrupted run (no {STATE_FILE}; a run that finished removes "
-                         "it); drop --resume")
+    if resume:  # before the target loads
+        interrupted_state(out)
     if kind != "eagle3" and (aux_layers or draft_vocab):
         raise CacheError.naming("{aux_layers} and {draft_vocab} are EAGLE-3's: use {kind} eagle3")
     if kind != "mtp" and router_bias_speed is not None:

@@ -219,13 +219,20 @@ def _save_state(out: Path, state: dict) -> None:
     os.replace(tmp, out / STATE_FILE)
 
 
-def _resumed_state(out: Path, config: TrainConfig, prompts: str, positions: int) -> dict:
-    """The state an interrupted run left in `out`, checked against this run's settings, training prompts (their
-    fingerprint) and training positions."""
-    path = out / STATE_FILE
+def interrupted_state(out: Path) -> Path:
+    """The state file of the run interrupted in `out`; ModelError in one line when `out` holds none (callers check
+    it before loading the target, which takes minutes for a large one)."""
+    path = Path(out) / STATE_FILE
     if not path.exists():
         raise ModelError.naming("{resume}: {path} holds no interrupted run (no " + STATE_FILE + "; a run that "
                                 "finished removes it); drop {resume}", path=str(out))
+    return path
+
+
+def _resumed_state(out: Path, config: TrainConfig, prompts: str, positions: int) -> dict:
+    """The state an interrupted run left in `out`, checked against this run's settings, training prompts (their
+    fingerprint) and training positions."""
+    path = interrupted_state(out)
     try:
         state = torch.load(path, weights_only=True)
     except Exception as exc:  # a damaged file: say so in one line
@@ -286,7 +293,7 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
     if not train_seqs or not held:
         raise CacheError(f"{len(train_seqs) + len(held)} trajectories cannot be split 1 in {config.holdout_every} "
                          "into training and held-out prompts; record more prompts")
-    seen = trained_on(caches, plan.keep)  # which prompts it saw: simulate, validate and report say when they meet them
+    seen = trained_on(caches, plan.trained_on())  # which prompts it saw: simulate, validate and report say so
     draft_ids = (draft_vocabulary(train_seqs, config.draft_vocab, int(target.vocab_size), config)
                  if config.draft_vocab else None)
     if draft_ids is not None:

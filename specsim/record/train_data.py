@@ -16,7 +16,7 @@ heads were trained before, kept to measure the difference).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Collection
 
@@ -114,6 +114,11 @@ class PromptPlan:
     keep: frozenset  # (cache, prompt index) trained on
     held: frozenset  # (cache, prompt index) held out
     moved: int = 0  # training prompts left out because another cache holds the same prompt out
+    identity: dict = field(default_factory=dict)  # (cache, prompt index) -> (question id, token fingerprint)
+
+    def trained_on(self) -> list[tuple[int, str]]:
+        """(question id, token fingerprint) of each prompt trained on, by cache and then prompt index."""
+        return [self.identity[k] for k in sorted(self.keep)]
 
     def of(self, cache: int) -> tuple[set[int], set[int]]:
         """(trained on, held out): cache number `cache`'s prompt indices."""
@@ -135,12 +140,13 @@ def plan_prompts(caches, every: int, prompts: int = 0, seed: int = 0,
                  None)
     if twice is not None:
         raise CacheError.naming("{caches} {path} is given twice: its trajectories would count twice", path=str(twice))
-    fingerprints, category, have = {}, {}, set()  # per recorded (cache, prompt index); every category there is
+    identity, category, have = {}, {}, set()  # per recorded (cache, prompt index); every category there is
     for c, cache in enumerate(caches):
         with CacheReader(cache) as reader:
             names = [p.category for p in reader.prompt_records()]
             for i in sorted({row.prompt_index for row in reader.iter_trajectories() if row.length >= 2}):
-                fingerprints[c, i], category[c, i] = prompt_fingerprint(reader.prompt_token_ids(i)), names[i]
+                identity[c, i] = reader.prompt_question_id(i), prompt_fingerprint(reader.prompt_token_ids(i))
+                category[c, i] = names[i]
             have.update(names)
     if categories:
         unknown = sorted(set(categories) - have)
@@ -149,12 +155,13 @@ def plan_prompts(caches, every: int, prompts: int = 0, seed: int = 0,
             raise CacheError.naming("{train_categories} {value}: no prompt of {cache} has {which}; it has: {shown}",
                                     value=",".join(unknown), cache=" or ".join(map(str, caches)), shown=shown,
                                     which="that category" if len(unknown) == 1 else "those categories")
-    held = {k for k in fingerprints if held_out(k[1], every)}
-    unseen = {fingerprints[k] for k in held}
-    pool = sorted(k for k in fingerprints if k not in held and (not categories or category[k] in set(categories)))
-    if categories and not pool:
+    held = {k for k in identity if held_out(k[1], every)}
+    unseen = {identity[k][1] for k in held}
+    wanted = set(categories)
+    pool = sorted(k for k in identity if k not in held and (not wanted or category[k] in wanted))
+    if wanted and not pool:
         raise CacheError.naming("{train_categories}: none of the training prompts is in those categories")
-    kept = [k for k in pool if fingerprints[k] not in unseen]
+    kept = [k for k in pool if identity[k][1] not in unseen]
     moved, pool = len(pool) - len(kept), kept
     if prompts:
         if prompts > len(pool):
@@ -164,7 +171,7 @@ def plan_prompts(caches, every: int, prompts: int = 0, seed: int = 0,
                                     where="the cache has" if len(caches) == 1 else f"the {len(caches)} caches have")
         order = np.random.default_rng([seed, 1]).permutation(len(pool))
         pool = [pool[k] for k in order[:prompts]]
-    return PromptPlan(keep=frozenset(pool), held=frozenset(held), moved=moved)
+    return PromptPlan(keep=frozenset(pool), held=frozenset(held), moved=moved, identity=identity)
 
 
 def draft_vocabulary(seqs: list[TrainSequence], size: int, vocab: int, config: "TrainConfig") -> np.ndarray:
