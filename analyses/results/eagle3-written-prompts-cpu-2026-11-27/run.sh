@@ -41,3 +41,6 @@ for set in eval heldout46; do
         > paired_${set}_${tree/:/}.txt 2>&1
   done
 done
+# 5. the new head live (specsim's engine) and in vLLM's eagle3 method, against the replay, call for call
+$SPECSIM validate eval.h5 --engine vllm --draft eagle3:head --tree chain:4 --tree chain:2 > validate_vllm.txt 2> validate_vllm.log
+$SPECSIM validate eval.h5 --draft eagle3:head --tree chain:4 --tree chain:2 --threads 2 --quiet > validate_live.txt 2> validate_live.log
