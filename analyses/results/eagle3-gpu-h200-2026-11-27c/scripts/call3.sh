@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Device call 3 (the lease's last 105 s, typed into the device tool as one line; kept here as it ran): the two
+# recordings' logs, and a training of at most 72 s on what call 2 recorded. It was stopped while loading the target,
+# and pack.py was not found (.gpu2 was not carried in this call).
+W=/root/w; for f in rec_S rec_G; do tr '\r' '\n' < $W/$f.log | grep -v "it/s\]\|s/it\]" > $OUT/$f.log.txt; done; grep -hE "^recorded|^this run|^interrupted|^time" $OUT/rec_*.txt; ls -la $W | head -30; export PYTHONPATH=/tmp/site:$PWD SPECSIM_HOME=/tmp/specsim-home; timeout -k 5 -s TERM 80 python3 -m specsim train-draft --kind eagle3 --target $W/smol.gguf --from $W/S.h5 --from $W/G.h5 --draft-vocab 16384 --ttt-steps 4 --time-limit 72 --batch 64 --lr 1e-3 --lr-schedule cosine --holdout-every 10 --save-every 200 --device cuda --quiet --out $W/head > $OUT/train.txt 2> $OUT/train.log; tail -c 1500 $OUT/train.txt; tail -c 600 $OUT/train.log; python3 .gpu2/pack.py $W/head E $OUT; cp $W/E-sums.json $W/E-config.json $OUT/ 2>/dev/null; ls $OUT
