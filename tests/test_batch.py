@@ -185,7 +185,8 @@ def test_repeated_requests_in_a_resample_do_not_shift_the_lockstep_interval(tmp_
     waits for its slowest request: a resample's speedups are shifted by the repeats, not by the prompts drawn
     (bench_speedup's six requests at batch 4: the point estimate sat at the interval's lower edge). Six requests
     of alternating length and acceptance: the replicates' median lies above the point estimate, and the interval
-    is their spread placed around the point estimate as around their median (the raw percentile interval is not)."""
+    is their spread placed around the point estimate as around their median, scaled by the ratio of the two (the
+    raw percentile interval is not)."""
     from tests.synthetic import rank_cache
 
     rng = np.random.default_rng(2)
@@ -204,7 +205,23 @@ def test_repeated_requests_in_a_resample_do_not_shift_the_lockstep_interval(tmp_
     assert mid - speedup[0] > 0.02  # the repeats' shift
     value, lo, hi = simulate_batch(table, features, tree, model, "d", batch=4, n_boot=4000).speedup
     assert value == pytest.approx(speedup[0])
-    assert value - lo == pytest.approx(mid - low, abs=0.01) and hi - value == pytest.approx(high - mid, abs=0.01)
+    assert (lo / value, hi / value) == pytest.approx((low / mid, high / mid), abs=0.01)  # its own resamples
+
+
+def test_a_wide_interval_is_scaled_to_the_point_estimate_and_stays_positive():
+    """Replicates priced by a profile round measured in a slow phase of the host spread far below their median.
+    Shifted to the point estimate, such an interval's lower end went below zero (under load, a report's batch
+    row gave a speedup CI from -0.013, which tests/test_report.py caught as a number missing from the tables);
+    scaled, it keeps the replicates' relative spread and stays positive."""
+    from specsim.sim.batch import recentred
+
+    replicates = np.concatenate([np.full(900, 1.0), np.full(100, 0.1)])  # a tenth priced by the slow round
+    low, mid, high = np.percentile(replicates, [2.5, 50, 97.5])
+    assert low - mid + 0.5 < 0  # the shifted interval: an impossible speedup
+    value, lo, hi = recentred(0.5, replicates)
+    assert value == 0.5 and 0 < lo < value <= hi
+    assert (lo / value, hi / value) == pytest.approx((low / mid, high / mid))
+    assert np.isnan(recentred(0.5, replicates[:1])[1:]).all()  # one replicate: no interval
 
 
 @pytest.mark.parametrize("batching", ["lockstep", "continuous"])

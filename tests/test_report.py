@@ -124,7 +124,7 @@ def test_findings_quote_numbers_that_are_in_the_tables(report_dir):
     sentences = [html.unescape(item) for block in re.findall(r"<h3>[^<]*</h3><ul>(.*?)</ul>", text, flags=re.S)
                  for item in re.findall(r"<li>(.*?)</li>", block, flags=re.S)]
     assert len(sentences) >= 4
-    quoted = [float(x) for s in sentences for x in re.findall(r"(?<![\d.])\d+\.\d{3}(?![\d%])", s)]
+    quoted = [float(x) for s in sentences for x in re.findall(r"(?<![\d.])-?\d+\.\d{3}(?![\d%])", s)]  # signed
     assert quoted
     known = set()
     for name in ("results", "theory", "batch"):

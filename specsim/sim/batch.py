@@ -23,8 +23,8 @@ does not change them).
 Replicates run side by side as rows of every array: the cache's trajectory order (the
 point estimate; with sampling, `coins` replicates of it give its mean and standard error)
 and `n_boot` bootstrap resamples of the trajectories with fresh coins (the 95% CI over
-prompts and coins: the replicates' percentile interval recentred on the point estimate, since
-a resample's repeated requests shorten lockstep batches; `simulate_batch`). numpy only.
+prompts and coins: the replicates' percentile interval rescaled to the point estimate, since
+a resample's repeated requests shorten lockstep batches; `recentred`). numpy only.
 """
 
 from __future__ import annotations
@@ -40,6 +40,24 @@ from specsim.expansion import DynamicTree
 from specsim.trees import Tree
 
 CI_LEVEL = 0.95
+
+
+def recentred(value: float, replicates: np.ndarray) -> tuple[float, float, float]:
+    """(value, lo, hi): the point estimate `value` of a positive quantity (a rate, a speedup) and its
+    replicates' 95% percentile interval, moved to it. Why move it: a resample repeats requests, and in
+    lockstep a batch waits for its slowest request, so copies of one request in a batch (the same calls) end
+    speculative batches sooner than distinct requests do, while plain batches run to the output limit alike;
+    every replicate's speedup is shifted up by that, not by the prompts drawn (six requests at batch 4: the
+    point estimate at the interval's lower edge, and the live value below it in 13 of 18 batch-4 rows of
+    three bench_speedup runs). The spread is the replicates'; the location is the point estimate's, which
+    decodes distinct requests as the engine does. Moved by scaling (the interval times value / median), not
+    by shifting: the quantities are positive, and a shift of a wide interval (a profile round measured in a
+    slow phase of the host prices some replicates far slower) put its lower end below zero, an impossible
+    speedup. Without two replicates, no interval (NaN)."""
+    if len(replicates) < 2:
+        return value, float("nan"), float("nan")
+    lo, mid, hi = np.percentile(replicates, [(1 - CI_LEVEL) / 2 * 100, 50, (1 + CI_LEVEL) / 2 * 100])
+    return value, float(lo * value / mid), float(hi * value / mid)
 
 
 @dataclass(frozen=True)
@@ -230,18 +248,7 @@ def simulate_batch(table: AcceptanceTable, features, tree: Tree, cost_model, dra
     point, boot = slice(0, n_point), slice(n_point, None)
 
     def est(x: np.ndarray) -> tuple[float, float, float]:
-        """The point estimate and the replicates' percentile interval recentred on it: a resample repeats
-        requests, and in lockstep a batch waits for its slowest request, so copies of one request in a batch
-        (the same calls) end speculative batches sooner than distinct requests do, while plain batches run to
-        the output limit alike; every replicate's speedup is shifted up by that, not by the prompts drawn
-        (six requests at batch 4: the point estimate at the interval's lower edge, and the live value below
-        it in 13 of 18 batch-4 rows of three bench_speedup runs). The spread is the replicates'; the location
-        is the point estimate's, which decodes distinct requests as the engine does."""
-        value = float(x[point].mean())
-        if orders.shape[0] - n_point < 2:
-            return value, float("nan"), float("nan")
-        lo, mid, hi = np.percentile(x[boot], [(1 - CI_LEVEL) / 2 * 100, 50, (1 + CI_LEVEL) / 2 * 100])
-        return value, float(lo - mid + value), float(hi - mid + value)
+        return recentred(float(x[point].mean()), x[boot])
 
     se = None if deterministic else float(speedup[point].std(ddof=1) / np.sqrt(n_point))
     return BatchEstimate(
