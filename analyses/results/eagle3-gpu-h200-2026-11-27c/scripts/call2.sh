@@ -24,13 +24,15 @@ HBF=""; [ "$HB" != 0 ] && HBF="--hidden-batch $HB"
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 2 > $OUT/gpu_call2.csv 2>&1 &
 UTIL=$!
 at "recording S (batch $SB, T = $TS) and G (batch $GB, T = $TG) side by side, capped at $REC_S s; $HBF"
+RECS=""
 for c in S G; do
   [ $c = S ] && set -- $SB $TS || set -- $GB $TG
   /usr/bin/time -v timeout -k 20 -s TERM $REC_S python3 -m specsim cache --target $TGT --prompts $P/$c.jsonl \
     --max-new-tokens $MNT --temperature $2 --hidden-states $HS --store stats --batch-size $1 $HBF --device $DEV \
     --out $W/$c.h5 --quiet > $W/rec_$c.log 2>&1 &
+  RECS="$RECS $!"
 done
-wait
+wait $RECS  # the recordings only: a bare `wait` also waits for the monitor, which never ends (what hung call 2)
 FROM=""
 for c in S G; do grep -E "^recorded|^time:|^this run|^interrupted|Maximum resident|Elapsed" $W/rec_$c.log; [ -s $W/$c.h5 ] && FROM="$FROM --from $W/$c.h5"; done
 TL=$(( DEADLINE_S - $(el) - PACK_S ))
