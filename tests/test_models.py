@@ -193,7 +193,9 @@ def test_unresolvable_specs_fail_fast_with_a_clear_message(spec, message):
         load_model(spec)
 
 
-def test_a_non_gguf_file_and_junk_gguf_are_refused(tmp_path):
+def test_a_non_gguf_file_and_junk_gguf_are_refused(tmp_path, monkeypatch):
+    """... and leave nothing in the model store (a refused file left a lock file there, one per file refused)."""
+    monkeypatch.setenv("SPECSIM_HOME", str(tmp_path / "home"))
     txt = tmp_path / "weights.bin"
     txt.write_text("hello")
     with pytest.raises(ModelError, match="not a GGUF file"):
@@ -202,6 +204,8 @@ def test_a_non_gguf_file_and_junk_gguf_are_refused(tmp_path):
     junk.write_bytes(b"\0" * 64)
     with pytest.raises(ModelError, match="not a readable GGUF file"):
         load_model(str(junk))
+    home = tmp_path / "home"
+    assert not home.exists() or not [p for p in home.rglob("*") if p.is_file()]
 
 
 def test_gguf_of_an_architecture_transformers_cannot_load_is_refused(tmp_path, monkeypatch):
@@ -250,8 +254,15 @@ def test_processes_loading_one_gguf_at_once_convert_it_once(tmp_path):
     left. Without the lock the four converted into one scratch folder together."""
     import multiprocessing
 
-    path = tmp_path / "m.gguf"
-    path.write_bytes(b"GGUF" + bytes(60))
+    import gguf
+
+    path = tmp_path / "m.gguf"  # a readable GGUF (checked before the lock); the stand-in loader converts it
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("w", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     log, home = tmp_path / "conversions.log", tmp_path / "home"
     context = multiprocessing.get_context("fork")
     out = context.Queue()

@@ -341,6 +341,7 @@ def convert_gguf_file(path: Path) -> tuple[Path, dict]:
     key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     dest = model_store() / "gguf" / f"{path.stem}-{key}"
     if not (dest / MARKER).is_file():
+        gguf_architecture(path)  # a file that is no GGUF is refused before it leaves a lock file in the store
         with converting(dest):
             if not (dest / MARKER).is_file():  # not converted by the process this one waited for
                 convert_gguf(path, dest, source={"gguf": str(path), "sha256": file_sha256(path),
