@@ -194,3 +194,30 @@ def test_a_batched_evaluation_has_the_per_trajectory_numbers(heads, training_cac
         train_module._group_laws = real
     assert wrong["loss"] != pytest.approx(want["loss"], rel=1e-5)
     assert wrong["overlap"] != pytest.approx(want["overlap"], rel=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [10_000, 40])  # every prompt in one forward; a few prompts a forward
+def test_prompt_states_from_batched_forwards_equal_one_forward_per_prompt(training_cache, tiny_model_dir, tokens):
+    """`train-draft --hidden-batch`: the prompts' states (the context rows before each trajectory) from
+    right-padded forwards equal one forward per prompt's to float16's step (both are rounded as the cache rounds
+    states), and the trajectories' own rows, read from the cache, are the same; a context one row off is far
+    outside the bound, so the check can fail."""
+    from specsim.record.models import load_model
+    from specsim.record.train_data import load_sequences
+
+    target = load_model(str(tiny_model_dir))
+    layers = ("1", "2", "3")
+    one = load_sequences(training_cache[0], target, layers, "context")
+    batched = load_sequences(training_cache[0], target, layers, "context", hidden_batch=tokens)
+    assert [i for i, _ in one] == [i for i, _ in batched] and len(one) > 8
+    contexts = 0
+    for (_, a), (_, b) in zip(one, batched):
+        c = a.context
+        assert b.context == c and torch.equal(a.tokens, b.tokens)
+        assert torch.equal(a.hidden[c:], b.hidden[c:]) and torch.equal(a.features[c:], b.features[c:])
+        for x, y in ((a.hidden, b.hidden), (a.features, b.features)):
+            scale = float(x[:c].abs().max())
+            assert float((x[:c] - y[:c]).abs().max()) <= 2e-3 * scale
+            assert float((x[1:c] - y[:c - 1]).abs().max()) > 1e-2 * scale
+        contexts += c
+    assert contexts > 0

@@ -79,6 +79,12 @@ from specsim.cli import _common as c
                    "[default: all]")
 @click.option("--save-every", type=click.IntRange(min=1), default=100, show_default=True,
               help="Write a checkpoint every this many steps.")
+@click.option("--hidden-batch", "hidden_batch", type=click.IntRange(min=1), default=None, metavar="TOKENS",
+              help="Compute the prompts' states (--prompt context) in right-padded forwards of up to TOKENS tokens "
+                   "instead of one forward per prompt, as `cache --hidden-batch` does for recording: for a GPU (an H200 "
+                   "run loading 685k positions of 2,470 prompts, one forward each, had not finished after 75 s; "
+                   "batched not yet timed there). Slower on a CPU (2 cores: 60 Spec-Bench prompts 39 s against 7.9 "
+                   "s). Equal to one forward per prompt up to rounding.")
 @c.device_option
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory to write the heads to.")
 @click.option("--overwrite", is_flag=True, help="Replace heads already in --out.")
@@ -91,8 +97,8 @@ from specsim.cli import _common as c
 @c.friendly_errors
 def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, mtp_style, router_bias_speed,
                 draft_vocab, prompt_use, precision, steps, time_limit, batch, lr, weight_decay, lr_schedule,
-                holdout_every, train_prompts, train_categories, save_every, device, out, overwrite, resume, seed,
-                quiet):
+                holdout_every, train_prompts, train_categories, save_every, hidden_batch, device, out, overwrite,
+                resume, seed, quiet):
     """Train head drafts for TARGET by self-distillation on the trajectories of one or more caches.
 
     The loss is against the target's whole next-token law (softmax of its LM head on the
@@ -167,7 +173,7 @@ def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, m
                          **({} if router_bias_speed is None else {"router_bias_speed": router_bias_speed}))
     with sigterm_as_interrupt():  # SIGTERM (a scheduler's stop) saves the last checkpoint as Ctrl-C does
         outcome = train(caches, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True),
-                        begun=begun, resume=resume)
+                        begun=begun, resume=resume, hidden_batch=hidden_batch or 0)
 
     def agreement(result):
         return ", ".join(f"depth {d} {v:.3f} (overlap {result['overlap'][d]:.3f})" for d, v in result["top1"].items())

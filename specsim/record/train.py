@@ -256,14 +256,15 @@ def _resumed_state(out: Path, config: TrainConfig, prompts: str, positions: int)
 
 def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = True,
           echo: Callable[[str], None] = lambda line: None, begun: float | None = None,
-          resume: bool = False) -> TrainOutcome:
+          resume: bool = False, hidden_batch: int = 0) -> TrainOutcome:
     """Train `config.kind` heads for `target` on the hidden states of `caches` (a cache file, or a sequence of them
     trained on together: `plan_prompts` says which prompts of each are held out) and save them in `out`. begun:
     when the run began by `_clock` (`config.time_limit` counts from it; default: now), so a caller's loading
     counts too. Every checkpoint of a run not yet finished leaves its state beside it (`STATE_FILE`: weights,
     optimiser, schedule, random streams); resume=True continues the run interrupted in `out` from there, with the
     same settings and data (a time-limited one runs the rest of its schedule in the new `config.time_limit`): a
-    run of `steps` resumed ends with the weights it would have had uninterrupted."""
+    run of `steps` resumed ends with the weights it would have had uninterrupted. hidden_batch > 0: the prompts'
+    states from right-padded forwards of up to that many tokens (`load_sequences`)."""
     from tqdm.auto import tqdm
 
     from specsim.cache.provenance import trained_on
@@ -288,7 +289,7 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
     for c, path in enumerate(caches):
         keep, hold = plan.of(c)
         for i, seq in load_sequences(path, target, layers, "none" if blind else config.prompt, progress=progress,
-                                     prompts=keep | hold):
+                                     prompts=keep | hold, hidden_batch=hidden_batch):
             (held if i in hold else train_seqs).append(seq)
     if not train_seqs or not held:
         raise CacheError(f"{len(train_seqs) + len(held)} trajectories cannot be split 1 in {config.holdout_every} "

@@ -45,16 +45,21 @@ class TrainSequence:
         return 0 if config.prompt == "loss" else self.context
 
 
+PROMPTS_PER_BATCHED_CALL = 256  # prompts handed to `target_hidden_batched` at once (the progress bar's step)
+
 def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "context", *,
-                   prompts: Collection[int] | None = None, progress: bool = False) -> list[tuple[int, TrainSequence]]:
+                   prompts: Collection[int] | None = None, progress: bool = False,
+                   hidden_batch: int = 0) -> list[tuple[int, TrainSequence]]:
     """(prompt index, trajectory) of every trajectory of 2+ tokens in a cache with hidden states (of the prompts
     `prompts` only, when given), checked against `target`; `layers` (the head's: EAGLE-3's fused layers, MTP's
     state) are read side by side into `features`. Unless `prompt` is "none", each trajectory is preceded by its
-    prompt's states, computed by `target` (`context` rows)."""
+    prompt's states, computed by `target` (`context` rows): one forward per prompt, or with `hidden_batch` > 0
+    right-padded forwards of up to that many tokens (`target_hidden_batched`: for a GPU, where a forward of a small
+    model costs about the same for one sequence as for many; equal to one per prompt up to rounding)."""
     from tqdm.auto import tqdm
 
     from specsim.cache.reader import CacheReader
-    from specsim.record.head_unroll import target_hidden
+    from specsim.record.head_unroll import target_hidden, target_hidden_batched
 
     if prompt not in PROMPT_USES:
         raise ModelError(f"--prompt {prompt!r}: one of {', '.join(PROMPT_USES)}")
@@ -79,10 +84,18 @@ def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "c
         context = {}  # prompt index -> {layer: (prompt length - 1, H) float32}, rounded as the cache rounds states
         if prompt != "none":
             device = target.info.get("device", "cpu")
-            for i in tqdm(ids, desc="prompt states", unit="prompt", disable=not progress, dynamic_ncols=True):
-                if len(ids[i]) >= 2:
-                    states = target_hidden(target, torch.as_tensor(ids[i], device=device), want)
-                    context[i] = {k: v.half().float().cpu() for k, v in states.items()}
+            todo = [i for i in ids if len(ids[i]) >= 2]
+            step = PROMPTS_PER_BATCHED_CALL if hidden_batch else 1
+            with tqdm(total=len(todo), desc="prompt states", unit="prompt", disable=not progress,
+                      dynamic_ncols=True) as bar:
+                for first in range(0, len(todo), step):
+                    part = todo[first:first + step]
+                    xs = [torch.as_tensor(ids[i], device=device) for i in part]
+                    got = (target_hidden_batched(target, xs, want, hidden_batch) if hidden_batch
+                           else [target_hidden(target, xs[0], want)])
+                    for i, states in zip(part, got):
+                        context[i] = {k: v.half().float().cpu() for k, v in states.items()}
+                    bar.update(len(part))
 
         def sequence(row) -> TrainSequence:
             prompt_ids, before = ids[row.prompt_index], context.get(row.prompt_index)
