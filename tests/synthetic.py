@@ -181,3 +181,16 @@ def random_cache(path, *, n_prompts: int = 6, length: int = 24, vocab: int = 16,
                                      target_logits=p_logits, draft_logits=q, overhang=overhang))
     return write_cache(path, trajectories, vocab=vocab, drafts=drafts, temperatures=temperatures, categories=cats,
                        storage=storage, top_k=top_k, max_new_tokens=max_new_tokens)
+
+
+def write_gguf(path, architecture: str):
+    """A GGUF file of one small tensor whose header names `architecture` (readable; no model in it)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_tensor("w", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

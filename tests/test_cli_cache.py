@@ -148,16 +148,11 @@ def test_tokenizer_mismatch_is_refused(tiny_model_dir, tiny_prompts_file, tmp_pa
 
 
 def test_unsupported_gguf_is_refused(tiny_prompts_file, tmp_path, monkeypatch):
-    import gguf
+    from tests.synthetic import write_gguf
 
     monkeypatch.setenv("SPECSIM_HOME", str(tmp_path / "home"))
     path = tmp_path / "exotic.gguf"
-    writer = gguf.GGUFWriter(str(path), "exotic-arch")
-    writer.add_tensor("w", np.zeros((4, 4), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_gguf(path, "exotic-arch")
     result = _run("cache", "--target", str(path), "--prompts", str(tiny_prompts_file), "--out", str(tmp_path / "o.h5"))
     _one_line_error(result, r"exotic\.gguf: GGUF architecture 'exotic-arch' is not supported")
 

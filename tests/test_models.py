@@ -209,16 +209,11 @@ def test_a_non_gguf_file_and_junk_gguf_are_refused(tmp_path, monkeypatch):
 
 
 def test_gguf_of_an_architecture_transformers_cannot_load_is_refused(tmp_path, monkeypatch):
-    import gguf
+    from tests.synthetic import write_gguf
 
     monkeypatch.setenv("SPECSIM_HOME", str(tmp_path / "home"))
     path = tmp_path / "exotic.gguf"
-    writer = gguf.GGUFWriter(str(path), "exotic-arch")
-    writer.add_tensor("w", np.zeros((4, 4), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_gguf(path, "exotic-arch")
     with pytest.raises(ModelError, match="GGUF architecture 'exotic-arch' is not supported"):
         load_model(str(path))
 
@@ -254,15 +249,10 @@ def test_processes_loading_one_gguf_at_once_convert_it_once(tmp_path):
     left. Without the lock the four converted into one scratch folder together."""
     import multiprocessing
 
-    import gguf
+    from tests.synthetic import write_gguf
 
     path = tmp_path / "m.gguf"  # a readable GGUF (checked before the lock); the stand-in loader converts it
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_tensor("w", np.zeros((4, 4), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_gguf(path, "llama")
     log, home = tmp_path / "conversions.log", tmp_path / "home"
     context = multiprocessing.get_context("fork")
     out = context.Queue()
