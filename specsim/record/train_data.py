@@ -47,6 +47,7 @@ class TrainSequence:
 
 PROMPTS_PER_BATCHED_CALL = 256  # prompts handed to `target_hidden_batched` at once (the progress bar's step)
 
+
 def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "context", *,
                    prompts: Collection[int] | None = None, progress: bool = False,
                    hidden_batch: int = 0) -> list[tuple[int, TrainSequence]]:

@@ -52,7 +52,7 @@ def recentred(value: float, replicates: np.ndarray) -> tuple[float, float, float
     three bench_speedup runs). The spread is the replicates'; the location is the point estimate's, which
     decodes distinct requests as the engine does. Moved by scaling (the interval times value / median), not
     by shifting: the quantities are positive, and a shift of a wide interval (a profile round measured in a
-    slow phase of the host prices some replicates far slower) put its lower end below zero, an impossible
+    slow phase of the host prices some replicates far slower) can put its lower end below zero, an impossible
     speedup. Without two replicates, no interval (NaN)."""
     if len(replicates) < 2:
         return value, float("nan"), float("nan")
