@@ -4,7 +4,8 @@
 # with EAGLE-3's states, both capped at REC_S seconds (SIGTERM keeps every committed trajectory); one EAGLE-3 head
 # trained on both (`--from S --from G`, each holding out its every 10th prompt: S's are the 46 held-out prompts of
 # the CPU runs) for the time left before DEADLINE_S, less PACK_S; the head packed for the trip back.
-# Environment (the device's defaults): P W DEV TGT DEADLINE_S REC_S PACK_S MNT HS SB TS TG BATCH VOCAB.
+# Environment (the device's defaults): P W DEV TGT DEADLINE_S REC_S PACK_S MNT HS SB TS TG BATCH VOCAB, and
+# TRAIN_EXTRA (more train-draft flags: `--hidden-batch 65536` for the prompts' states, since 59d7694).
 set -u
 START=$(date +%s); el() { echo $(( $(date +%s) - START )); }; at() { echo "[$(el) s] $*"; }
 P=${P:-.gpu2}; W=${W:-/root/w}; DEV=${DEV:-cuda}; DEADLINE_S=${DEADLINE_S:-575}; REC_S=${REC_S:-250}
@@ -39,7 +40,7 @@ TL=$(( DEADLINE_S - $(el) - PACK_S ))
 at "training on$FROM for $TL s"
 /usr/bin/time -v timeout -k 15 -s TERM $(( TL + 10 )) python3 -m specsim train-draft --kind eagle3 --target $TGT $FROM \
   --draft-vocab ${VOCAB:-16384} --ttt-steps 4 --time-limit $TL --batch ${BATCH:-64} --lr 1e-3 --lr-schedule cosine \
-  --holdout-every 10 --save-every 200 --device $DEV --quiet --out $W/head > $W/train.txt 2> $W/train.log
+  --holdout-every 10 --save-every 200 --device $DEV --quiet ${TRAIN_EXTRA:-} --out $W/head > $W/train.txt 2> $W/train.log
 cat $W/train.txt | cut -c1-400
 at "trained"
 python3 $P/pack.py $W/head E $OUT

@@ -23,5 +23,5 @@ PY
 P=.gpu W=$D/w DEV=cpu MNT=8 HS=last,2,4,5 N1=8 N2=16 CAP=120 VOCAB=256 STANDIN=$D/tiny OUT=$D/out1 \
   SPECSIM_HOME=$D/home timeout 300 bash .gpu/call1.sh
 P=.gpu2 W=$D/w DEV=cpu DEADLINE_S=260 REC_S=100 PACK_S=25 MNT=8 TS=0,0.7 TG=0 SB=16 BATCH=8 OUT=$D/out2 \
-  SPECSIM_HOME=$D/home timeout 400 bash .gpu2/call2.sh
+  SPECSIM_HOME=$D/home TRAIN_EXTRA="${TRAIN_EXTRA:-}" timeout 400 bash .gpu2/call2.sh
 ls $D/out2
