@@ -11,6 +11,11 @@ and the profile (`specsim validate --cost-profile`). Prints predicted / live per
 configuration; the goal is every ratio within 1 ± 0.10 and the predicted CI (prompts and
 the profile's rounds) covering live in at least 95% of them. Also prints the greedy per-call
 agreement and, since the machine may be shared, CPU time and load average.
+
+(4) With --profile-after, the profile is measured again once live decoding is done and every
+prediction is made again from it (column `after`): the two bracket how far the machine drifted
+while the benchmark ran, which no interval carries (a shared 2-core CPU: two profiles two minutes
+apart differed by up to 15%, `analyses/results/bench-amx-cpu-2026-11-27/`).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per profile entry")
     parser.add_argument("--workdir", default=None, help="keep the cache and profile here (default: a temp dir)")
     parser.add_argument("--out", default=None, help="write every check as CSV")
+    parser.add_argument("--profile-after", action="store_true",
+                        help="profile again after live decoding and predict from that profile too (the drift)")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -123,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.out:  # what is measured so far survives an interrupted run
             pl.DataFrame(checks).write_csv(args.out)
     table = pl.DataFrame(checks)
+    if args.profile_after:
+        table = _predicted_after(table, cache, pconfig, work, trees, drafts, batches, args)
     worst = float(np.abs(table["ratio"].to_numpy() - 1).max())
     within = int((np.abs(table["ratio"].to_numpy() - 1) <= 0.10).sum())
     covered = int(((table["speedup_predicted_lo"] <= table["speedup_live"])
@@ -134,6 +143,37 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         table.write_csv(args.out)
         print(f"wrote {args.out}")
+
+
+def _predicted_after(table, cache, pconfig, work: Path, trees, drafts, batches, args):
+    """`table` with `speedup_predicted_after` and `ratio_after`: the predictions again from a profile measured now,
+    after live decoding, with the same settings; prints how far the two profiles' predictions differ."""
+    import polars as pl
+
+    import specsim
+    from specsim.attention.profile import measure_cost_profile, write_profile
+    from specsim.record.models import load_draft, load_model
+
+    target = load_model(args.target, device=args.device, dtype=args.dtype)
+    q = [load_draft(d, target, device=args.device, dtype=args.dtype) for d in drafts]
+    after = write_profile(measure_cost_profile(target, q, config=pconfig, progress=False),
+                          work / "profile-after.json", overwrite=True)
+    del target, q
+    rows = specsim.simulate(cache, trees=trees, drafts=drafts, batches=batches, batching=args.batching,
+                            cost_profile=str(after), by_category=False)
+    rows = (rows.filter(pl.col("temperature") == 0)
+            .select("draft", "tree", "batch", pl.col("speedup").alias("speedup_predicted_after")))
+    table = (table.join(rows, on=["draft", "tree", "batch"], how="left")
+             .with_columns((pl.col("speedup_predicted_after") / pl.col("speedup_live")).alias("ratio_after")))
+    moved = (table["speedup_predicted_after"] / table["speedup_predicted"] - 1).abs()
+    within = int(((table["ratio_after"] - 1).abs() <= 0.10).sum())
+    print(f"\nprofiled again after live decoding: its predictions differ from the first profile's by "
+          f"{moved.median():.1%} (median), {moved.max():.1%} (most); predicted / live within 1 ± 0.10 from it: "
+          f"{within} of {table.height}")
+    for r in table.iter_rows(named=True):
+        print(f"{r['draft']:<10} {r['tree']:<9} {r['batch']:>2} predicted {r['speedup_predicted']:.3f} before, "
+              f"{r['speedup_predicted_after']:.3f} after; live {r['speedup_live']:.3f}")
+    return table
 
 
 def _cpu() -> float:
