@@ -98,6 +98,13 @@ def seed_option(fn: Callable) -> Callable:
                         help="Seed (a non-negative integer).")(fn)
 
 
+def hidden_batch_option(help_text: str) -> Callable:
+    """--hidden-batch TOKENS (None: off), with the command's own `help_text`: the target's hidden states in
+    right-padded forwards of up to TOKENS tokens (`target_hidden_batched`), for `cache` and `train-draft`."""
+    return click.option("--hidden-batch", "hidden_batch", type=click.IntRange(min=1), default=None, metavar="TOKENS",
+                        help=help_text)
+
+
 # -- repeatable options that also take commas ---------------------------------------------------
 
 

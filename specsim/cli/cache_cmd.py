@@ -74,12 +74,12 @@ from specsim.record.recorder import MAX_OVERHANG, OVERHANG, phases_line
               help="Also store the target's hidden states per position (float16): 'last' (the LM head's input, "
                    "what `specsim train-draft` trains on), 'prenorm' (before the final norm: MiMo-style MTP) "
                    "and/or decoder layer numbers, comma-separated.")
-@click.option("--hidden-batch", "hidden_batch", type=click.IntRange(min=1), default=None, metavar="TOKENS",
-              help="Compute the target's hidden states (--hidden-states, head drafts) for a batch's trajectories in "
-                   "right-padded forwards of up to TOKENS tokens instead of one forward per trajectory. For a GPU: "
-                   "on an H200, 65536 recorded SmolLM2-135M 1.45x faster (its hidden states 3.3 -> 0.5 s for 128 "
-                   "trajectories); on a 2-core CPU it was slower (4.4 against 2.8 s). The states equal the "
-                   "unbatched ones up to rounding.")
+@c.hidden_batch_option(
+    "Compute the target's hidden states (--hidden-states, head drafts) for a batch's trajectories in "
+    "right-padded forwards of up to TOKENS tokens instead of one forward per trajectory. For a GPU: "
+    "on an H200, 65536 recorded SmolLM2-135M 1.45x faster (its hidden states 3.3 -> 0.5 s for 128 "
+    "trajectories); on a 2-core CPU it was slower (4.4 against 2.8 s). The states equal the "
+    "unbatched ones up to rounding.")
 @click.option("--shard", default=None, metavar="I/N|auto",
               help="Record every N-th prompt from the I-th (0-based) into its own file; `auto` reads torchrun's "
                    "RANK/WORLD_SIZE or a SLURM array's task id. --out may contain {i} and {n}. Join the shards "

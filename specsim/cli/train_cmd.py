@@ -79,12 +79,12 @@ from specsim.cli import _common as c
                    "[default: all]")
 @click.option("--save-every", type=click.IntRange(min=1), default=100, show_default=True,
               help="Write a checkpoint every this many steps.")
-@click.option("--hidden-batch", "hidden_batch", type=click.IntRange(min=1), default=None, metavar="TOKENS",
-              help="Compute the prompts' states (--prompt context) in right-padded forwards of up to TOKENS tokens "
-                   "instead of one forward per prompt, as `cache --hidden-batch` does for recording: for a GPU (an H200 "
-                   "run loading 685k positions of 2,470 prompts, one forward each, had not finished after 75 s; "
-                   "batched not yet timed there). Slower on a CPU (2 cores: 60 Spec-Bench prompts 39 s against 7.9 "
-                   "s). Equal to one forward per prompt up to rounding.")
+@c.hidden_batch_option(
+    "Compute the prompts' states (--prompt context) in right-padded forwards of up to TOKENS tokens "
+    "instead of one forward per prompt, as `cache --hidden-batch` does for recording: for a GPU (an H200 "
+    "run loading 685k positions of 2,470 prompts, one forward each, had not finished after 75 s; "
+    "batched not yet timed there). Slower on a CPU (2 cores: 60 Spec-Bench prompts 39 s against 7.9 "
+    "s). Equal to one forward per prompt up to rounding.")
 @c.device_option
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory to write the heads to.")
 @click.option("--overwrite", is_flag=True, help="Replace heads already in --out.")
