@@ -515,3 +515,67 @@ def test_the_least_certain_median_per_model_is_reported_with_the_rounds_it_would
     assert f"draft d would need about {math.ceil(5 * (noisy / 0.05) ** 2)} rounds (--repeats or --max-repeats) for 5%" in line
     assert "target would need" not in line
     assert spread_lines(profile_body()) == []  # medians only: nothing to estimate from
+
+
+def test_pooled_profiles_average_their_times_and_the_speedup_ci_spans_the_drift_between_them(tmp_path):
+    """Two profiles of one machine minutes apart: the second found the draft 3x slower (a drift no single profile's
+    rounds show). Pooled, the point estimate prices with their average and every CI replicate with one of the two, so
+    the speedup CI covers both profiles' own predictions, which neither profile's CI does; replicas that averaged the
+    two (or kept one) would not."""
+    from specsim.sim.cost import load_cost_profiles
+
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0,), drafts=("d",), n_prompts=6, length=24)
+    fast = with_rounds(profile_body(), [1.0] * 4, noise=0.01, seed=1)
+    slow = with_rounds(profile_body(), [1.0] * 4, noise=0.01, seed=2)
+    for cell in (c for b in slow["draft_step_s"]["d"].values() for row in b.values() for c in row.values()):
+        cell["median"] *= 3
+        cell["runs"] = [3 * r for r in cell["runs"]]
+    a, b = write(tmp_path / "a.json", fast), write(tmp_path / "b.json", slow)
+    pooled = load_cost_profiles([a, b])
+    assert float(pooled.draft_s("d", 1, 2, 128)) == pytest.approx(2 * float(load_cost_profile(a).draft_s("d", 1, 2, 128)))
+    assert "profiles a.json, b.json, averaged" in pooled.describe() and "2 profiles" in pooled.uncertainty()
+    picked = [float(r.draft_s("d", 1, 2, 128)) / float(pooled.draft_s("d", 1, 2, 128)) for r in pooled.replicas]
+    assert min(picked) < 0.55 and max(picked) > 1.45  # each replica is one of the two (0.5x and 1.5x the average)
+    run = lambda cost: specsim.simulate(  # noqa: E731
+        path, trees=["chain:3"], drafts=["d"], by_category=False, n_boot=400, cost_profile=cost).row(0, named=True)
+    one_a, one_b, both = run(a), run(b), run(pooled)
+    assert one_b["speedup"] < both["speedup"] < one_a["speedup"]
+    assert both["speedup_lo"] <= one_b["speedup"] and one_a["speedup"] <= both["speedup_hi"]
+    assert not one_a["speedup_lo"] <= one_b["speedup"] and not one_a["speedup"] <= one_b["speedup_hi"]
+
+
+def test_profiles_of_other_grids_or_models_are_not_pooled(tmp_path):
+    from specsim.sim.cost import load_cost_profiles
+
+    a = write(tmp_path / "a.json", profile_body())
+    other_grid = profile_body(contexts=[128, 1024])
+    other_grid["target_verify_s"] = {b: {"128": t["128"], "1024": t["512"]} for b, t in
+                                     other_grid["target_verify_s"].items()}
+    other_grid["draft_step_s"]["d"] = {b: {"128": t["128"], "1024": t["512"]} for b, t in
+                                       other_grid["draft_step_s"]["d"].items()}
+    with pytest.raises(SpecError, match=r"a\.json and .*g\.json measured different contexts"):
+        load_cost_profiles([a, write(tmp_path / "g.json", other_grid)])
+    with pytest.raises(SpecError, match=r"differ in device"):
+        load_cost_profiles([a, write(tmp_path / "v.json", profile_body(device="cuda (H100)"))])
+    assert load_cost_profiles([a]).pooled == ()  # one profile is itself
+
+
+def test_simulate_and_optimize_take_several_profiles_and_say_they_pooled_them(tmp_path):
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+
+    path = random_cache(tmp_path / "c.h5", temperatures=(0.0,), drafts=("d",), n_prompts=3, length=20)
+    a = write(tmp_path / "a.json", with_rounds(profile_body(), [1.0, 1.1, 0.9]))
+    b = write(tmp_path / "b.json", with_rounds(profile_body(device="cpu (2 threads)"), [1.2, 1.3, 1.1]))
+    out = CliRunner().invoke(main, ["simulate", str(path), "--tree", "chain:3", "--draft", "d", "--cost-profile",
+                                    str(a), "--cost-profile", str(b), "--quiet"])
+    assert out.exit_code == 0, out.output
+    assert "MEASURED profiles a.json, b.json, averaged, the CIs carrying the drift between them" in out.output
+    chosen = CliRunner().invoke(main, ["optimize", str(path), "--draft", "d", "--budget", "3", "--cost-profile",
+                                       str(a), "--cost-profile", str(b)])
+    assert chosen.exit_code == 0, chosen.output
+    other = write(tmp_path / "o.json", profile_body(device="cuda (H100)"))
+    refused = CliRunner().invoke(main, ["simulate", str(path), "--tree", "chain:3", "--cost-profile", str(a),
+                                        "--cost-profile", str(other), "--quiet"])
+    assert refused.exit_code != 0 and "differ in device" in refused.output

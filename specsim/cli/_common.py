@@ -302,14 +302,32 @@ cost_extrapolate_option = click.option(
          "Without it they are refused.")
 
 
+POOLED_PROFILES_HELP = (" Give it again for profiles of the same machine measured at other moments: their times are "
+                        "averaged and the speedup CIs carry the drift between them (each bootstrap replicate prices "
+                        "with one of them, drawn at random).")
+
+
+def cost_profile_option(help_text: str):
+    """--cost-profile FILE, repeatable: None when not given, the path when given once, a tuple of paths when
+    given more than once (`cost_profile_arg` pools them)."""
+    return click.option("--cost-profile", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+                        multiple=True, callback=lambda ctx, param, value: (None if not value else value[0]
+                                                                           if len(value) == 1 else tuple(value)),
+                        help=help_text + POOLED_PROFILES_HELP)
+
+
 def cost_profile_arg(path, extrapolate: bool, *, load: bool = False):
     """--cost-profile with --cost-extrapolate as the library takes them: None without a profile; the path (the
     library loads and checks it, after its other arguments), or the profile loaded when asked to extrapolate or
-    `load`."""
+    `load`; several paths (the option given more than once) loaded and pooled (`sim.cost.pool_profiles`)."""
     if path is None:
         if extrapolate:
             raise SpecError("--cost-extrapolate goes with --cost-profile")
         return None
+    if isinstance(path, tuple):
+        from specsim.sim.cost import load_cost_profiles
+
+        return load_cost_profiles(path, extrapolate=extrapolate)
     if not (extrapolate or load):
         return path
     from specsim.sim.cost import load_cost_profile

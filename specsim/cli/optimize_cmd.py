@@ -26,8 +26,7 @@ from specsim.cli._common import cost_profile_arg
               help="How a sampling tree draws a node's k candidates from q. "
                    + registry.vocab_help(registry.MULTI_DRAFT) + ".")
 @click.option("--max-depth", type=click.IntRange(min=1), default=None, metavar="D", help="Deepest tree allowed.")
-@click.option("--cost-profile", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="Measured costs from `specsim profile`: choose the budget (1..--budget) with the best speedup.")
+@c.cost_profile_option("Measured costs from `specsim profile`: choose the budget (1..--budget) with the best speedup.")
 @c.cost_extrapolate_option
 @click.option("--cost", default=None, metavar="c=RATIO",
               help="An ASSUMED draft/target step cost ratio instead of a profile (labelled as an assumption).")

@@ -29,9 +29,8 @@ from specsim.cli import _common as c
 @click.option("--multi-draft", type=c.choice(registry.MULTI_DRAFT), default="iid", show_default=True,
               help="How a sampling tree draws a node's k candidates from q. "
                    + registry.vocab_help(registry.MULTI_DRAFT) + ".")
-@click.option("--cost-profile", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="Measured costs from `specsim profile` (JSON): speedup and tokens/s columns. Refused when it "
-                   "was not measured for the cache's target and drafts.")
+@c.cost_profile_option("Measured costs from `specsim profile` (JSON): speedup and tokens/s columns. Refused when it "
+                       "was not measured for the cache's target and drafts.")
 @c.cost_extrapolate_option
 @click.option("--cost", default=None, metavar="c=RATIO",
               help="An ASSUMED draft-step / target-step cost ratio (verification flat), for what-if questions: "

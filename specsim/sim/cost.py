@@ -29,7 +29,9 @@ Pricing a configuration with each replica gives the spread of its time that the
 measurement leaves; `sim.metrics` pairs replica r with prompt resample b (r = b mod
 REPLICAS), so speedup CIs cover which prompts were cached *and* how the profile's timings
 scattered. Drift between profiling and use (another load, another boost clock) is not in
-the repeats and is not covered; the leave-one-out interpolation error (`fit_error`) bounds
+one profile's repeats; profiles measured at several moments and pooled (`pool_profiles`,
+`--cost-profile` given more than once) carry the drift between those moments, each replica one
+of them drawn at random. The leave-one-out interpolation error (`fit_error`) bounds
 what a query between grid points adds.
 
 `AssumedCost` is Leviathan et al.'s (2023) flat model — a draft step costs c target
@@ -231,6 +233,7 @@ class ProfileCost:
     #                                         (`step_overhead_s`: walk_greedy, walk_sample, walk_block, draft_sample)
     charges: tuple[str, ...] = ()  # the overhead kinds `verify_s` adds (`for_temperature`); () forwards only
     rule: str = ""  # the verification rule charged for, where it is not the token-wise one (`for_rule`)
+    pooled: tuple["ProfileCost", ...] = ()  # the profiles `pool_profiles` averaged (() for one profile)
 
     @property
     def limit(self) -> float:
@@ -239,6 +242,8 @@ class ProfileCost:
     @property
     def rounds(self) -> int:
         """Timed rounds every entry kept (0: the profile stored medians only, its uncertainty is not known)."""
+        if self.pooled:
+            return min(p.rounds for p in self.pooled)
         if self.verify_runs is None:
             return 0
         return min(int(np.isfinite(t).all(axis=tuple(range(1, t.ndim))).sum())
@@ -248,6 +253,8 @@ class ProfileCost:
     def max_rounds(self) -> int:
         """Timed rounds of the entries timed most (above `rounds` where `profile --max-repeats` spent further
         passes on the uncertain entries only; the missing rounds are NaN in `verify_runs`/`draft_runs`)."""
+        if self.pooled:
+            return max(p.max_rounds for p in self.pooled)
         return 0 if self.verify_runs is None else int(self.verify_runs.shape[0])
 
     def rounds_text(self) -> str:
@@ -264,6 +271,10 @@ class ProfileCost:
         R0, R = self.rounds, self.max_rounds
         if R0 < 2:
             return ()
+        if self.pooled:  # replica r: profile s drawn at random, then its own replica r (its rounds resampled)
+            pick = np.random.default_rng([self.seed, len(self.pooled)]).integers(0, len(self.pooled), size=REPLICAS)
+            return tuple(replace(self.pooled[s].replicas[r], path=self.path, extrapolate=self.extrapolate)
+                         for r, s in enumerate(pick))
         rng, further = np.random.default_rng([self.seed, R0]), np.random.default_rng([self.seed, R0, R])
         out = []
         for _ in range(REPLICAS):
@@ -293,6 +304,9 @@ class ProfileCost:
         """(timed runs more than OUTLIER x their entry's median, timed runs in all) over the stored rounds."""
         if self.rounds < 2:
             return 0, 0
+        if self.pooled:
+            counts = [p.stalls for p in self.pooled]
+            return sum(c[0] for c in counts), sum(c[1] for c in counts)
         tables = [self.verify_runs, *self.draft_runs.values()]
         out = sum(int((t > OUTLIER * np.nanmedian(t, axis=0)).sum()) for t in tables)  # NaN (not timed) never is
         return out, sum(int(np.isfinite(t).sum()) for t in tables)
@@ -302,7 +316,9 @@ class ProfileCost:
         if self.rounds < 2:
             return "profile error not carried (the profile kept medians only: re-run `specsim profile`)"
         stalled, runs = self.stalls
-        return (f"profile error carried: {self.rounds_text()} timed rounds per entry, resampled jointly"
+        pooled = (f"{len(self.pooled)} profiles (the drift between them: each replica one of them, drawn at random), "
+                  if self.pooled else "")
+        return (f"profile error carried: {pooled}{self.rounds_text()} timed rounds per entry, resampled jointly"
                 + (f"; {stalled} of {runs} timed runs stalled (> {OUTLIER:g}x their entry's median: a busy "
                    "machine; with few rounds they can widen the CI, re-profile on a quiet one)" if stalled else ""))
 
@@ -373,6 +389,11 @@ class ProfileCost:
         err += f", {self.stalls[0]} stalled runs" if self.stalls[0] else ""
         err += "; " + self.overhead_note() if self.charges or self.overhead is None else ""
         engine = "" if self.engine == "specsim" else f"engine {self.engine}: "
+        if self.pooled:
+            return (f"MEASURED profiles {', '.join(p.path.name for p in self.pooled)}, averaged, the CIs carrying the "
+                    f"drift between them ({engine}{self.device}, "
+                    f"{self.dtype}; target {self.target.name}; batch {_span(self.batches)}, context "
+                    f"{_span(self.contexts)}{err})")
         return (f"MEASURED profile {self.path.name} ({engine}{self.device}, {self.dtype}; target {self.target.name}; "
                 f"batch {_span(self.batches)}, context {_span(self.contexts)}{err})")
 
@@ -550,6 +571,50 @@ def _corners(table: np.ndarray, axes: Sequence, layer: np.ndarray | None = None)
             index.append(hi if upper else lo)
         out += weight * table[tuple(index)]
     return out
+
+
+def pool_profiles(profiles) -> ProfileCost:
+    """Several profiles of one machine as one: tables averaged, and the drift between them carried.
+
+    A profile's rounds cover the noise of the minutes it was measured in, not a machine whose speed
+    moves between them (a shared CPU measured 10-15% apart two minutes later). Profiles measured at
+    different moments sample that drift: each replica (`ProfileCost.replicas`) is one of them drawn
+    at random, its rounds resampled as its own, so speedup CIs span the moments measured. They must
+    share the machine (device, dtype, engine), the models (fingerprints) and the grid; SpecError
+    naming what differs otherwise. One profile is returned as it is."""
+    profiles = list(profiles)
+    if not profiles:
+        raise SpecError("pool_profiles: no profile given")
+    if len(profiles) == 1:
+        return profiles[0]
+    first = profiles[0]
+    for p in profiles[1:]:
+        for what, mine, theirs in (("device", first.device, p.device), ("dtype", first.dtype, p.dtype),
+                                   ("engine", first.engine, p.engine), ("target", first.target, p.target),
+                                   ("drafts", first.drafts, p.drafts)):
+            if mine != theirs:
+                raise SpecError(f"cost profiles {first.path} and {p.path} differ in {what} ({mine} / {theirs}): "
+                                "pool profiles of one machine and the same models only")
+        for axis in ("batches", "contexts", "sizes", "widths"):
+            if not np.array_equal(getattr(first, axis), getattr(p, axis)):
+                raise SpecError(f"cost profiles {first.path} and {p.path} measured different {axis} "
+                                f"({_span(getattr(first, axis))} / {_span(getattr(p, axis))}): measure them with the "
+                                "same settings to pool them")
+    overhead = None
+    if all(p.overhead is not None for p in profiles):
+        kinds = set.intersection(*(set(p.overhead) for p in profiles))
+        overhead = {k: np.mean([p.overhead[k] for p in profiles], axis=0) for k in sorted(kinds)}
+    errors = [p.fit_error for p in profiles if p.fit_error is not None]
+    return replace(first, verify=np.mean([p.verify for p in profiles], axis=0),
+                   draft={k: np.mean([p.draft[k] for p in profiles], axis=0) for k in first.draft},
+                   fit_error=max(errors) if errors else None, verify_runs=None, draft_runs=None, overhead=overhead,
+                   extrapolate=any(p.extrapolate for p in profiles),
+                   pooled=tuple(replace(p, extrapolate=any(q.extrapolate for q in profiles)) for p in profiles))
+
+
+def load_cost_profiles(paths, *, extrapolate: bool = False) -> ProfileCost:
+    """`load_cost_profile` of each path, pooled (`pool_profiles`) when there are several."""
+    return pool_profiles([load_cost_profile(p, extrapolate=extrapolate) for p in paths])
 
 
 def load_cost_profile(path, *, extrapolate: bool = False) -> ProfileCost:
