@@ -133,6 +133,38 @@ def test_validate_compares_predicted_and_live_speedup(tiny_cache, tiny_profile, 
     assert verdicts == ["FAIL"]
 
 
+def test_validate_predicts_from_several_profiles_pooled(tiny_cache, tiny_profile, tmp_path):
+    """--cost-profile twice: the prediction is simulate's from the two pooled (their times averaged), not either
+    one's, and the output says which profiles it pooled; vLLM's check takes one and says so."""
+    import json
+
+    import specsim
+    from specsim.sim.cost import load_cost_profiles
+
+    body = json.loads(tiny_profile.read_text())
+    for table in body["draft_step_s"].values():  # the second profile found every draft forward 3x slower
+        for by_context in table.values():
+            for cells in by_context.values():
+                for cell in cells.values():
+                    cell["median"] *= 3
+                    cell["runs"] = [3 * r for r in cell["runs"]]
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(body))
+    out = tmp_path / "checks.csv"
+    result = _validate(str(tiny_cache), "--tree", "chain:3", "--draft", "int8", "--cost-profile", str(tiny_profile),
+                       "--cost-profile", str(slow), "--speed-tolerance", "10", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert f"predicted from {tiny_profile}, {slow} pooled" in result.output
+    predicted = pl.read_csv(out).filter(pl.col("check") == "speedup")["speedup_predicted"][0]
+    expect = lambda cost: specsim.simulate(tiny_cache, trees=["chain:3"], drafts=["int8"], cost_profile=cost,  # noqa: E731
+                                           by_category=False).filter(pl.col("temperature") == 0)["speedup"][0]
+    assert predicted == pytest.approx(expect(load_cost_profiles([tiny_profile, slow])))
+    assert expect(slow) < predicted < expect(tiny_profile)
+    vllm = _validate(str(tiny_cache), "--engine", "vllm", "--cost-profile", str(tiny_profile), "--cost-profile",
+                     str(slow))
+    assert vllm.exit_code != 0 and "compares with one --cost-profile" in vllm.output
+
+
 def test_validate_refuses_a_profile_of_other_models_before_loading_any(tiny_cache, tmp_path):
     import json
 

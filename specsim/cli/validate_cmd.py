@@ -37,9 +37,8 @@ from specsim.cli import _common as c
               help="Sampling: live decodes per prompt, each with its own seed.")
 @click.option("--min-agreement", type=click.FloatRange(0, 1), default=0.99, show_default=True,
               help="Greedy: share of live calls that must accept exactly what the replay accepts.")
-@click.option("--cost-profile", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="A `specsim profile` of this machine: also compare the predicted speedup with the live one "
-                   "(plain decoding of the same requests runs in the same run).")
+@c.cost_profile_option("A `specsim profile` of this machine: also compare the predicted speedup with the live one "
+                       "(plain decoding of the same requests runs in the same run).")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Requests decoded together live, and the batch size the prediction is made for.")
 @click.option("--batching", type=c.choice(registry.BATCHING), default="lockstep", show_default=True,
@@ -139,7 +138,8 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
     config = ValidateConfig(trees=tuple(trees), policies=tuple(policies) or ("greedy",), drafts=tuple(drafts),
                             temperatures=tuple(temperatures), multi_draft=multi_draft, repeats=repeats,
                             min_agreement=min_agreement, seed=seed,
-                            cost_profile=None if cost_profile is None else str(cost_profile), batch=batch,
+                            cost_profile=None if cost_profile is None else tuple(str(p) for p in cost_profile)
+                            if isinstance(cost_profile, tuple) else str(cost_profile), batch=batch,
                             batching=batching, **_tolerance(speed_tolerance))
     try:
         with sigterm_as_interrupt():
@@ -157,7 +157,8 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
          f"prompts, max {setup.max_new_tokens} new tokens, batch {batch} {batching})")
     _warn_leaks(cache, [ch.draft for ch in report.checks])
     if cost_profile is not None:
-        echo(f"speedup: predicted from {cost_profile} (measured costs) vs live over plain decoding of the "
+        named = ", ".join(str(p) for p in cost_profile) + " pooled" if isinstance(cost_profile, tuple) else cost_profile
+        echo(f"speedup: predicted from {named} (measured costs) vs live over plain decoding of the "
              "same requests in the same run (decode steps only); ratio = predicted / live")
     if target is not None:
         frame = pl.DataFrame([{"draft": ch.draft, "tree": ch.tree, "policy": ch.policy, "temperature": ch.temperature,
@@ -196,6 +197,8 @@ def _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_p
     from specsim.engines.check import EngineValidateConfig, validate_with_vllm
     from specsim.errors import SpecError
 
+    if isinstance(cost_profile, tuple):
+        raise SpecError("--engine vllm compares with one --cost-profile; pooled profiles go with specsim's live engine")
     bad = [p for p in policies if p not in registry.policy_names(vllm=True)]
     if bad:
         raise SpecError(f"--policy {bad[0]!r}: vLLM verifies chains with {', '.join(registry.policy_names(vllm=True))}")

@@ -324,7 +324,8 @@ class ValidateConfig:
     repeats: int = 4  # sampling: live decodes per prompt, each with its own seed
     min_agreement: float = MIN_AGREEMENT  # greedy: share of identical calls required
     seed: int = 0  # live sampling and bootstrap seed
-    cost_profile: str | None = None  # a profile: compare predicted with live speedup too
+    cost_profile: str | tuple[str, ...] | None = None  # a profile (or several of this machine, pooled: the drift
+    #                                                    between them in the CI): compare predicted with live speedup
     batch: int = 1  # requests decoded together live (and predicted at)
     batching: str = "lockstep"  # 'lockstep' | 'continuous'
     speed_tolerance: float = 0.10  # |predicted / live - 1| allowed for a speedup check to pass
@@ -367,7 +368,7 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
     from specsim.live.runs import build_drafter, device_label, load_target, run_live, summary_rows
     from specsim.record.models import eos_token_ids
     from specsim.sim.sweep import simulate
-    from specsim.sim.cost import load_cost_profile
+    from specsim.sim.cost import load_cost_profiles
     from specsim.specs import parse_tree
 
     setup = cache_setup(cache)
@@ -383,15 +384,17 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
         check_batch(d, config.batch)
     parsed = [(spec, parse_tree(spec)) for spec in dict.fromkeys(config.trees)]
     plan = _plan(setup, config, cache)
+    costs = None
     if config.cost_profile is not None:  # refuse a mismatched profile before loading any model
-        load_cost_profile(config.cost_profile)
+        paths = config.cost_profile if isinstance(config.cost_profile, tuple) else (config.cost_profile,)
+        costs = load_cost_profiles(paths)
         simulate(cache, trees=[parsed[0][0]], drafts=drafts, policies=[plan[0][0]], temperatures=[plan[0][1]],
-                 cost_profile=config.cost_profile, n_boot=0, on_skip=lambda line: None)
+                 cost_profile=costs, n_boot=0, on_skip=lambda line: None)
     loaded, device = load_target(setup.target, device=device, dtype=setup.dtype, threads=threads, echo=echo)
     target = Target(loaded.model, eos_token_ids(loaded))
     label = device_label(device)
     report = ValidationReport(checks=[], steps=[], device=label, setup=setup)
-    timed = config.cost_profile is not None
+    timed = costs is not None
     # (policy, T) -> the plain run of the same requests, decoded once; with lockstep batching each run
     # times its own plain batches, alternating with the speculative ones (`run_live`)
     baselines: dict = {}
@@ -412,7 +415,7 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
                 head = dict(draft=draft, tree=tree.name, policy=policy, temperature=T, batch=config.batch)
                 live_row = summary_rows(run, by_category=False, seed=config.seed)[0]
                 sim = simulate(cache, trees=[spec], drafts=[draft], policies=[policy], temperatures=[T],
-                               multi_draft=config.multi_draft, cost_profile=config.cost_profile,
+                               multi_draft=config.multi_draft, cost_profile=costs,
                                batches=[config.batch] if timed else None, batching=config.batching,
                                by_category=False, seed=config.seed, on_skip=lambda line: None)
                 sim_row = sim.filter(sim["batch"] == config.batch).row(0, named=True)
