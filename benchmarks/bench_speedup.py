@@ -16,6 +16,11 @@ agreement and, since the machine may be shared, CPU time and load average.
 prediction is made again from it (column `after`): the two bracket how far the machine drifted
 while the benchmark ran, which no interval carries (a shared 2-core CPU: two profiles two minutes
 apart differed by up to 15%, `analyses/results/bench-amx-cpu-2026-11-27/`).
+
+(5) With --profiles N (N >= 2), N profiles are measured back to back before live decoding and
+every prediction is made again from all of them pooled (`--cost-profile` given N times: their
+times averaged, the CI carrying the drift between them; columns `*_pooled`), beside the first
+profile's alone, so one run says what pooling bought.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="write every check as CSV")
     parser.add_argument("--profile-after", action="store_true",
                         help="profile again after live decoding and predict from that profile too (the drift)")
+    parser.add_argument("--profiles", type=int, default=1,
+                        help="profiles measured back to back before live decoding; with 2 or more, predict from "
+                             "them pooled too (the drift between them in the CI)")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -101,11 +109,16 @@ def main(argv: list[str] | None = None) -> None:
                             max_tokens=max(2, max(s.verify_tokens for s in shapes)),
                             draft_widths=tuple(range(1, max(2, max(max(s.draft_levels) for s in shapes)) + 1)),
                             repeats=args.repeats, warmup=2)
-    t0 = time.perf_counter()
-    profile = write_profile(measure_cost_profile(target, q, config=pconfig, progress=False), work / "profile.json",
-                            overwrite=True)
-    print(f"profiled batches {pconfig.batches}, contexts {contexts}, N <= {pconfig.max_tokens} in "
-          f"{time.perf_counter() - t0:.0f} s")
+    if args.profiles < 1:
+        parser.error("--profiles: give 1 or more")
+    profiles = []
+    for k in range(args.profiles):
+        t0 = time.perf_counter()
+        profiles.append(write_profile(measure_cost_profile(target, q, config=pconfig, progress=False),
+                                      work / ("profile.json" if k == 0 else f"profile-{k + 1}.json"), overwrite=True))
+        print(f"profiled batches {pconfig.batches}, contexts {contexts}, N <= {pconfig.max_tokens} in "
+              f"{time.perf_counter() - t0:.0f} s ({profiles[-1].name})")
+    profile = profiles[0]
     del target, q
 
     # 3. live vs predicted, printed (and written) batch size by batch size
@@ -130,6 +143,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.out:  # what is measured so far survives an interrupted run
             pl.DataFrame(checks).write_csv(args.out)
     table = pl.DataFrame(checks)
+    if len(profiles) > 1:
+        table = _predicted_pooled(table, cache, profiles, trees, drafts, batches, args)
     if args.profile_after:
         table = _predicted_after(table, cache, pconfig, work, trees, drafts, batches, args)
     worst = float(np.abs(table["ratio"].to_numpy() - 1).max())
@@ -173,6 +188,39 @@ def _predicted_after(table, cache, pconfig, work: Path, trees, drafts, batches, 
     for r in table.iter_rows(named=True):
         print(f"{r['draft']:<10} {r['tree']:<9} {r['batch']:>2} predicted {r['speedup_predicted']:.3f} before, "
               f"{r['speedup_predicted_after']:.3f} after; live {r['speedup_live']:.3f}")
+    return table
+
+
+def _predicted_pooled(table, cache, profiles, trees, drafts, batches, args):
+    """`table` with `speedup_predicted_pooled` (and `_lo`, `_hi`) and `ratio_pooled`: the predictions from all the
+    profiles measured before live decoding, pooled (`specsim.sim.cost.pool_profiles`); prints how they did beside
+    the first profile's alone."""
+    import polars as pl
+
+    import specsim
+    from specsim.sim.cost import load_cost_profiles
+
+    pooled = load_cost_profiles(profiles)
+    rows = specsim.simulate(cache, trees=trees, drafts=drafts, batches=batches, batching=args.batching,
+                            cost_profile=pooled, by_category=False)
+    rows = (rows.filter(pl.col("temperature") == 0)
+            .select("draft", "tree", "batch", pl.col("speedup").alias("speedup_predicted_pooled"),
+                    pl.col("speedup_lo").alias("speedup_predicted_pooled_lo"),
+                    pl.col("speedup_hi").alias("speedup_predicted_pooled_hi")))
+    table = (table.join(rows, on=["draft", "tree", "batch"], how="left")
+             .with_columns((pl.col("speedup_predicted_pooled") / pl.col("speedup_live")).alias("ratio_pooled")))
+    live = table["speedup_live"]
+    for name, col in (("the first profile", "speedup_predicted"), (f"{len(profiles)} profiles pooled",
+                                                                    "speedup_predicted_pooled")):
+        within = int(((table[col] / live - 1).abs() <= 0.10).sum())
+        covered = int(((table[f"{col}_lo"] <= live) & (live <= table[f"{col}_hi"])).sum())
+        print(f"from {name}: within 1 ± 0.10 {within} of {table.height}, CI covers live {covered} of {table.height}, "
+              f"median CI width {((table[f'{col}_hi'] - table[f'{col}_lo']) / table[col]).median():.1%} of the "
+              "prediction")
+    for r in table.iter_rows(named=True):
+        print(f"{r['draft']:<10} {r['tree']:<9} {r['batch']:>2} predicted {r['speedup_predicted']:.3f} from the first, "
+              f"{r['speedup_predicted_pooled']:.3f} [{r['speedup_predicted_pooled_lo']:.3f}, "
+              f"{r['speedup_predicted_pooled_hi']:.3f}] pooled; live {r['speedup_live']:.3f}")
     return table
 
 
