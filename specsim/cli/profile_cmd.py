@@ -80,7 +80,9 @@ def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tok
     through the grid) and all kept: `simulate` resamples the
     rounds jointly, so its speedup CIs carry the profile's own scatter. `specsim
     simulate`, `optimize`, `validate` and `report` take the JSON with --cost-profile and
-    refuse it for models it did not measure.
+    refuse it for models it did not measure. A shared machine drifts between minutes
+    (10-15% measured): profile again later with the same settings and give `simulate`,
+    `optimize` or `validate` both (--cost-profile twice) for CIs that carry that drift.
 
     \b
     Examples:
