@@ -579,3 +579,16 @@ def test_simulate_and_optimize_take_several_profiles_and_say_they_pooled_them(tm
     refused = CliRunner().invoke(main, ["simulate", str(path), "--tree", "chain:3", "--cost-profile", str(a),
                                         "--cost-profile", str(other), "--quiet"])
     assert refused.exit_code != 0 and "differ in device" in refused.output
+
+
+def test_pooled_profiles_without_rounds_still_carry_the_drift_between_them(tmp_path):
+    """Profiles that kept medians only have no rounds to resample, but pooled, each replica is still one of them."""
+    from specsim.sim.cost import load_cost_profiles
+
+    slow = profile_body()
+    for cell in (c for b in slow["draft_step_s"]["d"].values() for row in b.values() for c in row.values()):
+        cell["median"] *= 3
+    pooled = load_cost_profiles([write(tmp_path / "a.json", profile_body()), write(tmp_path / "b.json", slow)])
+    picked = {round(float(r.draft_s("d", 1, 2, 128)) / float(pooled.draft_s("d", 1, 2, 128)), 6)
+              for r in pooled.replicas}
+    assert picked == {0.5, 1.5} and "2 profiles" in pooled.uncertainty()

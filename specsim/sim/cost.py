@@ -268,13 +268,15 @@ class ProfileCost:
         have further rounds (`max_rounds` > `rounds`), the rounds every entry has are resampled as above and the
         further ones separately, again the same for every entry that has them (round r of two entries came from
         the same pass): an entry with R_e rounds then gets on average R_e of them, never fewer than `rounds`."""
+        if self.pooled:  # replica r: profile s drawn at random, then its own replica r (its rounds resampled; its
+            #              medians where it kept no rounds)
+            pick = np.random.default_rng([self.seed, len(self.pooled)]).integers(0, len(self.pooled), size=REPLICAS)
+            return tuple(replace(self.pooled[s].replicas[r] if self.pooled[s].replicas else self.pooled[s],
+                                 path=self.path, extrapolate=self.extrapolate, verify_runs=None, draft_runs=None)
+                         for r, s in enumerate(pick))
         R0, R = self.rounds, self.max_rounds
         if R0 < 2:
             return ()
-        if self.pooled:  # replica r: profile s drawn at random, then its own replica r (its rounds resampled)
-            pick = np.random.default_rng([self.seed, len(self.pooled)]).integers(0, len(self.pooled), size=REPLICAS)
-            return tuple(replace(self.pooled[s].replicas[r], path=self.path, extrapolate=self.extrapolate)
-                         for r, s in enumerate(pick))
         rng, further = np.random.default_rng([self.seed, R0]), np.random.default_rng([self.seed, R0, R])
         out = []
         for _ in range(REPLICAS):
@@ -313,6 +315,9 @@ class ProfileCost:
 
     def uncertainty(self) -> str:
         """What the speedup CIs carry of this profile's error, in words."""
+        if self.pooled and self.rounds < 2:
+            return (f"profile error carried: {len(self.pooled)} profiles (the drift between them: each replica one of "
+                    "them, drawn at random); their rounds not, some kept medians only")
         if self.rounds < 2:
             return "profile error not carried (the profile kept medians only: re-run `specsim profile`)"
         stalled, runs = self.stalls
