@@ -160,12 +160,26 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {args.out}")
 
 
-def _predicted_after(table, cache, pconfig, work: Path, trees, drafts, batches, args):
-    """`table` with `speedup_predicted_after` and `ratio_after`: the predictions again from a profile measured now,
-    after live decoding, with the same settings; prints how far the two profiles' predictions differ."""
+def _with_predictions(table, cache, cost_profile, name: str, trees, drafts, batches, args, *, interval: bool):
+    """`table` with `speedup_predicted_{name}` (and its `_lo`, `_hi` when `interval`) and `ratio_{name}`: every
+    configuration predicted again at T = 0 from `cost_profile` (a path or a loaded profile)."""
     import polars as pl
 
     import specsim
+
+    rows = specsim.simulate(cache, trees=trees, drafts=drafts, batches=batches, batching=args.batching,
+                            cost_profile=cost_profile, by_category=False)
+    col = f"speedup_predicted_{name}"
+    bounds = [pl.col(f"speedup_{b}").alias(f"{col}_{b}") for b in ("lo", "hi")] if interval else []
+    rows = rows.filter(pl.col("temperature") == 0).select("draft", "tree", "batch", pl.col("speedup").alias(col),
+                                                          *bounds)
+    return (table.join(rows, on=["draft", "tree", "batch"], how="left")
+            .with_columns((pl.col(col) / pl.col("speedup_live")).alias(f"ratio_{name}")))
+
+
+def _predicted_after(table, cache, pconfig, work: Path, trees, drafts, batches, args):
+    """`table` with `speedup_predicted_after` and `ratio_after`: the predictions again from a profile measured now,
+    after live decoding, with the same settings; prints how far the two profiles' predictions differ."""
     from specsim.attention.profile import measure_cost_profile, write_profile
     from specsim.record.models import load_draft, load_model
 
@@ -174,12 +188,7 @@ def _predicted_after(table, cache, pconfig, work: Path, trees, drafts, batches, 
     after = write_profile(measure_cost_profile(target, q, config=pconfig, progress=False),
                           work / "profile-after.json", overwrite=True)
     del target, q
-    rows = specsim.simulate(cache, trees=trees, drafts=drafts, batches=batches, batching=args.batching,
-                            cost_profile=str(after), by_category=False)
-    rows = (rows.filter(pl.col("temperature") == 0)
-            .select("draft", "tree", "batch", pl.col("speedup").alias("speedup_predicted_after")))
-    table = (table.join(rows, on=["draft", "tree", "batch"], how="left")
-             .with_columns((pl.col("speedup_predicted_after") / pl.col("speedup_live")).alias("ratio_after")))
+    table = _with_predictions(table, cache, str(after), "after", trees, drafts, batches, args, interval=False)
     moved = (table["speedup_predicted_after"] / table["speedup_predicted"] - 1).abs()
     within = int(((table["ratio_after"] - 1).abs() <= 0.10).sum())
     print(f"\nprofiled again after live decoding: its predictions differ from the first profile's by "
@@ -195,20 +204,10 @@ def _predicted_pooled(table, cache, profiles, trees, drafts, batches, args):
     """`table` with `speedup_predicted_pooled` (and `_lo`, `_hi`) and `ratio_pooled`: the predictions from all the
     profiles measured before live decoding, pooled (`specsim.sim.cost.pool_profiles`); prints how they did beside
     the first profile's alone."""
-    import polars as pl
-
-    import specsim
     from specsim.sim.cost import load_cost_profiles
 
-    pooled = load_cost_profiles(profiles)
-    rows = specsim.simulate(cache, trees=trees, drafts=drafts, batches=batches, batching=args.batching,
-                            cost_profile=pooled, by_category=False)
-    rows = (rows.filter(pl.col("temperature") == 0)
-            .select("draft", "tree", "batch", pl.col("speedup").alias("speedup_predicted_pooled"),
-                    pl.col("speedup_lo").alias("speedup_predicted_pooled_lo"),
-                    pl.col("speedup_hi").alias("speedup_predicted_pooled_hi")))
-    table = (table.join(rows, on=["draft", "tree", "batch"], how="left")
-             .with_columns((pl.col("speedup_predicted_pooled") / pl.col("speedup_live")).alias("ratio_pooled")))
+    table = _with_predictions(table, cache, load_cost_profiles(profiles), "pooled", trees, drafts, batches, args,
+                              interval=True)
     live = table["speedup_live"]
     for name, col in (("the first profile", "speedup_predicted"), (f"{len(profiles)} profiles pooled",
                                                                     "speedup_predicted_pooled")):

@@ -315,15 +315,14 @@ class ProfileCost:
 
     def uncertainty(self) -> str:
         """What the speedup CIs carry of this profile's error, in words."""
-        if self.pooled and self.rounds < 2:
-            return (f"profile error carried: {len(self.pooled)} profiles (the drift between them: each replica one of "
-                    "them, drawn at random); their rounds not, some kept medians only")
-        if self.rounds < 2:
-            return "profile error not carried (the profile kept medians only: re-run `specsim profile`)"
-        stalled, runs = self.stalls
-        pooled = (f"{len(self.pooled)} profiles (the drift between them: each replica one of them, drawn at random), "
+        pooled = (f"{len(self.pooled)} profiles (the drift between them: each replica one of them, drawn at random)"
                   if self.pooled else "")
-        return (f"profile error carried: {pooled}{self.rounds_text()} timed rounds per entry, resampled jointly"
+        if self.rounds < 2:
+            return (f"profile error carried: {pooled}; their rounds not, some kept medians only" if pooled else
+                    "profile error not carried (the profile kept medians only: re-run `specsim profile`)")
+        stalled, runs = self.stalls
+        return (f"profile error carried: {pooled + ', ' if pooled else ''}{self.rounds_text()} timed rounds per "
+                "entry, resampled jointly"
                 + (f"; {stalled} of {runs} timed runs stalled (> {OUTLIER:g}x their entry's median: a busy "
                    "machine; with few rounds they can widen the CI, re-profile on a quiet one)" if stalled else ""))
 
@@ -394,12 +393,9 @@ class ProfileCost:
         err += f", {self.stalls[0]} stalled runs" if self.stalls[0] else ""
         err += "; " + self.overhead_note() if self.charges or self.overhead is None else ""
         engine = "" if self.engine == "specsim" else f"engine {self.engine}: "
-        if self.pooled:
-            return (f"MEASURED profiles {', '.join(p.path.name for p in self.pooled)}, averaged, the CIs carrying the "
-                    f"drift between them ({engine}{self.device}, "
-                    f"{self.dtype}; target {self.target.name}; batch {_span(self.batches)}, context "
-                    f"{_span(self.contexts)}{err})")
-        return (f"MEASURED profile {self.path.name} ({engine}{self.device}, {self.dtype}; target {self.target.name}; "
+        named = (f"profiles {', '.join(p.path.name for p in self.pooled)}, averaged, the CIs carrying the drift "
+                 "between them" if self.pooled else f"profile {self.path.name}")
+        return (f"MEASURED {named} ({engine}{self.device}, {self.dtype}; target {self.target.name}; "
                 f"batch {_span(self.batches)}, context {_span(self.contexts)}{err})")
 
     def draft_for(self, name: str, info: Mapping | None) -> str:
@@ -610,11 +606,11 @@ def pool_profiles(profiles) -> ProfileCost:
         kinds = set.intersection(*(set(p.overhead) for p in profiles))
         overhead = {k: np.mean([p.overhead[k] for p in profiles], axis=0) for k in sorted(kinds)}
     errors = [p.fit_error for p in profiles if p.fit_error is not None]
+    extrapolate = any(p.extrapolate for p in profiles)
     return replace(first, verify=np.mean([p.verify for p in profiles], axis=0),
                    draft={k: np.mean([p.draft[k] for p in profiles], axis=0) for k in first.draft},
                    fit_error=max(errors) if errors else None, verify_runs=None, draft_runs=None, overhead=overhead,
-                   extrapolate=any(p.extrapolate for p in profiles),
-                   pooled=tuple(replace(p, extrapolate=any(q.extrapolate for q in profiles)) for p in profiles))
+                   extrapolate=extrapolate, pooled=tuple(replace(p, extrapolate=extrapolate) for p in profiles))
 
 
 def load_cost_profiles(paths, *, extrapolate: bool = False) -> ProfileCost:
