@@ -322,8 +322,11 @@ def drafts_in_one_pass(spec: str | None) -> bool:
 def feeds_accepted(spec: str | None, tree=None) -> bool:
     """Whether a draft's next call feeds the root plus every accepted token first, rather than at most two
     tokens: EAGLE's layer does (its entries pair the target's states with the tokens after them), and so
-    does any draft drafting a dynamic `tree` (the expansion's entries are dropped after each call)."""
-    return spec is not None and (draft_kind(spec).feeds_accepted or isinstance(tree, DynamicTree))
+    does any draft drafting a dynamic `tree` (the expansion's entries are dropped after each call) — except a
+    one-pass draft (Medusa's heads), which feeds nothing."""
+    if spec is None or draft_kind(spec).one_pass:
+        return False
+    return draft_kind(spec).feeds_accepted or isinstance(tree, DynamicTree)
 
 
 def prompt_fed_at_admission(spec: str | None) -> bool:

@@ -215,8 +215,8 @@ def test_the_probes_catch_the_old_dynamic_pricing(expanded_cache, monkeypatch, m
     else:
         right = cost.dynamic_step_shape
 
-        def cut(shape, room, *, model_draft=True):
-            full = right(shape, room, model_draft=model_draft)
+        def cut(shape, room, *, model_draft=True, one_pass=False):
+            full = right(shape, room, model_draft=model_draft, one_pass=one_pass)
             depth = shape.depth if room is None else min(shape.depth, max(int(room), 0))
             return StepShape(full.verify_tokens, full.draft_levels[:depth])
         monkeypatch.setattr(cost, "dynamic_step_shape", cut)

@@ -128,10 +128,10 @@ class CacheSpec:
         """A column's statistics: name -> (dtype, trailing shape); a head draft's lead with its depth axis."""
         if column == TARGET:
             return TARGET_STAT_SHAPES
-        if column in self.depths:
+        if column in self.depths:  # the expansion is per call start, as a model draft's: no depth axis
             D = self.depths[column]
-            return {name: (dtype, (D, *tail)) for name, (dtype, tail) in draft_stat_shapes(self.stats).items()
-                    if name not in recorder_only(self.stats)}
+            return {**{name: (dtype, (D, *tail)) for name, (dtype, tail) in draft_stat_shapes(self.stats).items()
+                       if name not in recorder_only(self.stats)}, **expansion_shapes(self.stats)}
         return draft_stat_shapes(self.stats)
 
     def keeps_logits(self, column: str) -> bool:
@@ -323,7 +323,8 @@ def topk_compress(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, n
 
 def recorder_only(stats) -> set[str]:
     """The draft statistics only the recorder can compute (the models' forwards off the trajectory), never the
-    stored logits: the EAGLE-2 expansion and the target along the draft's proposals. Model drafts only."""
+    stored logits: the EAGLE-2 expansion (model and head drafts) and the target along the draft's proposals (model
+    drafts only)."""
     return set(expansion_shapes(stats)) | set(proposal_shapes(stats))
 
 

@@ -280,7 +280,7 @@ class CacheWriter:
                                         np.random.default_rng([seed & (2**63 - 1), zlib.crc32(c.encode())])))
                 given = {**computed, **given}  # what needs the models' own forwards comes from the recorder
             stats[c] = given
-            missing = sorted(recorder_names - set(given)) if c != TARGET and c not in self.spec.depths else []
+            missing = sorted((recorder_names & set(shapes)) - set(given)) if c != TARGET else []
             if missing:
                 raise CacheError(f"column {c!r}: the cache records {', '.join(missing)}, which need the models' own "
                                  "forwards (the recorder computes them): pass them")

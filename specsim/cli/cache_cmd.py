@@ -55,8 +55,10 @@ from specsim.record.recorder import MAX_OVERHANG, OVERHANG, phases_line
                    "[default: p>=q, p>=lq:0.5, typical:0.09,0.3].")
 @click.option("--expand", "expand", default=None, metavar="topk=K,depth=D",
               help="Also record each draft's EAGLE-2 tree expansion at every position (beam of K by cumulative "
-                   "log-prob, D levels): replays dynamic:topk=K,depth=D',tokens=N for any D' <= D and "
-                   "N <= K + (D-1)K². Costs D-1 extra draft forwards per chunk of positions.")
+                   "log-prob, D levels), draft models and heads alike (EAGLE-3 is served with these trees): "
+                   "replays dynamic:topk=K,depth=D',tokens=N for any D' <= D and N <= K + (D-1)K². Costs D-1 "
+                   "extra draft forwards per chunk of positions (none for Medusa heads, whose one pass has "
+                   "every level; D <= their head count).")
 @click.option("--expand-target", "expand_target", type=click.IntRange(1, 16), default=None, metavar="K",
               help="Also record the target along the draft's own proposals: at every position of a T > 0 "
                    "trajectory, --proposal-chains chains of K drafts drawn from each draft model, and the target "

@@ -132,6 +132,38 @@ def fill_children(tree: Tree, parents: np.ndarray, logits, tokens: np.ndarray, v
     return np.concatenate(children)
 
 
+def dynamic_proposal(out: dict, shape, committed, rooms) -> Proposal:
+    """Each request's dynamic tree from its expansion (`specsim.record.expand.beam_expand`, one row per request):
+    the N best candidates (`specsim.sim.dynamic.select`) as a static tree of rank paths, nodes deeper than the
+    request's room not drafted; point masses (EAGLE verifies them so at any T), padded to the largest tree."""
+    from specsim.sim.dynamic import select
+
+    token = out["expand_token"].cpu().numpy()
+    parent = out["expand_parent"].cpu().numpy()
+    chosen = select(out["expand_score"].float().cpu().numpy(), shape)  # (B, N)
+    # rank of a candidate among its parent's children: its column in the parent's top-K
+    rank = np.concatenate([np.arange(shape.topk)] + [np.tile(np.arange(shape.topk), shape.topk)] * (shape.depth - 1))
+    trees, rows = [], []
+    for r in range(len(committed)):
+        paths: dict[int, tuple[int, ...]] = {}
+        for i in chosen[r]:  # ascending: parents first
+            paths[int(i)] = (paths[int(parent[r, i])] if parent[r, i] >= 0 else ()) + (int(rank[i]),)
+        tree = Tree.from_paths(list(paths.values()))
+        of_path = {p: i for i, p in paths.items()}
+        nodes = [of_path[p] for p in tree.rank_paths()[1:]]
+        row = np.zeros(tree.n_nodes, dtype=np.int64)
+        row[0] = committed[r][-1]
+        row[1:] = token[r, nodes]
+        trees.append(tree)
+        rows.append((row, tree.depths <= rooms[r]))
+    n = max(t.n_nodes for t in trees)
+    tokens = np.zeros((len(trees), n), dtype=np.int64)
+    valid = np.zeros((len(trees), n), dtype=bool)
+    for r, (row, ok) in enumerate(rows):
+        tokens[r, : row.size], valid[r, : ok.size] = row, ok
+    return Proposal(tokens=tokens, valid=valid, q_draft=None, trees=trees)
+
+
 class ModelDrafter:
     """A draft language model (a separate model, `layers:K` or `int8`) with its own slot KV cache."""
 
@@ -208,7 +240,6 @@ class ModelDrafter:
         drafted. Candidates are point masses (verified as EAGLE does at any T). The trees' KV entries
         are dropped after the expansion; accepted tokens are fed next call."""
         from specsim.record.expand import expand
-        from specsim.sim.dynamic import select
 
         if not np.array_equal(self._seen, self.kv.lengths):
             raise RuntimeError("draft cache out of step with the committed tokens")
@@ -216,34 +247,10 @@ class ModelDrafter:
         root_logits = self.kv.feed_chains(pending)  # (B, V)
         self._seen = self.kv.lengths.copy()
         out = expand(self.kv, root_logits, self.kv.lengths.copy(), topk=shape.topk, depth=shape.depth, per_row=True)
-        token = out["expand_token"].cpu().numpy()
-        parent = out["expand_parent"].cpu().numpy()
-        chosen = select(out["expand_score"].float().cpu().numpy(), shape)  # (B, N)
         self.levels = [max(len(p) for p in pending)] + [shape.topk] * (shape.depth - 1)
-        # rank of a candidate among its parent's children: its column in the parent's top-K
-        rank = np.concatenate([np.arange(shape.topk)] + [np.tile(np.arange(shape.topk), shape.topk)]
-                              * (shape.depth - 1))
-        trees, rows = [], []
-        for r in range(len(committed)):
-            paths: dict[int, tuple[int, ...]] = {}
-            for i in chosen[r]:  # ascending: parents first
-                paths[int(i)] = (paths[int(parent[r, i])] if parent[r, i] >= 0 else ()) + (int(rank[i]),)
-            tree = Tree.from_paths(list(paths.values()))
-            of_path = {p: i for i, p in paths.items()}
-            nodes = [of_path[p] for p in tree.rank_paths()[1:]]
-            row = np.zeros((1, tree.n_nodes), dtype=np.int64)
-            row[0, 0] = committed[r][-1]
-            row[0, 1:] = token[r, nodes]
-            valid = (tree.depths <= rooms[r])[None].copy()
-            trees.append(tree)
-            rows.append((row[0], valid[0]))
-        n = max(t.n_nodes for t in trees)
-        tokens = np.zeros((len(trees), n), dtype=np.int64)
-        valid = np.zeros((len(trees), n), dtype=bool)
-        for r, (row, ok) in enumerate(rows):
-            tokens[r, : row.size], valid[r, : ok.size] = row, ok
-        self._slot = np.full(n, -1, dtype=np.int64)  # nothing of the trees stays in the draft's cache
-        return Proposal(tokens=tokens, valid=valid, q_draft=None, trees=trees)
+        proposal = dynamic_proposal(out, shape, committed, rooms)
+        self._slot = np.full(proposal.tokens.shape[1], -1, dtype=np.int64)  # nothing of the trees stays in the cache
+        return proposal
 
     def accept(self, paths: Sequence[Sequence[int]]) -> None:
         """paths[r]: accepted node ids after the root whose tokens were committed, root to leaf."""

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from specsim.errors import SpecError
-from specsim.live.drafting import Proposal, allowed, fill_children
+from specsim.expansion import DynamicTree
+from specsim.live.drafting import Proposal, allowed, dynamic_proposal, fill_children
 from specsim.record.head_checkpoints import load_heads
 from specsim.record.head_unroll import concat_kv
 
@@ -57,11 +58,21 @@ class MedusaDrafter(_HeadDrafter):
 
     @torch.inference_mode()
     def propose(self, committed, tree, rooms, *, policy, temperature, multi_draft, rngs) -> Proposal:
-        if tree.max_depth > self.head.config.heads:
-            raise SpecError(f"tree {tree.name} is {tree.max_depth} deep; {self.name} has {self.head.config.heads} heads")
-        B, n = len(committed), tree.n_nodes
-        laws = self.head.module(self._state, self.head.lm_head).float()  # (B, K, V)
+        heads = self.head.config.heads
+        if isinstance(tree, DynamicTree) and tree.shape.depth > heads:
+            raise SpecError(f"tree {tree.name} expands {tree.shape.depth} levels; {self.name} has {heads} heads")
+        if tree.max_depth > heads:
+            raise SpecError(f"tree {tree.name} is {tree.max_depth} deep; {self.name} has {heads} heads")
+        laws = self.head.module(self._state, self.head.lm_head).float()  # (B, heads, V)
         self.levels = [1]
+        if isinstance(tree, DynamicTree):  # every node of depth d - 1 has head d's top K as its children
+            from specsim.record.expand import beam_expand
+
+            K = tree.shape.topk
+            out = beam_expand(laws[:, 0], lambda d, tok, parent, attend: laws[:, d - 1, None].expand(-1, K, -1),
+                              topk=K, depth=tree.shape.depth, per_row=True)
+            return dynamic_proposal(out, tree.shape, committed, rooms)
+        B, n = len(committed), tree.n_nodes
         tokens = np.zeros((B, n), dtype=np.int64)
         tokens[:, 0] = [c[-1] for c in committed]
         valid = allowed(tree, rooms)
@@ -175,6 +186,8 @@ class EagleDrafter(_HeadDrafter):
         K = self._feed(committed)
         self.levels = [K] if K else []
         root_feat = torch.stack(self._root)  # (B, H) after each root
+        if isinstance(tree, DynamicTree):
+            return self._propose_dynamic(committed, tree.shape, rooms, root_feat)
         # 2. The tree, level by level: (parent's predicted feature, node token) for every row at once.
         n = tree.n_nodes
         tokens = np.zeros((B, n), dtype=np.int64)
@@ -223,6 +236,36 @@ class EagleDrafter(_HeadDrafter):
             self.levels.append(w)
             level = to_feed
         return Proposal(tokens=tokens, valid=valid, q_draft=q_draft)
+
+    def _propose_dynamic(self, committed, shape, rooms, root_feat: torch.Tensor) -> Proposal:
+        """EAGLE-2's tree for this call, one per request, grown as the recorder grows it
+        (`specsim.record.head_unroll.HeadDraft.expand_starts`): each row's K beam nodes of a level fed in one
+        forward, (parent's predicted feature, node token) at position id root + depth, seeing the row's committed
+        entries, its ancestors and itself; the N best candidates kept (`dynamic_proposal`). The tree's entries
+        are dropped after the call."""
+        from specsim.record.expand import beam_expand
+
+        B, H = root_feat.shape
+        K = shape.topk
+        dev = root_feat.device
+        committed_mask = torch.as_tensor(self._real, device=dev)  # (B, M)
+        state = {"out": None, "tree": None}
+
+        def children(d, beam_tok, parent, attend):
+            if parent is None:
+                feed = root_feat[:, None].expand(B, K, H)
+            else:
+                feed = state["out"].gather(1, torch.as_tensor(parent, device=dev)[..., None].expand(B, K, H))
+            mask = torch.cat([committed_mask[:, None, :].expand(B, K, -1), torch.as_tensor(attend, device=dev)], dim=2)
+            positions = torch.as_tensor(self._count[:, None] - 1 + (d - 1), device=dev).expand(B, K)
+            out, new = self._forward(feed, beam_tok, positions, mask, concat_kv(self._past, state["tree"]),
+                                     from_target=False)
+            state["out"], state["tree"] = out, concat_kv(state["tree"], new)
+            return self.head.logits(out)  # (B, K, V)
+
+        out = beam_expand(self.head.logits(root_feat), children, topk=K, depth=shape.depth, per_row=True)
+        self.levels += [K] * (shape.depth - 1)
+        return dynamic_proposal(out, shape, committed, rooms)
 
     def accept(self, paths, hidden) -> None:
         self._pending = list(hidden)  # per row: states of the root and the accepted nodes, paired with what follows

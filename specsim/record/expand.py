@@ -23,6 +23,56 @@ from specsim.record.kv import SlotKV
 QUERIES_PER_FORWARD = 512  # beam tokens fed per draft forward while recording (bounds the mask and logits)
 
 
+def beam_expand(root_logits: torch.Tensor, children, *, topk: int, depth: int,
+                per_row: bool = False) -> dict[str, torch.Tensor]:
+    """EAGLE-2's expansion (`specsim.sim.dynamic`, steps 1–2) of c roots from the draft's logits at them, (c, V):
+    expand_token/parent/score, (c, K + (D−1)K²). The one rule every draft expands with; what a draft runs to get
+    the laws at the beam nodes is `children`:
+
+    children(d, beam_tok, parent, attend) -> logits at the K beam nodes of depth d − 1 of every root, (c, K, V)
+    or (c·K, V), where beam_tok (c, K) holds their tokens; parent (c, K) each one's parent among the previous
+    call's beam (None at d = 2: the root); attend (groups, w, fed + w) bool, the tree part of their attention
+    mask: which of the beam nodes fed earlier in the same group (in feeding order) each new one sees, its
+    ancestors and itself. per_row=False: one group of w = c·K nodes (every root of a recorded trajectory in one
+    forward); True: c groups of w = K (one request per row of a live batch).
+    """
+    c = root_logits.shape[0]
+    K = topk
+    dev = root_logits.device
+    score, token = torch.topk(torch.log_softmax(root_logits.float(), dim=-1), K, dim=-1)  # (c, K)
+    tokens, parents, scores = [token], [torch.full((c, K), -1, dtype=torch.long, device=dev)], [score]
+    beam_tok, beam_score = token, score
+    beam_idx = torch.arange(K, device=dev).expand(c, K)
+    groups, per_group = (c, K) if per_row else (1, c * K)  # forward rows, beam nodes per row
+    ancestors = np.zeros((groups, per_group, 0), dtype=bool)  # each beam node's ancestors among its row's fed nodes
+    parent = None
+    fed = 0
+    for d in range(2, depth + 1):
+        w = per_group
+        attend = np.zeros((groups, w, fed + w), dtype=bool)
+        attend[:, :, :fed] = ancestors
+        attend[:, :, fed:] = np.eye(w, dtype=bool)
+        logits = children(d, beam_tok, parent, attend)
+        value, child = torch.topk(torch.log_softmax(logits.reshape(c * K, -1).float(), dim=-1), K, dim=-1)
+        cu = (beam_score[:, :, None] + value.view(c, K, K)).reshape(c, K * K)
+        child = child.view(c, K * K)
+        tokens.append(child)
+        parents.append(beam_idx[:, :, None].expand(c, K, K).reshape(c, K * K))
+        scores.append(cu)
+        offset = K + (d - 2) * K * K
+        beam_score, pick = torch.topk(cu, K, dim=-1)  # (c, K) the next beam
+        beam_tok = child.gather(1, pick)
+        beam_idx = offset + pick
+        parent = (pick // K).cpu().numpy()  # (c, K) each new node's parent in the old beam
+        if per_row:
+            ancestors = attend[np.arange(c)[:, None], parent]
+        else:
+            ancestors = attend[0, (np.arange(c)[:, None] * K + parent).reshape(-1)][None]
+        fed += w
+    return {"expand_token": torch.cat(tokens, dim=1), "expand_parent": torch.cat(parents, dim=1),
+            "expand_score": torch.cat(scores, dim=1)}
+
+
 @torch.inference_mode()
 def expand(kv: SlotKV, root_logits: torch.Tensor, first_position: np.ndarray, *, topk: int, depth: int,
            visible: np.ndarray | None = None, per_row: bool = False) -> dict[str, torch.Tensor]:
@@ -36,49 +86,22 @@ def expand(kv: SlotKV, root_logits: torch.Tensor, first_position: np.ndarray, *,
     """
     c = root_logits.shape[0]
     K = topk
-    dev = root_logits.device
-    score, token = torch.topk(torch.log_softmax(root_logits.float(), dim=-1), K, dim=-1)  # (c, K)
-    tokens, parents, scores = [token], [torch.full((c, K), -1, dtype=torch.long, device=dev)], [score]
-    beam_tok, beam_score = token, score
-    beam_idx = torch.arange(K, device=dev).expand(c, K)
-    groups, per_group = (c, K) if per_row else (1, c * K)  # forward rows, beam nodes per row
-    ancestors = np.zeros((groups, per_group, 0), dtype=bool)  # each beam node's ancestors among its row's fed nodes
     base = int(kv.pending)
-    fed = 0
     first = np.asarray(first_position, dtype=np.int64)
-    for d in range(2, depth + 1):
-        w = per_group
-        attend = np.zeros((groups, w, fed + w), dtype=bool)
-        attend[:, :, :fed] = ancestors
-        attend[:, :, fed:] = np.eye(w, dtype=bool)
-        if base:
-            attend = np.concatenate([np.zeros((groups, w, base), dtype=bool), attend], axis=2)
+
+    def children(d, beam_tok, parent, attend):
+        if base:  # entries pending before the expansion: no beam node sees them
+            attend = np.concatenate([np.zeros((attend.shape[0], attend.shape[1], base), dtype=bool), attend], axis=2)
         if per_row:
-            logits = kv.forward(beam_tok.cpu().numpy(), np.full((c, K), d - 2), attend)  # (c, K, V)
-        else:
-            position = np.repeat(first + d - 2, K)  # (w,) depth d−1 nodes
-            logits = kv.forward(beam_tok.reshape(1, w).cpu().numpy(), (position - kv.lengths[0])[None], attend,
-                                visible=None if visible is None else np.repeat(np.asarray(visible), K)[None])
-        value, child = torch.topk(torch.log_softmax(logits.reshape(c * K, -1).float(), dim=-1), K, dim=-1)
-        cu = (beam_score[:, :, None] + value.view(c, K, K)).reshape(c, K * K)
-        child = child.view(c, K * K)
-        tokens.append(child)
-        parents.append(beam_idx[:, :, None].expand(c, K, K).reshape(c, K * K))
-        scores.append(cu)
-        offset = K + (d - 2) * K * K
-        beam_score, pick = torch.topk(cu, K, dim=-1)  # (c, K) the next beam
-        beam_tok = child.gather(1, pick)
-        beam_idx = offset + pick
-        parent = (pick // K).cpu().numpy()  # (c, K) each new node's parent in the old beam
-        if per_row:
-            ancestors = attend[np.arange(c)[:, None], parent, base:]
-        else:
-            ancestors = attend[0, (np.arange(c)[:, None] * K + parent).reshape(-1), base:][None]
-        fed += w
+            return kv.forward(beam_tok.cpu().numpy(), np.full((c, K), d - 2), attend)  # (c, K, V)
+        position = np.repeat(first + d - 2, K)  # (c·K,) depth d−1 nodes
+        return kv.forward(beam_tok.reshape(1, c * K).cpu().numpy(), (position - kv.lengths[0])[None], attend,
+                          visible=None if visible is None else np.repeat(np.asarray(visible), K)[None])
+
+    out = beam_expand(root_logits, children, topk=topk, depth=depth, per_row=per_row)
     if kv.pending:
         kv.commit([np.zeros(0, dtype=np.int64)] * kv.rows)  # forget the tree entries
-    return {"expand_token": torch.cat(tokens, dim=1), "expand_parent": torch.cat(parents, dim=1),
-            "expand_score": torch.cat(scores, dim=1)}
+    return out
 
 
 def expand_trajectory(model, prompt_ids, tokens, root_logits: torch.Tensor, *, topk: int,

@@ -465,6 +465,16 @@ def head_stats(head, p_logits, features, prompt_ids, tokens, depth: int, tempera
     return {name: np.stack([s[name] for s in per_depth], axis=1) for name in per_depth[0]}
 
 
+def head_expansion(head, features, prompt_ids, tokens, *, topk: int, depth: int) -> dict[str, np.ndarray]:
+    """A head draft's EAGLE-2 expansion at every call start of one trajectory (`HeadDraft.expand_starts`), as the
+    cache stores a model draft's (`specsim.record.expand.expand_trajectory`)."""
+    x = _token_tensor(prompt_ids, np.asarray(tokens), features.device)
+    out = head.expand_starts(features, x, len(prompt_ids), topk=topk, depth=depth)
+    return {"expand_token": out["expand_token"].cpu().numpy().astype(np.int32),
+            "expand_parent": out["expand_parent"].cpu().numpy().astype(np.int16),
+            "expand_score": out["expand_score"].float().cpu().numpy()}
+
+
 def _token_tensor(prompt: Sequence[int], recorded: np.ndarray, device):
     """A trajectory's prompt and recorded tokens as one (L,) long tensor on `device`: the target's states' input."""
     import torch
@@ -560,6 +570,9 @@ def record(
                         for d in drafts:
                             stats[d.name].update(expand_trajectory(d.model, prompt_ids[k], y.recorded,
                                                                    columns[d.name], topk=K, depth=D))
+                        for h in heads:
+                            stats[h.name].update(head_expansion(h, h.features(states), prompt_ids[k], y.recorded,
+                                                                topk=K, depth=D))
                     if writer.spec.stats.expand_target is not None:
                         from specsim.record.proposals import no_proposals, target_along_proposals
 

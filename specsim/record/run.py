@@ -131,9 +131,6 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
     if head_specs and request.stats.expand_target is not None:
         raise CacheError(f"--expand-target draws chains from a draft model; head draft {head_specs[0]} is not one: "
                          "record it without --expand-target (or in a cache of its own)")
-    if head_specs and request.stats.expand is not None:
-        raise CacheError(f"--expand records a draft model's EAGLE-2 expansion; head draft {head_specs[0]} is not "
-                         "expanded: record it without --expand (or in a cache of its own)")
     if request.hidden_batch_tokens < 0:
         raise CacheError.naming("{hidden_batch_tokens} {value}: give a positive number of tokens",
                                 value=request.hidden_batch_tokens)
@@ -167,6 +164,7 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
                 file_tokenizer = reader.run.tokenizer_sha256
         loaded = _load(request, echo)
         p_target, q_drafts = loaded
+        _check_expandable(q_drafts, request.stats.expansion)
         from specsim.record.recorder import build_meta, prompt_records, record
 
         records = prompt_records(prompt_set.prompts, p_target.tokenizer)
@@ -230,6 +228,15 @@ def _load(request: RecordRequest, echo):
         else:
             q_drafts.append(load_draft(spec, p_target, device=device, dtype=request.dtype))
     return p_target, q_drafts
+
+
+def _check_expandable(drafts, expansion) -> None:
+    """CacheError, before anything is recorded, where --expand asks a Medusa head for more levels than it has heads
+    (each level's children come from the head of that depth)."""
+    for d in drafts:
+        if expansion is not None and getattr(d, "kind", None) == "medusa" and expansion.depth > d.config.heads:
+            raise CacheError(f"--expand {expansion.label}: {d.name} has {d.config.heads} heads, so it expands to "
+                             f"depth {d.config.heads} at most")
 
 
 EAGLE_DEPTH = 5  # EAGLE-2's default draft depth

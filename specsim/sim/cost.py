@@ -93,7 +93,7 @@ def step_shape(tree: Tree | DynamicTree, *, room: int | None = None, model_draft
     A one-pass draft (Medusa heads) drafts any tree with one forward (its entry at w = 1).
     """
     if isinstance(tree, DynamicTree):
-        return dynamic_step_shape(tree.shape, room, model_draft=model_draft)
+        return dynamic_step_shape(tree.shape, room, model_draft=model_draft, one_pass=one_pass)
     depth = tree.max_depth if room is None else min(tree.max_depth, max(int(room), 0))
     if depth == 0 or not tree.budget:
         return StepShape(verify_tokens=1, draft_levels=())
@@ -107,8 +107,10 @@ def step_shape(tree: Tree | DynamicTree, *, room: int | None = None, model_draft
     return StepShape(verify_tokens=n, draft_levels=(int(root_feed), *[int(w) for w in widths]))
 
 
-def dynamic_step_shape(shape: DynamicShape, room: int | None, *, model_draft: bool = True) -> StepShape:
-    """The forwards of one dynamic call: the root feed, then D−1 beam forwards of width K; N + 1 verified.
+def dynamic_step_shape(shape: DynamicShape, room: int | None, *, model_draft: bool = True,
+                       one_pass: bool = False) -> StepShape:
+    """The forwards of one dynamic call: the root feed, then D−1 beam forwards of width K; N + 1 verified
+    (a one-pass draft, Medusa's heads: its one pass gives every level's law).
 
     A call with room to accept anything expands the whole depth D, as the live engine does (its
     N best are chosen among every depth, then those deeper than the room are not verified: the
@@ -123,6 +125,8 @@ def dynamic_step_shape(shape: DynamicShape, room: int | None, *, model_draft: bo
     verify = 1 + min(shape.tokens, candidates(shape.topk, depth))
     if not model_draft:
         return StepShape(verify_tokens=verify, draft_levels=())
+    if one_pass:
+        return StepShape(verify_tokens=verify, draft_levels=(1,))
     return StepShape(verify_tokens=verify, draft_levels=(1, *[shape.topk] * (shape.depth - 1)))
 
 

@@ -203,7 +203,8 @@ def run_policy(features, tree: Tree | DynamicTree, spec: PolicySpec, rng: np.ran
                         "replay it with run_adaptive")
     if isinstance(tree, DynamicTree):
         if features.model_free:
-            raise SpecError(f"a dynamic tree grows from a draft model's expansion; {features.draft} is model-free")
+            raise SpecError(f"a dynamic tree grows from a draft's expansion (a model or a head); {features.draft} is "
+                            "model-free")
         fn = load("specsim.sim.dynamic:dynamic_table")
     elif features.model_free:
         if not spec.lossless:
@@ -264,11 +265,11 @@ def run_adaptive(features, trees: list[Tree], spec: PolicySpec, pricings: list) 
 
 def _check(features, tree: Tree, spec: PolicySpec) -> None:
     """What every replay of `spec` on `features` needs: a temperature it accepts; head drafts replay
-    static trees under lossless non-adaptive rules only."""
+    lossless non-adaptive rules only (static trees from their depth-keyed laws, dynamic ones from their recorded
+    expansion)."""
     check_temperature(spec, features.temperature)
-    if features.depth is not None and (spec.kind.adaptive or not spec.lossless or isinstance(tree, DynamicTree)):
-        what = "an adaptive rule" if spec.kind.adaptive else (
-            "a dynamic tree" if isinstance(tree, DynamicTree) else f"lossy rule {spec.label}")
+    if features.depth is not None and (spec.kind.adaptive or not spec.lossless):
+        what = "an adaptive rule" if spec.kind.adaptive else f"lossy rule {spec.label}"
         raise SpecError(f"{what} is not replayed for head draft {features.draft} (its laws are keyed by depth); "
-                        "use greedy or sample with static trees")
+                        "use greedy or sample")
 
