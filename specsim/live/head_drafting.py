@@ -14,6 +14,10 @@ token of the law at the parent, sampling draws the parent's children from it.
   layers first), then one forward per tree level on (parent's predicted feature, node token),
   each node seeing the committed entries and its ancestors. Tree entries are dropped after
   the call. A batch shares one padded cache.
+
+A dynamic tree (`dynamic:topk=K,depth=D,tokens=N`) is grown per request with EAGLE-2's rule
+(`specsim.record.expand.beam_expand`), the beam's K nodes of a level fed as the recorder feeds
+them (`HeadDraft.expand_starts`), so the trees live decoding verifies are the ones the replay reads.
 """
 
 from __future__ import annotations

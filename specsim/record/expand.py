@@ -9,8 +9,10 @@ each beam node the committed prefix of its own position (`SlotKV.forward(visible
 and its ancestors in its own tree, at position id P + t + depth − 1. So a trajectory
 costs D − 1 draft forwards per chunk of positions, not D per position.
 
-Live decoding (`specsim.live.drafting.DynamicDrafter`) calls the same function for its one
-position per call, so the tree it verifies is the tree the recording replays.
+Live decoding (`specsim.live.drafting.ModelDrafter`) calls the same function for its one
+position per call, so the tree it verifies is the tree the recording replays. The beam rule
+itself is `beam_expand`, which head drafts share (`HeadDraft.expand_starts` records them,
+`specsim.live.head_drafting` grows their trees live): only the forwards differ.
 """
 
 from __future__ import annotations
