@@ -178,8 +178,9 @@ def test_a_speedup_whose_ci_includes_one_is_not_called_a_speedup():
 
 
 def test_heads_side_by_side_keeps_chains_at_the_budgets_a_head_reached_in_caches_with_heads():
-    """Chains only, category "all" only, budgets some head of that cache reached, caches without heads left out;
-    heads first, then model drafts, then model-free; each head joined with how it was trained."""
+    """Chains and dynamic trees (no other static tree), category "all" only, budgets some head of that cache reached,
+    caches without heads left out; heads first, then model drafts, then model-free, a draft's chains before its
+    dynamic trees; each head joined with how it was trained."""
     from specsim.report.findings import heads_side_by_side
     from specsim.report.study import HEAD_SCHEMA
 
@@ -193,16 +194,22 @@ def test_heads_side_by_side_keeps_chains_at_the_budgets_a_head_reached_in_caches
         row("a.h5", "layers:20", "chain:2", 2, 1.21), row("a.h5", "layers:20", "kary:2@2", 2, 1.25),
         row("a.h5", "eagle3:h", "chain:2", 2, 1.30), row("a.h5", "eagle3:h", "chain:2", 2, 9.9, category="math"),
         row("a.h5", "mtp:m", "chain:4", 4, 1.28), row("a.h5", "layers:20", "chain:4", 4, 1.22),
-        row("b.h5", "int8", "chain:2", 2, 3.1)])
+        row("b.h5", "int8", "chain:2", 2, 3.1), row("a.h5", "eagle3:h", "dynamic:topk=4,depth=4,tokens=8", 8, 1.48),
+        row("a.h5", "layers:20", "dynamic:topk=4,depth=4,tokens=8", 8, 1.31),
+        row("a.h5", "layers:20", "dynamic:topk=4,depth=4,tokens=16", 16, 1.36),
+        row("a.h5", "eagle3:h", "dynamic:topk=4,depth=4,tokens=2", 2, 1.33)])
     heads = pl.DataFrame([{"cache_name": "a.h5", "draft": "eagle3:h", "trained": "trained by specsim: 60 steps",
                            "prompts_trained_on": 0, "prompts": 13},
                           {"cache_name": "a.h5", "draft": "mtp:m", "trained": "unknown", "prompts_trained_on": None,
                            "prompts": 13}], schema=HEAD_SCHEMA)
     table = heads_side_by_side(results, heads)
-    got = [(r["draft"], r["kind"], r["budget"], r["tokens_per_call"]) for r in table.iter_rows(named=True)]
-    assert got == [("eagle3:h", "head", 2, 1.30), ("mtp:m", "head", 4, 1.28), ("layers:20", "model", 2, 1.21),
-                   ("layers:20", "model", 4, 1.22), ("suffix", "model-free", 2, 1.34)]
-    assert table.filter(pl.col("draft") == "eagle3:h")["trained"].to_list() == ["trained by specsim: 60 steps"]
+    got = [(r["draft"], r["kind"], r["tree"], r["tokens_per_call"]) for r in table.iter_rows(named=True)]
+    assert got == [("eagle3:h", "head", "chain:2", 1.30), ("eagle3:h", "head", "dynamic:topk=4,depth=4,tokens=2", 1.33),
+                   ("eagle3:h", "head", "dynamic:topk=4,depth=4,tokens=8", 1.48), ("mtp:m", "head", "chain:4", 1.28),
+                   ("layers:20", "model", "chain:2", 1.21), ("layers:20", "model", "chain:4", 1.22),
+                   ("layers:20", "model", "dynamic:topk=4,depth=4,tokens=8", 1.31),
+                   ("suffix", "model-free", "chain:2", 1.34), ("suffix", "model-free", "chain:8", 1.40)]
+    assert table.filter(pl.col("draft") == "eagle3:h")["trained"].to_list() == ["trained by specsim: 60 steps"] * 3
     assert table.filter(pl.col("draft") == "mtp:m")["prompts_trained_on"].to_list() == [None]
     assert heads_side_by_side(results.filter(pl.col("cache_name") == "b.h5"), heads).is_empty()
 

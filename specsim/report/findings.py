@@ -97,17 +97,21 @@ def equal_budget(results: pl.DataFrame) -> pl.DataFrame:
 
 
 def heads_side_by_side(results: pl.DataFrame, heads: pl.DataFrame) -> pl.DataFrame:
-    """Every draft of each cache that holds head drafts, as chains at equal verified budgets (category "all").
+    """Every draft of each cache that holds head drafts, as chains and as dynamic trees (EAGLE-2's, how EAGLE-3 is
+    served; where the cache recorded the expansion) at equal verified budgets (category "all").
 
-    One row per cache × setting × draft × budget, at the budgets some head of that cache reached (a head recorded
-    D deep drafts chains up to D): its tokens per call with the 95% interval, its kind (head, model, model-free) and,
-    for a head, how it was trained and on how many of the cache's prompts (`heads`, from `run_study`).
+    One row per cache × setting × draft × tree × budget, at the budgets some head of that cache reached (a head
+    recorded D deep drafts chains up to D; a dynamic tree verifies N drafts): its tokens per call with the 95%
+    interval, its kind (head, model, model-free) and, for a head, how it was trained and on how many of the cache's
+    prompts (`heads`, from `run_study`). Chains before dynamic trees within a draft.
     """
     from specsim.specs import is_head_draft, is_model_free
 
     if heads.is_empty() or results.is_empty():
         return pl.DataFrame()
-    rows = with_setting(results.filter((pl.col("category") == ALL) & pl.col("tree").str.starts_with("chain")
+    rows = with_setting(results.filter((pl.col("category") == ALL)
+                                       & (pl.col("tree").str.starts_with("chain")
+                                          | pl.col("tree").str.starts_with("dynamic:"))
                                        & pl.col("cache_name").is_in(heads["cache_name"].unique().to_list())))
     if rows.is_empty():
         return pl.DataFrame()
@@ -117,12 +121,14 @@ def heads_side_by_side(results: pl.DataFrame, heads: pl.DataFrame) -> pl.DataFra
                .agg(pl.len().alias("_heads")))
     order = {"head": 0, "model": 1, "model-free": 2}
     table = (rows.join(reached, on=["cache_name", "setting", "budget"])
-             .select("cache_name", "setting", "draft", "kind", "budget", "tokens_per_call", "tokens_per_call_lo",
-                     "tokens_per_call_hi", "n_prompts", "n_positions")
+             .select("cache_name", "setting", "draft", "kind", "tree", "budget", "tokens_per_call",
+                     "tokens_per_call_lo", "tokens_per_call_hi", "n_prompts", "n_positions")
              .join(heads.select("cache_name", "draft", "trained", "prompts_trained_on"),
                    on=["cache_name", "draft"], how="left")
-             .with_columns(pl.col("kind").replace_strict(order, return_dtype=pl.Int64).alias("_order")))
-    return table.sort("cache_name", "setting", "_order", "draft", "budget").drop("_order")
+             .with_columns(pl.col("kind").replace_strict(order, return_dtype=pl.Int64).alias("_order"),
+                           pl.col("tree").str.starts_with("dynamic:").alias("_dynamic")))
+    return table.sort("cache_name", "setting", "_order", "draft", "_dynamic", "budget", "tree").drop("_order",
+                                                                                                    "_dynamic")
 
 
 VERIFY_METRICS = ("tokens_per_call", "tokens_per_call_lo", "tokens_per_call_hi", "speedup", "speedup_lo",

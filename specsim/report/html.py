@@ -279,7 +279,8 @@ def _interval(metric: str) -> pl.Expr:
 
 
 def _heads(study: Study) -> str:
-    """Head drafts beside the other drafts of their cache, chain against chain (tables/heads_side_by_side)."""
+    """Head drafts beside the other drafts of their cache, chain against chain and dynamic tree against dynamic
+    tree (tables/heads_side_by_side)."""
     from specsim.report.findings import heads_side_by_side
 
     table = heads_side_by_side(study.results, study.heads)
@@ -287,7 +288,8 @@ def _heads(study: Study) -> str:
         return ""
     wide = (table.with_columns(
         _interval("tokens_per_call").alias("cell"),
-        pl.format("chain:{}", pl.col("budget")).alias("at"))
+        pl.when(pl.col("tree").str.starts_with("dynamic:")).then(pl.col("tree"))
+        .otherwise(pl.format("chain:{}", pl.col("budget"))).alias("at"))
         .pivot("at", index=["cache_name", "setting", "kind", "draft"], values="cell", sort_columns=False))
     seen = study.heads.with_columns(
         pl.when(pl.col("prompts_trained_on").is_null()).then(pl.lit("unknown"))
@@ -296,9 +298,11 @@ def _heads(study: Study) -> str:
         .alias("this cache's prompts it trained on")).select("cache_name", "draft", "trained",
                                                              "this cache's prompts it trained on")
     return ("<h3>Head drafts side by side</h3><p>Each cache that holds head drafts: every draft it holds as a chain "
-            "of each budget a head reached, tokens per target call [95% CI] at the same number of verified draft "
-            "tokens (so a head is compared with a draft model and the model-free drafts at equal verification "
-            "work), and how each head was trained. A head evaluated on prompts it was trained on flatters itself. "
+            "of each budget a head reached, and as the dynamic tree EAGLE-3 is served with where the cache recorded "
+            "the drafts' expansion (<code>--expand</code>), tokens per target call [95% CI] at the same number of "
+            "verified draft tokens (so a head is compared with a draft model and the model-free drafts at equal "
+            "verification work), and how each head was trained. A head evaluated on prompts it was trained on "
+            "flatters itself. "
             "Table: <code>tables/heads_side_by_side.csv</code>.</p>" + _table_html(seen) + _table_html(wide))
 
 
