@@ -232,3 +232,47 @@ def test_report_compares_dynamic_optimal_and_chain_at_equal_budgets(tmp_path, pa
     assert "trees_at_equal_budget" in study_tables(study)
     page = write_report(study, tmp_path / "report", progress=False).read_text()
     assert "Chain vs data-optimal static vs dynamic trees at equal budgets" in page
+
+
+def _path_logits(root: int, path: tuple, V: int = 40) -> np.ndarray:
+    """A law that depends on everything a node sees: its root and the exact tokens above it, in order."""
+    seed = [root, len(path), *path]
+    return np.random.default_rng(seed).standard_normal(V)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(1, 5), st.booleans())
+def test_beam_expand_feeds_every_node_its_ancestors_and_nothing_else(topk, depth, roots, per_row):
+    """`beam_expand`, the rule every draft expands with (model drafts, heads, recording and live), equals EAGLE-2's
+    plain reference when each beam node's law is computed only from what its attention mask shows it (the tokens of
+    the nodes it attends to, in feeding order, then its own): a node shown a sibling, a cousin or one ancestor too few
+    gets another law. Both layouts: every root's beam in one group (recording) and one group per root (live)."""
+    import torch
+
+    from specsim.record.expand import beam_expand
+
+    fed: list[list[int]] = [[] for _ in range(roots if per_row else 1)]  # per group: tokens in feeding order
+
+    def children(d, beam_tok, parent, attend):
+        tok = beam_tok.numpy()
+        out = np.zeros((roots, topk, 40))
+        for r in range(roots):
+            for k in range(topk):
+                g, i = (r, k) if per_row else (0, r * topk + k)
+                before = len(fed[g])
+                seen = [fed[g][j] for j in range(before) if attend[g, i, j]]
+                assert attend[g, i, before + i] and attend[g, i, before:].sum() == 1  # itself, no other new node
+                out[r, k] = _path_logits(r, (*seen, int(tok[r, k])))
+        for g in range(len(fed)):  # this level's nodes join the fed entries, in feeding order
+            rows = range(g, g + 1) if per_row else range(roots)
+            fed[g] += [int(tok[r, k]) for r in rows for k in range(topk)]
+        return torch.as_tensor(out)
+
+    root_logits = torch.as_tensor(np.stack([_path_logits(r, ()) for r in range(roots)]))
+    got = beam_expand(root_logits, children, topk=topk, depth=depth, per_row=per_row)
+    for r in range(roots):
+        logq = lambda path, r=r: np.log(np.exp(z := _path_logits(r, tuple(path))) / np.exp(z).sum())  # noqa: E731
+        tok, par, score = expand_reference(logq, topk, depth)
+        np.testing.assert_array_equal(got["expand_token"][r].numpy(), tok)
+        np.testing.assert_array_equal(got["expand_parent"][r].numpy(), par)
+        np.testing.assert_allclose(got["expand_score"][r].numpy(), score, atol=1e-5)
