@@ -78,6 +78,19 @@ def test_rows_leave_and_join_between_steps(tiny):
     torch.testing.assert_close(out[1], _chain_logits(tiny.model, [*range(50, 75), 6]), atol=1e-4, rtol=1e-4)
 
 
+def test_a_request_joins_a_batch_whose_cache_is_wider_than_its_own(tiny):
+    """Continuous batching admits a short prompt into a batch holding a long one: the newcomer's cache grows to the
+    batch's width exactly (growing by doubling overshot it, and the join failed with a size mismatch)."""
+    kv = SlotKV(tiny.model)
+    kv.start([np.arange(1, 101) % 300])  # 100 slots
+    late = SlotKV(tiny.model)
+    late.start([np.arange(200, 260)])  # 64 slots; doubling them would give 128
+    kv.append(late)
+    out = kv.feed_chains([np.array([5]), np.array([6])])
+    torch.testing.assert_close(out[0], _chain_logits(tiny.model, [*(np.arange(1, 101) % 300), 5]), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out[1], _chain_logits(tiny.model, [*range(200, 260), 6]), atol=1e-4, rtol=1e-4)
+
+
 def test_top_ranked_breaks_ties_by_the_lower_id():
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0] + [0.0] * 20, [0.0] * 24 + [9.0]])
     np.testing.assert_array_equal(top_ranked(logits, 3), [[1, 2, 4], [24, 0, 1]])

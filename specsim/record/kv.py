@@ -120,9 +120,9 @@ class SlotKV:
             self.lengths, self._keys, self._values, self._capacity = (
                 other.lengths.copy(), other._keys, other._values, other._capacity)
             return
-        cap = max(self._capacity, other._capacity)
-        self._grow(cap)
-        other._grow(cap)
+        cap = max(self._capacity, other._capacity)  # both exactly this wide: growing alone may double past it
+        self._grow(cap, exact=True)
+        other._grow(cap, exact=True)
         self._keys = [torch.cat([a, b]) for a, b in zip(self._keys, other._keys)]
         self._values = [torch.cat([a, b]) for a, b in zip(self._values, other._values)]
         self.lengths = np.concatenate([self.lengths, other.lengths])
@@ -268,10 +268,11 @@ class SlotKV:
             written.append(buf[:, :, : self._used])
         return tuple(written)
 
-    def _grow(self, needed: int) -> None:
+    def _grow(self, needed: int, *, exact: bool = False) -> None:
+        """Room for `needed` slots per row: at least doubled (amortised appends), or exactly `needed` (`append`)."""
         if needed <= self._capacity:
             return
-        capacity = max(needed, 2 * self._capacity, 64)
+        capacity = needed if exact else max(needed, 2 * self._capacity, 64)
         for buffers in (self._keys, self._values):
             for i, buf in enumerate(buffers):
                 bigger = buf.new_zeros((*buf.shape[:2], capacity, buf.shape[3]))
