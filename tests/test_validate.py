@@ -177,6 +177,20 @@ def test_validate_refuses_a_profile_of_other_models_before_loading_any(tiny_cach
     assert len(result.output.strip().splitlines()) == 1
 
 
+def test_validate_refuses_a_batch_the_profile_did_not_measure_before_decoding(tiny_cache, tiny_profile, monkeypatch):
+    """--batch 8 with a profile of batches 1-2: one line, before any model loads (it used to decode every prompt live
+    first, then fail while pricing)."""
+    import specsim.live.runs as runs
+
+    def never(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(runs, "load_target", never)
+    result = _validate(str(tiny_cache), "--tree", "chain:3", "--draft", "int8", "--cost-profile", str(tiny_profile),
+                       "--batch", "8")
+    assert result.exit_code == 2 and "batch 8 is beyond what it measured (1-2" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_validate_on_the_packaged_model(tmp_path):
     """SmolLM2-135M with the int8 and an early-exit draft: record a short cache, then validate greedy chain +

@@ -389,7 +389,8 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
         paths = config.cost_profile if isinstance(config.cost_profile, tuple) else (config.cost_profile,)
         costs = load_cost_profiles(paths)
         simulate(cache, trees=[parsed[0][0]], drafts=drafts, policies=[plan[0][0]], temperatures=[plan[0][1]],
-                 cost_profile=costs, n_boot=0, on_skip=lambda line: None)
+                 cost_profile=costs, batches=[config.batch], batching=config.batching, n_boot=0,
+                 on_skip=lambda line: None)  # at the batch the checks price, so a batch it did not measure is refused
     loaded, device = load_target(setup.target, device=device, dtype=setup.dtype, threads=threads, echo=echo)
     target = Target(loaded.model, eos_token_ids(loaded))
     label = device_label(device)
