@@ -177,6 +177,15 @@ def test_validate_refuses_a_profile_of_other_models_before_loading_any(tiny_cach
     assert len(result.output.strip().splitlines()) == 1
 
 
+def test_validate_checks_a_batch_without_a_cost_profile(tiny_cache):
+    """--batch 2 and no profile: the call-for-call check of every request (it used to crash looking for a priced row of
+    batch 2 among the unpriced replay's)."""
+    result = _validate(str(tiny_cache), "--tree", "chain:3", "--draft", "int8", "--batch", "2",
+                       "--batching", "continuous")
+    assert result.exit_code == 0, result.output
+    assert "calls identical (100.0%)" in result.output and "PASS" in result.output
+
+
 def test_validate_refuses_a_batch_the_profile_did_not_measure_before_decoding(tiny_cache, tiny_profile, monkeypatch):
     """--batch 8 with a profile of batches 1-2: one line, before any model loads (it used to decode every prompt live
     first, then fail while pricing)."""

@@ -419,7 +419,8 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
                                multi_draft=config.multi_draft, cost_profile=costs,
                                batches=[config.batch] if timed else None, batching=config.batching,
                                by_category=False, seed=config.seed, on_skip=lambda line: None)
-                sim_row = sim.filter(sim["batch"] == config.batch).row(0, named=True)
+                # priced rows at the live batch; unpriced, one row (acceptance does not depend on the batch)
+                sim_row = (sim.filter(sim["batch"] == config.batch) if timed else sim).row(0, named=True)
                 if T == 0:
                     report.checks.append(_greedy_check(head, run, cache, draft, tree, config, drafter, report,
                                                        live_config))
