@@ -221,3 +221,19 @@ def test_the_probes_catch_the_old_dynamic_pricing(expanded_cache, monkeypatch, m
             return StepShape(full.verify_tokens, full.draft_levels[:depth])
         monkeypatch.setattr(cost, "dynamic_step_shape", cut)
     assert count() < live
+
+
+def test_validate_samples_dynamic_trees_at_t_above_zero(expanded_cache):
+    """validate --policy sample on a dynamic tree: live acceptance at T = 1 beside the exact replay's (the run used to
+    crash summarising it, asking a dynamic tree for its static children)."""
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+
+    path, draft = expanded_cache
+    result = CliRunner().invoke(main, ["validate", str(path), "--draft", draft.name, "--policy", "sample",
+                                       "--temperature", "1", "--repeats", "2", "--tree",
+                                       "dynamic:topk=3,depth=3,tokens=4", "--device", "cpu", "--quiet"])
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if line.startswith(draft.name))
+    assert "dynamic:topk=3,depth=3,tokens=4  sample  1" in row and "accept rate live" in row and row.endswith("PASS")

@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
+from specsim.expansion import DynamicTree
 from specsim.live.decoder import DecodeRun, Decoded, LiveConfig, Target, decode
 
 
@@ -168,7 +169,9 @@ def summary_rows(run: LiveRun, *, by_category: bool = True, n_boot: int = 1000, 
         return []
     stats, groups = trajectory_stats(run)
     cfg = run.config
-    sampling_tree = cfg.policy != "greedy" and int(cfg.tree.n_children.max()) > 1
+    # a static tree whose nodes draw several candidates (a dynamic tree's are point masses: no multi-draft scheme)
+    sampling_tree = (cfg.policy != "greedy" and not isinstance(cfg.tree, DynamicTree)
+                     and int(cfg.tree.n_children.max()) > 1)
     head = {
         "tree": cfg.tree.name, "budget": cfg.tree.budget, "depth": cfg.tree.max_depth, "draft": run.draft,
         "target": run.target, "policy": cfg.label, "temperature": float(cfg.temperature),
