@@ -42,4 +42,12 @@ for d in eagle3 layers; do
       dyn4="per_request/$d-dynamic_topk_4_depth_4_tokens_4.csv" dyn8="per_request/$d-dynamic_topk_4_depth_4_tokens_8.csv" \
       dyn16="per_request/$d-dynamic_topk_4_depth_4_tokens_16.csv" > "paired_$d.txt" 2>&1
 done
+# 6. batch 4, continuous batching: each request grows its own tree in the shared head forwards
+$SPECSIM validate eval.h5 --draft eagle3:head --tree dynamic:topk=4,depth=4,tokens=8 --tree dynamic:topk=4,depth=3,tokens=6 \
+    --batch 4 --batching continuous > validate_b4.txt 2>&1
+# 7. T = 0.7: the trees verified as point masses (EAGLE's rule at any T), live acceptance against the exact replay
+/usr/bin/time -v $SPECSIM cache --target smollm2-135m --prompts eval_prompts.jsonl --draft eagle3:head --head-depth 4 \
+    --expand topk=4,depth=4 --max-new-tokens 128 --temperature 0.7 --store stats --out eval07.h5 2> record_eval07.log
+$SPECSIM validate eval07.h5 --draft eagle3:head --policy sample --temperature 0.7 --repeats 3 \
+    --tree dynamic:topk=4,depth=4,tokens=8 --tree chain:4 > validate_t07.txt 2>&1
 echo ALLDONE
