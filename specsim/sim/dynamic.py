@@ -18,9 +18,11 @@ levels (SGLang's `num_steps`, EAGLE's `depth` + 1) and N = draft tokens verified
 
 `specsim cache --expand topk=K,depth=D` records steps 1–2 at every on-path position
 (`expand_token`, `expand_parent`, `expand_score`, K + (D−1)K² candidates in the order
-above); step 3 is applied here, so one recording replays every N ≤ K + (D−1)K² and every
-depth D' ≤ D (the first D' levels of an expansion are the expansion to depth D'). A
-different K changes the beam and needs its own recording.
+above), for draft models and head drafts alike (a head feeds a beam node its parent's
+predicted feature with its token, `HeadDraft.expand_starts`); step 3 is applied here, so one
+recording replays every N ≤ K + (D−1)K² and every depth D' ≤ D (the first D' levels of an
+expansion are the expansion to depth D'). A different K changes the beam and needs its own
+recording.
 
 Why replay is exact (docs/design.md §2, the point-mass case): candidates are a function of
 the prefix. Greedy verification accepts the child equal to the target's argmax = y_t. At
