@@ -14,7 +14,7 @@ TOPK, DEPTH = 3, 3
 
 @pytest.fixture(scope="module")
 def expanded_heads(tiny_prompts_file, tmp_path_factory):
-    """The tiny target (final norm not all ones) and five heads, recorded greedy with --expand topk=3,depth=3:
+    """The tiny target (final norm not all ones) and five heads, recorded at T = 0 and 1 with --expand topk=3,depth=3:
     Medusa, EAGLE, EAGLE-3 over a reduced vocabulary, MTP in DeepSeek's and MiMo's wiring."""
     import torch
 
@@ -35,7 +35,7 @@ def expanded_heads(tiny_prompts_file, tmp_path_factory):
               f"mtp:{mtp_from_last_layer(target, folder / 'mtp-deepseek', 'deepseek', seed=2, mix=0.01)}",
               f"mtp:{mtp_from_last_layer(target, folder / 'mtp-mimo', 'mimo', seed=1)}")
     request = RecordRequest(target=str(target_dir), drafts=drafts, prompts=str(tiny_prompts_file), max_new_tokens=24,
-                            temperatures=(0.0,), device="cpu", head_depth=DEPTH,
+                            temperatures=(0.0, 1.0), device="cpu", head_depth=DEPTH,
                             stats=StatsSpec(expand=(TOPK, DEPTH)))
     path = folder / "heads-expanded.h5"
     outcome = record_cache(path, request, progress=False)
@@ -112,7 +112,7 @@ def _case(expanded_heads, which: int):
 
     path, drafts, target_dir = expanded_heads
     with CacheReader(path) as reader:
-        rows = list(reader.iter_trajectories())
+        rows = [r for r in reader.iter_trajectories() if r.temperature == 0]
         case = dict(path=path, draft=drafts[which], max_new=int(reader.meta["settings"]["max_new_tokens"]),
                     prompts=[np.asarray(reader.prompt_token_ids(r.prompt_index)) for r in rows],
                     expected=[reader.tokens(r.start, r.stop).tolist() for r in rows])
@@ -235,3 +235,37 @@ def test_a_medusa_head_is_not_expanded_deeper_than_its_heads(expanded_heads, tin
     with pytest.raises(CacheError, match=r"has 3 heads, so it expands to depth 3 at most"):
         record_cache(tmp_path / "x.h5", request, progress=False)
     assert not (tmp_path / "x.h5").exists()
+
+
+@pytest.mark.parametrize("which", [0, 1, 2, 4])
+def test_sampled_dynamic_head_trees_are_priced_as_live_runs_them(expanded_heads, which):
+    """T = 1: live samples its own tokens, so its trees differ from the recording's; along live's own path, every call
+    with room for the whole tree is charged what live ran (the target over N + 1 nodes, the root feed of 1 + the
+    drafts the call before accepted, D - 1 beam forwards of K; Medusa's one pass). The last calls of a request are
+    left out: the nodes they verify within the room depend on the tree, which the replay reads from the recording."""
+    from specsim.sim.pricing import Pricing
+    from specsim.specs import parse_tree
+    from tests.test_structure import PROBES, Probe, decode_live, features_of, live_counts, per_request_steps
+
+    path, drafts, _ = expanded_heads
+    spec = f"dynamic:topk={TOPK},depth={DEPTH},tokens=6"
+    tree = parse_tree(spec)
+    run = decode_live(path, drafts[which], spec, policy="sample", temperature=1.0)
+    features = features_of(path, drafts[which], 1.0)
+    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
+    priced = {name: Pricing(Probe(name), drafts[which], "probe").priced(features, tree) for name in PROBES}
+    compared = accepted = 0
+    for trajectory, steps in zip(run.trajectories, per_request_steps(run)):
+        start = int(features.traj_start[by_prompt[trajectory.prompt.prompt_index]])
+        calls = trajectory.live.steps
+        for k, (call, step) in enumerate(zip(calls, steps)):
+            if run.config.max_new_tokens - call.start - 1 < tree.max_depth:
+                continue  # room for part of the tree only
+            want = {}
+            for name, (cost, _, feed) in priced.items():
+                before = 0.0 if k == 0 or feed is None else feed[start + calls[k - 1].start, calls[k - 1].accepted]
+                want[name] = float(cost[start + call.start] + before)
+            assert want == pytest.approx(live_counts([step])), (trajectory.prompt.prompt_index, k)
+            compared += 1
+            accepted += call.accepted
+    assert compared >= 20 and accepted > 0
