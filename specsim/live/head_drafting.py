@@ -70,11 +70,9 @@ class MedusaDrafter(_HeadDrafter):
         laws = self.head.module(self._state, self.head.lm_head).float()  # (B, heads, V)
         self.levels = [1]
         if isinstance(tree, DynamicTree):  # every node of depth d - 1 has head d's top K as its children
-            from specsim.record.expand import beam_expand
+            from specsim.record.expand import expand_by_depth
 
-            K = tree.shape.topk
-            out = beam_expand(laws[:, 0], lambda d, tok, parent, attend: laws[:, d - 1, None].expand(-1, K, -1),
-                              topk=K, depth=tree.shape.depth, per_row=True)
+            out = expand_by_depth(laws, topk=tree.shape.topk, depth=tree.shape.depth, per_row=True)
             return dynamic_proposal(out, tree.shape, committed, rooms)
         B, n = len(committed), tree.n_nodes
         tokens = np.zeros((B, n), dtype=np.int64)
@@ -242,31 +240,17 @@ class EagleDrafter(_HeadDrafter):
         return Proposal(tokens=tokens, valid=valid, q_draft=q_draft)
 
     def _propose_dynamic(self, committed, shape, rooms, root_feat: torch.Tensor) -> Proposal:
-        """EAGLE-2's tree for this call, one per request, grown as the recorder grows it
-        (`specsim.record.head_unroll.HeadDraft.expand_starts`): each row's K beam nodes of a level fed in one
-        forward, (parent's predicted feature, node token) at position id root + depth, seeing the row's committed
-        entries, its ancestors and itself; the N best candidates kept (`dynamic_proposal`). The tree's entries
-        are dropped after the call."""
+        """EAGLE-2's tree for this call, one per request, grown by the forwards the recorder runs
+        (`HeadDraft.beam_children`): each row's K beam nodes of a level in its own row of one forward, seeing the
+        row's committed entries; the N best candidates kept (`dynamic_proposal`). The tree's entries are dropped
+        after the call."""
         from specsim.record.expand import beam_expand
 
-        B, H = root_feat.shape
-        K = shape.topk
+        B, K = root_feat.shape[0], shape.topk
         dev = root_feat.device
-        committed_mask = torch.as_tensor(self._real, device=dev)  # (B, M)
-        state = {"out": None, "tree": None}
-
-        def children(d, beam_tok, parent, attend):
-            if parent is None:
-                feed = root_feat[:, None].expand(B, K, H)
-            else:
-                feed = state["out"].gather(1, torch.as_tensor(parent, device=dev)[..., None].expand(B, K, H))
-            mask = torch.cat([committed_mask[:, None, :].expand(B, K, -1), torch.as_tensor(attend, device=dev)], dim=2)
-            positions = torch.as_tensor(self._count[:, None] - 1 + (d - 1), device=dev).expand(B, K)
-            out, new = self._forward(feed, beam_tok, positions, mask, concat_kv(self._past, state["tree"]),
-                                     from_target=False)
-            state["out"], state["tree"] = out, concat_kv(state["tree"], new)
-            return self.head.logits(out)  # (B, K, V)
-
+        context = torch.as_tensor(self._real, device=dev)[:, None, :].expand(B, K, -1)  # (B, K, M)
+        children = self.head.beam_children(root_feat, self._past, context, torch.as_tensor(self._count, device=dev),
+                                           topk=K, per_row=True)
         out = beam_expand(self.head.logits(root_feat), children, topk=K, depth=shape.depth, per_row=True)
         self.levels += [K] * (shape.depth - 1)
         return dynamic_proposal(out, shape, committed, rooms)

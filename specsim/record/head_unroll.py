@@ -95,7 +95,6 @@ class HeadDraft:
         feats = unroll(self.forward, hidden, x[1:], starts, depth)
         return torch.stack([self.logits(f) for f in feats], dim=1).float()  # (n, depth, V)
 
-
     @torch.inference_mode()
     def expand_starts(self, hidden: torch.Tensor, x: torch.Tensor, plen: int, *, topk: int,
                       depth: int) -> dict[str, torch.Tensor]:
@@ -103,61 +102,64 @@ class HeadDraft:
         expand_token/parent/score, (n, K + (D−1)K²), row s the tree a call at s would grow (hidden, x, plen as in
         `start_logits`; its depth-1 law is `start_logits`' depth 1).
 
-        Medusa: a node's children are head d's top K at the root's state whatever its path. EAGLE, EAGLE-3, MTP
-        (EAGLE's `topK_genrate`): the teacher pass gives each start's root feature; a beam node of depth d − 1 is
-        fed (its parent's predicted feature, its token) at position id root + d − 1, seeing the target's entries
-        up to its start's root, its ancestors' entries and its own; every start's K beam nodes in one forward
-        per level (`specsim.record.expand.beam_expand`, the rule model drafts expand with).
+        Medusa: a node's children are head d's top K at the root's state whatever its path
+        (`specsim.record.expand.expand_by_depth`). EAGLE, EAGLE-3, MTP: the teacher pass gives each start's root
+        feature, then `beam_children` feeds every start's K beam nodes in one forward per level, each seeing the
+        target's entries up to its start's root.
         """
-        from specsim.record.expand import QUERIES_PER_FORWARD, beam_expand
+        from specsim.record.expand import QUERIES_PER_FORWARD, beam_expand, expand_by_depth
 
         if plen < 2:
             raise ModelError("head drafts need prompts of at least two tokens (the root's state precedes it)")
         n = x.shape[0] - plen
-        K = topk
         dev = hidden.device
         if self.kind == "medusa":
             if depth > self.config.heads:
                 raise ModelError(f"{self.name} has {self.config.heads} heads; cannot expand to depth {depth}")
-            laws = self.module(hidden[plen - 2 : plen - 2 + n], self.lm_head)  # (n, heads, V)
-            return beam_expand(laws[:, 0], lambda d, tok, parent, attend: laws[:, d - 1, None].expand(-1, K, -1),
-                               topk=K, depth=depth)
+            return expand_by_depth(self.module(hidden[plen - 2 : plen - 2 + n], self.lm_head), topk=topk, depth=depth)
         ids = x[1:]
         M = ids.shape[0]
         pos = torch.arange(M, device=dev)
         feats, kv = self.forward(hidden[None], ids[None], pos[None], causal_masks(1, M, dev), None, from_target=True)
+        chunk = max(1, QUERIES_PER_FORWARD // topk)
         parts = []
-        for lo in range(0, n, max(1, QUERIES_PER_FORWARD // K)):
-            starts = torch.arange(lo, min(n, lo + max(1, QUERIES_PER_FORWARD // K)), device=dev) + plen - 2
-            parts.append(self._expand_group(feats[0, starts], kv, starts, M, topk=K, depth=depth))
+        for lo in range(0, n, chunk):
+            starts = torch.arange(lo, min(n, lo + chunk), device=dev) + plen - 2  # each start's root entry
+            seen = (pos[None, :] <= starts[:, None]).repeat_interleave(topk, dim=0)[None]  # (1, c·K, M)
+            root = feats[0, starts]
+            children = self.beam_children(root, kv, seen, starts + 1, topk=topk, per_row=False)
+            parts.append(beam_expand(self.logits(root), children, topk=topk, depth=depth))
         return {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
 
-    def _expand_group(self, root: torch.Tensor, kv, starts: torch.Tensor, M: int, *, topk: int,
-                      depth: int) -> dict[str, torch.Tensor]:
-        """`expand_starts` for the starts (c,) whose root features are root (c, H), over the teacher entries' kv (M)."""
-        from specsim.record.expand import beam_expand
+    def beam_children(self, root: torch.Tensor, past, context: torch.Tensor, first_position: torch.Tensor, *,
+                      topk: int, per_row: bool):
+        """`beam_expand`'s forwards for an autoregressive head (EAGLE's `topK_genrate`), the same for the recording
+        (`expand_starts`) and live decoding (`specsim.live.head_drafting`): a beam node of depth d − 1 is fed (its
+        parent's predicted feature, its token) at position id first_position + d − 2, seeing the committed entries
+        `context` shows it, its ancestors' entries and its own.
 
+        root (c, H): each root's predicted feature; past: the committed entries' kv; context (rows, w, M) bool: which
+        of them each beam node sees, in `beam_expand`'s layout (rows, w = c, K per_row, else 1, c·K); first_position
+        (c,): each root's depth-1 position id."""
         c, H = root.shape
         K = topk
+        rows, w = (c, K) if per_row else (1, c * K)
         dev = root.device
-        seen = (torch.arange(M, device=dev)[None, :] <= starts[:, None]).repeat_interleave(K, dim=0)  # (c·K, M)
-        state = {"out": None, "tree": None}
+        state = {"out": None, "tree": None}  # the last level's predicted features (c, K, H) and the tree's kv
 
         def children(d, beam_tok, parent, attend):
             if parent is None:
                 feed = root[:, None].expand(c, K, H)
-            else:
-                index = torch.as_tensor(parent, device=dev)[..., None].expand(c, K, H)
-                feed = state["out"].gather(1, index)  # each beam node's parent's predicted feature
-            mask = torch.cat([seen[None], torch.as_tensor(attend, device=dev)], dim=2)
-            positions = (starts + d - 1).repeat_interleave(K)[None]
-            out, new = self.forward(feed.reshape(1, c * K, H), beam_tok.reshape(1, c * K), positions, mask,
-                                    concat_kv(kv, state["tree"]), from_target=False)
-            state["out"], state["tree"] = out.view(c, K, -1), concat_kv(state["tree"], new)
-            return self.logits(out[0])  # (c·K, V)
+            else:  # each beam node's parent's predicted feature
+                feed = state["out"].gather(1, torch.as_tensor(parent, device=dev)[..., None].expand(c, K, H))
+            mask = torch.cat([context, torch.as_tensor(attend, device=dev)], dim=2)
+            positions = (first_position[:, None] + d - 2).expand(c, K).reshape(rows, w)
+            out, new = self.forward(feed.reshape(rows, w, H), beam_tok.reshape(rows, w), positions, mask,
+                                    concat_kv(past, state["tree"]), from_target=False)
+            state["out"], state["tree"] = out.reshape(c, K, -1), concat_kv(state["tree"], new)
+            return self.logits(state["out"])  # (c, K, V)
 
-        return beam_expand(self.logits(root), children, topk=K, depth=depth)
-
+        return children
 
 def unroll(forward, hidden: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, depth: int,
            first: int = 0) -> list[torch.Tensor]:
