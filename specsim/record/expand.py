@@ -133,9 +133,13 @@ def expand_trajectory(model, prompt_ids, tokens, root_logits: torch.Tensor, *, t
             out = expand(kv, root_logits[t[0] : t[-1] + 1], P + t, topk=topk, depth=1)
         else:
             out = expand(kv, root_logits[t[0] : t[-1] + 1], P + t, topk=topk, depth=depth, visible=P + t)
-        parts.append({k: v.cpu().numpy() for k, v in out.items()})
-    return {
-        "expand_token": np.concatenate([p["expand_token"] for p in parts]).astype(np.int32),
-        "expand_parent": np.concatenate([p["expand_parent"] for p in parts]).astype(np.int16),
-        "expand_score": np.concatenate([p["expand_score"] for p in parts]).astype(np.float32),
-    }
+        parts.append(out)
+    return stored({name: torch.cat([p[name] for p in parts]) for name in parts[0]})
+
+
+def stored(out: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """An expansion as the cache stores it (`specsim.cache.stats.expansion_shapes`): int32 tokens, int16 parents,
+    float32 scores, numpy."""
+    return {"expand_token": out["expand_token"].cpu().numpy().astype(np.int32),
+            "expand_parent": out["expand_parent"].cpu().numpy().astype(np.int16),
+            "expand_score": out["expand_score"].float().cpu().numpy()}

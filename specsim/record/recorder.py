@@ -468,11 +468,10 @@ def head_stats(head, p_logits, features, prompt_ids, tokens, depth: int, tempera
 def head_expansion(head, features, prompt_ids, tokens, *, topk: int, depth: int) -> dict[str, np.ndarray]:
     """A head draft's EAGLE-2 expansion at every call start of one trajectory (`HeadDraft.expand_starts`), as the
     cache stores a model draft's (`specsim.record.expand.expand_trajectory`)."""
+    from specsim.record.expand import stored
+
     x = _token_tensor(prompt_ids, np.asarray(tokens), features.device)
-    out = head.expand_starts(features, x, len(prompt_ids), topk=topk, depth=depth)
-    return {"expand_token": out["expand_token"].cpu().numpy().astype(np.int32),
-            "expand_parent": out["expand_parent"].cpu().numpy().astype(np.int16),
-            "expand_score": out["expand_score"].float().cpu().numpy()}
+    return stored(head.expand_starts(features, x, len(prompt_ids), topk=topk, depth=depth))
 
 
 def _token_tensor(prompt: Sequence[int], recorded: np.ndarray, device):
