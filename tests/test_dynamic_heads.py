@@ -195,18 +195,10 @@ def test_replay_prices_the_forwards_live_dynamic_heads_run(expanded_heads, which
     """Structural fidelity (tests/test_structure.py): Medusa's one pass per call; an EAGLE-style head's feed of the
     root and every accepted draft (none after its prompt pass), then D - 1 beam forwards of K; the target over
     the nodes kept within the room."""
-    from specsim.specs import parse_tree
-    from tests.test_structure import decode_live, features_of, live_counts, per_request_steps, replayed_counts
+    from tests.test_structure import assert_priced_as_live
 
     path, drafts, _ = expanded_heads
-    spec = f"dynamic:topk={TOPK},depth={DEPTH},tokens={tokens}"
-    run = decode_live(path, drafts[which], spec)
-    features = features_of(path, drafts[which])
-    replay = replayed_counts(features, parse_tree(spec), drafts[which], model_free=False)
-    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
-    for trajectory, steps in zip(run.trajectories, per_request_steps(run)):
-        assert replay[by_prompt[trajectory.prompt.prompt_index]] == pytest.approx(live_counts(steps)), (
-            f"prompt {trajectory.prompt.prompt_index}")
+    assert_priced_as_live(path, drafts[which], f"dynamic:topk={TOPK},depth={DEPTH},tokens={tokens}")
 
 
 @pytest.mark.parametrize("which, batch, batching", [(0, 3, "lockstep"), (1, 2, "lockstep"), (2, 3, "continuous")])

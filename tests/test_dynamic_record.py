@@ -162,18 +162,10 @@ def test_batched_live_dynamic_trees_match_the_replay_call_for_call(expanded_cach
 def test_replay_prices_the_forwards_live_dynamic_trees_run(expanded_cache, tokens):
     """Structural fidelity (tests/test_structure.py) for dynamic trees: the expansion's D - 1 forwards of K
     per request, the root feed of what the draft has not seen, the target over the nodes kept."""
-    from specsim.specs import parse_tree
-    from tests.test_structure import decode_live, features_of, live_counts, per_request_steps, replayed_counts
+    from tests.test_structure import assert_priced_as_live
 
     path, draft = expanded_cache
-    spec = f"dynamic:topk=3,depth=3,tokens={tokens}"
-    run = decode_live(path, draft.name, spec)
-    features = features_of(path, draft.name)
-    replay = replayed_counts(features, parse_tree(spec), draft.name, model_free=False)
-    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
-    for trajectory, steps in zip(run.trajectories, per_request_steps(run)):
-        assert replay[by_prompt[trajectory.prompt.prompt_index]] == pytest.approx(live_counts(steps)), (
-            f"prompt {trajectory.prompt.prompt_index}")
+    assert_priced_as_live(path, draft.name, f"dynamic:topk=3,depth=3,tokens={tokens}")
 
 
 @pytest.mark.parametrize("batch,batching", [(2, "lockstep"), (3, "continuous")])

@@ -804,17 +804,10 @@ def test_eagle_heads_are_written_in_the_layout_vllm_loads(tiny_model_dir, tmp_pa
 def test_replay_prices_the_forwards_live_heads_run(heads_cache, which, tree):
     """Structural fidelity (tests/test_structure.py) for heads: Medusa's one pass of every head per call, an
     EAGLE layer's root feed of 1 + the accepted entries and one forward per tree level with children."""
-    from specsim.specs import parse_tree
-    from tests.test_structure import decode_live, features_of, live_counts, per_request_steps, replayed_counts
+    from tests.test_structure import assert_priced_as_live
 
     path, drafts, _ = heads_cache
-    run = decode_live(path, drafts[which], tree)
-    features = features_of(path, drafts[which])
-    replay = replayed_counts(features, parse_tree(tree), drafts[which], model_free=False)
-    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
-    for trajectory, steps in zip(run.trajectories, per_request_steps(run)):
-        assert replay[by_prompt[trajectory.prompt.prompt_index]] == pytest.approx(live_counts(steps)), (
-            f"prompt {trajectory.prompt.prompt_index}")
+    assert_priced_as_live(path, drafts[which], tree)
 
 
 @pytest.mark.parametrize("which, tree, batch, batching", [(1, "kary:2,2", 2, "lockstep"), (1, "chain:3", 3, "continuous"),

@@ -123,6 +123,22 @@ def features_of(cache, draft: str, temperature: float = 0.0):
     return load_features(cache, draft, temperature, progress=False)
 
 
+
+def assert_priced_as_live(cache, draft: str, tree_spec: str, *, model_free: bool = False, policy: str = "greedy"):
+    """Batch 1: decode the cache's prompts live with `draft` drafting `tree_spec`; every request's output has the
+    recorded length and the replay's charges for it equal what live ran. Returns the live run."""
+    from specsim.specs import parse_tree
+
+    run = decode_live(cache, draft, tree_spec, policy=policy)
+    features = features_of(cache, draft)
+    replay = replayed_counts(features, parse_tree(tree_spec), draft, model_free=model_free, policy=policy)
+    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
+    for trajectory, steps in zip(run.trajectories, per_request_steps(run)):
+        i = by_prompt[trajectory.prompt.prompt_index]
+        assert trajectory.live.tokens.size == features.traj_len[i]
+        assert replay[i] == pytest.approx(live_counts(steps)), f"prompt {trajectory.prompt.prompt_index}"
+    return run
+
 def realized_path(run, features, tree):
     """A sampled live run's path on the cache's positions: (N,) the drafts accepted by the call live started
     at each position (0 elsewhere) and (N, D+1) 1 where that call's accepted path ended on a leaf.
@@ -170,16 +186,9 @@ def replayed_along(run, features, tree, draft: str) -> list[dict[str, float]]:
     ("ngram:1", "chain:4"), ("prompt-lookup:2", "widths:2,1"), ("suffix", "chain:3"),
 ])
 def test_replay_prices_the_forwards_live_runs_at_batch_one(tiny_cache, draft, tree_spec):
-    from specsim.specs import is_model_free, parse_tree
+    from specsim.specs import is_model_free
 
-    run = decode_live(tiny_cache, draft, tree_spec)
-    features = features_of(tiny_cache, draft)
-    replay = replayed_counts(features, parse_tree(tree_spec), draft, model_free=is_model_free(draft))
-    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
-    for trajectory, steps in zip(run.trajectories, per_request_steps(run)):
-        assert trajectory.live.tokens.size == features.traj_len[by_prompt[trajectory.prompt.prompt_index]]
-        assert replay[by_prompt[trajectory.prompt.prompt_index]] == pytest.approx(live_counts(steps)), (
-            f"prompt {trajectory.prompt.prompt_index}")
+    assert_priced_as_live(tiny_cache, draft, tree_spec, model_free=is_model_free(draft))
 
 
 @pytest.mark.parametrize("policy,draft,tree_spec", [
@@ -189,18 +198,9 @@ def test_replay_prices_the_forwards_live_runs_at_batch_one(tiny_cache, draft, tr
 def test_adaptive_schedules_are_priced_as_live_runs_them(tiny_cache, policy, draft, tree_spec):
     """A chain whose length changes call by call (the replay's exact walk over (position, γ)) charges the
     draft and target forwards live ran, including the 2-token root feed after a call that accepted all γ."""
-    from specsim.specs import parse_tree
-
-    run = decode_live(tiny_cache, draft, tree_spec, policy=policy)
-    features = features_of(tiny_cache, draft)
-    replay = replayed_counts(features, parse_tree(tree_spec), draft, model_free=False, policy=policy)
-    by_prompt = {int(p): i for i, p in enumerate(features.traj_prompt)}
+    run = assert_priced_as_live(tiny_cache, draft, tree_spec, policy=policy)
     lengths = {s.drafted for t in run.trajectories for s in t.live.steps}
     assert len(lengths) > 2, f"the schedule never moved: drafted {sorted(lengths)}"
-    for trajectory, steps in zip(run.trajectories, per_request_steps(run)):
-        assert trajectory.live.tokens.size == features.traj_len[by_prompt[trajectory.prompt.prompt_index]]
-        assert replay[by_prompt[trajectory.prompt.prompt_index]] == pytest.approx(live_counts(steps)), (
-            f"prompt {trajectory.prompt.prompt_index}")
 
 
 def test_the_probes_catch_an_adaptive_walk_without_the_root_feed(tiny_cache, monkeypatch):
