@@ -203,17 +203,11 @@ def test_replay_prices_the_forwards_live_dynamic_heads_run(expanded_heads, which
 
 @pytest.mark.parametrize("which, batch, batching", [(0, 3, "lockstep"), (1, 2, "lockstep"), (2, 3, "continuous")])
 def test_batch_timeline_prices_the_forwards_live_dynamic_heads_run(expanded_heads, which, batch, batching):
-    from specsim.specs import parse_tree
-    from tests.test_structure import decode_live, features_of, live_counts, timeline_counts
+    from tests.test_structure import assert_timeline_priced_as_live
 
     path, drafts, _ = expanded_heads
-    spec = f"dynamic:topk={TOPK},depth={DEPTH},tokens=6"
-    run = decode_live(path, drafts[which], spec, batch=batch, batching=batching)
-    features = features_of(path, drafts[which])
-    assert [int(p) for p in features.traj_prompt] == [t.prompt.prompt_index for t in run.trajectories]
-    replay = timeline_counts(features, parse_tree(spec), drafts[which], model_free=False, batch=batch,
-                             batching=batching)
-    assert replay == pytest.approx(live_counts(run.spec_run.steps))
+    assert_timeline_priced_as_live(path, drafts[which], f"dynamic:topk={TOPK},depth={DEPTH},tokens=6", batch=batch,
+                                   batching=batching)
 
 
 def test_a_medusa_head_is_not_expanded_deeper_than_its_heads(expanded_heads, tiny_prompts_file, tmp_path):

@@ -170,16 +170,10 @@ def test_replay_prices_the_forwards_live_dynamic_trees_run(expanded_cache, token
 
 @pytest.mark.parametrize("batch,batching", [(2, "lockstep"), (3, "continuous")])
 def test_batch_timeline_prices_the_forwards_live_dynamic_trees_run(expanded_cache, batch, batching):
-    from specsim.specs import parse_tree
-    from tests.test_structure import decode_live, features_of, live_counts, timeline_counts
+    from tests.test_structure import assert_timeline_priced_as_live
 
     path, draft = expanded_cache
-    spec = "dynamic:topk=3,depth=3,tokens=6"
-    run = decode_live(path, draft.name, spec, batch=batch, batching=batching)
-    features = features_of(path, draft.name)
-    assert [int(p) for p in features.traj_prompt] == [t.prompt.prompt_index for t in run.trajectories]
-    replay = timeline_counts(features, parse_tree(spec), draft.name, model_free=False, batch=batch, batching=batching)
-    assert replay == pytest.approx(live_counts(run.spec_run.steps))
+    assert_timeline_priced_as_live(path, draft.name, "dynamic:topk=3,depth=3,tokens=6", batch=batch, batching=batching)
 
 
 @pytest.mark.parametrize("mismatch", ["feeds one token", "cuts the expansion to the room"])

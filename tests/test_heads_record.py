@@ -815,16 +815,10 @@ def test_replay_prices_the_forwards_live_heads_run(heads_cache, which, tree):
 def test_batch_timeline_prices_the_forwards_live_heads_run(heads_cache, which, tree, batch, batching):
     """Structural fidelity in batches: an EAGLE lane's root feed is 1 + what it accepted (none right after its
     prompt pass), padded to the batch's longest; Medusa's one pass per step."""
-    from specsim.specs import parse_tree
-    from tests.test_structure import decode_live, features_of, live_counts, timeline_counts
+    from tests.test_structure import assert_timeline_priced_as_live
 
     path, drafts, _ = heads_cache
-    run = decode_live(path, drafts[which], tree, batch=batch, batching=batching)
-    features = features_of(path, drafts[which])
-    assert [int(p) for p in features.traj_prompt] == [t.prompt.prompt_index for t in run.trajectories]
-    replay = timeline_counts(features, parse_tree(tree), drafts[which], model_free=False, batch=batch,
-                             batching=batching)
-    assert replay == pytest.approx(live_counts(run.spec_run.steps))
+    assert_timeline_priced_as_live(path, drafts[which], tree, batch=batch, batching=batching)
 
 
 @pytest.mark.parametrize("which", [1, 2, 4, 5])

@@ -139,6 +139,20 @@ def assert_priced_as_live(cache, draft: str, tree_spec: str, *, model_free: bool
         assert replay[i] == pytest.approx(live_counts(steps)), f"prompt {trajectory.prompt.prompt_index}"
     return run
 
+
+def assert_timeline_priced_as_live(cache, draft: str, tree_spec: str, *, batch: int, batching: str,
+                                   model_free: bool = False):
+    """Batch > 1: decode the cache's prompts live together; the batch timeline's charges for decoding them in cache
+    order equal what live ran."""
+    from specsim.specs import parse_tree
+
+    run = decode_live(cache, draft, tree_spec, batch=batch, batching=batching)
+    features = features_of(cache, draft)
+    assert [int(p) for p in features.traj_prompt] == [t.prompt.prompt_index for t in run.trajectories]
+    replay = timeline_counts(features, parse_tree(tree_spec), draft, model_free=model_free, batch=batch,
+                             batching=batching)
+    assert replay == pytest.approx(live_counts(run.spec_run.steps))
+
 def realized_path(run, features, tree):
     """A sampled live run's path on the cache's positions: (N,) the drafts accepted by the call live started
     at each position (0 elsewhere) and (N, D+1) 1 where that call's accepted path ended on a leaf.
@@ -306,14 +320,10 @@ def test_batch_timeline_prices_sampling_as_live_runs_it(tiny_cache, draft, tree_
     ("ngram:1", "chain:4", 2, "lockstep"),
 ])
 def test_batch_timeline_prices_the_forwards_live_runs(tiny_cache, draft, tree_spec, batch, batching):
-    from specsim.specs import is_model_free, parse_tree
+    from specsim.specs import is_model_free
 
-    run = decode_live(tiny_cache, draft, tree_spec, batch=batch, batching=batching)
-    features = features_of(tiny_cache, draft)
-    assert [int(p) for p in features.traj_prompt] == [t.prompt.prompt_index for t in run.trajectories]
-    replay = timeline_counts(features, parse_tree(tree_spec), draft, model_free=is_model_free(draft), batch=batch,
-                             batching=batching)
-    assert replay == pytest.approx(live_counts(run.spec_run.steps))
+    assert_timeline_priced_as_live(tiny_cache, draft, tree_spec, batch=batch, batching=batching,
+                                   model_free=is_model_free(draft))
 
 
 def test_the_probes_catch_a_priced_shape_that_live_does_not_run(tiny_cache, monkeypatch):
