@@ -288,8 +288,7 @@ def _heads(study: Study) -> str:
         return ""
     wide = (table.with_columns(
         _interval("tokens_per_call").alias("cell"),
-        pl.when(pl.col("tree").str.starts_with("dynamic:")).then(pl.col("tree"))
-        .otherwise(pl.format("chain:{}", pl.col("budget"))).alias("at"))
+        pl.col("tree").alias("at"))  # chain:N, dynamic:topk=K,depth=D,tokens=N
         .pivot("at", index=["cache_name", "setting", "kind", "draft"], values="cell", sort_columns=False))
     seen = study.heads.with_columns(
         pl.when(pl.col("prompts_trained_on").is_null()).then(pl.lit("unknown"))
