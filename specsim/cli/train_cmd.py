@@ -83,8 +83,9 @@ from specsim.cli import _common as c
     "Compute the prompts' states (--prompt context) in right-padded forwards of up to TOKENS tokens "
     "instead of one forward per prompt, as `cache --hidden-batch` does for recording: for a GPU (an H200 "
     "run loading 685k positions of 2,470 prompts, one forward each, had not finished after 75 s; a later "
-    "one with 65536 loaded 778k positions of 2,470 prompts and evaluated in 46 s: two sessions, an estimate). Slower on a CPU (2 cores: 60 Spec-Bench prompts 39 s against 7.9 "
-    "s). Equal to one forward per prompt up to rounding.")
+    "one with 65536 loaded 778k positions of 2,470 prompts and evaluated in 46 s: two sessions, an estimate). "
+    "Slower on a CPU (2 cores: 60 Spec-Bench prompts 39 s against 7.9 s). Equal to one forward per prompt up to "
+    "rounding.")
 @c.device_option
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory to write the heads to.")
 @click.option("--overwrite", is_flag=True, help="Replace heads already in --out.")
