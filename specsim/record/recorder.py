@@ -549,15 +549,16 @@ def record(
                     _check_finite(y.p_target_logits, columns, prompt_index=i, temperature=t)
                     stats = trajectory_stats(y, columns, t, seed, writer.spec.stats)  # synchronous: ends in .cpu()
                     clock.lap("statistics")
-                    hidden = {}
+                    hidden, head_inputs = {}, {}
                     if hidden_layers:  # (L - 1, H) each
                         states = batched.pop(k) if k in batched else target_hidden(
                             target, _token_tensor(prompt_ids[k], y.recorded, target.info["device"]), hidden_layers)
                         plen, n = len(prompt_ids[k]), len(y.recorded)
                         hidden = {layer: states[layer][plen - 1 : plen - 1 + n].half().cpu().numpy()
                                   for layer in writer.spec.hidden}  # row t: the state giving p_t
+                        head_inputs = {h.name: h.features(states) for h in heads}  # the depth laws' and expansion's
                         for h in heads:
-                            stats[h.name] = head_stats(h, y.p_target_logits, h.features(states), prompt_ids[k],
+                            stats[h.name] = head_stats(h, y.p_target_logits, head_inputs[h.name], prompt_ids[k],
                                                        y.recorded, writer.spec.depths[h.name], t, seed,
                                                        writer.spec.stats)
                     if hidden_layers:
@@ -570,7 +571,7 @@ def record(
                             stats[d.name].update(expand_trajectory(d.model, prompt_ids[k], y.recorded,
                                                                    columns[d.name], topk=K, depth=D))
                         for h in heads:
-                            stats[h.name].update(head_expansion(h, h.features(states), prompt_ids[k], y.recorded,
+                            stats[h.name].update(head_expansion(h, head_inputs[h.name], prompt_ids[k], y.recorded,
                                                                 topk=K, depth=D))
                     if writer.spec.stats.expand_target is not None:
                         from specsim.record.proposals import no_proposals, target_along_proposals
