@@ -15,7 +15,8 @@ there), not specsim's:
   reference layout SGLang serves: a Llama config with `draft_vocab_size` and the fused layers in
   `eagle_config`, `midlayer.*`); its trainer's loop (`algorithms/eagle3/model.py`:
   `project_hidden_states`, then per step `backbone` with its `cache_hidden` attention, the output
-  fed back, `compute_logits`, the token ids shifted left).
+  fed back, `compute_logits`, the token ids shifted left). With `--load DIR` it writes nothing: it
+  reads DIR (a head specsim wrote out for SGLang) into that class and runs the same loop.
 
 * `medusa`: `medusa.model.medusa_model.MedusaModel` on the target (Medusa-1, the `medusa-llm`
   package: heads of ResBlocks, each with its own LM head initialised from the target's), saved as
@@ -134,6 +135,8 @@ def specforge(args, out: Path, hidden, ids):
 
     from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
 
+    if args.load:
+        return _specforge_loaded(args, out, hidden, ids)
     t, config = _layer_config(args)
     V, Vd = t.vocab_size, args.draft_vocab
     config.draft_vocab_size = Vd
@@ -159,6 +162,37 @@ def specforge(args, out: Path, hidden, ids):
         model.t2d[vocab] = True
     model.eval()
     model.save_pretrained(str(out))
+    return _specforge_steps(model, args, hidden, ids), vocab
+
+
+def _specforge_loaded(args, out: Path, hidden, ids):
+    """`--load DIR`: a directory in the reference layout (SGLang's) read into SpecForge's LlamaForCausalLMEagle3
+    from its own config.json and weights, the target's embeddings set as SGLang's `set_embed` does; which keys
+    were missing or left over goes to OUT/loading.json."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+
+    from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
+
+    config = LlamaConfig.from_pretrained(args.load)
+    model = LlamaForCausalLMEagle3(config, attention_backend="sdpa")
+    missing, unexpected = model.load_state_dict(load_file(str(Path(args.load) / "model.safetensors")), strict=False)
+    target = load_file(str(Path(args.target) / "model.safetensors"))
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(target["model.embed_tokens.weight"])
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "loading.json").write_text(json.dumps({"missing": sorted(missing), "unexpected": sorted(unexpected),
+                                                  "architectures": config.architectures,
+                                                  "draft_vocab_size": config.draft_vocab_size}))
+    vocab = model.d2t + torch.arange(model.d2t.shape[0])  # SGLang's hot token ids
+    return _specforge_steps(model, args, hidden, ids), vocab
+
+
+def _specforge_steps(model, args, hidden, ids) -> list:
+    """SpecForge's training loop (`algorithms/eagle3/model.py`): each training-time-test step's logits."""
     m = ids.shape[1]
     steps = []
     with torch.no_grad():
@@ -170,7 +204,7 @@ def specforge(args, out: Path, hidden, ids):
             states = model.backbone(model.embed_input_ids(ids), states, cache, mask, positions)
             steps.append(model.compute_logits(states))
             ids = torch.cat([ids[:, 1:], ids.new_zeros(1, 1)], dim=1)  # specforge's padding(left=False)
-    return steps, vocab
+    return steps
 
 
 def medusa(args, out: Path, hidden, ids):
@@ -206,6 +240,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ttt-steps", type=int, default=3)
     parser.add_argument("--norm-before-residual", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--load", default=None, help="specforge: read this reference-layout directory instead of "
+                                                      "writing a random head")
     return parser
 
 

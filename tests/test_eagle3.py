@@ -444,3 +444,115 @@ def test_medusa_2_heads_inside_a_whole_model_checkpoint_load(written, tiny_model
     save_file(model, str(one / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ModelError, match=r"no medusa_head\.\* weights \(Medusa-2's heads\)"):
         load_heads(f"medusa:{one}", target)
+
+
+# -- written out for SGLang ---------------------------------------------------------------------------
+
+
+def _random_eagle3(target, folder: Path, *, draft_vocab: int, seed: int, **changes) -> Path:
+    """An EAGLE-3 head as `train-draft` writes it (speculators' layout), on the target's default layers, with random
+    weights large enough that a misplaced tensor changes its laws; `changes` override its config."""
+    import dataclasses
+
+    import torch
+
+    from specsim.record.head_checkpoints import build, head_config_for, save_heads
+
+    torch.manual_seed(seed)
+    config = dataclasses.replace(head_config_for("eagle3", target, draft_vocab_size=draft_vocab), **changes)
+    module = build(config)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+            elif param.dim() == 2 and not name.startswith("lm_head"):
+                param.normal_(0.0, 0.2)
+        lm = target.model.get_output_embeddings().weight
+        ids = torch.sort(torch.randperm(config.vocab_size)[:draft_vocab]).values
+        module.lm_head.weight.copy_(lm[ids])
+        module.d2t.copy_(ids - torch.arange(draft_vocab))
+    save_heads(folder, config, module)
+    return folder
+
+
+def test_an_eagle3_head_written_out_for_sglang_loads_into_specforge_and_computes_the_same_logits(
+        vllm_env_python, tiny_model_dir, tmp_path):
+    """`export_eagle3_sglang` writes a `train-draft` head in the EAGLE-3 reference layout SGLang's llama_eagle3.py
+    loads: SpecForge's LlamaForCausalLMEagle3 (the class that writes that layout) reads its config.json and weights
+    with no key left over and only the embeddings missing (SGLang sets the target's), and every training-time-test
+    step's logits, on SGLang's hot token ids (d2t + arange), equal specsim's for the head it came from. The same
+    check fails for a copy with two of the layer's norms swapped, so it can tell a wrong layout."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from specsim.engines.export import export_eagle3_sglang
+    from specsim.record.head_checkpoints import default_aux_layers, load_heads
+    from specsim.record.models import load_model
+
+    target = load_model(str(tiny_model_dir))
+    folder = _random_eagle3(target, tmp_path / "head", draft_vocab=150, seed=5)
+    out = export_eagle3_sglang(f"eagle3:{folder}", str(tiny_model_dir), out=tmp_path / "sglang")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 150
+    assert "eagle_config" not in config and not config["tie_word_embeddings"]  # SGLang's default layers; own LM head
+    assert export_eagle3_sglang(f"eagle3:{folder}", str(tiny_model_dir), out=tmp_path / "sglang") == out  # reused
+    swapped = tmp_path / "swapped"
+    shutil.copytree(out, swapped)
+    state = load_file(str(out / "model.safetensors"))
+    state["midlayer.hidden_norm.weight"], state["midlayer.input_layernorm.weight"] = (
+        state["midlayer.input_layernorm.weight"], state["midlayer.hidden_norm.weight"])
+    save_file(state, str(swapped / "model.safetensors"))
+
+    rng = np.random.default_rng(11)
+    inputs = tmp_path / "inputs.npz"
+    hidden, ids = rng.standard_normal((24, 64 * 3)).astype(np.float32), rng.integers(0, 300, 24)
+    np.savez(inputs, hidden=hidden, ids=ids)
+    argv = [["specforge", str(tiny_model_dir), str(tmp_path / f"ran-{name}"), str(inputs), "--ttt-steps", str(STEPS),
+             "--load", str(where)] for name, where in [("ours", out), ("swapped", swapped)]]
+    (tmp_path / "jobs.json").write_text(json.dumps(argv))
+    subprocess.run([vllm_env_python, str(ROOT / "tests" / "head_writers.py"), "--jobs", str(tmp_path / "jobs.json")],
+                   check=True, capture_output=True, timeout=600)
+    loading = json.loads((tmp_path / "ran-ours" / "loading.json").read_text())
+    assert loading["unexpected"] == [] and loading["missing"] == ["embed_tokens.weight"]
+
+    head = load_heads(f"eagle3:{folder}", target)
+    assert head.config.aux_layers == default_aux_layers(4)
+    ours = _unrolled(head, hidden, ids)
+    for name, same in [("ours", True), ("swapped", False)]:
+        ref = np.load(tmp_path / f"ran-{name}" / "reference.npz")
+        theirs, draft_ids = ref["logits"], ref["vocab"]
+        assert np.array_equal(np.sort(draft_ids), np.flatnonzero(ours[0, 0] > -1e8))  # the same draft vocabulary
+        close = all(np.allclose(ours[step, : 24 - step][..., draft_ids], theirs[step, : 24 - step], atol=1e-4,
+                                rtol=1e-4) for step in range(STEPS))
+        assert close == same, name
+
+
+def test_sglang_s_layout_is_refused_for_what_sglang_s_layer_does_not_compute(tiny_model_dir, tmp_path):
+    """One line each: another kind of head, a residual of the normed feature, target layers other than the default
+    (SGLang and vLLM read a config's layer ids one layer apart), a published speculators directory; a directory
+    already in the reference layout is given as it is."""
+    from specsim.engines.export import export_eagle3_sglang
+    from specsim.record.models import load_model
+    from tests.test_heads_record import eagle3_from_last_layer
+
+    target = load_model(str(tiny_model_dir))
+    t = str(tiny_model_dir)
+    for name, folder, why in [
+        ("residual", _random_eagle3(target, tmp_path / "nbr", draft_vocab=50, seed=1, norm_before_residual=True),
+         "residual normed"),
+        ("layers", eagle3_from_last_layer(target, tmp_path / "aux", draft_vocab=50), "not the default"),
+    ]:
+        with pytest.raises(EngineError, match=why):
+            export_eagle3_sglang(f"eagle3:{folder}", t, out=tmp_path / f"out-{name}")
+        assert not (tmp_path / f"out-{name}").exists()
+    published = tmp_path / "published"
+    published.mkdir()
+    (published / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
+    with pytest.raises(EngineError, match="speculators' layout, which SGLang's EAGLE3 does not load"):
+        export_eagle3_sglang(f"eagle3:{published}", t)
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    (reference / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"],
+                                                       "draft_vocab_size": 32}))
+    assert export_eagle3_sglang(f"eagle3:{reference}", t) == reference.resolve()

@@ -2,6 +2,7 @@
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -114,3 +115,47 @@ def test_simulate_emits_the_acceptance_it_measured(tmp_path):
                        (["--tree", "chain:2", "--emit-acceptance", str(tmp_path / "b.json")], "this sweep has 2")]:
         res = CliRunner().invoke(main, [*args, *extra])
         assert res.exit_code != 0 and why in res.output
+
+
+def test_simulate_emits_the_configuration_it_replayed_an_eagle3_head_for_sglang_and_vllm(
+        tiny_model_dir, tiny_prompts_file, tmp_path, monkeypatch):
+    """`simulate --emit`: a dynamic tree over an EAGLE-3 head as SGLang's EAGLE3 flags, the head written out in the
+    reference layout SGLang loads (steps D, topk K, num_draft_tokens N + 1); a chain as vLLM's eagle3
+    speculative_config on the head as train-draft wrote it; refused with one line: a tree vLLM does not draft, two
+    configurations, a file that exists."""
+    from specsim.cache.stats import StatsSpec
+    from specsim.record.models import load_model
+    from specsim.record.run import RecordRequest, record_cache
+    from tests.test_eagle3 import _random_eagle3
+
+    monkeypatch.setenv("SPECSIM_HOME", str(tmp_path / "home"))  # the SGLang layout is written out there
+    head = _random_eagle3(load_model(str(tiny_model_dir)), tmp_path / "head", draft_vocab=150, seed=3)
+    draft = f"eagle3:{head}"
+    cache = tmp_path / "e.h5"
+    record_cache(cache, RecordRequest(target=str(tiny_model_dir), drafts=(draft,), prompts=str(tiny_prompts_file),
+                                      max_new_tokens=10, temperatures=(0.0,), device="cpu", head_depth=3,
+                                      stats=StatsSpec(expand=(3, 3))), progress=False)
+    dynamic = ["simulate", str(cache), "--draft", draft, "--tree", "dynamic:topk=3,depth=3,tokens=5", "-q"]
+    res = CliRunner().invoke(main, [*dynamic, "--emit", "sglang", str(tmp_path / "flags.txt")])
+    assert res.exit_code == 0, res.output
+    assert "wrote SGLang's flags" in res.output and "replayed" in res.output
+    flags = shlex.split((tmp_path / "flags.txt").read_text())
+    assert flags[:2] == ["--speculative-algorithm", "EAGLE3"]
+    assert flags[4:] == ["--speculative-num-steps", "3", "--speculative-eagle-topk", "3",
+                         "--speculative-num-draft-tokens", "6"]
+    written = Path(flags[flags.index("--speculative-draft-model-path") + 1])
+    assert str(tmp_path / "home") in str(written)
+    assert json.loads((written / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+
+    chain = ["simulate", str(cache), "--draft", draft, "--tree", "chain:3", "-q"]
+    res = CliRunner().invoke(main, [*chain, "--emit", "vllm", str(tmp_path / "spec.json")])
+    assert res.exit_code == 0, res.output
+    config = json.loads((tmp_path / "spec.json").read_text())
+    assert config["method"] == "eagle3" and config["num_speculative_tokens"] == 3
+    assert Path(config["model"]) == head.resolve()  # vLLM loads train-draft's speculators layout as it is
+    for args, why in [([*dynamic, "--emit", "vllm", str(tmp_path / "d.json")], "vLLM drafts chains"),
+                      ([*chain, "--tree", "chain:2", "--emit", "sglang", str(tmp_path / "two.txt")],
+                       "this sweep has 2"),
+                      ([*chain, "--emit", "sglang", str(tmp_path / "flags.txt")], "exists; pass --overwrite")]:
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code != 0 and why in res.output, res.output

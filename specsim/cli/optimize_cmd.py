@@ -232,10 +232,10 @@ def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost_ex
         pick = "plain decoding (k = 0)" if ch.plain_wins else f"k = {ch.tree.max_depth}"
         click.echo(f"  batch {ch.batch}: {pick}; best chain {ch.tree.name}: {ch.speed.tokens_per_call:.3f} "
                    f"tokens/call, {word} {ch.speed.speedup[0]:.3f}{ci}")
-    from specsim.engines.export import draft_directory
+    from specsim.engines.export import draft_directory, sglang_directory
     from specsim.specs import is_model_free
 
-    draft_dir = None if is_model_free(draft) else draft_directory(
+    draft_dir = None if is_model_free(draft) else (sglang_directory if engine == "sglang" else draft_directory)(
         draft, data.target, target_info=data.target_info, draft_info=data.drafts_info.get(draft),
         echo=lambda line: click.echo(line, err=True))
     k_max = max(k_at.values())

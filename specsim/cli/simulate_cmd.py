@@ -59,11 +59,16 @@ from specsim.cli import _common as c
                    "takes: FILE.json -> vLLM's speculative_config with rejection_sample_method 'synthetic' and "
                    "synthetic_acceptance_rates (per position, the share of drafting steps whose first i+1 drafts "
                    "were all accepted); FILE.env -> SGLang's SGLANG_SIMULATE_ACC_LEN (mean acceptance length).")
+@click.option("--emit", type=(c.choice(registry.EMIT_TARGETS), click.Path(dir_okay=False, path_type=Path)),
+              default=None, metavar="ENGINE FILE",
+              help="Write the one configuration simulated as the engine runs it: vllm -> its speculative_config "
+                   "JSON (a chain), sglang -> its launch flags (a chain or a dynamic tree, of a draft model or an "
+                   "EAGLE-3 head, which is written out in the layout SGLang loads).")
 @c.quiet_option
 @c.friendly_errors
 def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft, cost_profile, cost_extrapolate, cost,
              batches, batching, by_category, samples, n_boot, seed, workers, out, out_format, overwrite, per_request,
-             emit_acceptance, quiet):
+             emit_acceptance, emit, quiet):
     """Replay speculative decoding configurations on CACHE: exact acceptance, tokens/call, speedup.
 
     Runs the cross product of --tree x --budget x --draft x --policy x
@@ -96,10 +101,16 @@ def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft,
       specsim simulate cache/demo.h5 --tree chain:4 --draft ngram:3 --cost c=0.1 --out results.parquet
       specsim simulate cache/demo.h5 --tree chain:4 --out - --format ndjson | jq .speedup
       specsim simulate cache/v.h5 --tree chain:4 --draft layers:20 --emit-acceptance synthetic.json
+      specsim simulate cache/e.h5 --tree dynamic:topk=4,depth=4,tokens=8 --draft eagle3:head \\
+          --emit sglang flags.txt  # python -m sglang.launch_server --model-path MODEL $(cat flags.txt)
     """
     target, fmt = c.out_target(out, out_format, overwrite)
     if emit_acceptance is not None:
         _check_emit_path(emit_acceptance, overwrite)
+    if emit is not None and emit[1].exists() and not overwrite:
+        from specsim.errors import SpecError
+
+        raise SpecError(f"--emit {emit[1]} exists; pass --overwrite to replace it")
     requests_target = c.out_target(per_request, None, overwrite, "--per-request") if per_request else (None, None)
     from specsim.cache.provenance import leakage_lines
     from specsim.sim.sweep import SweepConfig, sweep
@@ -127,6 +138,8 @@ def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft,
         echo(f"wrote {len(result.requests)} per-request rows to {where}")
     if emit_acceptance is not None:
         echo(_emit_acceptance(df, emit_acceptance))
+    if emit is not None:
+        echo(_emit_configuration(df, *emit))
 
 
 def _check_emit_path(path: Path, overwrite: bool) -> None:
@@ -144,11 +157,7 @@ def _emit_acceptance(df, path: Path) -> str:
     from specsim.engines import emit
     from specsim.errors import SpecError
 
-    rows = df.filter((df["category"] == "all") & (df["batch"] == 1))
-    if rows.height != 1:
-        raise SpecError(f"--emit-acceptance writes one configuration's acceptance; this sweep has {rows.height} "
-                        "(narrow it to one --tree, --draft, --policy and --temperature)")
-    r = rows.row(0, named=True)
+    r = _one_row(df, "--emit-acceptance")
     if r["vllm_num_drafts"] is None:
         raise SpecError(f"--emit-acceptance: {r['policy']} has no per-step acceptance an engine could replay")
     basis = (f"from {r['draft']} {r['tree']} {r['policy']} at T={r['temperature']:g} on {r['cache']} "
@@ -174,6 +183,44 @@ def _emit_acceptance(df, path: Path) -> str:
     rates = ", ".join(f"{x:.4f}" for x in config["synthetic_acceptance_rates"])
     return (f"wrote vLLM's synthetic acceptance [{rates}] to {path} {basis}: vllm serve MODEL "
             f"--speculative-config \"$(cat {path})\"")
+
+
+def _one_row(df, flag: str) -> dict:
+    """The one configuration a sweep simulated (all prompts, batch 1), for --emit and --emit-acceptance."""
+    from specsim.errors import SpecError
+
+    rows = df.filter((df["category"] == "all") & (df["batch"] == 1))
+    if rows.height != 1:
+        raise SpecError(f"{flag} writes one configuration; this sweep has {rows.height} (narrow it to one --tree, "
+                        "--draft, --policy and --temperature)")
+    return rows.row(0, named=True)
+
+
+def _emit_configuration(df, engine: str, path: Path) -> str:
+    """Write the one configuration simulated in the engine's terms (`optimize --emit`'s, for a chosen tree); what
+    was written, and what its replay predicts, in the engine's counters."""
+    from specsim.engines import emit as engines
+    from specsim.engines.check import read_cache
+    from specsim.engines.export import draft_directory, sglang_directory
+    from specsim.specs import is_model_free, parse_tree
+
+    r = _one_row(df, "--emit")
+    data = read_cache(r["cache"])
+    draft, tree = r["draft"], parse_tree(r["tree"])
+    draft_dir = None if is_model_free(draft) else (sglang_directory if engine == "sglang" else draft_directory)(
+        draft, data.target, target_info=data.target_info, draft_info=data.drafts_info.get(draft),
+        echo=lambda line: click.echo(line, err=True))
+    basis = (f"{draft} {r['tree']} {r['policy']} at T={r['temperature']:g}: replayed {r['tokens_per_call']:.3f} "
+             f"tokens per call, vLLM's mean acceptance length {r['vllm_mean_acceptance_length']:.3f}, on {r['cache']} "
+             f"({r['n_prompts']} prompts, {r['n_positions']} positions)")
+    if engine == "vllm":
+        from specsim.engines.vllm import speculative_config
+
+        engines.write_json(path, speculative_config(draft, tree, r["policy"], draft_dir=draft_dir).config)
+        return (f"wrote vLLM's speculative_config to {path} ({basis}): vllm serve MODEL --speculative-config "
+                f"\"$(cat {path})\"")
+    engines.write_flags(path, engines.sglang_flags(draft, tree, draft_dir=draft_dir))
+    return f"wrote SGLang's flags to {path} ({basis}): python -m sglang.launch_server --model-path MODEL $(cat {path})"
 
 
 def _serving_columns(df):

@@ -8,9 +8,10 @@
   largest k. A measured acceptance becomes `rejection_sample_method="synthetic"` with
   `synthetic_acceptance_rates`: per position i, the share of drafting steps whose first i + 1
   drafts were all accepted (vLLM's own per-position acceptance rate, non-increasing).
-* SGLang (0.5, `sglang/srt/arg_groups/fields/spec.py`): launch flags. A draft model drafts a
-  chain as `--speculative-algorithm STANDALONE --speculative-num-steps k --speculative-eagle-topk
-  1 --speculative-num-draft-tokens k+1` (SGLang sets num_draft_tokens = steps + 1 when topk is 1),
+* SGLang (0.5, `sglang/srt/arg_groups/fields/spec.py`): launch flags. A draft model
+  (`--speculative-algorithm STANDALONE`) or an EAGLE-3 head (`EAGLE3`: the same drafting loop, over
+  the head) drafts a chain as `--speculative-num-steps k --speculative-eagle-topk 1
+  --speculative-num-draft-tokens k+1` (SGLang sets num_draft_tokens = steps + 1 when topk is 1),
   a dynamic tree topk=K, depth=D, tokens=N as steps D, topk K, num_draft_tokens N + 1 (the root
   is verified too). A measured acceptance is SGLang's simulated acceptance, the environment
   variables `SGLANG_SIMULATE_ACC_LEN` (mean accepted tokens per verify step, the bonus token
@@ -65,11 +66,14 @@ def vllm_synthetic(base: dict, per_pos: Sequence[float], drafts: float) -> dict:
 
 
 def sglang_flags(draft: str, tree, *, draft_dir: str | None) -> list[str]:
-    """SGLang's launch flags for `draft` drafting `tree` (a chain, or a dynamic tree of a model draft)."""
+    """SGLang's launch flags for `draft` drafting `tree` (a chain, or a dynamic tree): a draft model as
+    STANDALONE, an EAGLE-3 head as EAGLE3 (`draft_dir` in the reference layout SGLang loads,
+    `specsim.engines.export.sglang_directory`)."""
     kind = draft_kind(draft)
-    if kind.model_free or kind.heads:
-        raise EngineError(f"draft {draft}: specsim writes SGLang flags for draft models (STANDALONE); SGLang's "
-                          "NGRAM and EAGLE heads are not reproduced exactly")
+    eagle3 = draft.startswith("eagle3:")
+    if kind.model_free or (kind.heads and not eagle3):
+        raise EngineError(f"draft {draft}: specsim writes SGLang flags for draft models (STANDALONE) and EAGLE-3 "
+                          "heads (EAGLE3); SGLang's NGRAM and its EAGLE-1/2 and MTP heads are not reproduced exactly")
     if draft_dir is None:
         raise EngineError(f"draft {draft}: no model directory for SGLang to load")
     if isinstance(tree, DynamicTree):
@@ -80,7 +84,8 @@ def sglang_flags(draft: str, tree, *, draft_dir: str | None) -> list[str]:
     else:
         raise EngineError(f"tree {tree.name}: SGLang drafts chains and dynamic (EAGLE-2 style) trees, not a fixed "
                           "static tree")
-    return ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(draft_dir),
+    return ["--speculative-algorithm", "EAGLE3" if eagle3 else "STANDALONE", "--speculative-draft-model-path",
+            str(draft_dir),
             "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
             "--speculative-num-draft-tokens", str(tokens)]
 

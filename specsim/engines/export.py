@@ -8,6 +8,11 @@ directory (safetensors, the target's tokenizer and generation config) into the m
 the same (a marker file records their sha256). It is written into a temporary directory and
 renamed into place, so a crash leaves no half-written model under that name. `int8` has no
 such form: it is specsim's own batch-invariant W8A8 module.
+
+Heads `train-draft` wrote are written out the same way in the layout each engine loads: `eagle:`
+as vLLM's eagle layout, `eagle3:` as the EAGLE-3 reference layout SGLang's EAGLE3 algorithm loads
+(`sglang_directory`; vLLM loads `train-draft`'s own speculators layout as it is), `mtp:` as a
+target checkpoint with the head as its MTP layer.
 """
 
 from __future__ import annotations
@@ -204,6 +209,98 @@ def export_eagle(draft: str, target: str, *, target_info: dict | None = None, ou
     def fill(tmp: Path) -> None:
         shutil.copyfile(weights, tmp / "model.safetensors")
         (tmp / "config.json").write_text(json.dumps(eagle_config(head, target_config), indent=2) + "\n")
+
+    return _write_directory(out, want, fill)
+
+
+def sglang_directory(draft: str, target: str, *, target_info: dict | None = None, draft_info: dict | None = None,
+                     echo: Callable[[str], None] = lambda line: None) -> str:
+    """A directory (or hub id) holding `draft` as SGLang's `--speculative-draft-model-path` loads it: an EAGLE-3
+    head in the reference layout (`export_eagle3_sglang`), any other draft as vLLM's draft_model method has it."""
+    if draft.startswith("eagle3:"):
+        return str(export_eagle3_sglang(draft, target, target_info=target_info, echo=echo))
+    return draft_directory(draft, target, target_info=target_info, draft_info=draft_info, echo=echo)
+
+
+def export_eagle3_sglang(draft: str, target: str, *, target_info: dict | None = None, out: Path | None = None,
+                         echo: Callable[[str], None] = lambda line: None) -> Path:
+    """`eagle3:DIR` as the directory SGLang's EAGLE3 algorithm loads; its path.
+
+    SGLang (`srt/models/llama_eagle3.py`, `LlamaForCausalLMEagle3`) loads the EAGLE-3 reference layout,
+    which SpecForge, SGLang's trainer, writes: a Llama config.json with `architectures:
+    ["LlamaForCausalLMEagle3"]` and `draft_vocab_size`, weights `midlayer.*` (its loader prefixes
+    "model." and finds no `layers.0.*`, which it would skip without a word), `fc.weight`,
+    `norm.weight`, `lm_head.weight` and `d2t` (SGLang's hot token ids are d2t + arange). A head
+    `train-draft` wrote (speculators' layout, `layers.0.*`) is written out once, into the model
+    store; a reference-layout directory or a hub id is given as it is. SGLang replaces the draft's
+    embeddings by the target's (`set_embed`), as specsim's heads use them, so none are written; a
+    head without its own LM head gets `draft_vocab_size: null`, on which SGLang takes the target's
+    (`load_lm_head_from_target`). Refused: what SGLang's layer does not compute (a residual of the
+    normed feature, a normed fed-back feature, norms before fc, biases, more than one layer) and
+    target layers other than the default (2, L // 2, L - 3): SGLang reads the config's
+    `eagle_config.eagle_aux_hidden_state_layer_ids` as layer outputs (it captures id + 1), vLLM 0.32
+    as layer inputs, so only the default, which the config then leaves out, means one thing to both.
+    """
+    import hashlib
+
+    from specsim.record import packaged
+    from specsim.record.head_checkpoints import WEIGHTS, default_aux_layers
+
+    where = Path(draft.partition(":")[2]).expanduser()
+    if not where.is_dir():
+        return model_directory(draft.partition(":")[2])  # a hub id: SGLang resolves it
+    try:
+        raw = json.loads((where / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"{where / 'config.json'}: not readable ({exc})") from None
+    if "specsim" not in raw:
+        if raw.get("speculators_model_type"):
+            raise EngineError(f"{where} is in speculators' layout, which SGLang's EAGLE3 does not load (its loader "
+                              "reads midlayer.*, not layers.0.*); specsim writes out only heads train-draft wrote")
+        return where.resolve()
+    head = raw["specsim"]
+    if head.get("kind") != "eagle3":
+        raise EngineError(f"{where} holds {head.get('kind')} heads: SGLang's EAGLE3 algorithm loads EAGLE-3 heads")
+    unlike = [what for what, present in [
+        ("more than one layer", int(head.get("layers", 1)) != 1),
+        ("the feature's residual normed (norm_before_residual)", head.get("norm_before_residual")),
+        ("the normed output fed back (norm_output)", head.get("norm_output")),
+        (f"norms before fc ({head.get('fc_input_norm')})", head.get("fc_input_norm")),
+        ("attention biases", head.get("attention_bias")), ("an fc bias", head.get("fc_bias")),
+        ("q/k norms", head.get("qk_norm"))] if present]
+    if unlike:
+        raise EngineError(f"{where}: {', '.join(unlike)}: SGLang's EAGLE-3 layer (llama_eagle3.py) computes none of "
+                          "this")
+    target_dir = Path(model_directory(target, target_info))
+    try:
+        target_config = json.loads((target_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        raise EngineError(f"{target_dir}: no readable config.json, so the head's target layers cannot be checked "
+                          "against SGLang's default") from None
+    default = default_aux_layers(int(target_config["num_hidden_layers"]))
+    if tuple(head.get("aux_layers") or ()) != default:
+        raise EngineError(f"{where} fuses target layers {list(head.get('aux_layers') or ())}, not the default "
+                          f"{list(default)}: SGLang reads a config's layer ids one layer later than vLLM does, so "
+                          "specsim writes SGLang's layout only for heads on the default layers")
+    weights = where / WEIGHTS["eagle3"]
+    sha = hashlib.sha256(weights.read_bytes()).hexdigest()
+    name = f"{_safe(target)}-eagle3-sglang-{sha[:12]}"
+    out = Path(out) if out is not None else packaged.model_store() / "exported" / name
+    want = {"head": str(where.resolve()), "weights_sha256": sha, "target": target, "layout": "sglang"}
+    if _reusable(out, want):
+        return out
+    echo(f"writing EAGLE-3 head {where} in the reference layout SGLang loads: {out}")
+
+    def fill(tmp: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        state = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v
+                 for k, v in load_file(str(weights)).items()}
+        save_file(state, str(tmp / "model.safetensors"))
+        config = eagle_config(head, target_config)
+        config.update(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
+                      draft_vocab_size=int(state["lm_head.weight"].shape[0]) if "lm_head.weight" in state else None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     return _write_directory(out, want, fill)
 
