@@ -117,24 +117,32 @@ def test_simulate_emits_the_acceptance_it_measured(tmp_path):
         assert res.exit_code != 0 and why in res.output
 
 
-def test_simulate_emits_the_configuration_it_replayed_an_eagle3_head_for_sglang_and_vllm(
-        tiny_model_dir, tiny_prompts_file, tmp_path, monkeypatch):
-    """`simulate --emit`: a dynamic tree over an EAGLE-3 head as SGLang's EAGLE3 flags, the head written out in the
-    reference layout SGLang loads (steps D, topk K, num_draft_tokens N + 1); a chain as vLLM's eagle3
-    speculative_config on the head as train-draft wrote it; refused with one line: a tree vLLM does not draft, two
-    configurations, a file that exists."""
+@pytest.fixture(scope="module")
+def eagle3_expanded(tiny_model_dir, tiny_prompts_file, tmp_path_factory):
+    """An EAGLE-3 head on the tiny target's default layers (random weights) recorded with --expand topk=3,depth=3."""
     from specsim.cache.stats import StatsSpec
     from specsim.record.models import load_model
     from specsim.record.run import RecordRequest, record_cache
     from tests.test_eagle3 import _random_eagle3
 
-    monkeypatch.setenv("SPECSIM_HOME", str(tmp_path / "home"))  # the SGLang layout is written out there
-    head = _random_eagle3(load_model(str(tiny_model_dir)), tmp_path / "head", draft_vocab=150, seed=3)
+    folder = tmp_path_factory.mktemp("eagle3-emit")
+    head = _random_eagle3(load_model(str(tiny_model_dir)), folder / "head", draft_vocab=150, seed=3)
     draft = f"eagle3:{head}"
-    cache = tmp_path / "e.h5"
+    cache = folder / "e.h5"
     record_cache(cache, RecordRequest(target=str(tiny_model_dir), drafts=(draft,), prompts=str(tiny_prompts_file),
                                       max_new_tokens=10, temperatures=(0.0,), device="cpu", head_depth=3,
                                       stats=StatsSpec(expand=(3, 3))), progress=False)
+    return cache, head, draft
+
+
+def test_simulate_emits_the_configuration_it_replayed_an_eagle3_head_for_sglang_and_vllm(eagle3_expanded, tmp_path,
+                                                                                           monkeypatch):
+    """`simulate --emit`: a dynamic tree over an EAGLE-3 head as SGLang's EAGLE3 flags, the head written out in the
+    reference layout SGLang loads (steps D, topk K, num_draft_tokens N + 1); a chain as vLLM's eagle3
+    speculative_config on the head as train-draft wrote it; refused with one line: a tree vLLM does not draft, two
+    configurations, a file that exists."""
+    monkeypatch.setenv("SPECSIM_HOME", str(tmp_path / "home"))  # the SGLang layout is written out there
+    cache, head, draft = eagle3_expanded
     dynamic = ["simulate", str(cache), "--draft", draft, "--tree", "dynamic:topk=3,depth=3,tokens=5", "-q"]
     res = CliRunner().invoke(main, [*dynamic, "--emit", "sglang", str(tmp_path / "flags.txt")])
     assert res.exit_code == 0, res.output
@@ -159,3 +167,33 @@ def test_simulate_emits_the_configuration_it_replayed_an_eagle3_head_for_sglang_
                       ([*chain, "--emit", "sglang", str(tmp_path / "flags.txt")], "exists; pass --overwrite")]:
         res = CliRunner().invoke(main, args)
         assert res.exit_code != 0 and why in res.output, res.output
+
+
+def test_optimize_chooses_sglang_s_dynamic_tree_by_speed_among_those_the_recording_replays(eagle3_expanded, tmp_path,
+                                                                                          monkeypatch):
+    """`optimize --emit sglang` on a head recorded with --expand compares the chains and every dynamic tree at the
+    recorded top-k (depth 1..D, tokens 1..--budget): the flags written are the printed best tree's, whose speedup is
+    what `simulate` gives that tree at the same cost and at least the best chain's (vLLM's choice, chains only)."""
+    import re
+
+    monkeypatch.setenv("SPECSIM_HOME", str(tmp_path / "home"))
+    cache, _, draft = eagle3_expanded
+    args = ["optimize", str(cache), "--draft", draft, "--budget", "6", "--cost", "c=0.001"]  # a head of random weights
+    res = CliRunner().invoke(main, [*args, "--emit", "sglang", str(tmp_path / "flags.txt")])
+    assert res.exit_code == 0, res.output
+    assert "and dynamic trees topk=3, depth 1..3, tokens 1..6" in res.output
+    best = re.search(r"best tree (\S+): [0-9.]+ tokens/call, speedup ASSUMED ([0-9.]+)", res.output)
+    tree, speedup = best.group(1), float(best.group(2))
+    flags = shlex.split((tmp_path / "flags.txt").read_text())
+    assert flags[4:] == emit.sglang_flags(draft, parse_tree(tree), draft_dir="d")[4:]
+    chains = CliRunner().invoke(main, [*args, "--emit", "vllm", str(tmp_path / "spec.json")])
+    chain_speedup = float(re.search(r"best chain \S+: [0-9.]+ tokens/call, speedup ASSUMED ([0-9.]+)",
+                                    chains.output).group(1))
+    assert speedup >= chain_speedup
+    replayed = CliRunner().invoke(main, ["simulate", str(cache), "--draft", draft, "--tree", tree, "--cost", "c=0.001",
+                                         "-q", "--out", str(tmp_path / "rows.csv")])
+    assert replayed.exit_code == 0, replayed.output
+    import polars as pl
+
+    row = pl.read_csv(tmp_path / "rows.csv").filter(pl.col("category") == "all").row(0, named=True)
+    assert row["speedup_assumed"] == pytest.approx(speedup, abs=6e-4)

@@ -47,9 +47,10 @@ from specsim.cli._common import cost_profile_arg
               help="Cut the drawing after this many lines.")
 @click.option("--emit", type=(c.choice(registry.EMIT_TARGETS), click.Path(dir_okay=False, path_type=Path)),
               default=None, metavar="ENGINE FILE",
-              help="Choose among what the engine runs (chains of 1..--budget drafts, per --batch) and write the "
-                   "choice in its terms: vllm -> its speculative_config JSON (a length per batch size), sglang -> "
-                   "launch flags. Needs costs (--cost-profile, or an assumed --cost).")
+              help="Choose among what the engine runs (chains of 1..--budget drafts, per --batch; for sglang also "
+                   "the dynamic trees a recorded --expand replays) and write the choice in its terms: vllm -> its "
+                   "speculative_config JSON (a length per batch size), sglang -> launch flags. Needs costs "
+                   "(--cost-profile, or an assumed --cost).")
 @c.overwrite_option
 @c.quiet_option
 @c.friendly_errors
@@ -219,19 +220,27 @@ def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost_ex
     cost_model = cost_profile_arg(cost_profile, cost_extrapolate, load=True) if cost_profile is not None else \
         parse_cost(cost)
     features = load_features(cache, draft, float(temperature), progress=False)
-    chains = [parse_tree(f"chain:{k}") for k in range(1, budget + 1)]
-    choices = best_per_batch(features, chains, spec, pricing_for(cache, cost_model, draft, features.temperature), batches,
+    trees, what = [parse_tree(f"chain:{k}") for k in range(1, budget + 1)], f"chains of 1..{budget} drafts"
+    grown = features.expansion() if engine == "sglang" else None
+    if grown is not None:  # SGLang also grows EAGLE-2 trees: every depth and size the recording replays at its top-k
+        from specsim.expansion import candidates
+
+        trees += [parse_tree(f"dynamic:topk={grown.topk},depth={d},tokens={n}") for d in range(1, grown.depth + 1)
+                  for n in range(1, min(budget, candidates(grown.topk, d)) + 1)]
+        what += f" and dynamic trees topk={grown.topk}, depth 1..{grown.depth}, tokens 1..{budget}"
+    choices = best_per_batch(features, trees, spec, pricing_for(cache, cost_model, draft, features.temperature), batches,
                              batching=batching, n_boot=n_boot, seed=seed)
     k_at = {ch.batch: 0 if ch.plain_wins else ch.tree.max_depth for ch in choices}
     word = "speedup" if cost_model.measured else "speedup ASSUMED"
-    click.echo(f"chains of 1..{budget} drafts, draft {draft}, policy {spec.label}, T={float(temperature):g}, "
+    click.echo(f"{what}, draft {draft}, policy {spec.label}, T={float(temperature):g}, "
                f"{features.n_traj} trajectories of {cache} ({cost_model.describe()}):")
     for ch in choices:
         lo, hi = ch.speed.speedup[1:]
         ci = f" [{lo:.3f}, {hi:.3f}]" if lo == lo else ""
-        pick = "plain decoding (k = 0)" if ch.plain_wins else f"k = {ch.tree.max_depth}"
-        click.echo(f"  batch {ch.batch}: {pick}; best chain {ch.tree.name}: {ch.speed.tokens_per_call:.3f} "
-                   f"tokens/call, {word} {ch.speed.speedup[0]:.3f}{ci}")
+        pick = "plain decoding (k = 0)" if ch.plain_wins else f"k = {ch.tree.max_depth}" if ch.tree.name.startswith(
+            "chain") else f"{ch.tree.budget} drafts per call"
+        click.echo(f"  batch {ch.batch}: {pick}; best {'tree' if grown else 'chain'} {ch.tree.name}: "
+                   f"{ch.speed.tokens_per_call:.3f} tokens/call, {word} {ch.speed.speedup[0]:.3f}{ci}")
     from specsim.engines.export import draft_directory, sglang_directory
     from specsim.specs import is_model_free
 
@@ -250,5 +259,5 @@ def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost_ex
     else:
         if k_max < 1:
             raise SpecError(f"plain decoding is faster at batch {batches[0]}: no speculative flags to write")
-        engines.write_flags(path, engines.sglang_flags(draft, parse_tree(f"chain:{k_max}"), draft_dir=draft_dir))
+        engines.write_flags(path, engines.sglang_flags(draft, choices[0].tree, draft_dir=draft_dir))
         click.echo(f"wrote SGLang's flags to {path}: python -m sglang.launch_server --model-path MODEL $(cat {path})")
