@@ -177,13 +177,9 @@ def export_eagle(draft: str, target: str, *, target_info: dict | None = None, ou
     from specsim.record import packaged
     from specsim.record.head_checkpoints import WEIGHTS
 
-    where = Path(draft.partition(":")[2]).expanduser()
-    if not where.is_dir():
+    where, raw = _local_head(draft)
+    if where is None:
         return model_directory(draft.partition(":")[2])  # a hub id: vLLM resolves it
-    try:
-        raw = json.loads((where / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"{where / 'config.json'}: not readable ({exc})") from None
     if "specsim" not in raw:
         if "model_type" not in raw:
             raise EngineError(f"{where}: its config.json has no model_type; vLLM's eagle method cannot load it")
@@ -246,13 +242,9 @@ def export_eagle3_sglang(draft: str, target: str, *, target_info: dict | None = 
     from specsim.record import packaged
     from specsim.record.head_checkpoints import WEIGHTS, default_aux_layers
 
-    where = Path(draft.partition(":")[2]).expanduser()
-    if not where.is_dir():
+    where, raw = _local_head(draft)
+    if where is None:
         return model_directory(draft.partition(":")[2])  # a hub id: SGLang resolves it
-    try:
-        raw = json.loads((where / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"{where / 'config.json'}: not readable ({exc})") from None
     if "specsim" not in raw:
         if raw.get("speculators_model_type"):
             raise EngineError(f"{where} is in speculators' layout, which SGLang's EAGLE3 does not load (its loader "
@@ -303,6 +295,17 @@ def export_eagle3_sglang(draft: str, target: str, *, target_info: dict | None = 
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     return _write_directory(out, want, fill)
+
+
+def _local_head(draft: str) -> tuple[Path | None, dict]:
+    """(directory, its config.json) of a head draft `KIND:DIR`; (None, {}) when DIR is no directory (a hub id)."""
+    where = Path(draft.partition(":")[2]).expanduser()
+    if not where.is_dir():
+        return None, {}
+    try:
+        return where, json.loads((where / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"{where / 'config.json'}: not readable ({exc})") from None
 
 
 def export_layers(target: str, k: int, *, target_info: dict | None = None, out: Path | None = None,
