@@ -197,3 +197,21 @@ def test_optimize_chooses_sglang_s_dynamic_tree_by_speed_among_those_the_recordi
 
     row = pl.read_csv(tmp_path / "rows.csv").filter(pl.col("category") == "all").row(0, named=True)
     assert row["speedup_assumed"] == pytest.approx(speedup, abs=6e-4)
+
+
+def test_a_head_recorded_by_a_relative_path_is_found_from_another_folder(tmp_path, monkeypatch):
+    """A cache recorded with eagle3:head in its folder and read from another: the head is the directory the cache
+    recorded (its absolute path), not the hub id "head"; a directory found from here, a hub id and a model draft
+    are as given."""
+    from specsim.engines.export import recorded_head
+
+    head = tmp_path / "run" / "head"
+    head.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    info = {"path": str(head)}
+    assert recorded_head("eagle3:head", info) == f"eagle3:{head}"
+    assert recorded_head("mtp:head", info) == f"mtp:{head}"
+    assert recorded_head("eagle3:run/head", info) == "eagle3:run/head"
+    assert recorded_head("eagle3:org/published-head", {}) == "eagle3:org/published-head"
+    assert recorded_head("eagle3:head", {"path": str(tmp_path / "gone")}) == "eagle3:head"
+    assert recorded_head("layers:2", info) == "layers:2"

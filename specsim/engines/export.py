@@ -55,6 +55,7 @@ def model_directory(spec: str, info: dict | None = None) -> str:
 def draft_directory(draft: str, target: str, *, target_info: dict | None = None, draft_info: dict | None = None,
                     echo: Callable[[str], None] = lambda line: None) -> str:
     """A directory (or hub id) holding `draft`, a draft of `target`, as vLLM's draft_model method loads it."""
+    draft = recorded_head(draft, draft_info)
     m = re.fullmatch(r"layers:(\d+)", draft)
     if m:
         return str(export_layers(target, int(m.group(1)), target_info=target_info, echo=echo))
@@ -213,6 +214,7 @@ def sglang_directory(draft: str, target: str, *, target_info: dict | None = None
                      echo: Callable[[str], None] = lambda line: None) -> str:
     """A directory (or hub id) holding `draft` as SGLang's `--speculative-draft-model-path` loads it: an EAGLE-3
     head in the reference layout (`export_eagle3_sglang`), any other draft as vLLM's draft_model method has it."""
+    draft = recorded_head(draft, draft_info)
     if draft.startswith("eagle3:"):
         return str(export_eagle3_sglang(draft, target, target_info=target_info, echo=echo))
     return draft_directory(draft, target, target_info=target_info, draft_info=draft_info, echo=echo)
@@ -295,6 +297,19 @@ def export_eagle3_sglang(draft: str, target: str, *, target_info: dict | None = 
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     return _write_directory(out, want, fill)
+
+
+def recorded_head(draft: str, draft_info: dict | None) -> str:
+    """A head draft `KIND:DIR` whose DIR is no directory from here (a cache recorded in another folder, with a
+    relative path) as the directory the cache recorded it from, when that one exists; otherwise `draft` as it is
+    (a hub id, or a directory found from here)."""
+    from specsim.specs import is_head_draft
+
+    kind, _, where = draft.partition(":")
+    if not is_head_draft(draft) or Path(where).expanduser().is_dir():
+        return draft
+    path = (draft_info or {}).get("path")
+    return f"{kind}:{path}" if path and Path(path).is_dir() else draft
 
 
 def _local_head(draft: str) -> tuple[Path | None, dict]:
