@@ -197,6 +197,10 @@ def test_optimize_chooses_sglang_s_dynamic_tree_by_speed_among_those_the_recordi
 
     row = pl.read_csv(tmp_path / "rows.csv").filter(pl.col("category") == "all").row(0, named=True)
     assert row["speedup_assumed"] == pytest.approx(speedup, abs=6e-4)
+    refused = CliRunner().invoke(main, ["optimize", str(cache), "--draft", "suffix", "--budget", "3", "--cost", "c=0.1",
+                                        "--emit", "sglang", str(tmp_path / "suffix.txt")])
+    assert refused.exit_code != 0 and "not reproduced exactly" in refused.output
+    assert "chains of" not in refused.output  # refused before the replay, not after it
 
 
 def test_a_head_recorded_by_a_relative_path_is_found_from_another_folder(tmp_path, monkeypatch):

@@ -212,6 +212,8 @@ def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost_ex
     draft = draft or (data.drafts[0] if data.drafts else None)
     if draft is None:
         raise SpecError(f"{cache}: records no draft; name one, e.g. --draft vllm-ngram:min=2,max=3")
+    if engine == "sglang":
+        engines.sglang_algorithm(draft)  # a draft SGLang's rule is not reproduced for is refused before the replay
     spec = parse_policy(policy)
     if temperature is None:
         hot = [t for t in data.temperatures if t > 0]

@@ -65,15 +65,23 @@ def vllm_synthetic(base: dict, per_pos: Sequence[float], drafts: float) -> dict:
     return {**base, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}
 
 
+def sglang_algorithm(draft: str) -> str:
+    """SGLang's --speculative-algorithm for `draft`: STANDALONE (a draft model) or EAGLE3 (an EAGLE-3 head); an
+    EngineError for the drafts whose SGLang rule specsim does not reproduce."""
+    kind = draft_kind(draft)
+    if draft.startswith("eagle3:"):
+        return "EAGLE3"
+    if kind.model_free or kind.heads:
+        raise EngineError(f"draft {draft}: specsim writes SGLang flags for draft models (STANDALONE) and EAGLE-3 "
+                          "heads (EAGLE3); SGLang's NGRAM and its EAGLE-1/2 and MTP heads are not reproduced exactly")
+    return "STANDALONE"
+
+
 def sglang_flags(draft: str, tree, *, draft_dir: str | None) -> list[str]:
     """SGLang's launch flags for `draft` drafting `tree` (a chain, or a dynamic tree): a draft model as
     STANDALONE, an EAGLE-3 head as EAGLE3 (`draft_dir` in the reference layout SGLang loads,
     `specsim.engines.export.sglang_directory`)."""
-    kind = draft_kind(draft)
-    eagle3 = draft.startswith("eagle3:")
-    if kind.model_free or (kind.heads and not eagle3):
-        raise EngineError(f"draft {draft}: specsim writes SGLang flags for draft models (STANDALONE) and EAGLE-3 "
-                          "heads (EAGLE3); SGLang's NGRAM and its EAGLE-1/2 and MTP heads are not reproduced exactly")
+    algorithm = sglang_algorithm(draft)
     if draft_dir is None:
         raise EngineError(f"draft {draft}: no model directory for SGLang to load")
     if isinstance(tree, DynamicTree):
@@ -84,8 +92,7 @@ def sglang_flags(draft: str, tree, *, draft_dir: str | None) -> list[str]:
     else:
         raise EngineError(f"tree {tree.name}: SGLang drafts chains and dynamic (EAGLE-2 style) trees, not a fixed "
                           "static tree")
-    return ["--speculative-algorithm", "EAGLE3" if eagle3 else "STANDALONE", "--speculative-draft-model-path",
-            str(draft_dir),
+    return ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft_dir),
             "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
             "--speculative-num-draft-tokens", str(tokens)]
 
