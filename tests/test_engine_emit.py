@@ -219,3 +219,19 @@ def test_a_head_recorded_by_a_relative_path_is_found_from_another_folder(tmp_pat
     assert recorded_head("eagle3:org/published-head", {}) == "eagle3:org/published-head"
     assert recorded_head("eagle3:head", {"path": str(tmp_path / "gone")}) == "eagle3:head"
     assert recorded_head("layers:2", info) == "layers:2"
+
+
+def test_sglang_is_handed_only_the_rule_it_runs(eagle3_expanded, tmp_path, monkeypatch):
+    """SGLang verifies its drafts as point masses at every temperature (tree_speculative_sampling_target_only):
+    `--emit sglang` takes greedy or greedy-draft and refuses `sample` in one line, before optimize's replay."""
+    monkeypatch.setenv("SPECSIM_HOME", str(tmp_path / "home"))
+    cache, _, draft = eagle3_expanded
+    res = CliRunner().invoke(main, ["optimize", str(cache), "--draft", draft, "--budget", "3", "--cost", "c=0.001",
+                                    "--policy", "sample", "--temperature", "0", "--emit", "sglang",
+                                    str(tmp_path / "f.txt")])
+    assert res.exit_code != 0 and "SGLang verifies drafts as point masses" in res.output
+    assert "chains of" not in res.output and not (tmp_path / "f.txt").exists()
+    with pytest.raises(EngineError, match="its rule for --policy sample is not reproduced"):
+        emit.check_sglang_policy("sample")
+    for policy in ("greedy", "greedy-draft"):
+        emit.check_sglang_policy(policy)

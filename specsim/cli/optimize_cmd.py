@@ -19,7 +19,8 @@ from specsim.cli._common import cost_profile_arg
 @click.option("--draft", default=None, metavar="NAME", help="Recorded draft column. Default: the first recorded.")
 @click.option("--policy", type=c.choice(registry.policy_names(fitted=True)), default="greedy", show_default=True,
               help="greedy: most frequent rank paths (T=0). sample: multi-draft sampling trees (T>0). greedy-draft "
-                   "(with --emit): the draft's argmax verified as a point mass, vLLM's default at T>0.")
+                   "(with --emit): the draft's argmax verified as a point mass, vLLM's default at T>0 and SGLang's "
+                   "only rule.")
 @click.option("--temperature", type=float, default=None, metavar="T",
               help="Recorded temperature. Default: 0 for greedy, the first recorded T>0 for sample.")
 @click.option("--multi-draft", type=c.choice(registry.MULTI_DRAFT), default="iid", show_default=True,
@@ -212,9 +213,10 @@ def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost_ex
     draft = draft or (data.drafts[0] if data.drafts else None)
     if draft is None:
         raise SpecError(f"{cache}: records no draft; name one, e.g. --draft vllm-ngram:min=2,max=3")
-    if engine == "sglang":
-        engines.sglang_algorithm(draft)  # a draft SGLang's rule is not reproduced for is refused before the replay
     spec = parse_policy(policy)
+    if engine == "sglang":  # what SGLang's rules are not reproduced for is refused before the replay
+        engines.sglang_algorithm(draft)
+        engines.check_sglang_policy(spec.label)
     if temperature is None:
         hot = [t for t in data.temperatures if t > 0]
         temperature = 0.0 if policy == "greedy" else (hot[0] if hot else 0.0)

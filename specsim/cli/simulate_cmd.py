@@ -205,6 +205,8 @@ def _emit_configuration(df, engine: str, path: Path) -> str:
     from specsim.specs import is_model_free, parse_tree
 
     r = _one_row(df, "--emit")
+    if engine == "sglang":
+        engines.check_sglang_policy(r["policy"])
     data = read_cache(r["cache"])
     draft, tree = r["draft"], parse_tree(r["tree"])
     draft_dir = None if is_model_free(draft) else (sglang_directory if engine == "sglang" else draft_directory)(

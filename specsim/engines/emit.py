@@ -77,6 +77,17 @@ def sglang_algorithm(draft: str) -> str:
     return "STANDALONE"
 
 
+SGLANG_POLICIES = ("greedy", "greedy-draft")  # SGLang verifies its drafts as point masses at every temperature
+
+
+def check_sglang_policy(policy: str) -> None:
+    """An EngineError unless `policy` is SGLang's rule: greedy at T = 0, the drafts verified as point masses at
+    T > 0 (its `tree_speculative_sampling_target_only`, docs/design.md §6), which is specsim's greedy-draft."""
+    if policy not in SGLANG_POLICIES:
+        raise EngineError(f"policy {policy}: SGLang verifies drafts as point masses at every temperature (specsim's "
+                          "greedy-draft at T > 0); its rule for --policy sample is not reproduced")
+
+
 def sglang_flags(draft: str, tree, *, draft_dir: str | None) -> list[str]:
     """SGLang's launch flags for `draft` drafting `tree` (a chain, or a dynamic tree): a draft model as
     STANDALONE, an EAGLE-3 head as EAGLE3 (`draft_dir` in the reference layout SGLang loads,
