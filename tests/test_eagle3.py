@@ -549,7 +549,7 @@ def test_sglang_s_layout_is_refused_for_what_sglang_s_layer_does_not_compute(tin
     published = tmp_path / "published"
     published.mkdir()
     (published / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
-    with pytest.raises(EngineError, match="speculators' layout, which SGLang's EAGLE3 does not load"):
+    with pytest.raises(EngineError, match="speculators' layout, whose config SGLang's EAGLE3 does not read"):
         export_eagle3_sglang(f"eagle3:{published}", t)
     reference = tmp_path / "reference"
     reference.mkdir()

@@ -226,8 +226,9 @@ def export_eagle3_sglang(draft: str, target: str, *, target_info: dict | None = 
 
     SGLang (`srt/models/llama_eagle3.py`, `LlamaForCausalLMEagle3`) loads the EAGLE-3 reference layout,
     which SpecForge, SGLang's trainer, writes: a Llama config.json with `architectures:
-    ["LlamaForCausalLMEagle3"]` and `draft_vocab_size`, weights `midlayer.*` (its loader prefixes
-    "model." and finds no `layers.0.*`, which it would skip without a word), `fc.weight`,
+    ["LlamaForCausalLMEagle3"]` (SGLang picks the draft's class by it and knows no speculators
+    config) and `draft_vocab_size`, weights `midlayer.*` (SGLang 0.5.23 maps them to its `layers.0`;
+    older versions read `midlayer.*` only and skipped other names without a word), `fc.weight`,
     `norm.weight`, `lm_head.weight` and `d2t` (SGLang's hot token ids are d2t + arange). A head
     `train-draft` wrote (speculators' layout, `layers.0.*`) is written out once, into the model
     store; a reference-layout directory or a hub id is given as it is. SGLang replaces the draft's
@@ -249,8 +250,9 @@ def export_eagle3_sglang(draft: str, target: str, *, target_info: dict | None = 
         return model_directory(draft.partition(":")[2])  # a hub id: SGLang resolves it
     if "specsim" not in raw:
         if raw.get("speculators_model_type"):
-            raise EngineError(f"{where} is in speculators' layout, which SGLang's EAGLE3 does not load (its loader "
-                              "reads midlayer.*, not layers.0.*); specsim writes out only heads train-draft wrote")
+            raise EngineError(f"{where} is in speculators' layout, whose config SGLang's EAGLE3 does not read (it "
+                              "picks LlamaForCausalLMEagle3 by architectures); specsim writes out only heads "
+                              "train-draft wrote")
         return where.resolve()
     head = raw["specsim"]
     if head.get("kind") != "eagle3":
