@@ -75,6 +75,9 @@ $(VLLM_STAMP): Makefile
 	@# SGLang, medusa-llm wants fschat; only their model code runs
 	$(VLLM_VENV)/bin/python -m pip install -q "datasets>=4.0.0,<=5.1.0"
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "specforge==0.2.0" "medusa-llm==0.1"
+	@# SGLang's wheel, not installed (its package imports its whole runtime): tests/sglang_kernels.py reads its chain
+	@# verification kernel (Triton, run by Triton's interpreter here) out of it
+	$(VLLM_VENV)/bin/python -m pip download -q --no-deps "sglang==0.5.23" -d $(VLLM_VENV)/wheels
 	$(VLLM_VENV)/bin/python -c "import vllm, speculators.models.eagle3, specforge.modeling.draft.llama3_eagle, medusa.model.medusa_model; print('vLLM', vllm.__version__, 'with speculators, specforge and medusa in $(VLLM_VENV)')"
 	touch $@
 
