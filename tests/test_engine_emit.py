@@ -119,7 +119,8 @@ def test_simulate_emits_the_acceptance_it_measured(tmp_path):
 
 @pytest.fixture(scope="module")
 def eagle3_expanded(tiny_model_dir, tiny_prompts_file, tmp_path_factory):
-    """An EAGLE-3 head on the tiny target's default layers (random weights) recorded with --expand topk=3,depth=3."""
+    """An EAGLE-3 head on the tiny target's default layers (random weights) recorded at T = 0 and 1 with --expand
+    topk=3,depth=3."""
     from specsim.cache.stats import StatsSpec
     from specsim.record.models import load_model
     from specsim.record.run import RecordRequest, record_cache
@@ -130,7 +131,7 @@ def eagle3_expanded(tiny_model_dir, tiny_prompts_file, tmp_path_factory):
     draft = f"eagle3:{head}"
     cache = folder / "e.h5"
     record_cache(cache, RecordRequest(target=str(tiny_model_dir), drafts=(draft,), prompts=str(tiny_prompts_file),
-                                      max_new_tokens=10, temperatures=(0.0,), device="cpu", head_depth=3,
+                                      max_new_tokens=10, temperatures=(0.0, 1.0), device="cpu", head_depth=3,
                                       stats=StatsSpec(expand=(3, 3))), progress=False)
     return cache, head, draft
 
@@ -222,16 +223,29 @@ def test_a_head_recorded_by_a_relative_path_is_found_from_another_folder(tmp_pat
 
 
 def test_sglang_is_handed_only_the_rule_it_runs(eagle3_expanded, tmp_path, monkeypatch):
-    """SGLang verifies its drafts as point masses at every temperature (tree_speculative_sampling_target_only):
-    `--emit sglang` takes greedy or greedy-draft and refuses `sample` in one line, before optimize's replay."""
+    """SGLang verifies drafts as point masses by default (greedy, greedy-draft) and, for EAGLE-3 chains only, samples
+    them from q and verifies them token by token (sample: --speculative-use-rejection-sampling) or as a block
+    (block: and --speculative-use-block-verification); anything else is refused in one line, before optimize's
+    replay. simulate --emit writes the sampled rule's flags for a chain replayed at T = 1."""
     monkeypatch.setenv("SPECSIM_HOME", str(tmp_path / "home"))
     cache, _, draft = eagle3_expanded
-    res = CliRunner().invoke(main, ["optimize", str(cache), "--draft", draft, "--budget", "3", "--cost", "c=0.001",
-                                    "--policy", "sample", "--temperature", "0", "--emit", "sglang",
-                                    str(tmp_path / "f.txt")])
-    assert res.exit_code != 0 and "SGLang verifies drafts as point masses" in res.output
+    chain, dynamic = parse_tree("chain:3"), parse_tree("dynamic:topk=3,depth=2,tokens=4")
+    assert emit.sglang_flags(draft, chain, draft_dir="d", policy="sample")[-1] == "--speculative-use-rejection-sampling"
+    assert emit.sglang_flags(draft, chain, draft_dir="d", policy="block")[-2:] == [
+        "--speculative-use-rejection-sampling", "--speculative-use-block-verification"]
+    assert "--speculative-use-rejection-sampling" not in emit.sglang_flags(draft, dynamic, draft_dir="d",
+                                                                           policy="greedy-draft")
+    for policy, d, tree, why in [("sample", "layers:2", chain, "only for EAGLE/EAGLE-3 heads"),
+                                 ("block", draft, dynamic, "verifies chains only"),
+                                 ("typical", draft, chain, "not this one")]:
+        with pytest.raises(EngineError, match=why):
+            emit.check_sglang_policy(policy, d, tree)
+    res = CliRunner().invoke(main, ["optimize", str(cache), "--draft", "layers:2", "--budget", "3", "--cost",
+                                    "c=0.001", "--policy", "sample", "--emit", "sglang", str(tmp_path / "f.txt")])
+    assert res.exit_code != 0 and "only for EAGLE/EAGLE-3 heads" in res.output
     assert "chains of" not in res.output and not (tmp_path / "f.txt").exists()
-    with pytest.raises(EngineError, match="its rule for --policy sample is not reproduced"):
-        emit.check_sglang_policy("sample")
-    for policy in ("greedy", "greedy-draft"):
-        emit.check_sglang_policy(policy)
+    res = CliRunner().invoke(main, ["simulate", str(cache), "--draft", draft, "--tree", "chain:2", "--policy",
+                                    "sample", "--temperature", "1", "-q", "--emit", "sglang", str(tmp_path / "s.txt")])
+    assert res.exit_code == 0, res.output
+    flags = shlex.split((tmp_path / "s.txt").read_text())
+    assert flags[:2] == ["--speculative-algorithm", "EAGLE3"] and flags[-1] == "--speculative-use-rejection-sampling"

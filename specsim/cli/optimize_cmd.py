@@ -216,7 +216,7 @@ def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost_ex
     spec = parse_policy(policy)
     if engine == "sglang":  # what SGLang's rules are not reproduced for is refused before the replay
         engines.sglang_algorithm(draft)
-        engines.check_sglang_policy(spec.label)
+        engines.check_sglang_policy(spec.label, draft)
     if temperature is None:
         hot = [t for t in data.temperatures if t > 0]
         temperature = 0.0 if policy == "greedy" else (hot[0] if hot else 0.0)
@@ -225,7 +225,8 @@ def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost_ex
         parse_cost(cost)
     features = load_features(cache, draft, float(temperature), progress=False)
     trees, what = [parse_tree(f"chain:{k}") for k in range(1, budget + 1)], f"chains of 1..{budget} drafts"
-    grown = features.expansion() if engine == "sglang" else None
+    point_mass = spec.label in engines.SGLANG_POINT_MASS  # SGLang's sampled verification runs chains only
+    grown = features.expansion() if engine == "sglang" and point_mass else None
     if grown is not None:  # SGLang also grows EAGLE-2 trees: every depth and size the recording replays at its top-k
         from specsim.expansion import candidates
 
@@ -263,5 +264,6 @@ def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost_ex
     else:
         if k_max < 1:
             raise SpecError(f"plain decoding is faster at batch {batches[0]}: no speculative flags to write")
-        engines.write_flags(path, engines.sglang_flags(draft, choices[0].tree, draft_dir=draft_dir))
+        engines.write_flags(path, engines.sglang_flags(draft, choices[0].tree, draft_dir=draft_dir,
+                                                       policy=spec.label))
         click.echo(f"wrote SGLang's flags to {path}: python -m sglang.launch_server --model-path MODEL $(cat {path})")

@@ -206,7 +206,7 @@ def _emit_configuration(df, engine: str, path: Path) -> str:
 
     r = _one_row(df, "--emit")
     if engine == "sglang":
-        engines.check_sglang_policy(r["policy"])
+        engines.check_sglang_policy(r["policy"], r["draft"], parse_tree(r["tree"]))
     data = read_cache(r["cache"])
     draft, tree = r["draft"], parse_tree(r["tree"])
     draft_dir = None if is_model_free(draft) else (sglang_directory if engine == "sglang" else draft_directory)(
@@ -221,7 +221,7 @@ def _emit_configuration(df, engine: str, path: Path) -> str:
         engines.write_json(path, speculative_config(draft, tree, r["policy"], draft_dir=draft_dir).config)
         return (f"wrote vLLM's speculative_config to {path} ({basis}): vllm serve MODEL --speculative-config "
                 f"\"$(cat {path})\"")
-    engines.write_flags(path, engines.sglang_flags(draft, tree, draft_dir=draft_dir))
+    engines.write_flags(path, engines.sglang_flags(draft, tree, draft_dir=draft_dir, policy=r["policy"]))
     return f"wrote SGLang's flags to {path} ({basis}): python -m sglang.launch_server --model-path MODEL $(cat {path})"
 
 

@@ -77,22 +77,37 @@ def sglang_algorithm(draft: str) -> str:
     return "STANDALONE"
 
 
-SGLANG_POLICIES = ("greedy", "greedy-draft")  # SGLang verifies its drafts as point masses at every temperature
+SGLANG_POINT_MASS = ("greedy", "greedy-draft")  # SGLang's default verification, at every temperature
+SGLANG_SAMPLED = {  # an EAGLE/EAGLE-3 chain's drafts sampled from q and verified against it (SGLang 0.5.23)
+    "sample": ["--speculative-use-rejection-sampling"],
+    "block": ["--speculative-use-rejection-sampling", "--speculative-use-block-verification"],
+}
 
 
-def check_sglang_policy(policy: str) -> None:
-    """An EngineError unless `policy` is SGLang's rule: greedy at T = 0, the drafts verified as point masses at
-    T > 0 (its `tree_speculative_sampling_target_only`, docs/design.md §6), which is specsim's greedy-draft."""
-    if policy not in SGLANG_POLICIES:
-        raise EngineError(f"policy {policy}: SGLang verifies drafts as point masses at every temperature (specsim's "
-                          "greedy-draft at T > 0); its rule for --policy sample is not reproduced")
+def check_sglang_policy(policy: str, draft: str | None = None, tree=None) -> None:
+    """An EngineError unless SGLang runs `policy` for `draft` drafting `tree`: greedy at T = 0 and point-mass
+    verification at T > 0 (its default, `tree_speculative_sampling_target_only`: specsim's greedy-draft) for every
+    draft; drafts sampled from q verified token by token (sample) or as a block (block) only for EAGLE-3 chains
+    (its rejection-sampling kernel, docs/design.md §2d). Without `draft` and `tree`, only the policy's name."""
+    if policy in SGLANG_POINT_MASS:
+        return
+    if policy not in SGLANG_SAMPLED:
+        raise EngineError(f"policy {policy}: SGLang runs greedy, greedy-draft (its point-mass verification), and "
+                          "for EAGLE-3 chains sample and block; not this one")
+    if draft is not None and not draft.startswith("eagle3:"):
+        raise EngineError(f"policy {policy}: SGLang samples and verifies drafts against their law only for EAGLE/"
+                          f"EAGLE-3 heads (--speculative-use-rejection-sampling), not for {draft}")
+    if tree is not None and (isinstance(tree, DynamicTree) or tree.budget < 1 or int(tree.n_children.max()) != 1):
+        raise EngineError(f"policy {policy}: SGLang's rejection sampling verifies chains only (topk 1), not "
+                          f"{tree.name}")
 
 
-def sglang_flags(draft: str, tree, *, draft_dir: str | None) -> list[str]:
+def sglang_flags(draft: str, tree, *, draft_dir: str | None, policy: str = "greedy") -> list[str]:
     """SGLang's launch flags for `draft` drafting `tree` (a chain, or a dynamic tree): a draft model as
     STANDALONE, an EAGLE-3 head as EAGLE3 (`draft_dir` in the reference layout SGLang loads,
-    `specsim.engines.export.sglang_directory`)."""
+    `specsim.engines.export.sglang_directory`), verified by `policy` (`check_sglang_policy`)."""
     algorithm = sglang_algorithm(draft)
+    check_sglang_policy(policy, draft, tree)
     if draft_dir is None:
         raise EngineError(f"draft {draft}: no model directory for SGLang to load")
     if isinstance(tree, DynamicTree):
@@ -105,7 +120,7 @@ def sglang_flags(draft: str, tree, *, draft_dir: str | None) -> list[str]:
                           "static tree")
     return ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft_dir),
             "--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(topk),
-            "--speculative-num-draft-tokens", str(tokens)]
+            "--speculative-num-draft-tokens", str(tokens)] + SGLANG_SAMPLED.get(policy, [])
 
 
 def sglang_simulated(mean_acceptance_length: float) -> dict:
