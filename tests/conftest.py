@@ -114,6 +114,24 @@ def vllm_or_skip():
     return found
 
 
+def vllm_env_with(code: str, what: str) -> str:
+    """The Python of vLLM's environment once `code` runs there (an import, a check); where it does not, the test
+    skips naming `what` is missing, except under CI, where it fails (as `vllm_or_skip`)."""
+    import subprocess
+
+    from specsim.engines.vllm import vllm_python
+    from specsim.errors import EngineError
+
+    try:
+        found = vllm_python()
+        subprocess.run([found, "-c", code], check=True, capture_output=True, timeout=300)
+    except (EngineError, subprocess.CalledProcessError) as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"{what} is missing from vLLM's environment (make vllm): {exc}")
+    return found
+
+
 def write_prompts(path: Path, rows=TINY_PROMPTS) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 from pathlib import Path
 
@@ -33,16 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def vllm_env_python():
-    from specsim.engines.vllm import vllm_python
+    from tests.conftest import vllm_env_with
 
-    try:
-        found = vllm_python()
-        subprocess.run([found, "-c", "import speculators"], check=True, capture_output=True, timeout=300)
-    except (EngineError, subprocess.CalledProcessError) as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"speculators is not installed in vLLM's environment (make vllm): {exc}")
-    return found
+    return vllm_env_with("import speculators", "speculators")
 
 
 def _written_heads(python, target_dir, folder: Path, jobs: dict) -> dict:

@@ -13,14 +13,12 @@ a threshold. The same comparison fails for the other rule and for a block rule w
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from specsim.errors import EngineError
 
 ROOT = Path(__file__).resolve().parents[1]
 MARGIN = 1e-5  # float32 kernel against float64 rules: a uniform this close to a threshold may fall either side
@@ -28,19 +26,10 @@ MARGIN = 1e-5  # float32 kernel against float64 rules: a uniform this close to a
 
 @pytest.fixture(scope="module")
 def kernel_python():
-    from specsim.engines.vllm import vllm_python
+    from tests.conftest import vllm_env_with
 
-    try:
-        found = vllm_python()
-        wheels = sorted((Path(found).parents[1] / "wheels").glob("sglang-*.whl"))
-        if not wheels:
-            raise EngineError(f"no SGLang wheel in {Path(found).parents[1] / 'wheels'}")
-        subprocess.run([found, "-c", "import triton"], check=True, capture_output=True, timeout=300)
-    except (EngineError, subprocess.CalledProcessError) as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"SGLang's wheel or Triton is missing from vLLM's environment (make vllm): {exc}")
-    return found
+    return vllm_env_with("import sys, pathlib, triton; assert sorted((pathlib.Path(sys.executable).parents[1] / "
+                         "'wheels').glob('sglang-*.whl'))", "SGLang's wheel or Triton")
 
 
 def _chains(rng, rows: int, g: int, V: int = 10):
