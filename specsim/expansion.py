@@ -133,6 +133,11 @@ class DynamicTree:
         """The deepest a call's nodes can be: min(D, N)."""
         return min(self.shape.depth, self.shape.tokens)
 
+    @property
+    def is_chain(self) -> bool:
+        """Never: its nodes change call by call (`Tree.is_chain`)."""
+        return False
+
     def to_spec(self) -> str:
         return f"dynamic:topk={self.shape.topk},depth={self.shape.depth},tokens={self.shape.tokens}"
 

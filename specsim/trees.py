@@ -126,6 +126,12 @@ class Tree:
     def max_depth(self) -> int:
         return int(self.depths[-1])
 
+    @property
+    def is_chain(self) -> bool:
+        """At least one draft, each node's only child its parent's top-ranked candidate: chain:k, what an engine's
+        num_speculative_tokens drafts."""
+        return self.budget >= 1 and int(self.n_children.max()) == 1 and not self.ranks[1:].any()
+
     @cached_property
     def n_children(self) -> np.ndarray:
         """(n_nodes,) int32 number of children of each node."""

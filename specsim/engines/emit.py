@@ -97,7 +97,7 @@ def check_sglang_policy(policy: str, draft: str | None = None, tree=None) -> Non
     if draft is not None and not draft.startswith("eagle3:"):
         raise EngineError(f"policy {policy}: SGLang samples and verifies drafts against their law only for EAGLE/"
                           f"EAGLE-3 heads (--speculative-use-rejection-sampling), not for {draft}")
-    if tree is not None and (isinstance(tree, DynamicTree) or tree.budget < 1 or int(tree.n_children.max()) != 1):
+    if tree is not None and not tree.is_chain:
         raise EngineError(f"policy {policy}: SGLang's rejection sampling verifies chains only (topk 1), not "
                           f"{tree.name}")
 
@@ -113,7 +113,7 @@ def sglang_flags(draft: str, tree, *, draft_dir: str | None, policy: str = "gree
     if isinstance(tree, DynamicTree):
         shape = tree.shape
         steps, topk, tokens = shape.depth, shape.topk, shape.tokens + 1
-    elif tree.budget >= 1 and int(tree.n_children.max()) == 1 and not tree.ranks[1:].any():
+    elif tree.is_chain:
         steps, topk, tokens = int(tree.max_depth), 1, int(tree.max_depth) + 1
     else:
         raise EngineError(f"tree {tree.name}: SGLang drafts chains and dynamic (EAGLE-2 style) trees, not a fixed "

@@ -111,7 +111,7 @@ class EngineDraft:
 
 def chain_depth(tree) -> int:
     """k of a chain tree; EngineError for any other tree (vLLM drafts chains)."""
-    if not isinstance(tree, Tree) or tree.budget < 1 or int(tree.n_children.max()) != 1 or tree.ranks[1:].any():
+    if not isinstance(tree, Tree) or not tree.is_chain:
         raise EngineError(f"tree {tree.name or '?'}: vLLM drafts chains (num_speculative_tokens); use chain:K")
     return int(tree.max_depth)
 

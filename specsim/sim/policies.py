@@ -65,7 +65,7 @@ def greedy_lengths(rank: np.ndarray, remaining: np.ndarray, tree: Tree, *, ends:
     """
     N = rank.shape[0]
     keyed = rank.ndim == 2
-    if tree.budget and int(tree.n_children.max()) == 1 and not tree.ranks[1:].any() and not keyed:
+    if tree.is_chain and not keyed:
         length = _top1_chain_lengths(rank, remaining, tree.max_depth)
         return (length, length.copy()) if ends else length  # a chain's node d sits at depth d
     child = child_table(tree)
