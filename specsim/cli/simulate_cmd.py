@@ -205,10 +205,10 @@ def _emit_configuration(df, engine: str, path: Path) -> str:
     from specsim.specs import is_model_free, parse_tree
 
     r = _one_row(df, "--emit")
-    if engine == "sglang":
-        engines.check_sglang_policy(r["policy"], r["draft"], parse_tree(r["tree"]))
-    data = read_cache(r["cache"])
     draft, tree = r["draft"], parse_tree(r["tree"])
+    if engine == "sglang":  # before any directory is written out for it
+        engines.check_sglang_policy(r["policy"], draft, tree)
+    data = read_cache(r["cache"])
     draft_dir = None if is_model_free(draft) else (sglang_directory if engine == "sglang" else draft_directory)(
         draft, data.target, target_info=data.target_info, draft_info=data.drafts_info.get(draft),
         echo=lambda line: click.echo(line, err=True))

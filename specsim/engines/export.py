@@ -294,7 +294,7 @@ def export_eagle3_sglang(draft: str, target: str, *, target_info: dict | None = 
                  for k, v in load_file(str(weights)).items()}
         save_file(state, str(tmp / "model.safetensors"))
         config = eagle_config(head, target_config)
-        config.update(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
+        config.update(architectures=["LlamaForCausalLMEagle3"],
                       draft_vocab_size=int(state["lm_head.weight"].shape[0]) if "lm_head.weight" in state else None)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
