@@ -75,12 +75,12 @@ def beam_expand(root_logits: torch.Tensor, children, *, topk: int, depth: int,
             "expand_score": torch.cat(scores, dim=1)}
 
 
-
 def expand_by_depth(laws: torch.Tensor, *, topk: int, depth: int, per_row: bool = False) -> dict[str, torch.Tensor]:
     """`beam_expand` of a draft whose law is the same at every node of a depth (Medusa: head d at the root's state
     drafts every child of depth d): laws (c, >= D, V), each root's logits per depth."""
     return beam_expand(laws[:, 0], lambda d, tok, parent, attend: laws[:, d - 1, None].expand(-1, topk, -1),
                        topk=topk, depth=depth, per_row=per_row)
+
 
 @torch.inference_mode()
 def expand(kv: SlotKV, root_logits: torch.Tensor, first_position: np.ndarray, *, topk: int, depth: int,

@@ -161,6 +161,7 @@ class HeadDraft:
 
         return children
 
+
 def unroll(forward, hidden: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, depth: int,
            first: int = 0) -> list[torch.Tensor]:
     """An autoregressive head's predicted features at `depth` levels from every start: [(n, H)] per depth.
