@@ -70,15 +70,15 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
 	$(if $(VLLM_TORCH),$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec)
 	@# speculators (vLLM's library for EAGLE-3 checkpoints), SpecForge (SGLang's trainer; the EAGLE-3 reference
-	@# layout) and medusa-llm (Medusa-1) write the test heads in their own layouts. They go in without their
-	@# dependencies: speculators lists the torchvision/torchaudio removed above, SpecForge pins another torch and
-	@# SGLang, medusa-llm wants fschat; only their model code runs
+	@# layout), medusa-llm (Medusa-1) and eagle-llm (EAGLE-1/2, SafeAILab's own code) write the test heads in their
+	@# own layouts. They go in without their dependencies: speculators lists the torchvision/torchaudio removed
+	@# above, SpecForge pins another torch and SGLang, medusa-llm and eagle-llm want fschat; only their model code runs
 	$(VLLM_VENV)/bin/python -m pip install -q "datasets>=4.0.0,<=5.1.0"
-	$(VLLM_VENV)/bin/python -m pip install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "specforge==0.2.0" "medusa-llm==0.1"
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "specforge==0.2.0" "medusa-llm==0.1" "eagle-llm==1.2.1"
 	@# SGLang's wheel, not installed (its package imports its whole runtime): tests/sglang_kernels.py reads its chain
 	@# verification kernel (Triton, run by Triton's interpreter here) out of it
 	$(VLLM_VENV)/bin/python -m pip download -q --no-deps "sglang==0.5.23" -d $(VLLM_VENV)/wheels
-	$(VLLM_VENV)/bin/python -c "import vllm, speculators.models.eagle3, specforge.modeling.draft.llama3_eagle, medusa.model.medusa_model; print('vLLM', vllm.__version__, 'with speculators, specforge and medusa in $(VLLM_VENV)')"
+	$(VLLM_VENV)/bin/python -c "import vllm, speculators.models.eagle3, specforge.modeling.draft.llama3_eagle, medusa.model.medusa_model, eagle.model.cnets; print('vLLM', vllm.__version__, 'with speculators, specforge, medusa and eagle in $(VLLM_VENV)')"
 	touch $@
 
 # vLLM's suffix method (validate --engine vllm --draft suffix) imports arctic-inference, which has no wheel for

@@ -24,6 +24,12 @@ there), not specsim's:
   `MedusaConfig`); `--ttt-steps` heads, run on the first H columns of `hidden` (the target's last
   state); `logits` (heads, m, V).
 
+* `eagle`: EAGLE-1/2's `eagle.model.cnets.Model` (the `eagle-llm` package, SafeAILab/EAGLE's own
+  code: `fc` over cat(embedding, feature) with a bias, `layers.*` with no input norm in layer 0),
+  saved as EAGLE's published heads are (config.json, `pytorch_model.bin` without the embeddings);
+  its forward on the first H columns of `hidden` and `ids`, through the target's LM head. With
+  `--load DIR` it reads DIR (a head specsim wrote out for SGLang's EAGLE) into that class instead.
+
 * `mtp`: `speculators.models.mtp.MTPDraftModel` (speculators' MTP layout: config.json with
   `speculators_model_type: mtp` and a Qwen3 `transformer_layer_config`, `mtp_layers.0.*`; the
   target's embedding and LM head loaded by its `load_verifier_weights`, not saved); its
@@ -229,9 +235,64 @@ def medusa(args, out: Path, hidden, ids):
     return steps, torch.arange(base.config.vocab_size)
 
 
+def _unscaled(config):
+    """EAGLE 1.2.1's attention reads `rope_scaling["type"]` whenever the field is set, and transformers 5 fills it
+    from rope_parameters; None selects its plain rotary embedding (base 10,000, as the test heads' targets)."""
+    config.rope_scaling = None
+    return config
+
+
+def eagle(args, out: Path, hidden, ids):
+    """EAGLE-1/2 in EAGLE's own layout: `eagle.model.cnets.Model` (the `eagle-llm` package, SafeAILab/EAGLE), fc with
+    its default bias, saved as EAGLE's published heads are (config.json, pytorch_model.bin). With `--load DIR` it
+    writes nothing: it reads DIR (a head specsim wrote out for SGLang) into that class. Either way its forward on
+    `hidden` (the target's last states) and `ids`, through the target's LM head."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from eagle.model.cnets import Model
+    from eagle.model.configs import EConfig
+
+    target = load_file(str(Path(args.target) / "model.safetensors"))
+    embed = target["model.embed_tokens.weight"]
+    lm = target.get("lm_head.weight", embed)  # the tiny target ties its LM head to its embeddings
+    if args.load:
+        config = _unscaled(EConfig.from_pretrained(args.load))
+        model = Model(config)
+        missing, unexpected = model.load_state_dict(load_file(str(Path(args.load) / "model.safetensors")),
+                                                    strict=False)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "loading.json").write_text(json.dumps({"missing": sorted(missing), "unexpected": sorted(unexpected),
+                                                      "architectures": config.architectures}))
+    else:
+        from transformers import AutoConfig
+
+        t = AutoConfig.from_pretrained(args.target)
+        config = EConfig(vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+                         num_hidden_layers=1, num_attention_heads=t.num_attention_heads,
+                         num_key_value_heads=t.num_key_value_heads, rms_norm_eps=t.rms_norm_eps,
+                         max_position_embeddings=t.max_position_embeddings)
+        model = Model(_unscaled(config))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.startswith(("layers.", "fc.")):
+                    param.normal_(0.0, 0.2) if param.dim() == 2 else param.uniform_(0.5, 1.5) if "norm" in name \
+                        else param.normal_(0.0, 0.1)
+        out.mkdir(parents=True, exist_ok=True)
+        config.save_pretrained(str(out))
+        torch.save({k: v for k, v in model.state_dict().items() if k != "embed_tokens.weight"},
+                   out / "pytorch_model.bin")
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(embed)  # as SGLang's set_embed_and_head and EAGLE's load_emb
+        model.eval()
+        features = model(hidden[..., : config.hidden_size], ids)
+    return [features @ lm.T], torch.arange(config.vocab_size)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
-    parser.add_argument("library", choices=["speculators", "specforge", "medusa", "mtp"])
+    parser.add_argument("library", choices=["speculators", "specforge", "medusa", "mtp", "eagle"])
     parser.add_argument("target")
     parser.add_argument("out")
     parser.add_argument("inputs")
@@ -240,8 +301,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ttt-steps", type=int, default=3)
     parser.add_argument("--norm-before-residual", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--load", default=None, help="specforge: read this reference-layout directory instead of "
-                                                      "writing a random head")
+    parser.add_argument("--load", default=None, help="specforge, eagle: read this directory (in the layout SGLang "
+                                                      "loads) instead of writing a random head")
     return parser
 
 
@@ -253,7 +314,7 @@ def write(args) -> None:
     ids = torch.as_tensor(data["ids"], dtype=torch.long)[None]
     out = Path(args.out)
     steps, vocab = {"speculators": speculators, "specforge": specforge, "medusa": medusa,
-                    "mtp": mtp}[args.library](args, out, hidden, ids)
+                    "mtp": mtp, "eagle": eagle}[args.library](args, out, hidden, ids)
     np.savez(out / "reference.npz", logits=torch.cat(steps).float().numpy(), vocab=vocab.numpy())
 
 

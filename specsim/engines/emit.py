@@ -9,8 +9,8 @@
   `synthetic_acceptance_rates`: per position i, the share of drafting steps whose first i + 1
   drafts were all accepted (vLLM's own per-position acceptance rate, non-increasing).
 * SGLang (0.5, `sglang/srt/arg_groups/fields/spec.py`): launch flags. A draft model
-  (`--speculative-algorithm STANDALONE`) or an EAGLE-3 head (`EAGLE3`: the same drafting loop, over
-  the head) drafts a chain as `--speculative-num-steps k --speculative-eagle-topk 1
+  (`--speculative-algorithm STANDALONE`), an EAGLE-1/2 head (`EAGLE`) or an EAGLE-3 head (`EAGLE3`:
+  the same drafting loop, over the head) drafts a chain as `--speculative-num-steps k --speculative-eagle-topk 1
   --speculative-num-draft-tokens k+1` (SGLang sets num_draft_tokens = steps + 1 when topk is 1),
   a dynamic tree topk=K, depth=D, tokens=N as steps D, topk K, num_draft_tokens N + 1 (the root
   is verified too). A measured acceptance is SGLang's simulated acceptance, the environment
@@ -65,15 +65,24 @@ def vllm_synthetic(base: dict, per_pos: Sequence[float], drafts: float) -> dict:
     return {**base, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}
 
 
+SGLANG_HEADS = {"eagle3:": "EAGLE3", "eagle:": "EAGLE"}  # head drafts SGLang's EAGLE worker runs, by algorithm
+
+
 def sglang_algorithm(draft: str) -> str:
-    """SGLang's --speculative-algorithm for `draft`: STANDALONE (a draft model) or EAGLE3 (an EAGLE-3 head); an
-    EngineError for the drafts whose SGLang rule specsim does not reproduce."""
+    """SGLang's --speculative-algorithm for `draft`: STANDALONE (a draft model), EAGLE (an EAGLE-1/2 head) or
+    EAGLE3 (an EAGLE-3 head); an EngineError for the drafts whose SGLang rule specsim does not reproduce."""
     kind = draft_kind(draft)
-    if draft.startswith("eagle3:"):
-        return "EAGLE3"
+    for prefix, algorithm in SGLANG_HEADS.items():
+        if draft.startswith(prefix):
+            return algorithm
+    if draft.startswith("mtp:"):
+        raise EngineError(f"draft {draft}: SGLang runs MTP modules (NEXTN) only inside the target families that ship "
+                          "one (DeepSeek, GLM-4 MoE, MiMo, Qwen3-Next, ...), loaded from the target's own "
+                          "checkpoint; specsim writes SGLang flags for draft models, EAGLE and EAGLE-3 heads")
     if kind.model_free or kind.heads:
-        raise EngineError(f"draft {draft}: specsim writes SGLang flags for draft models (STANDALONE) and EAGLE-3 "
-                          "heads (EAGLE3); SGLang's NGRAM and its EAGLE-1/2 and MTP heads are not reproduced exactly")
+        raise EngineError(f"draft {draft}: specsim writes SGLang flags for draft models (STANDALONE), EAGLE-1/2 "
+                          "heads (EAGLE) and EAGLE-3 heads (EAGLE3); SGLang's NGRAM and Medusa-style heads are not "
+                          "reproduced exactly")
     return "STANDALONE"
 
 
@@ -87,14 +96,15 @@ SGLANG_SAMPLED = {  # an EAGLE/EAGLE-3 chain's drafts sampled from q and verifie
 def check_sglang_policy(policy: str, draft: str | None = None, tree=None) -> None:
     """An EngineError unless SGLang runs `policy` for `draft` drafting `tree`: greedy at T = 0 and point-mass
     verification at T > 0 (its default, `tree_speculative_sampling_target_only`: specsim's greedy-draft) for every
-    draft; drafts sampled from q verified token by token (sample) or as a block (block) only for EAGLE-3 chains
-    (its rejection-sampling kernel, docs/design.md §2d). Without `draft` and `tree`, only the policy's name."""
+    draft; drafts sampled from q verified token by token (sample) or as a block (block) only for EAGLE and EAGLE-3
+    chains (its rejection-sampling kernel, docs/design.md §2d). Without `draft` and `tree`, only the policy's
+    name."""
     if policy in SGLANG_POINT_MASS:
         return
     if policy not in SGLANG_SAMPLED:
         raise EngineError(f"policy {policy}: SGLang runs greedy, greedy-draft (its point-mass verification), and "
-                          "for EAGLE-3 chains sample and block; not this one")
-    if draft is not None and not draft.startswith("eagle3:"):
+                          "for EAGLE and EAGLE-3 chains sample and block; not this one")
+    if draft is not None and not draft.startswith(tuple(SGLANG_HEADS)):
         raise EngineError(f"policy {policy}: SGLang samples and verifies drafts against their law only for EAGLE/"
                           f"EAGLE-3 heads (--speculative-use-rejection-sampling), not for {draft}")
     if tree is not None and not tree.is_chain:
@@ -104,7 +114,7 @@ def check_sglang_policy(policy: str, draft: str | None = None, tree=None) -> Non
 
 def sglang_flags(draft: str, tree, *, draft_dir: str | None, policy: str = "greedy") -> list[str]:
     """SGLang's launch flags for `draft` drafting `tree` (a chain, or a dynamic tree): a draft model as
-    STANDALONE, an EAGLE-3 head as EAGLE3 (`draft_dir` in the reference layout SGLang loads,
+    STANDALONE, an EAGLE-1/2 head as EAGLE, an EAGLE-3 head as EAGLE3 (`draft_dir` in the layout SGLang loads,
     `specsim.engines.export.sglang_directory`), verified by `policy` (`check_sglang_policy`)."""
     algorithm = sglang_algorithm(draft)
     check_sglang_policy(policy, draft, tree)

@@ -10,7 +10,8 @@ renamed into place, so a crash leaves no half-written model under that name. `in
 such form: it is specsim's own batch-invariant W8A8 module.
 
 Heads `train-draft` wrote are written out the same way in the layout each engine loads: `eagle:`
-as vLLM's eagle layout, `eagle3:` as the EAGLE-3 reference layout SGLang's EAGLE3 algorithm loads
+as vLLM's eagle layout, and for SGLang as EAGLE's layout under SGLang's class name
+(`export_eagle_sglang`); `eagle3:` as the EAGLE-3 reference layout SGLang's EAGLE3 algorithm loads
 (`sglang_directory`; vLLM loads `train-draft`'s own speculators layout as it is), `mtp:` as a
 target checkpoint with the head as its MTP layer.
 """
@@ -213,11 +214,77 @@ def export_eagle(draft: str, target: str, *, target_info: dict | None = None, ou
 def sglang_directory(draft: str, target: str, *, target_info: dict | None = None, draft_info: dict | None = None,
                      echo: Callable[[str], None] = lambda line: None) -> str:
     """A directory (or hub id) holding `draft` as SGLang's `--speculative-draft-model-path` loads it: an EAGLE-3
-    head in the reference layout (`export_eagle3_sglang`), any other draft as vLLM's draft_model method has it."""
+    head in the reference layout (`export_eagle3_sglang`), an EAGLE-1/2 head in EAGLE's layout under SGLang's
+    architecture (`export_eagle_sglang`), any other draft as vLLM's draft_model method has it."""
     draft = recorded_head(draft, draft_info)
     if draft.startswith("eagle3:"):
         return str(export_eagle3_sglang(draft, target, target_info=target_info, echo=echo))
+    if draft.startswith("eagle:"):
+        return str(export_eagle_sglang(draft, target, target_info=target_info, echo=echo))
     return draft_directory(draft, target, target_info=target_info, draft_info=draft_info, echo=echo)
+
+
+SGLANG_EAGLE = "LlamaForCausalLMEagle"  # SGLang's EAGLE-1/2 class (srt/models/llama_eagle.py), picked by name
+
+
+def export_eagle_sglang(draft: str, target: str, *, target_info: dict | None = None, out: Path | None = None,
+                        echo: Callable[[str], None] = lambda line: None) -> Path:
+    """`eagle:DIR` as the directory SGLang's EAGLE algorithm loads; its path.
+
+    SGLang 0.5.23 (`srt/models/llama_eagle.py`) runs EAGLE-1/2 heads in EAGLE's own layout (SafeAILab/EAGLE
+    `eagle/model/cnets.py`, the `eagle-llm` package: `fc.*` over cat(embedding, feature), `layers.*` with no input
+    norm in layer 0, no final norm), which its loader prefixes with "model.", and shares the target's embeddings
+    and LM head (`set_embed_and_head`). It picks the class by config.json's `architectures`, with no renaming for
+    drafts, so the config must say `LlamaForCausalLMEagle`; and its fc always has a bias (`nn.Linear` by default),
+    so a head without one gets a zero bias, which computes what the head computes (a bias missing from the file
+    would keep its random initial value). A directory that already names SGLang's class, or a hub id, is given as
+    it is; any other (a head `train-draft` wrote, a published EAGLE checkpoint under `LlamaForCausalLM`) is
+    written out once, into the model store, with its weights as they are.
+    """
+    import hashlib
+
+    from specsim.record import packaged
+    from specsim.record.head_checkpoints import read_head_weights
+
+    where, raw = _local_head(draft)
+    if where is None:
+        return model_directory(draft.partition(":")[2])  # a hub id: SGLang resolves it
+    if raw.get("architectures") == [SGLANG_EAGLE]:
+        return where.resolve()
+    head = raw.get("specsim")
+    if head is not None and head.get("kind") != "eagle":
+        raise EngineError(f"{where} holds {head.get('kind')} heads: SGLang's EAGLE algorithm loads EAGLE-1/2 heads")
+    weights = read_head_weights(where, "eagle")
+    if "fc.weight" not in weights[1]:
+        raise EngineError(f"{where}: no fc.weight: not an EAGLE-1/2 checkpoint")
+    sha = hashlib.sha256(weights[0].read_bytes()).hexdigest()
+    out = Path(out) if out is not None else (packaged.model_store() / "exported"
+                                             / f"{_safe(target)}-eagle-sglang-{sha[:12]}")
+    want = {"head": str(where.resolve()), "weights_sha256": sha, "target": target, "layout": "sglang"}
+    if _reusable(out, want):
+        return out
+    echo(f"writing EAGLE head {where} in the layout SGLang's EAGLE loads: {out}")
+    if head is not None:
+        target_dir = Path(model_directory(target, target_info))
+        try:
+            target_config = json.loads((target_dir / "config.json").read_text())
+        except (OSError, ValueError):
+            target_config = {}
+        config = eagle_config(head, target_config)
+    else:  # a published config: a Llama layer's, which SGLang's class is
+        config = {"model_type": "llama", **raw}
+    config["architectures"] = [SGLANG_EAGLE]
+
+    def fill(tmp: Path) -> None:
+        from safetensors.torch import save_file
+
+        state = dict(weights[1])
+        if "fc.bias" not in state:
+            state["fc.bias"] = state["fc.weight"].new_zeros(state["fc.weight"].shape[0])
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    return _write_directory(out, want, fill)
 
 
 def export_eagle3_sglang(draft: str, target: str, *, target_info: dict | None = None, out: Path | None = None,

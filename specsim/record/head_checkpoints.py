@@ -101,6 +101,13 @@ def _read_weights(weights: Path, only=None) -> dict:
     return {k: v for k, v in state.items() if only is None or only(k)}
 
 
+def read_head_weights(path: Path, kind: str) -> tuple[Path, dict]:
+    """(weights file, its tensors) of the `kind` checkpoint in directory `path`, read as `load_heads` reads it
+    (safetensors, or a pickle of tensors without running code)."""
+    weights = _weights_file(path, kind)
+    return weights, _read_weights(weights)
+
+
 def default_aux_layers(n_layers: int) -> tuple[int, ...]:
     """EAGLE-3's low, middle and high target layers when a checkpoint names none: (2, L // 2, L - 3), as vLLM's
     `get_eagle3_default_aux_hidden_state_layers` and speculators' `resolve_target_layer_ids`."""
