@@ -409,8 +409,9 @@ def test_a_resumed_training_ends_with_the_weights_of_an_uninterrupted_one(traini
                                                                           monkeypatch):
     """Stopped at step 5 of 8 (checkpoints every 3) and resumed, a run ends with exactly the weights the same run
     reaches uninterrupted: the optimiser's moments, the schedule, the batch order and the held-out numbers before
-    training all continue; the finished run removes its state. Resuming with another setting, or where no run was
-    interrupted, is refused in one line."""
+    training all continue; the finished run removes its state. Each held-out evaluation is reported as it is made
+    (a curve point after its checkpoint is on disk, before the next step; the interrupted step's too), and a
+    resumed run reports the earlier ones first. Resuming with another setting, or where no run was interrupted, is refused in one line."""
     from dataclasses import replace
 
     import torch
@@ -425,12 +426,22 @@ def test_a_resumed_training_ends_with_the_weights_of_an_uninterrupted_one(traini
     real = training.batch_loss
     monkeypatch.setattr(training, "batch_loss", _interrupted_at(6, real))
     out = tmp_path / "resumed"
-    stopped = training.train(training_cache[0], target, out, config, progress=False)
+    seen = []
+
+    def report(what, result):  # what the run has done when it reports: the steps in its saved state
+        saved = torch.load(out / training.STATE_FILE, weights_only=False)["step"] if what == "step" else None
+        seen.append((what, result.get("step"), saved, result.get("positions")))
+
+    stopped = training.train(training_cache[0], target, out, config, progress=False, report=report)
     assert stopped.interrupted and stopped.steps == 5 and (out / training.STATE_FILE).exists()
+    assert seen == [("before", None, None, stopped.heldout_positions), ("step", 3, 3, None), ("step", 5, 5, None)]
     monkeypatch.setattr(training, "batch_loss", real)
     with pytest.raises(ModelError, match="setting lr differs: the run in .* had 0.003, now 0.001"):
         training.train(training_cache[0], target, out, replace(config, lr=1e-3), progress=False, resume=True)
-    resumed = training.train(training_cache[0], target, out, config, progress=False, resume=True)
+    seen.clear()
+    resumed = training.train(training_cache[0], target, out, config, progress=False, resume=True,
+                             report=lambda what, result: seen.append((what, result.get("step"))))
+    assert seen == [("before", None), ("step", 3), ("step", 5), ("step", 6)]
     assert resumed.steps == 8 and not resumed.interrupted and resumed.before == straight.before
     a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(out / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

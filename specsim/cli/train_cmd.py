@@ -172,27 +172,31 @@ def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, m
                          ttt_decay=ttt_decay if ttt_decay is not None else 0.6 if kind == "mtp" else 1.0,
                          mtp_style=mtp_style, prompt=prompt_use, precision=precision,
                          **({} if router_bias_speed is None else {"router_bias_speed": router_bias_speed}))
-    with sigterm_as_interrupt():  # SIGTERM (a scheduler's stop) saves the last checkpoint as Ctrl-C does
-        outcome = train(caches, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True),
-                        begun=begun, resume=resume, hidden_batch=hidden_batch or 0)
-
     def agreement(result):
         return ", ".join(f"depth {d} {v:.3f} (overlap {result['overlap'][d]:.3f})" for d, v in result["top1"].items())
 
-    click.echo(f"held-out ({outcome.heldout_positions} positions) before training: loss {outcome.before['loss']:.3f}, "
-               f"top-1 agreement with the target's token {agreement(outcome.before)}; overlap = Σ min(p, q), a one-token "
-               "draft's acceptance at T=1")
+    def report(what: str, result: dict) -> None:
+        """Each held-out evaluation on stdout as the run makes it (flushed: a log shows a long run's curve)."""
+        if what == "before":
+            click.echo(f"held-out ({result['positions']} positions) before training: loss {result['loss']:.3f}, "
+                       f"top-1 agreement with the target's token {agreement(result)}; overlap = Σ min(p, q), a "
+                       "one-token draft's acceptance at T=1")
+        else:
+            click.echo(f"step {result['step']}: training loss {result['train_loss']:.3f} (learning rate "
+                       f"{result['lr']:.3g}); held-out (first {CURVE_HELDOUT} trajectories) loss "
+                       f"{result['heldout']['loss']:.3f}, top-1 "
+                       + ", ".join(f"depth {d} {v:.3f}" for d, v in result["heldout"]["top1"].items()))
+        sys.stdout.flush()
+
+    with sigterm_as_interrupt():  # SIGTERM (a scheduler's stop) saves the last checkpoint as Ctrl-C does
+        outcome = train(caches, loaded, out, config, progress=not quiet, echo=lambda line: click.echo(line, err=True),
+                        begun=begun, resume=resume, hidden_batch=hidden_batch or 0, report=report)
     if outcome.interrupted:
         click.echo(f"interrupted after {outcome.steps} steps ({outcome.seconds:.1f} s); saved that checkpoint to {out}; "
                    "the same command with --resume continues it", err=True)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)
-    for point in outcome.curve:
-        click.echo(f"step {point['step']}: training loss {point['train_loss']:.3f} (learning rate {point['lr']:.3g}); "
-                   f"held-out (first "
-                   f"{CURVE_HELDOUT} trajectories) loss {point['heldout']['loss']:.3f}, top-1 "
-                   + ", ".join(f"depth {d} {v:.3f}" for d, v in point["heldout"]["top1"].items()))
     click.echo(f"held-out after {outcome.steps} steps ({outcome.seconds:.1f} s on {outcome.positions} training "
                f"positions): loss {outcome.after['loss']:.3f}, top-1 agreement {agreement(outcome.after)}")
     click.echo(f"wrote {out}; next: specsim cache --target {target} --draft {kind}:{out} --out CACHE")

@@ -256,7 +256,8 @@ def _resumed_state(out: Path, config: TrainConfig, prompts: str, positions: int)
 
 def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = True,
           echo: Callable[[str], None] = lambda line: None, begun: float | None = None,
-          resume: bool = False, hidden_batch: int = 0) -> TrainOutcome:
+          resume: bool = False, hidden_batch: int = 0,
+          report: Callable[[str, dict], None] = lambda what, result: None) -> TrainOutcome:
     """Train `config.kind` heads for `target` on the hidden states of `caches` (a cache file, or a sequence of them
     trained on together: `plan_prompts` says which prompts of each are held out) and save them in `out`. begun:
     when the run began by `_clock` (`config.time_limit` counts from it; default: now), so a caller's loading
@@ -264,7 +265,9 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
     optimiser, schedule, random streams); resume=True continues the run interrupted in `out` from there, with the
     same settings and data (a time-limited one runs the rest of its schedule in the new `config.time_limit`): a
     run of `steps` resumed ends with the weights it would have had uninterrupted. hidden_batch > 0: the prompts'
-    states from right-padded forwards of up to that many tokens (`load_sequences`)."""
+    states from right-padded forwards of up to that many tokens (`load_sequences`). report(what, result): each
+    held-out evaluation as it is made ("before": the untrained heads' on every held-out trajectory, "step": a
+    curve point), so a long run's curve is seen while it runs; a resumed run reports its earlier ones first."""
     from tqdm.auto import tqdm
 
     from specsim.cache.provenance import trained_on
@@ -342,11 +345,15 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
         evaluating = _clock()
         outcome.before = evaluate(config.kind, module, target, held, config)
         evaluation = _clock() - evaluating
+        report("before", dict(outcome.before, positions=n_held))
     else:
         outcome.before, outcome.curve, outcome.steps = resumed["before"], resumed["curve"], resumed["step"]
         evaluation = resumed["evaluation_seconds"]
         echo(f"resuming the run in {out} at step {outcome.steps}"
              + (f", {resumed['reached']:.1%} of its time-limited schedule run" if config.time_limit else ""))
+        report("before", dict(outcome.before, positions=n_held))
+        for point in outcome.curve:
+            report("step", point)
     now = _clock()
     trained = [p for p in module.parameters() if p.requires_grad]
     optimiser = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
@@ -448,6 +455,8 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
                                       "lr": rate, "heldout": evaluate(config.kind, module, target, probe, config)})
                 module.train()
                 checkpoint()
+                with tqdm.external_write_mode():  # the line above the bar, not through it
+                    report("step", outcome.curve[-1])
     except KeyboardInterrupt:
         outcome.interrupted = True
     finally:
@@ -471,5 +480,6 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
         since = outcome.steps - (outcome.curve[-1]["step"] if outcome.curve else 0)
         outcome.curve.append({"step": outcome.steps, "train_loss": float(np.mean(losses[-since:])), "lr": rate,
                               "heldout": evaluate(config.kind, module, target, probe, config)})
+        report("step", outcome.curve[-1])
     checkpoint()
     return outcome
