@@ -198,11 +198,7 @@ def export_eagle(draft: str, target: str, *, target_info: dict | None = None, ou
     if _reusable(out, want):
         return out
     echo(f"writing EAGLE head {where} as vLLM's eagle layout: {out}")
-    target_dir = Path(model_directory(target, target_info))
-    try:
-        target_config = json.loads((target_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        target_config = {}
+    target_config = _target_config(target, target_info)
 
     def fill(tmp: Path) -> None:
         shutil.copyfile(weights, tmp / "model.safetensors")
@@ -265,12 +261,7 @@ def export_eagle_sglang(draft: str, target: str, *, target_info: dict | None = N
         return out
     echo(f"writing EAGLE head {where} in the layout SGLang's EAGLE loads: {out}")
     if head is not None:
-        target_dir = Path(model_directory(target, target_info))
-        try:
-            target_config = json.loads((target_dir / "config.json").read_text())
-        except (OSError, ValueError):
-            target_config = {}
-        config = eagle_config(head, target_config)
+        config = eagle_config(head, _target_config(target, target_info))
     else:  # a published config: a Llama layer's, which SGLang's class is
         config = {"model_type": "llama", **raw}
     config["architectures"] = [SGLANG_EAGLE]
@@ -334,12 +325,10 @@ def export_eagle3_sglang(draft: str, target: str, *, target_info: dict | None = 
     if unlike:
         raise EngineError(f"{where}: {', '.join(unlike)}: SGLang's EAGLE-3 layer (llama_eagle3.py) computes none of "
                           "this")
-    target_dir = Path(model_directory(target, target_info))
-    try:
-        target_config = json.loads((target_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        raise EngineError(f"{target_dir}: no readable config.json, so the head's target layers cannot be checked "
-                          "against SGLang's default") from None
+    target_config = _target_config(target, target_info)
+    if "num_hidden_layers" not in target_config:
+        raise EngineError(f"{model_directory(target, target_info)}: no readable config.json with num_hidden_layers, "
+                          "so the head's target layers cannot be checked against SGLang's default")
     default = default_aux_layers(int(target_config["num_hidden_layers"]))
     if tuple(head.get("aux_layers") or ()) != default:
         raise EngineError(f"{where} fuses target layers {list(head.get('aux_layers') or ())}, not the default "
@@ -379,6 +368,14 @@ def recorded_head(draft: str, draft_info: dict | None) -> str:
         return draft
     path = (draft_info or {}).get("path")
     return f"{kind}:{path}" if path and Path(path).is_dir() else draft
+
+
+def _target_config(target: str, target_info: dict | None) -> dict:
+    """The target's config.json ({} when it has none to read: the export then takes the head's own sizes)."""
+    try:
+        return json.loads((Path(model_directory(target, target_info)) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _local_head(draft: str) -> tuple[Path | None, dict]:
