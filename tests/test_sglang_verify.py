@@ -54,9 +54,15 @@ def _first_above(law: np.ndarray, u: float) -> tuple[int, float]:
     return int(np.argmax(cdf > u)), float(np.abs(cdf - u).min())
 
 
-def _block(c, r: int, *, eta: bool = True) -> tuple[int, int, float]:
+def _inverse_cdf(c):
+    """SGLang's draw of the emitted token: `_first_above` the row's last uniform."""
+    return lambda law, r, kept: _first_above(law, c["u_final"][r])
+
+
+def _block(c, r: int, *, eta: bool = True, draw=None) -> tuple[int, int, float]:
     """specsim's block verification of row r on the kernel's uniforms: (kept, token, the nearest margin).
-    eta=False: a wrong rule that keeps prefix i with probability a_i (no η correction)."""
+    eta=False: a wrong rule that keeps prefix i with probability a_i (no η correction). draw(law, r, kept): the
+    engine's draw of the emitted token from `law` with its randomness, and its margin (SGLang's by default)."""
     from specsim.verify import block_correction, block_thresholds
 
     p, q, x, u = c["p"][r], c["q"][r], c["drafts"][r], c["u"][r]
@@ -65,13 +71,14 @@ def _block(c, r: int, *, eta: bool = True) -> tuple[int, int, float]:
     g = x.shape[0]
     kept = max([i for i in range(1, g + 1) if u[i - 1] < h[i]], default=0)
     margin = min(abs(u[i - 1] - h[i]) for i in range(1, g + 1))
-    token, gap = _first_above(block_correction(p, q, x, kept), c["u_final"][r])
+    token, gap = (draw or _inverse_cdf(c))(block_correction(p, q, x, kept), r, kept)
     return kept, token, min(margin, gap)
 
 
-def _token_wise(c, r: int) -> tuple[int, int, float]:
+def _token_wise(c, r: int, *, draw=None) -> tuple[int, int, float]:
     """Token-wise rejection on the kernel's uniforms: keep draft i while u_i < p_i(x_i) / q_i(x_i); then a token
-    from the residual norm(max(p - q, 0)) of the first rejected step, or the bonus position's p."""
+    from the residual norm(max(p - q, 0)) of the first rejected step, or the bonus position's p (`draw` as in
+    `_block`)."""
     from specsim.verify import residual
 
     p, q, x, u = c["p"][r], c["q"][r], c["drafts"][r], c["u"][r]
@@ -83,7 +90,7 @@ def _token_wise(c, r: int) -> tuple[int, int, float]:
             break
         kept += 1
     law = p[g] if kept == g else residual(p[kept], q[kept])
-    token, gap = _first_above(law, c["u_final"][r])
+    token, gap = (draw or _inverse_cdf(c))(law, r, kept)
     return kept, token, min(margin, gap)
 
 
