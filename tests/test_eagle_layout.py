@@ -145,9 +145,10 @@ def test_an_eagle_head_written_out_for_sglang_loads_into_eagle_s_class_and_compu
 def test_eagle_heads_go_to_sglang_as_eagle_and_other_heads_are_refused(ran, tiny_model_dir, tmp_path):
     """A published head EAGLE's class wrote (a Llama architecture) is written out under SGLang's class with its own
     fc bias; a directory already naming SGLang's class is given as it is, as is an export asked again; an EAGLE-3
-    head is refused in one line; SGLang's flags name the EAGLE algorithm and the sampled rules for its chains."""
+    head is refused in one line, in specsim's layout or a published one; SGLang's flags name the EAGLE algorithm
+    and the sampled rules for its chains."""
     import torch
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file, save_file
 
     from specsim.engines import emit
     from specsim.engines.export import export_eagle_sglang, sglang_directory
@@ -168,6 +169,12 @@ def test_eagle_heads_go_to_sglang_as_eagle_and_other_heads_are_refused(ran, tiny
     with pytest.raises(EngineError, match="SGLang's EAGLE algorithm loads EAGLE-1/2 heads"):
         export_eagle_sglang(f"eagle:{eagle3_from_last_layer(target, tmp_path / 'e3')}", t, out=tmp_path / "x")
     assert not (tmp_path / "x").exists()
+    speculators = tmp_path / "speculators"  # an EAGLE-3 head in a published layout, given as eagle:
+    speculators.mkdir()
+    (speculators / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
+    save_file({"fc.weight": torch.zeros(64, 192)}, str(speculators / "model.safetensors"))
+    with pytest.raises(EngineError, match=r"fc.weight of shape \(64, 192\), not EAGLE-1/2's"):
+        export_eagle_sglang(f"eagle:{speculators}", t, out=tmp_path / "y")
     flags = emit.sglang_flags(f"eagle:{head}", parse_tree("chain:3"), draft_dir="d", policy="block")
     assert flags[:2] == ["--speculative-algorithm", "EAGLE"] and flags[-1] == "--speculative-use-block-verification"
     with pytest.raises(EngineError, match="NEXTN"):

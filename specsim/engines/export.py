@@ -251,8 +251,10 @@ def export_eagle_sglang(draft: str, target: str, *, target_info: dict | None = N
     if head is not None and head.get("kind") != "eagle":
         raise EngineError(f"{where} holds {head.get('kind')} heads: SGLang's EAGLE algorithm loads EAGLE-1/2 heads")
     weights = read_head_weights(where, "eagle")
-    if "fc.weight" not in weights[1]:
-        raise EngineError(f"{where}: no fc.weight: not an EAGLE-1/2 checkpoint")
+    fc = weights[1].get("fc.weight")
+    if fc is None or fc.ndim != 2 or fc.shape[1] != 2 * fc.shape[0]:
+        raise EngineError(f"{where}: {'no fc.weight' if fc is None else f'fc.weight of shape {tuple(fc.shape)}'}, "
+                          "not EAGLE-1/2's fc over [embedding, feature] (H x 2H); an EAGLE-3 head is eagle3:DIR")
     sha = hashlib.sha256(weights[0].read_bytes()).hexdigest()
     out = Path(out) if out is not None else (packaged.model_store() / "exported"
                                              / f"{_safe(target)}-eagle-sglang-{sha[:12]}")
