@@ -63,7 +63,7 @@ from specsim.cli import _common as c
               default=None, metavar="ENGINE FILE",
               help="Write the one configuration simulated as the engine runs it: vllm -> its speculative_config "
                    "JSON (a chain), sglang -> its launch flags (a chain or a dynamic tree, of a draft model or an "
-                   "EAGLE-3 head, which is written out in the layout SGLang loads).")
+                   "EAGLE-1/2 or EAGLE-3 head, which is written out in the layout SGLang loads).")
 @c.quiet_option
 @c.friendly_errors
 def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft, cost_profile, cost_extrapolate, cost,
