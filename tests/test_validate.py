@@ -124,6 +124,8 @@ def test_validate_compares_predicted_and_live_speedup(tiny_cache, tiny_profile, 
     speed = frame.filter(pl.col("check") == "speedup").row(0, named=True)
     assert speed["ratio"] == pytest.approx(speed["speedup_predicted"] / speed["speedup_live"])
     assert speed["batch"] == 2 and speed["speedup_live"] > 0 and speed["verdict"] == "PASS"
+    drift = speed["plain_tokens_per_s_live"] / speed["plain_tokens_per_s_predicted"]  # the machine since profiling
+    assert f"plain decoding ran live at {drift:.3f}x the tokens/s the profile predicts (1 plain run)" in result.output
     assert frame.filter(pl.col("check") == "greedy calls")["verdict"].to_list() == ["PASS"]
     # the check can fail: no prediction is within a millionth of a measured speedup
     strict = _validate(str(tiny_cache), "--tree", "chain:3", "--draft", "int8", "--cost-profile", str(tiny_profile),

@@ -160,6 +160,9 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
         named = ", ".join(str(p) for p in cost_profile) + " pooled" if isinstance(cost_profile, tuple) else cost_profile
         echo(f"speedup: predicted from {named} (measured costs) vs live over plain decoding of the "
              "same requests in the same run (decode steps only); ratio = predicted / live")
+        drift = _drift_line(report.checks)
+        if drift:
+            echo(drift)
     if target is not None:
         frame = pl.DataFrame([{"draft": ch.draft, "tree": ch.tree, "policy": ch.policy, "temperature": ch.temperature,
                                "batch": ch.batch, "batching": batching, "check": ch.kind, "verdict": ch.verdict,
@@ -174,6 +177,22 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
         raise SystemExit(1)
     echo(f"all {len(report.checks)} checks passed" if all(ch.passed for ch in report.checks) else
          f"no check failed ({sum(ch.passed is None for ch in report.checks)} inconclusive)")
+
+
+def _drift_line(checks) -> str | None:
+    """How fast the machine ran plain decoding live against what the profile predicts for it: the drift since
+    profiling, which the speedup ratio largely cancels (plain and speculative decoding alternate in one run) but
+    the predicted CIs do not carry (docs/design.md §3); None without speed checks."""
+    runs = {(ch.policy, ch.temperature, ch.batch): ch.values["plain_tokens_per_s_live"]
+            / ch.values["plain_tokens_per_s_predicted"] for ch in checks
+            if ch.kind == "speedup" and ch.values.get("plain_tokens_per_s_predicted")}
+    if not runs:
+        return None
+    low, high = min(runs.values()), max(runs.values())
+    span = f"{low:.3f}" if abs(high - low) < 5e-4 else f"{low:.3f} to {high:.3f}"
+    return (f"machine speed: plain decoding ran live at {span}x the tokens/s the profile predicts ({len(runs)} plain "
+            f"run{'s' if len(runs) > 1 else ''}): the drift since profiling, which the speedup ratio largely cancels "
+            "and the predicted CIs do not carry; profile again, or pool a fresh profile with --cost-profile twice")
 
 
 def _tolerance(value: float | None) -> dict:
