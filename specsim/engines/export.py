@@ -87,9 +87,6 @@ def mtp_directory(draft: str, target: str, *, target_info: dict | None = None, o
     target's LM head as the layer's `shared_head.head`; num_nextn_predict_layers 1), which vLLM loads as the
     target and the draft both — the same target weights, so the same outputs. Anything else is refused with the
     reason."""
-    import hashlib
-
-    from specsim.record import packaged
     from specsim.record.head_checkpoints import WEIGHTS
 
     where = Path(draft.partition(":")[2]).expanduser()
@@ -115,12 +112,6 @@ def mtp_directory(draft: str, target: str, *, target_info: dict | None = None, o
                           f"mimo) or DeepSeek-V3's (a DeepSeek-V3 target); this one is {style}-style on a "
                           f"{target_config.get('model_type')} target, which no vLLM model class runs")
     weights = where / WEIGHTS["mtp"]
-    sha = hashlib.sha256(weights.read_bytes()).hexdigest()
-    out = Path(out) if out is not None else packaged.model_store() / "exported" / f"{_safe(target)}-{style}-{sha[:12]}"
-    want = {"head": str(where.resolve()), "weights_sha256": sha, "target": target}
-    if _reusable(out, want):
-        return str(out)
-    echo(f"writing {target} with MTP head {where} as a {style} checkpoint vLLM's mtp method runs: {out}")
 
     def fill(tmp: Path) -> None:
         from safetensors.torch import load_file, save_file
@@ -146,7 +137,8 @@ def mtp_directory(draft: str, target: str, *, target_info: dict | None = None, o
         config.update(num_nextn_predict_layers=1)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
-    return str(_write_directory(out, want, fill))
+    return str(_write_head(where, weights, target, style, out, fill, echo,
+                           f"{target} with MTP head {where} as a {style} checkpoint vLLM's mtp method runs"))
 
 
 def eagle_config(head: dict, target_config: dict) -> dict:
@@ -174,9 +166,6 @@ def export_eagle(draft: str, target: str, *, target_info: dict | None = None, ou
     loader prefixes with "model.") and a Llama config (`eagle_config`); vLLM shares the target's
     embeddings and LM head where the head has none, as specsim does.
     """
-    import hashlib
-
-    from specsim.record import packaged
     from specsim.record.head_checkpoints import WEIGHTS
 
     where, raw = _local_head(draft)
@@ -192,19 +181,13 @@ def export_eagle(draft: str, target: str, *, target_info: dict | None = None, ou
     if head.get("fc_bias"):
         raise EngineError(f"{where}: its fc has a bias, which vLLM's EAGLE (llama_eagle.py) does not load")
     weights = where / WEIGHTS["eagle"]
-    sha = hashlib.sha256(weights.read_bytes()).hexdigest()
-    out = Path(out) if out is not None else packaged.model_store() / "exported" / f"{_safe(target)}-eagle-{sha[:12]}"
-    want = {"head": str(where.resolve()), "weights_sha256": sha, "target": target}
-    if _reusable(out, want):
-        return out
-    echo(f"writing EAGLE head {where} as vLLM's eagle layout: {out}")
-    target_config = _target_config(target, target_info)
 
     def fill(tmp: Path) -> None:
         shutil.copyfile(weights, tmp / "model.safetensors")
-        (tmp / "config.json").write_text(json.dumps(eagle_config(head, target_config), indent=2) + "\n")
+        config = eagle_config(head, _target_config(target, target_info))
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
-    return _write_directory(out, want, fill)
+    return _write_head(where, weights, target, "eagle", out, fill, echo, f"EAGLE head {where} as vLLM's eagle layout")
 
 
 def sglang_directory(draft: str, target: str, *, target_info: dict | None = None, draft_info: dict | None = None,
@@ -237,9 +220,6 @@ def export_eagle_sglang(draft: str, target: str, *, target_info: dict | None = N
     it is; any other (a head `train-draft` wrote, a published EAGLE checkpoint under `LlamaForCausalLM`) is
     written out once, into the model store, with its weights as they are.
     """
-    import hashlib
-
-    from specsim.record import packaged
     from specsim.record.head_checkpoints import read_head_weights
 
     where, raw = _local_head(draft)
@@ -255,19 +235,6 @@ def export_eagle_sglang(draft: str, target: str, *, target_info: dict | None = N
     if fc is None or fc.ndim != 2 or fc.shape[1] != 2 * fc.shape[0]:
         raise EngineError(f"{where}: {'no fc.weight' if fc is None else f'fc.weight of shape {tuple(fc.shape)}'}, "
                           "not EAGLE-1/2's fc over [embedding, feature] (H x 2H); an EAGLE-3 head is eagle3:DIR")
-    sha = hashlib.sha256(weights[0].read_bytes()).hexdigest()
-    out = Path(out) if out is not None else (packaged.model_store() / "exported"
-                                             / f"{_safe(target)}-eagle-sglang-{sha[:12]}")
-    want = {"head": str(where.resolve()), "weights_sha256": sha, "target": target, "layout": "sglang"}
-    if _reusable(out, want):
-        return out
-    echo(f"writing EAGLE head {where} in the layout SGLang's EAGLE loads: {out}")
-    if head is not None:
-        config = eagle_config(head, _target_config(target, target_info))
-    else:  # a published config: a Llama layer's, which SGLang's class is
-        config = {"model_type": "llama", **raw}
-    config["architectures"] = [SGLANG_EAGLE]
-
     def fill(tmp: Path) -> None:
         from safetensors.torch import save_file
 
@@ -275,9 +242,15 @@ def export_eagle_sglang(draft: str, target: str, *, target_info: dict | None = N
         if "fc.bias" not in state:
             state["fc.bias"] = state["fc.weight"].new_zeros(state["fc.weight"].shape[0])
         save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
+        if head is not None:
+            config = eagle_config(head, _target_config(target, target_info))
+        else:  # a published config: a Llama layer's, which SGLang's class is
+            config = {"model_type": "llama", **raw}
+        config["architectures"] = [SGLANG_EAGLE]
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
-    return _write_directory(out, want, fill)
+    return _write_head(where, weights[0], target, "eagle-sglang", out, fill, echo,
+                       f"EAGLE head {where} in the layout SGLang's EAGLE loads", layout="sglang")
 
 
 def export_eagle3_sglang(draft: str, target: str, *, target_info: dict | None = None, out: Path | None = None,
@@ -300,9 +273,6 @@ def export_eagle3_sglang(draft: str, target: str, *, target_info: dict | None = 
     `eagle_config.eagle_aux_hidden_state_layer_ids` as layer outputs (it captures id + 1), vLLM 0.32
     as layer inputs, so only the default, which the config then leaves out, means one thing to both.
     """
-    import hashlib
-
-    from specsim.record import packaged
     from specsim.record.head_checkpoints import WEIGHTS, default_aux_layers
 
     where, raw = _local_head(draft)
@@ -337,13 +307,6 @@ def export_eagle3_sglang(draft: str, target: str, *, target_info: dict | None = 
                           f"{list(default)}: SGLang reads a config's layer ids one layer later than vLLM does, so "
                           "specsim writes SGLang's layout only for heads on the default layers")
     weights = where / WEIGHTS["eagle3"]
-    sha = hashlib.sha256(weights.read_bytes()).hexdigest()
-    name = f"{_safe(target)}-eagle3-sglang-{sha[:12]}"
-    out = Path(out) if out is not None else packaged.model_store() / "exported" / name
-    want = {"head": str(where.resolve()), "weights_sha256": sha, "target": target, "layout": "sglang"}
-    if _reusable(out, want):
-        return out
-    echo(f"writing EAGLE-3 head {where} in the reference layout SGLang loads: {out}")
 
     def fill(tmp: Path) -> None:
         from safetensors.torch import load_file, save_file
@@ -356,7 +319,8 @@ def export_eagle3_sglang(draft: str, target: str, *, target_info: dict | None = 
                       draft_vocab_size=int(state["lm_head.weight"].shape[0]) if "lm_head.weight" in state else None)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
-    return _write_directory(out, want, fill)
+    return _write_head(where, weights, target, "eagle3-sglang", out, fill, echo,
+                       f"EAGLE-3 head {where} in the reference layout SGLang loads", layout="sglang")
 
 
 def recorded_head(draft: str, draft_info: dict | None) -> str:
@@ -411,6 +375,24 @@ def export_layers(target: str, k: int, *, target_info: dict | None = None, out: 
         draft.model.save_pretrained(tmp)
         loaded.tokenizer.save_pretrained(tmp)
 
+    return _write_directory(out, want, fill)
+
+
+def _write_head(where: Path, weights: Path, target: str, tag: str, out: Path | None, fill: Callable[[Path], None],
+                echo: Callable[[str], None], what: str, **keys) -> Path:
+    """A head's directory for an engine, written once (`fill`) into the model store as `<target>-<tag>-<sha>` (or
+    `out`) and reused while the head's weights file is the same: the marker records its sha256, the head's
+    directory, the target and `keys`. `what` says what is written, in the line announcing it."""
+    import hashlib
+
+    from specsim.record import packaged
+
+    sha = hashlib.sha256(weights.read_bytes()).hexdigest()
+    out = Path(out) if out is not None else packaged.model_store() / "exported" / f"{_safe(target)}-{tag}-{sha[:12]}"
+    want = {"head": str(where.resolve()), "weights_sha256": sha, "target": target, **keys}
+    if _reusable(out, want):
+        return out
+    echo(f"writing {what}: {out}")
     return _write_directory(out, want, fill)
 
 
