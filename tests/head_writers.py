@@ -61,6 +61,15 @@ def _layer_config(args):
                           max_position_embeddings=t.max_position_embeddings, tie_word_embeddings=False)
 
 
+def _target_embed_and_head(args):
+    """The target's embeddings and LM head (the tiny target ties its LM head to its embeddings)."""
+    from safetensors.torch import load_file
+
+    target = load_file(str(Path(args.target) / "model.safetensors"))
+    embed = target["model.embed_tokens.weight"]
+    return embed, target.get("lm_head.weight", embed)
+
+
 def speculators(args, out: Path, hidden, ids):
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
@@ -137,8 +146,6 @@ def mtp(args, out: Path, hidden, ids):
 
 
 def specforge(args, out: Path, hidden, ids):
-    from safetensors.torch import load_file
-
     from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
 
     if args.load:
@@ -151,9 +158,7 @@ def specforge(args, out: Path, hidden, ids):
     config.eagle_config = {"eagle_aux_hidden_state_layer_ids": [int(k) for k in args.aux.split(",")]}
     config.architectures = ["LlamaForCausalLMEagle3"]
     model = LlamaForCausalLMEagle3(config, attention_backend="sdpa")
-    target = load_file(str(Path(args.target) / "model.safetensors"))
-    embed = target["model.embed_tokens.weight"]
-    lm = target.get("lm_head.weight", embed)  # the tiny target ties its LM head to its embeddings
+    embed, lm = _target_embed_and_head(args)
     vocab = torch.sort(torch.randperm(V)[:Vd]).values
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -185,9 +190,8 @@ def _specforge_loaded(args, out: Path, hidden, ids):
     config = LlamaConfig.from_pretrained(args.load)
     model = LlamaForCausalLMEagle3(config, attention_backend="sdpa")
     missing, unexpected = model.load_state_dict(load_file(str(Path(args.load) / "model.safetensors")), strict=False)
-    target = load_file(str(Path(args.target) / "model.safetensors"))
     with torch.no_grad():
-        model.embed_tokens.weight.copy_(target["model.embed_tokens.weight"])
+        model.embed_tokens.weight.copy_(_target_embed_and_head(args)[0])
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     (out / "loading.json").write_text(json.dumps({"missing": sorted(missing), "unexpected": sorted(unexpected),
@@ -254,9 +258,7 @@ def eagle(args, out: Path, hidden, ids):
     from eagle.model.cnets import Model
     from eagle.model.configs import EConfig
 
-    target = load_file(str(Path(args.target) / "model.safetensors"))
-    embed = target["model.embed_tokens.weight"]
-    lm = target.get("lm_head.weight", embed)  # the tiny target ties its LM head to its embeddings
+    embed, lm = _target_embed_and_head(args)
     if args.load:
         config = _unscaled(EConfig.from_pretrained(args.load))
         model = Model(config)
