@@ -345,15 +345,14 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
         evaluating = _clock()
         outcome.before = evaluate(config.kind, module, target, held, config)
         evaluation = _clock() - evaluating
-        report("before", dict(outcome.before, positions=n_held))
     else:
         outcome.before, outcome.curve, outcome.steps = resumed["before"], resumed["curve"], resumed["step"]
         evaluation = resumed["evaluation_seconds"]
         echo(f"resuming the run in {out} at step {outcome.steps}"
              + (f", {resumed['reached']:.1%} of its time-limited schedule run" if config.time_limit else ""))
-        report("before", dict(outcome.before, positions=n_held))
-        for point in outcome.curve:
-            report("step", point)
+    report("before", dict(outcome.before, positions=n_held))
+    for point in outcome.curve:  # a resumed run's earlier points
+        report("step", point)
     now = _clock()
     trained = [p for p in module.parameters() if p.requires_grad]
     optimiser = torch.optim.AdamW(trained, lr=config.lr, weight_decay=config.weight_decay)
