@@ -16,6 +16,7 @@ INPUTS.npz: `p` (B, γ+1, V) the target's laws along each chain, `q` (B, γ, V) 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -28,9 +29,10 @@ import torch  # noqa: E402
 KERNEL = "sglang/kernels/ops/speculative/reject_sampling.py"
 
 
+@functools.cache
 def _kernel():
     """SGLang's kernel module, read from its wheel (`make vllm` downloads it into .venv-vllm/wheels; installing
-    the package would import its whole runtime): the module imports Triton only."""
+    the package would import its whole runtime): the module imports Triton only. Read once a process."""
     import importlib.util
     import tempfile
     import zipfile

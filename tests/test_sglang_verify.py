@@ -94,11 +94,16 @@ def _token_wise(c, r: int, *, draw=None) -> tuple[int, int, float]:
     return kept, token, min(margin, gap)
 
 
-def _run(python, c, tmp_path: Path, name: str) -> dict:
-    np.savez(tmp_path / f"{name}-in.npz", **c)
-    subprocess.run([python, str(ROOT / "tests" / "sglang_kernels.py"), str(tmp_path / f"{name}-in.npz"),
-                    str(tmp_path / f"{name}-out.npz")], check=True, capture_output=True, timeout=600)
+def run_script(python, script: str, inputs: dict, tmp_path: Path, name: str, timeout: int = 600) -> dict:
+    """`tests/<script> IN.npz OUT.npz` run by `python` (an engine's environment) on `inputs`: its outputs."""
+    np.savez(tmp_path / f"{name}-in.npz", **inputs)
+    subprocess.run([python, str(ROOT / "tests" / script), str(tmp_path / f"{name}-in.npz"),
+                    str(tmp_path / f"{name}-out.npz")], check=True, capture_output=True, timeout=timeout)
     return dict(np.load(tmp_path / f"{name}-out.npz"))
+
+
+def _run(python, c, tmp_path: Path, name: str) -> dict:
+    return run_script(python, "sglang_kernels.py", c, tmp_path, name)
 
 
 @pytest.mark.parametrize("g", [1, 2, 4])

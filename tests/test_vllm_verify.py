@@ -15,15 +15,13 @@ without its η correction.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.test_sglang_verify import _block, _chains, _token_wise
+from tests.test_sglang_verify import _block, _chains, _token_wise, run_script
 
-ROOT = Path(__file__).resolve().parents[1]
 GAP = 1e-4  # a uniform this close to a threshold, or the two best of log law + noise (float32 logs), may swap
 
 
@@ -53,10 +51,7 @@ def _run(python, c: dict, tmp_path: Path, name: str) -> dict:
     inputs = {"logp": np.log(c["p"]), "logq": np.log(c["q"]) if c.get("q") is not None else np.zeros(0),
               "drafts": c["drafts"], "seeds": rng.integers(0, 2**31, rows),
               "pos": rng.integers(0, 4096, (rows, 1)) + np.arange(g + 1)}
-    np.savez(tmp_path / f"{name}-in.npz", **inputs)
-    subprocess.run([python, str(ROOT / "tests" / "vllm_kernels.py"), str(tmp_path / f"{name}-in.npz"),
-                    str(tmp_path / f"{name}-out.npz")], check=True, capture_output=True, timeout=900)
-    return dict(np.load(tmp_path / f"{name}-out.npz"))
+    return run_script(python, "vllm_kernels.py", inputs, tmp_path, name, timeout=900)
 
 
 def compare(c: dict, got: dict) -> dict:
