@@ -59,15 +59,10 @@ def _swapped_fc(src: Path, dst: Path) -> Path:
 
 def _specsim_logits(spec: str, target, hidden, ids) -> np.ndarray:
     """specsim's teacher-forced depth-1 logits (m, V) of head `spec` on the target's states `hidden` (m, H)."""
-    import torch
-
     from specsim.record.head_checkpoints import load_heads
-    from specsim.record.head_unroll import unroll
+    from tests.test_eagle3 import _unrolled
 
-    head = load_heads(spec, target)
-    with torch.no_grad():
-        (feats,) = unroll(head.forward, torch.as_tensor(hidden), torch.as_tensor(ids), torch.arange(len(ids)), 1)
-        return head.logits(feats).numpy()
+    return _unrolled(load_heads(spec, target), hidden, ids)[0]
 
 
 @pytest.fixture(scope="module")
