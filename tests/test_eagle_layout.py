@@ -177,9 +177,10 @@ def test_eagle_heads_go_to_sglang_as_eagle_and_other_heads_are_refused(ran, tiny
 
 
 def test_simulate_and_optimize_hand_an_eagle_head_to_sglang(tiny_model_dir, tiny_prompts_file, tmp_path, monkeypatch):
-    """An EAGLE-1/2 head (in the published layout) recorded with its expansion: `simulate --emit sglang` writes the EAGLE algorithm's flags for
-    the dynamic tree it replayed, the head written out under SGLang's class; `optimize --emit sglang` picks among
-    chains and dynamic trees and writes the same kind of flags; a sampled policy on a tree is refused in one line."""
+    """An EAGLE-1/2 head (in the published layout) recorded with its expansion: `simulate --emit sglang` writes the
+    EAGLE algorithm's flags for the dynamic tree it replayed, the head written out under SGLang's class;
+    `optimize --emit sglang` picks among chains and dynamic trees and writes the same kind of flags; a sampled policy
+    on a tree is refused in one line."""
     import re
     import shlex
 
@@ -198,8 +199,8 @@ def test_simulate_and_optimize_hand_an_eagle_head_to_sglang(tiny_model_dir, tiny
     record_cache(cache, RecordRequest(target=str(tiny_model_dir), drafts=(draft,), prompts=str(tiny_prompts_file),
                                       max_new_tokens=10, temperatures=(0.0, 1.0), device="cpu", head_depth=3,
                                       stats=StatsSpec(expand=(3, 3))), progress=False)
-    res = CliRunner().invoke(main, ["simulate", str(cache), "--draft", draft, "--tree", "dynamic:topk=3,depth=2,tokens=4",
-                                    "-q", "--emit", "sglang", str(tmp_path / "flags.txt")])
+    dynamic = ["simulate", str(cache), "--draft", draft, "--tree", "dynamic:topk=3,depth=2,tokens=4", "-q"]
+    res = CliRunner().invoke(main, [*dynamic, "--emit", "sglang", str(tmp_path / "flags.txt")])
     assert res.exit_code == 0, res.output
     flags = shlex.split((tmp_path / "flags.txt").read_text())
     assert flags[:2] == ["--speculative-algorithm", "EAGLE"] and flags[4:] == [
@@ -212,7 +213,6 @@ def test_simulate_and_optimize_hand_an_eagle_head_to_sglang(tiny_model_dir, tiny
     assert res.exit_code == 0, res.output
     assert re.search(r"best (tree|chain) \S+: [0-9.]+ tokens/call, speedup ASSUMED", res.output)
     assert shlex.split((tmp_path / "opt.txt").read_text())[:4] == flags[:4]
-    res = CliRunner().invoke(main, ["simulate", str(cache), "--draft", draft, "--tree", "dynamic:topk=3,depth=2,tokens=4",
-                                    "--policy", "block", "--temperature", "1", "-q", "--emit", "sglang",
+    res = CliRunner().invoke(main, [*dynamic, "--policy", "block", "--temperature", "1", "--emit", "sglang",
                                     str(tmp_path / "block.txt")])
     assert res.exit_code != 0 and "verifies chains only" in res.output and not (tmp_path / "block.txt").exists()

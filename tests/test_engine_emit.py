@@ -223,8 +223,8 @@ def test_a_head_recorded_by_a_relative_path_is_found_from_another_folder(tmp_pat
 
 
 def test_sglang_is_handed_only_the_rule_it_runs(eagle3_expanded, tmp_path, monkeypatch):
-    """SGLang verifies drafts as point masses by default (greedy, greedy-draft) and, for EAGLE-3 chains only, samples
-    them from q and verifies them token by token (sample: --speculative-use-rejection-sampling) or as a block
+    """SGLang verifies drafts as point masses by default (greedy, greedy-draft) and, for EAGLE/EAGLE-3 chains only,
+    samples them from q and verifies them token by token (sample: --speculative-use-rejection-sampling) or as a block
     (block: and --speculative-use-block-verification); anything else is refused in one line, before optimize's
     replay. simulate --emit writes the sampled rule's flags for a chain replayed at T = 1."""
     monkeypatch.setenv("SPECSIM_HOME", str(tmp_path / "home"))

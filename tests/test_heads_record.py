@@ -411,7 +411,8 @@ def test_a_resumed_training_ends_with_the_weights_of_an_uninterrupted_one(traini
     reaches uninterrupted: the optimiser's moments, the schedule, the batch order and the held-out numbers before
     training all continue; the finished run removes its state. Each held-out evaluation is reported as it is made
     (a curve point after its checkpoint is on disk, before the next step; the interrupted step's too), and a
-    resumed run reports the earlier ones first. Resuming with another setting, or where no run was interrupted, is refused in one line."""
+    resumed run reports the earlier ones first. Resuming with another setting, or where no run was interrupted, is
+    refused in one line."""
     from dataclasses import replace
 
     import torch
