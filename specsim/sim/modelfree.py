@@ -178,10 +178,6 @@ def modelfree_table(features: "Features", tree: Tree, spec, rng: np.random.Gener
     from tqdm.auto import tqdm
 
     from specsim.cache.reader import CacheReader
-    from specsim.sim.engine import AcceptanceTable
-
-    from specsim.sim.engine import EngineTail
-    from specsim.sim.policies import overhang_note
 
     draft = parse_modelfree(features.draft)
     N, D = features.n_positions, tree.max_depth
@@ -212,14 +208,26 @@ def modelfree_table(features: "Features", tree: Tree, spec, rng: np.random.Gener
             if beyond is not None and remaining[start + t] < D:  # the engine verifies y_{n-1} and past the end too
                 tail_rows.append(start + t)
                 tail_len.append(accepted_length(tree, tokens, np.concatenate([seq[offset + t :], beyond])))
-    p_len = np.zeros((N, D + 1))  # (N, D+1)
+    return exact_table(features, D, length, drafted, proposed, tail_rows, tail_len)
+
+
+def exact_table(features: "Features", depth: int, length: np.ndarray, drafted: np.ndarray, proposed: np.ndarray,
+                tail_rows: list[int], tail_len: list[int], engine_length: np.ndarray | None = None) -> "AcceptanceTable":
+    """The table of a deterministic (model-free) draft from its accepted `length` per position: a point mass there,
+    with what an engine drafts (`proposed`) and, at the rows in `tail_rows`, how far the engine's verification past
+    the output's end reaches (`tail_len`)."""
+    from specsim.sim.engine import AcceptanceTable, EngineTail
+    from specsim.sim.policies import overhang_note
+
+    N = len(length)
+    p_len = np.zeros((N, depth + 1))  # (N, D+1)
     p_len[np.arange(N), length] = 1.0
     tail = None
     if tail_rows:
-        reach = (np.array(tail_len)[:, None] >= np.arange(1, D + 1)[None, :]).astype(np.float64)  # (M, D)
+        reach = (np.array(tail_len)[:, None] >= np.arange(1, depth + 1)[None, :]).astype(np.float64)  # (M, D)
         tail = EngineTail(rows=np.array(tail_rows, dtype=np.int64), reach=reach)
     return AcceptanceTable(p_len=p_len, drafted=drafted, exact=True, length=length, engine_drafted=proposed,
-                           engine_tail=tail, engine_note=overhang_note(features, D))
+                           engine_tail=tail, engine_note=overhang_note(features, depth), engine_length=engine_length)
 
 
 def _past_end(features: "Features", depth: int) -> dict[int, np.ndarray]:

@@ -354,11 +354,7 @@ def suffix_table(features: "Features", tree: Tree, spec, rng: np.random.Generato
 
     from specsim.cache.reader import CacheReader
     from specsim.sim.engine import AcceptanceTable
-    from specsim.sim.modelfree import accepted_length
-
-    from specsim.sim.engine import EngineTail
-    from specsim.sim.modelfree import _past_end
-    from specsim.sim.policies import overhang_note
+    from specsim.sim.modelfree import _past_end, accepted_length, exact_table
 
     draft = parse_suffix(features.draft)
     if features.parent is not None:  # a subset (cross-fitting folds): the global tree still holds every output
@@ -414,11 +410,4 @@ def suffix_table(features: "Features", tree: Tree, spec, rng: np.random.Generato
         engine.finish(np.concatenate([seq, beyond[:extra]]) if beyond is not None else seq)
         tail_rows += list(ahead)
         tail_len += list(ahead.values())
-    p_len = np.zeros((N, D + 1))
-    p_len[np.arange(N), length] = 1.0
-    tail = None
-    if tail_rows:
-        reach = (np.array(tail_len)[:, None] >= np.arange(1, D + 1)[None, :]).astype(np.float64)  # (M, D)
-        tail = EngineTail(rows=np.array(tail_rows, dtype=np.int64), reach=reach)
-    return AcceptanceTable(p_len=p_len, drafted=drafted, exact=True, length=length, engine_drafted=proposed,
-                           engine_tail=tail, engine_note=overhang_note(features, D), engine_length=engine_length)
+    return exact_table(features, D, length, drafted, proposed, tail_rows, tail_len, engine_length)
