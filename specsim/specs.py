@@ -308,6 +308,20 @@ def is_model_free(spec: str) -> bool:
     return draft_kind(spec).model_free
 
 
+def drafts_to_check(cache, named: Sequence[str], recorded: Sequence[str], example: str) -> list[str]:
+    """The drafts a check runs on `cache`: those `named` (every recorded one when none is), each recorded or
+    model-free (computed from the trajectory alone); a cache with none refuses in one line, suggesting `example`."""
+    from specsim.errors import CacheError
+
+    drafts = list(named) or list(recorded)
+    if not drafts:
+        raise CacheError(f"{cache}: records no draft; name {example}")
+    for d in drafts:
+        if d not in recorded and not is_model_free(d):
+            raise CacheError(f"{cache}: no draft named {d!r}; recorded drafts: {', '.join(recorded) or 'none'}")
+    return drafts
+
+
 def is_head_draft(spec: str) -> bool:
     """Medusa / EAGLE / EAGLE-3 / MTP heads (`medusa:DIR`, `eagle:DIR`, `eagle3:DIR`, `mtp:DIR`): loaded onto the
     target, one law per call start and depth."""

@@ -147,11 +147,7 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
                                     echo=lambda line: click.echo(line, err=True))
     except KeyboardInterrupt:
         raise click.ClickException("interrupted; no verdict") from None
-    echo = (lambda text="": click.echo(text, err=True)) if target == "-" else click.echo
-    header = ["draft", "tree", "policy", "T", "batch", "check", "comparison", "verdict", "detail"]
-    lines = [[ch.draft, ch.tree, ch.policy, f"{ch.temperature:g}", str(ch.batch), ch.kind, ch.comparison, ch.verdict,
-              ch.detail] for ch in report.checks]
-    echo(c.table(header, lines, keep=8))
+    echo = _checks_table(report.checks, target)
     setup = report.setup
     echo(f"\nlive on {report.device} vs simulate on {cache} (target {setup.target}, {len(setup.prompts)} "
          f"prompts, max {setup.max_new_tokens} new tokens, batch {batch} {batching})")
@@ -177,6 +173,17 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
         raise SystemExit(1)
     echo(f"all {len(report.checks)} checks passed" if all(ch.passed for ch in report.checks) else
          f"no check failed ({sum(ch.passed is None for ch in report.checks)} inconclusive)")
+
+
+def _checks_table(checks, target):
+    """Print the checks' table, and return how the rest is printed: to stderr when the rows go to stdout (`--out
+    -`)."""
+    echo = (lambda text="": click.echo(text, err=True)) if target == "-" else click.echo
+    header = ["draft", "tree", "policy", "T", "batch", "check", "comparison", "verdict", "detail"]
+    lines = [[ch.draft, ch.tree, ch.policy, f"{ch.temperature:g}", str(ch.batch), ch.kind, ch.comparison, ch.verdict,
+              ch.detail] for ch in checks]
+    echo(c.table(header, lines, keep=8))
+    return echo
 
 
 def _drift_line(checks) -> str | None:
@@ -231,11 +238,7 @@ def _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_p
                                     (lambda line: click.echo(line, err=True)))
     except KeyboardInterrupt:
         raise click.ClickException("interrupted; no verdict") from None
-    echo = (lambda text="": click.echo(text, err=True)) if target == "-" else click.echo
-    header = ["draft", "tree", "policy", "T", "batch", "check", "comparison", "verdict", "detail"]
-    lines = [[ch.draft, ch.tree, ch.policy, f"{ch.temperature:g}", str(ch.batch), ch.kind, ch.comparison, ch.verdict,
-              ch.detail] for ch in report.checks]
-    echo(c.table(header, lines, keep=8))
+    echo = _checks_table(report.checks, target)
     setup = report.setup
     echo(f"\nvLLM {report.vllm_version} vs simulate on {cache} (target {setup['target']}, {setup['prompts']} prompts "
          f"as token ids, max {setup['max_new_tokens']} new tokens, batch {batch}); counters with vLLM's meaning "

@@ -120,15 +120,10 @@ def validate_with_vllm(cache, config: EngineValidateConfig, *, echo: Callable[[s
     from specsim.engines.export import draft_directory, model_directory
     from specsim.engines.vllm import (VllmRun, run_vllm, speculative_config, vllm_has_suffix, vllm_python,
                                       vllm_version)
-    from specsim.specs import draft_kind, is_model_free
+    from specsim.specs import draft_kind, drafts_to_check, is_model_free
 
     data = read_cache(cache)
-    drafts = list(config.drafts) or list(data.drafts)
-    if not drafts:
-        raise CacheError(f"{cache}: records no draft; name one vLLM runs, e.g. --draft vllm-ngram:min=2,max=3")
-    for d in drafts:
-        if d not in data.drafts and not is_model_free(d):
-            raise CacheError(f"{cache}: no draft named {d!r}; recorded drafts: {', '.join(data.drafts) or 'none'}")
+    drafts = drafts_to_check(cache, config.drafts, data.drafts, "one vLLM runs, e.g. --draft vllm-ngram:min=2,max=3")
     trees = [parse_tree(spec) for spec in dict.fromkeys(config.trees)]
     plan = _plan(data, config)
     for d in drafts:  # refuse what vLLM cannot run before anything starts

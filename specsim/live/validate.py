@@ -363,23 +363,15 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
     With a cost profile: the predicted speedup (simulate with the profile, at the same batch
     size) beside the live one (plain decoding of the same requests in the same run).
     """
-    from specsim.specs import is_model_free
     from specsim.live.decoder import LiveConfig, Target
     from specsim.live.runs import build_drafter, device_label, load_target, run_live, summary_rows
     from specsim.record.models import eos_token_ids
-    from specsim.sim.sweep import simulate
     from specsim.sim.cost import load_cost_profiles
-    from specsim.specs import parse_tree
+    from specsim.sim.sweep import simulate
+    from specsim.specs import check_batch, drafts_to_check, parse_tree
 
     setup = cache_setup(cache)
-    drafts = list(config.drafts) or list(setup.drafts)
-    if not drafts:
-        raise CacheError(f"{cache}: records no draft; name a model-free one (--draft ngram:3)")
-    for d in drafts:
-        if d not in setup.drafts and not is_model_free(d):
-            raise CacheError(f"{cache}: no draft named {d!r}; recorded drafts: {', '.join(setup.drafts)}")
-    from specsim.specs import check_batch
-
+    drafts = drafts_to_check(cache, config.drafts, setup.drafts, "a model-free one (--draft ngram:3)")
     for d in drafts:
         check_batch(d, config.batch)
     parsed = [(spec, parse_tree(spec)) for spec in dict.fromkeys(config.trees)]
