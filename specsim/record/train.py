@@ -62,7 +62,7 @@ import numpy as np
 import torch
 
 from specsim.errors import CacheError, ModelError
-from specsim.record.train_data import draft_vocabulary, load_sequences, plan_prompts
+from specsim.record.train_data import draft_vocabulary, load_sequences, plan_prompts, to_device
 from specsim.record.train_loss import batch_loss, batches_together, evaluate, loss, terms
 from specsim.specs import HEAD_KINDS, LR_SCHEDULES, PROMPT_USES, TRAIN_PRECISIONS
 
@@ -323,6 +323,8 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
         module.lm_head.weight.requires_grad_(False)
     for p in target.model.parameters():
         p.requires_grad_(False)
+    train_seqs, where = to_device(train_seqs, target.info["device"])
+    held, _ = to_device(held, target.info["device"])
     n_train = sum(int(s.tokens.shape[0]) - s.loss_from(config) for s in train_seqs)
     n_held = sum(int(s.tokens.shape[0]) - s.context for s in held)
     resumed = _resumed_state(out, config, seen["fingerprint"], n_train) if resume else None
@@ -338,7 +340,7 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
          + (f", and {plan.moved} training prompts another cache holds out" if plan.moved else "")
          + f"); the prompt: {config.prompt} "
          f"({PROMPT_USES[config.prompt]}); arithmetic: {config.precision}; learning rate: {config.lr_schedule}, "
-         f"peak {config.lr:g}")
+         f"peak {config.lr:g}" + (f"; {where}" if where else ""))
     outcome = TrainOutcome(steps=0, seconds=0.0, positions=n_train, heldout_positions=n_held)
     module.eval()
     if resumed is None:
@@ -443,9 +445,9 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
             balance.step()
             outcome.steps = step + 1
             streams = (rng.bit_generator.state, torch.get_rng_state())
-            losses.append(total.item())
+            losses.append(total.item())  # the step's one read-back: the host waits for it here
             bar.update()
-            bar.set_postfix(loss=f"{total.item():.3f}")
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
             if timed is not None and timed.over():
                 break
             if (step + 1) % config.save_every == 0 and step + 1 < config.steps:

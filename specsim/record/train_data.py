@@ -16,7 +16,7 @@ heads were trained before, kept to measure the difference).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Collection
 
@@ -111,6 +111,27 @@ def load_sequences(cache, target, layers: tuple[str, ...] = (), prompt: str = "c
                                  context=rows_before)
 
         return [(row.prompt_index, sequence(row)) for row in rows]
+
+
+RESIDENT_SHARE = 0.25  # the training data moves to a GPU when it takes at most this share of its free memory
+
+
+def to_device(seqs: list[TrainSequence], device) -> tuple[list[TrainSequence], str | None]:
+    """`seqs` on a GPU `device` once, before training, when they fit (RESIDENT_SHARE of its free memory), and a line
+    saying where they are. Kept in host memory, every step copies its trajectories over from pageable memory, and
+    each such copy waits for the device's queue to drain; on a CPU they are where they are (None)."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return seqs, None
+    tensors = [t for s in seqs for t in (s.hidden, s.tokens, s.features) if t is not None]
+    need = sum(t.numel() * t.element_size() for t in tensors)
+    free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else None
+    if free is not None and need > RESIDENT_SHARE * free:
+        return seqs, (f"training data kept in host memory ({need / 1e9:.1f} GB, over {RESIDENT_SHARE:.0%} of the "
+                      f"{free / 1e9:.1f} GB the device has free): each step copies its trajectories over")
+    moved = [replace(s, hidden=s.hidden.to(dev), tokens=s.tokens.to(dev),
+                     features=None if s.features is None else s.features.to(dev)) for s in seqs]
+    return moved, f"training data on the device ({need / 1e9:.2f} GB), moved once"
 
 
 def held_out(prompt: int, every: int) -> bool:

@@ -7,6 +7,13 @@ averaged over its own rows. It is the per-trajectory loss up to float32 rounding
 is hundreds of small kernels, launch-bound on a GPU (16 trajectories: 0.28-0.37 s per step on an H200 against 0.055
 batched). MTP layers with experts still run one at a time (their routers would count the padding), and so do Medusa's
 heads.
+
+A step reads nothing back from the device before its loss: the group's lengths and each depth's rows are worked out
+on the host from the trajectories' shapes, and their index tensors are copied over once per group, without waiting
+(`_on`). A read-back (a tensor's value as a Python number, `nonzero`, a boolean mask, `bincount` on a GPU) or a
+blocking copy makes the host wait for the device to finish everything queued, so the device then waits for the host
+to queue the next work: the GPU trainer of analyses/results/eagle3-gpu-h200-2026-11-28 read back about twice per
+trajectory and depth and was 60-63% busy. tests/test_train_sync.py counts the read-backs.
 """
 
 from __future__ import annotations
@@ -145,9 +152,19 @@ def _pad(rows: list[torch.Tensor], length: int) -> torch.Tensor:
     return out
 
 
+def _on(dev, array: np.ndarray) -> torch.Tensor:
+    """A host array on `dev` without waiting for the device: from pinned memory on a GPU (a copy from pageable
+    memory waits for the device's queue)."""
+    t = torch.from_numpy(np.ascontiguousarray(array))
+    if torch.device(dev).type == "cpu":
+        return t
+    return t.pin_memory().to(dev, non_blocking=True)
+
+
 @dataclass(frozen=True)
 class _Group:
-    """A group's trajectories on the head's device, laid out for one padded forward."""
+    """A group's trajectories on the head's device, laid out for one padded forward; their lengths also on the
+    host (`lengths`), so that laying out their rows reads nothing back from the device."""
 
     hidden: list  # each trajectory's states (n_b, H)
     m: torch.Tensor  # (B,) entries: the rows that predict (the last row predicts nothing)
@@ -155,20 +172,38 @@ class _Group:
     lanes: torch.Tensor  # (B,) predictions (starts) per trajectory: rows a..m-1
     ids: torch.Tensor  # (B, M) each trajectory's tokens at its entries, padded after them
     first: torch.Tensor  # (B,) position id of entry 0
+    lengths: np.ndarray  # (3, B) m, a and lanes on the host
+
+    @property
+    def n(self) -> int:
+        """N, the most lanes of any trajectory."""
+        return int(self.lengths[2].max())
 
     @property
     def j(self) -> torch.Tensor:
-        """(N,) lane indices, N the most lanes of any trajectory."""
-        return torch.arange(int(self.lanes.max()), device=self.m.device)
+        """(N,) lane indices."""
+        return torch.arange(self.n, device=self.m.device)
+
+    def depth_rows(self, depths: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per depth d = 1..depths, (trajectory b, lane k) of the rows with a depth-d term, k < lanes_b - d + 1,
+        in order of b then k (as `nonzero` lists them), worked out on the host and copied over at once."""
+        lanes = self.lengths[2]
+        counts = [np.maximum(lanes - d + 1, 0) for d in range(1, depths + 1)]
+        b = [np.repeat(np.arange(len(lanes)), c) for c in counts]
+        k = [np.arange(c.sum()) - np.repeat(np.cumsum(c) - c, c) for c in counts]
+        both = _on(self.m.device, np.stack([np.concatenate(b), np.concatenate(k)]))
+        return [(x[0], x[1]) for x in torch.split(both, [int(c.sum()) for c in counts], dim=1)]
 
     @staticmethod
     def of(seqs: list[TrainSequence], config: TrainConfig, dev, *, generated: bool = False) -> "_Group":
         """generated: the starts are the generated rows (held-out evaluation), not the loss's (`loss_from`)."""
-        m = torch.tensor([s.hidden.shape[0] - 1 for s in seqs], device=dev)
-        a = torch.tensor([s.context if generated else s.loss_from(config) for s in seqs], device=dev)
-        return _Group(hidden=[s.hidden.to(dev) for s in seqs], m=m, a=a, lanes=m - a,
-                      ids=_pad([s.tokens[: int(n)].to(dev) for s, n in zip(seqs, m)], int(m.max())),
-                      first=torch.tensor([s.start for s in seqs], device=dev))
+        m = np.array([s.hidden.shape[0] - 1 for s in seqs])
+        a = np.array([s.context if generated else s.loss_from(config) for s in seqs])
+        lengths = np.stack([m, a, m - a])
+        mt, at, lanes, first = _on(dev, np.concatenate([lengths, [[s.start for s in seqs]]]))
+        return _Group(hidden=[s.hidden.to(dev) for s in seqs], m=mt, a=at, lanes=lanes,
+                      ids=_pad([s.tokens[:n].to(dev) for s, n in zip(seqs, m.tolist())], int(m.max())),
+                      first=first, lengths=lengths)
 
     def states(self, rows: torch.Tensor) -> torch.Tensor:
         """(B, N, H): trajectory b's states at rows[b]."""
@@ -195,15 +230,14 @@ def _group_laws(module, target, seqs: list[TrainSequence], config: TrainConfig, 
     dev = next(module.parameters()).device
     lm_head, embed = target.model.get_output_embeddings(), target.model.get_input_embeddings()
     g = _Group.of(seqs, config, dev, generated=full)
-    j = g.j
-    N = len(j)
+    j, N = g.j, g.n
     starts = g.a[:, None] + torch.minimum(j[None], g.lanes[:, None] - 1)  # padding lanes repeat the last start
+    m_host, a_host = g.lengths[0].tolist(), g.lengths[1].tolist()
     feats = unroll_batch(lambda *args, from_target: module(*args, embed, from_target=from_target),
-                         _pad([s.features[: int(n)].to(dev) for s, n in zip(seqs, g.m)], g.ids.shape[1]), g.ids,
+                         _pad([s.features[:n].to(dev) for s, n in zip(seqs, m_host)], g.ids.shape[1]), g.ids,
                          g.m, starts, min(config.ttt_steps, N), g.first)
     # the target's laws at rows a+1..m of each trajectory (lane k: row a+1+k), once, on its lanes only, as `terms`
-    live = j[None] < g.lanes[:, None]
-    h = g.states(torch.minimum(g.a[:, None] + 1 + j[None], g.m[:, None]))[live]  # (R_1, H)
+    h = torch.cat([x[a + 1 : m + 1] for x, a, m in zip(g.hidden, a_host, m_host)])  # (R_1, H)
     offset = torch.cumsum(g.lanes, 0) - g.lanes  # trajectory b's first row in h
     vocab = None if config.kind == "mtp" or module.d2t is None else \
         torch.arange(len(module.d2t), device=dev) + module.d2t
@@ -211,9 +245,8 @@ def _group_laws(module, target, seqs: list[TrainSequence], config: TrainConfig, 
     with _teacher(h):
         p_all = torch.nn.functional.linear(h, _draft_rows(module, lm_head, vocab)) if restrict else lm_head(h)
     laws = []
-    for d, f in enumerate(feats, start=1):
-        b, k = (j[None, : N - d + 1] < (g.lanes - d + 1)[:, None]).nonzero(as_tuple=True)  # depth d's rows
-        f = f[b, k]  # (R_d, H)
+    for d, (f, (b, k)) in enumerate(zip(feats, g.depth_rows(len(feats))), start=1):
+        f = f[b, k]  # (R_d, H): depth d's rows
         q = (module.logits(f, lm_head) if config.kind == "mtp" else module.draft_logits(f) if restrict
              else module.logits(f, int(target.vocab_size)))
         laws.append((q, p_all[offset[b] + k + d - 1], b, k))
@@ -228,7 +261,7 @@ def _group_losses(laws: list, config: TrainConfig, vocab: torch.Tensor | None, t
         if vocab is not None:
             q, p = q[..., vocab], p[..., vocab]
         ce = _ce_rows(q, p)  # (R_d,)
-        count = torch.bincount(b, minlength=trajectories)
+        count = torch.zeros(trajectories, dtype=b.dtype, device=b.device).index_add_(0, b, torch.ones_like(b))
         has = count > 0
         w = config.ttt_decay ** (d - 1)
         total = total + torch.where(has, w * ce.new_zeros(trajectories).index_add(0, b, ce) / count.clamp(min=1),
@@ -247,7 +280,7 @@ def _eagle_group_loss(module, target, seqs: list[TrainSequence], config: TrainCo
     g = _Group.of(seqs, config, dev)
     j = g.j
     B, M = g.ids.shape
-    feats, _ = module(_pad([h[: int(n)] for h, n in zip(g.hidden, g.m)], M), g.ids,
+    feats, _ = module(_pad([h[:n] for h, n in zip(g.hidden, g.lengths[0].tolist())], M), g.ids,
                       torch.arange(M, device=dev)[None] + g.first[:, None], causal_masks(B, M, dev), None, embed)
     rows = torch.minimum(g.a[:, None] + j[None], g.m[:, None] - 1)  # lane k: the prediction from row a+k
     pred = torch.gather(feats, 1, rows[..., None].expand(-1, -1, feats.shape[-1]))  # (B, N, H): ĥ_{t+1}
@@ -264,13 +297,16 @@ def _eagle_group_loss(module, target, seqs: list[TrainSequence], config: TrainCo
 def _draft_rows(module, lm_head, vocab: torch.Tensor) -> torch.Tensor:
     """The target's LM head rows for the draft vocabulary `vocab`, gathered once and kept on `module` as a plain
     attribute (not a parameter or buffer: never saved). Gathering 16,384 of SmolLM2's 49,152 rows at every depth of
-    every trajectory took a quarter of a float32 EAGLE-3 training step (analyses/results/amx-cpu-2026-11-26)."""
+    every trajectory took a quarter of a float32 EAGLE-3 training step (analyses/results/amx-cpu-2026-11-26). `vocab`
+    is the one `module.d2t` gives; the rows are kept while neither that mapping nor the LM head changes (the same
+    tensors, not modified in place since: their `_version`), which is known without reading either back."""
+    key = (lm_head.weight, lm_head.weight._version, module.d2t, module.d2t._version)
     cached = getattr(module, "_draft_rows_cache", None)
-    if cached is None or cached[0] is not lm_head.weight or not torch.equal(cached[1], vocab):
+    if cached is None or any(x is not y if isinstance(x, torch.Tensor) else x != y for x, y in zip(cached[0], key)):
         with torch.no_grad():
-            cached = (lm_head.weight, vocab.clone(), lm_head.weight[vocab])
+            cached = (key, lm_head.weight[vocab])
         module.__dict__["_draft_rows_cache"] = cached
-    return cached[2]
+    return cached[1]
 
 
 @contextlib.contextmanager
@@ -323,7 +359,7 @@ def evaluate(kind, module, target, seqs, config: TrainConfig, *, together: bool 
         for group in _groups(list(seqs), max(1, config.batch)):
             g, laws, vocab = _group_laws(module, target, group, config, full=True)
             losses += _group_losses(laws, config, vocab, len(group)).tolist()
-            tokens = _pad([s.tokens.to(g.m.device) for s in group], int(g.m.max()) + 1)
+            tokens = _pad([s.tokens.to(g.m.device) for s in group], int(g.lengths[0].max()) + 1)
             for d, (q, p_logits, b, k) in enumerate(laws, start=1):  # lane k at depth d predicts row a + d + k
                 tally(d, q, p_logits, tokens[b, g.a[b] + d + k])
     else:
