@@ -3,16 +3,19 @@ measured the GPU 60-63% busy while training at batch 64 and 128, with the proces
 
     python3 profile_train.py TARGET CACHE OUT_DIR [BATCH] [STEPS] [VOCAB]
 
-Two short trainings on CACHE, the same settings as call B's (`--draft-vocab 16384 --ttt-steps 4`, `--hidden-batch
+Three short trainings on CACHE, the same settings as call B's (`--draft-vocab 16384 --ttt-steps 4`, `--hidden-batch
 65536`), BATCH trajectories a step (default 64), STEPS steps each (default 12), a draft vocabulary of VOCAB
 (default 16384):
-1. as train-draft runs them: the trajectories in host memory, copied to the device in every step (`_Group.of`);
-2. the same trajectories moved to the device once, before training (the copies in a step become no-ops).
-For each: seconds per step over the last STEPS - 2 (after warm-up, synchronised; both under the profiler), and
+1. the 11-28 step (`train_loss_1128.py` beside this script: specsim/record/train_loss.py at 71cf563, which
+   `payload.sh` writes there) with the trajectories in host memory, as the 11-28 run trained: each step copied
+   them over and read lengths and rows back from the device;
+2. the same step with the trajectories moved to the device once (the copies in a step become no-ops);
+3. train-draft's step now: moved once (`to_device`) and nothing read back before the loss (tests/test_train_sync.py).
+For each: seconds per step over the last STEPS - 2 (after warm-up, synchronised; all under the profiler), and
 torch.profiler's table of the heaviest operators by host time and by device time over those steps.
 OUT_DIR/profile_train.txt (the heads go to a temporary folder).
 """
-import dataclasses
+import importlib.util
 import sys
 import tempfile
 import time
@@ -30,27 +33,27 @@ steps = int(sys.argv[5]) if len(sys.argv) > 5 else 12
 vocab = int(sys.argv[6]) if len(sys.argv) > 6 else 16384
 device = "cuda" if torch.cuda.is_available() else "cpu"
 target = load_model(target_path, device=device)
-real_load, real_loss = T.load_sequences, T.batch_loss
+spec = importlib.util.spec_from_file_location("train_loss_1128", Path(__file__).with_name("train_loss_1128.py"))
+old = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = old  # its dataclasses look their module up
+spec.loader.exec_module(old)
+real_move, real_loss = T.to_device, T.batch_loss
 lines = [f"device {device}; batch {batch}; {steps} steps per run, the first 2 not timed"]
 
-
-def resident(*args, **kwargs):
-    """load_sequences with every trajectory's tensors moved to the device once."""
-    for i, seq in real_load(*args, **kwargs):
-        yield i, dataclasses.replace(seq, hidden=seq.hidden.to(device), tokens=seq.tokens.to(device),
-                                     features=None if seq.features is None else seq.features.to(device))
-
-
-for name, loader in (("host memory (as train-draft)", real_load), ("moved to the device once", resident)):
+variants = (("11-28's step, trajectories in host memory (as 11-28 trained)", lambda seqs, dev: (seqs, None),
+             old.batch_loss),
+            ("11-28's step, trajectories moved to the device once", real_move, old.batch_loss),
+            ("train-draft now: moved once, nothing read back before the loss", real_move, real_loss))
+for name, move, step_loss in variants:
     stamps = []
 
     def timed_loss(*args, **kwargs):
         if device == "cuda":
             torch.cuda.synchronize()
         stamps.append(time.perf_counter())
-        return real_loss(*args, **kwargs)
+        return step_loss(*args, **kwargs)
 
-    T.load_sequences, T.batch_loss = loader, timed_loss
+    T.to_device, T.batch_loss = move, timed_loss
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     tables = []
 
@@ -77,7 +80,7 @@ for name, loader in (("host memory (as train-draft)", real_load), ("moved to the
     per_step = (stamps[-1] - stamps[2]) / (len(stamps) - 3) if len(stamps) > 3 else float("nan")
     lines += ["", f"== {name}: {per_step:.4f} s a step (steps 3..{len(stamps)}, synchronised)"]
     lines += tables
-T.load_sequences, T.batch_loss = real_load, real_loss
+T.to_device, T.batch_loss = real_move, real_loss
 out.mkdir(parents=True, exist_ok=True)
 (out / "profile_train.txt").write_text("\n".join(lines) + "\n")
 print("\n".join(line for line in lines if line.startswith(("device", "=="))))
