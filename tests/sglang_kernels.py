@@ -1,7 +1,7 @@
 """Run SGLang's own chain verification kernel on given inputs, in vLLM's environment (which has Triton; `make
 vllm` downloads SGLang's wheel into .venv-vllm/wheels, and only this kernel's module is read from it).
 
-    .venv-vllm/bin/python tests/sglang_kernels.py INPUTS.npz OUT.npz
+    .venv-vllm/bin/python tests/sglang_kernels.py INPUTS.npz OUT.npz [INPUTS.npz OUT.npz ...]
 
 SGLang (0.5.23, `sglang/kernels/ops/speculative/reject_sampling.py`, `chain_speculative_sampling_triton`)
 verifies a drafted chain with `--speculative-use-rejection-sampling` token by token (accept draft i while
@@ -70,12 +70,13 @@ def run(p, q, drafts, u, u_final, block: bool) -> tuple[np.ndarray, np.ndarray]:
 
 
 def main() -> None:
-    data = np.load(sys.argv[1])
-    out = {}
-    for name, block in (("token_wise", False), ("block", True)):
-        out[f"{name}_kept"], out[f"{name}_token"] = run(data["p"], data["q"], data["drafts"], data["u"],
-                                                      data["u_final"], block)
-    np.savez(sys.argv[2], **out)
+    for inputs, outputs in zip(sys.argv[1::2], sys.argv[2::2]):  # each pair in one process: imports once
+        data = np.load(inputs)
+        out = {}
+        for name, block in (("token_wise", False), ("block", True)):
+            out[f"{name}_kept"], out[f"{name}_token"] = run(data["p"], data["q"], data["drafts"], data["u"],
+                                                          data["u_final"], block)
+        np.savez(outputs, **out)
 
 
 if __name__ == "__main__":

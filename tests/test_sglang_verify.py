@@ -94,22 +94,32 @@ def _token_wise(c, r: int, *, draw=None) -> tuple[int, int, float]:
     return kept, token, min(margin, gap)
 
 
-def run_script(python, script: str, inputs: dict, tmp_path: Path, name: str, timeout: int = 600) -> dict:
-    """`tests/<script> IN.npz OUT.npz` run by `python` (an engine's environment) on `inputs`: its outputs."""
-    np.savez(tmp_path / f"{name}-in.npz", **inputs)
-    subprocess.run([python, str(ROOT / "tests" / script), str(tmp_path / f"{name}-in.npz"),
-                    str(tmp_path / f"{name}-out.npz")], check=True, capture_output=True, timeout=timeout)
-    return dict(np.load(tmp_path / f"{name}-out.npz"))
+def run_script(python, script: str, cases: dict[str, dict], tmp_path: Path, timeout: int = 600) -> dict[str, dict]:
+    """`tests/<script> IN.npz OUT.npz [IN.npz OUT.npz ...]` run once by `python` (an engine's environment, whose
+    imports take seconds) on each case's inputs: each case's outputs, by name."""
+    args = []
+    for name, inputs in cases.items():
+        np.savez(tmp_path / f"{name}-in.npz", **inputs)
+        args += [str(tmp_path / f"{name}-in.npz"), str(tmp_path / f"{name}-out.npz")]
+    subprocess.run([python, str(ROOT / "tests" / script), *args], check=True, capture_output=True, timeout=timeout)
+    return {name: dict(np.load(tmp_path / f"{name}-out.npz")) for name in cases}
 
 
-def _run(python, c, tmp_path: Path, name: str) -> dict:
-    return run_script(python, "sglang_kernels.py", c, tmp_path, name)
+DRAFTS = (1, 2, 4)  # chain lengths checked
 
 
-@pytest.mark.parametrize("g", [1, 2, 4])
-def test_sglang_s_chain_kernel_decides_what_specsim_s_rules_decide(kernel_python, tmp_path, g):
-    c = _chains(np.random.default_rng(g), 150, g)
-    got = _run(kernel_python, c, tmp_path, f"g{g}")
+@pytest.fixture(scope="module")
+def kernel_runs(kernel_python, tmp_path_factory):
+    """Per chain length g: the chains and what SGLang's kernel decided on them (one run of the kernel's script)."""
+    chains = {g: _chains(np.random.default_rng(g), 150, g) for g in DRAFTS}
+    got = run_script(kernel_python, "sglang_kernels.py", {f"g{g}": c for g, c in chains.items()},
+                     tmp_path_factory.mktemp("sglang"))
+    return {g: (chains[g], got[f"g{g}"]) for g in DRAFTS}
+
+
+@pytest.mark.parametrize("g", DRAFTS)
+def test_sglang_s_chain_kernel_decides_what_specsim_s_rules_decide(kernel_runs, g):
+    c, got = kernel_runs[g]
     compared = {"block": 0, "token_wise": 0}
     differ = {"block vs token-wise": 0, "block without eta": 0}
     for r in range(len(c["u_final"])):

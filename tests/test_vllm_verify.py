@@ -15,8 +15,6 @@ without its η correction.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -44,14 +42,32 @@ def _gumbel(noise: np.ndarray):
     return draw
 
 
-def _run(python, c: dict, tmp_path: Path, name: str) -> dict:
-    """vLLM's sampler on chains `c` (with its seeds and positions): its decisions and randomness."""
+def _inputs(c: dict) -> dict:
+    """The sampler's inputs for chains `c` (one-hot drafts when c["q"] is None), with seeds and positions."""
     rows, g = c["drafts"].shape
     rng = np.random.default_rng(rows + g)
-    inputs = {"logp": np.log(c["p"]), "logq": np.log(c["q"]) if c.get("q") is not None else np.zeros(0),
-              "drafts": c["drafts"], "seeds": rng.integers(0, 2**31, rows),
-              "pos": rng.integers(0, 4096, (rows, 1)) + np.arange(g + 1)}
-    return run_script(python, "vllm_kernels.py", inputs, tmp_path, name, timeout=900)
+    return {"logp": np.log(c["p"]), "logq": np.log(c["q"]) if c.get("q") is not None else np.zeros(0),
+            "drafts": c["drafts"], "seeds": rng.integers(0, 2**31, rows),
+            "pos": rng.integers(0, 4096, (rows, 1)) + np.arange(g + 1)}
+
+
+CASES = [(1, False), (3, False), (3, True)]  # (chain length, one-hot drafts)
+
+
+@pytest.fixture(scope="module")
+def sampler_runs(kernel_python, tmp_path_factory):
+    """Per case: the chains (with the draft's laws; one-hot ones as the point masses they are) and vLLM's sampler's
+    decisions and randomness on them, from one run of its script."""
+    chains = {}
+    for g, one_hot in CASES:
+        c = _chains(np.random.default_rng(10 + g), 120, g)
+        if one_hot:
+            c["q"] = np.eye(c["p"].shape[-1])[c["drafts"]]
+        chains[g, one_hot] = c
+    got = run_script(kernel_python, "vllm_kernels.py",
+                     {f"g{g}-{one_hot}": _inputs(dict(c, q=None) if one_hot else c)
+                      for (g, one_hot), c in chains.items()}, tmp_path_factory.mktemp("vllm-sampler"), timeout=900)
+    return {(g, one_hot): (c, got[f"g{g}-{one_hot}"]) for (g, one_hot), c in chains.items()}
 
 
 def compare(c: dict, got: dict) -> dict:
@@ -72,14 +88,11 @@ def compare(c: dict, got: dict) -> dict:
     return out
 
 
-@pytest.mark.parametrize("g, one_hot", [(1, False), (3, False), (3, True)])
-def test_vllm_s_rejection_sampler_decides_what_specsim_s_rules_decide(kernel_python, tmp_path, g, one_hot):
+@pytest.mark.parametrize("g, one_hot", CASES)
+def test_vllm_s_rejection_sampler_decides_what_specsim_s_rules_decide(sampler_runs, g, one_hot):
     """With the draft's laws (a draft model's chain) and without them (one-hot drafts, vLLM's path for n-gram and
     greedy drafts, whose q is a point mass on the draft)."""
-    c = _chains(np.random.default_rng(10 + g), 120, g)
-    if one_hot:
-        c["q"] = np.eye(c["p"].shape[-1])[c["drafts"]]
-    got = _run(kernel_python, dict(c, q=None) if one_hot else c, tmp_path, f"g{g}-{one_hot}")
+    c, got = sampler_runs[g, one_hot]
     seen = compare(c, got)
     for rule in ("block", "token_wise"):
         compared, agree = seen[rule]

@@ -1,6 +1,6 @@
 """Run vLLM's own rejection sampler on given chains, in vLLM's environment, on the CPU.
 
-    .venv-vllm/bin/python tests/vllm_kernels.py INPUTS.npz OUT.npz
+    .venv-vllm/bin/python tests/vllm_kernels.py INPUTS.npz OUT.npz [INPUTS.npz OUT.npz ...]
 
 vLLM 0.32's GPU worker verifies drafted chains in Triton kernels (`vllm/v1/worker/gpu/spec_decode/
 rejection_sampler_utils.py`, `rejection_sample`): token by token (`rejection_sample_method="standard"`: accept
@@ -97,9 +97,10 @@ def run(logp, logq, drafts, seeds, pos):
 
 
 def main() -> None:
-    data = np.load(sys.argv[1])
-    logq = data["logq"] if "logq" in data and data["logq"].size else None
-    np.savez(sys.argv[2], **run(data["logp"], logq, data["drafts"], data["seeds"], data["pos"]))
+    for inputs, outputs in zip(sys.argv[1::2], sys.argv[2::2]):  # each pair in one process: imports once
+        data = np.load(inputs)
+        logq = data["logq"] if "logq" in data and data["logq"].size else None
+        np.savez(outputs, **run(data["logp"], logq, data["drafts"], data["seeds"], data["pos"]))
 
 
 if __name__ == "__main__":
