@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import string
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -107,6 +108,35 @@ def test_unwritable_report_output_fails_before_simulating(cache):
     clean(result)
     assert result.exit_code != 0 and "--out /proc/specsim-report" in result.output
     assert "simulating" not in result.output
+
+
+def _unwritable(cache, files, where):
+    """Every output a command writes after minutes of work, at `where` (a path it cannot write); the model named
+    does not exist, so the answer shows that the check ran before anything was loaded."""
+    return [("--out", ["profile", "--target", "no-such-model", "--out", where / "p.json"]),
+            ("--out", ["write-prompts", "--model", "no-such-model", "--count", "1", "--out", where / "w.jsonl"]),
+            ("--out", ["train-draft", "--kind", "eagle3", "--target", "no-such-model", "--from", cache,
+                       "--out", where / "heads"]),
+            ("--charts", ["bench-attention", "--contexts", "16", "--tree-sizes", "2", "--charts", where / "c"]),
+            ("--engine-log", ["validate", cache, "--engine", "vllm", "--engine-log", where / "logs"]),
+            ("--emit", ["simulate", cache, "--tree", "chain:2", "--emit", "vllm", where / "spec.json"]),
+            ("--emit-acceptance", ["simulate", cache, "--tree", "chain:2", "--emit-acceptance", where / "a.json"]),
+            ("--out", ["optimize", cache, "--budget", "2", "--out", where / "tree.json"]),
+            ("--out", ["report", cache, "--out", where / "r"])]
+
+
+@pytest.mark.parametrize("where", ["a file", "/proc"])
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(cache, files, where):
+    """A folder on the way that is a file (which even root cannot write under), or /proc (where nothing new can
+    be made): one line naming the flag, before any model loads or any replay runs."""
+    place = files["text"] / "sub" if where == "a file" else Path("/proc/specsim-test")
+    for flag, args in _unwritable(cache, files, place):
+        result = run(*args)
+        clean(result)
+        assert result.exit_code != 0 and flag in result.output, (args, result.output)
+        assert ("is a file, not a folder" if where == "a file" else "cannot create /proc/specsim-test") in result.output, \
+            (args, result.output)
+        assert len(result.output.strip().splitlines()) == 1, result.output
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from specsim.errors import ArgumentError, ModelError, SpecError
+from specsim.files import check_writable, write_text
 from specsim.sim.cost import OVERHEAD_KINDS
 
 FORMAT = "specsim-cost-profile"
@@ -600,11 +601,8 @@ def write_profile(body: dict, path: str | Path, *, overwrite: bool = False) -> P
     path = Path(path)
     if path.exists() and not overwrite:
         raise ArgumentError("{path} exists; pass {overwrite} to replace it", path=path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".writing")
-    tmp.write_text(json.dumps(body, indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
+    check_writable("--out", path)
+    return write_text(path, json.dumps(body, indent=1) + "\n")
 
 
 def check_config(config: ProfileConfig) -> None:

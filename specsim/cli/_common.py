@@ -46,7 +46,8 @@ def flag(argument: str) -> str:
 
 
 def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a command body, printing `SpecsimError`s as one line (SpecError: exit 2, others: exit 1).
+    """Run a command body, printing `SpecsimError`s as one line (SpecError: exit 2, others: exit 1), and a file
+    system error no check foresaw (`OSError`) as one line too (exit 1).
     Where an error names the library's arguments (`SpecsimError.naming`), here it names their flags."""
 
     @functools.wraps(fn)
@@ -57,6 +58,11 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise SpecUsageError(exc.render(flag)) from None
         except SpecsimError as exc:
             raise click.ClickException(exc.render(flag)) from None
+        except BrokenPipeError:  # a reader that stopped early (`| head`): Python's own handling
+            raise
+        except OSError as exc:  # a file the checks before the work could not foresee (a full disk, a vanished folder)
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise click.ClickException(f"{where}{exc.strerror or exc}") from None
 
     return wrapper
 

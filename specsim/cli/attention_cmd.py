@@ -81,6 +81,10 @@ def bench_attention(preset, device, dtype, batch_sizes, contexts, tree_sizes, sh
         shape = attention_shape(model_config)
         heads, kv_heads, head_dim = heads or shape.heads, kv_heads or shape.kv_heads, head_dim or shape.head_dim
     target, fmt = c.out_target(out, out_format, overwrite)
+    if charts_dir is not None:
+        from specsim.files import check_writable
+
+        check_writable("--charts", charts_dir)
     config = config_from(
         preset,
         device=str(torch_device),

@@ -10,6 +10,7 @@ import click
 from specsim import specs as registry
 from specsim.cli import _common as c
 from specsim.cli._common import cost_profile_arg
+from specsim.files import check_writable
 
 
 @c.command()
@@ -97,6 +98,8 @@ def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, 
         raise SpecError(f"--out {out}: the tree is written as JSON; use a .json file name")
     if out is not None and out.exists() and not overwrite:
         raise SpecError(f"--out {out} exists; pass --overwrite to replace it")
+    if out is not None:
+        check_writable("--out", out)
     batch_list = tuple(batches) or (1,)
     if cost_extrapolate and cost_profile is None:
         raise SpecError("--cost-extrapolate goes with --cost-profile")
@@ -156,7 +159,7 @@ def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, 
             if len(choices) == 1 and chosen is not best.tree:
                 click.echo(draw_tree(chosen, max_lines=max_lines))
     if out is not None:
-        from specsim.engines.emit import write_text
+        from specsim.files import write_text
 
         write_text(out, chosen.to_json() + "\n")
         click.echo(f"wrote {chosen.name} ({chosen.budget} drafts) to {out}; use --tree file:{out}")
@@ -205,6 +208,7 @@ def _emit(cache, emit, budget, draft, policy, temperature, cost_profile, cost_ex
         raise SpecError("--emit chooses the speculative length by speed: give --cost-profile (or an assumed --cost)")
     if path.exists() and not overwrite:
         raise SpecError(f"{path} exists; pass --overwrite to replace it")
+    check_writable("--emit", path)
     if engine == "sglang" and len(batches) > 1:
         raise SpecError("SGLang takes one speculative length for every batch size: give one --batch")
     from specsim.engines.check import read_cache

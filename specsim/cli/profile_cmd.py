@@ -97,12 +97,14 @@ def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tok
 
     from specsim.attention.profile import ProfileConfig, check_config, estimate, measure_cost_profile, write_profile
     from specsim.errors import SpecError
+    from specsim.files import check_writable
     from specsim.record.models import load_draft, load_model, resolve_device
 
     if out.suffix != ".json":
         raise click.BadParameter(f"{out}: use a .json file name", param_hint="--out")
     if out.exists() and not overwrite:
         raise SpecError(f"{out} exists; pass --overwrite to replace it")
+    check_writable("--out", out)  # before minutes of measuring
     if engine == "vllm":
         if trees:
             raise SpecError("--tree goes with specsim's engine; vLLM's profile times fixed-length steps up to "

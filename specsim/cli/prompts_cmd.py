@@ -55,11 +55,13 @@ def write_prompts(model, count, out, category, first_id, temperature, max_new_to
     """
     from specsim.errors import CacheError
 
+    from specsim.files import check_writable, write_text
+
     if out.exists() and not overwrite:
         raise CacheError(f"--out {out} exists; pass --overwrite to replace it")
+    check_writable("--out", out)  # before the model writes for minutes
     import transformers
 
-    from specsim.engines.emit import write_text
     from specsim.interrupts import sigterm_as_interrupt
     from specsim.record.models import load_model, resolve_device
     from specsim.record.prompt_writer import PromptWriteConfig
@@ -73,7 +75,6 @@ def write_prompts(model, count, out, category, first_id, temperature, max_new_to
                                batch_size=batch_size, seed=seed)
     with sigterm_as_interrupt():
         outcome = write(loaded, config, progress=not quiet)
-    out.parent.mkdir(parents=True, exist_ok=True)
     write_text(out, "".join(json.dumps({"prompt": text, "category": category, "question_id": first_id + k},
                                        ensure_ascii=False) + "\n" for k, text in enumerate(outcome.prompts)))
     said = (f"{len(outcome.prompts)} prompts to {out} (category {category!r}) in {outcome.seconds:.1f} s: "

@@ -105,12 +105,17 @@ def simulate(cache, trees, drafts, policies, budgets, temperatures, multi_draft,
           --emit sglang flags.txt  # python -m sglang.launch_server --model-path MODEL $(cat flags.txt)
     """
     target, fmt = c.out_target(out, out_format, overwrite)
+    from specsim.files import check_writable
+
     if emit_acceptance is not None:
         _check_emit_path(emit_acceptance, overwrite)
+        check_writable("--emit-acceptance", emit_acceptance)
     if emit is not None and emit[1].exists() and not overwrite:
         from specsim.errors import SpecError
 
         raise SpecError(f"--emit {emit[1]} exists; pass --overwrite to replace it")
+    if emit is not None:
+        check_writable("--emit", emit[1])
     requests_target = c.out_target(per_request, None, overwrite, "--per-request") if per_request else (None, None)
     from specsim.cache.provenance import leakage_lines
     from specsim.sim.sweep import SweepConfig, sweep

@@ -132,6 +132,7 @@ def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, m
     import transformers
 
     from specsim.errors import CacheError
+    from specsim.files import check_writable
     from specsim.interrupts import sigterm_as_interrupt
     from specsim.record.models import load_model
     from specsim.record.train import CURVE_HELDOUT, NO_STEP_CAP, TrainConfig, interrupted_state, train
@@ -139,6 +140,9 @@ def train_draft(kind, target, caches, heads, aux_layers, ttt_steps, ttt_decay, m
 
     if resume and overwrite:
         raise CacheError("--resume and --overwrite exclude each other")
+    if out.exists() and not out.is_dir():
+        raise CacheError(f"--out {out} is a file; give a folder for the heads")
+    check_writable("--out", out)  # before the target loads: checkpoints are written while training
     if out.exists() and any(out.iterdir()) and not (overwrite or resume):
         raise CacheError(f"--out {out} is not empty; pass --overwrite to replace the heads in it, or --resume to "
                          "continue the run interrupted there")

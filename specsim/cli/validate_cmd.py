@@ -118,6 +118,10 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
     from specsim.interrupts import sigterm_as_interrupt
 
     target, fmt = c.out_target(out, out_format, overwrite)
+    if engine_log is not None:
+        from specsim.files import check_writable
+
+        check_writable("--engine-log", engine_log)
     steps_target = c.out_target(steps_out, None, overwrite, "--steps-out") if steps_out else (None, None)
     if engine == "vllm":
         with sigterm_as_interrupt():

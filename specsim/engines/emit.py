@@ -22,13 +22,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from specsim.errors import EngineError, SpecError
+from specsim.errors import EngineError
 from specsim.expansion import DynamicTree
+from specsim.files import write_text
 from specsim.specs import draft_kind
 
 
@@ -154,14 +154,3 @@ def write_env(path: Path, env: Mapping[str, str]) -> Path:
     return write_text(path, "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()))
 
 
-def write_text(path: Path, text: str) -> Path:
-    """Written whole or not at all; an existing file is the caller's to refuse (`--overwrite`)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".writing")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise SpecError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    return path

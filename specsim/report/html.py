@@ -21,6 +21,7 @@ from typing import Callable
 import polars as pl
 
 from specsim.errors import SpecError
+from specsim.files import check_writable
 from specsim.report import charts
 from specsim.report.findings import grouped_findings, summary
 from specsim.report.study import Study, per_depth, write_tables
@@ -132,7 +133,6 @@ def _plan(study: Study) -> list[tuple[int, str, Callable[[], object], str]]:
 
 def check_report_out(out_dir: str | Path, *, overwrite: bool = False) -> Path:
     """SpecError unless out_dir can be written: not a file, not there already (without overwrite), writable."""
-    import os
 
     out_dir = Path(out_dir)
     if not str(out_dir).strip():
@@ -141,18 +141,7 @@ def check_report_out(out_dir: str | Path, *, overwrite: bool = False) -> Path:
         raise SpecError(f"--out {out_dir} is a file; give a directory")
     if out_dir.exists() and not overwrite:
         raise SpecError(f"--out {out_dir} exists; pass --overwrite to replace it")
-    parent = out_dir.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SpecError(f"--out {out_dir}: cannot create {parent} ({exc.strerror or exc})") from None
-    import tempfile
-
-    try:  # os.access is not enough (root, /proc): make and remove the directory the report is written in
-        os.rmdir(tempfile.mkdtemp(prefix=f".{out_dir.name}.check-", dir=parent))
-    except OSError as exc:
-        raise SpecError(f"--out {out_dir}: cannot write into {parent} ({exc.strerror or exc})") from None
-    return out_dir
+    return check_writable("--out", out_dir)
 
 
 def write_report(study: Study, out_dir: str | Path, *, title: str = "Draft-strategy study",
