@@ -116,12 +116,15 @@ def test_inspect_reports_agreement_for_both_drafts(tiny_cache):
         (lambda d, p, o: ["--target", str(d), "--prompts", str(o.parent / "none.jsonl")], r"prompt file not found"),
         (lambda d, p, o: ["--target", str(d), "--categories", "poetry", "--prompts", str(p)],
          r"no prompts in category poetry; available: writing, math"),
+        (lambda d, p, o: ["--target", str(d), "--prompts", str(p), "--hidden-states", "last,4,5,99"],
+         r"--hidden-states 5,99: .* has 4 decoder layers, so a layer number is 0..4"),
     ],
 )
 def test_bad_model_and_prompt_arguments(tiny_model_dir, tiny_prompts_file, tmp_path, make_args, pattern):
     out = tmp_path / "x.h5"
     result = _run("cache", *make_args(tiny_model_dir, tiny_prompts_file, out), "--out", str(out), "--quiet")
     _one_line_error(result, pattern)
+    assert not out.exists()  # refused before a cache was begun
 
 
 def test_empty_and_malformed_prompt_files(tiny_model_dir, tmp_path):

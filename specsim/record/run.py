@@ -165,6 +165,7 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
         loaded = _load(request, echo)
         p_target, q_drafts = loaded
         _check_expandable(q_drafts, request.stats.expansion)
+        _check_layers(hidden, p_target)
         from specsim.record.recorder import build_meta, prompt_records, record
 
         records = prompt_records(prompt_set.prompts, p_target.tokenizer)
@@ -237,6 +238,17 @@ def _check_expandable(drafts, expansion) -> None:
         if expansion is not None and getattr(d, "kind", None) == "medusa" and expansion.depth > d.config.heads:
             raise CacheError(f"--expand {expansion.label}: {d.name} has {d.config.heads} heads, so it expands to "
                              f"depth {d.config.heads} at most")
+
+
+def _check_layers(hidden: tuple[str, ...], target) -> None:
+    """CacheError, before anything is recorded, for a --hidden-states layer number the target does not have (k is
+    the input of decoder layer k, so 0..L for L layers: L is the last layer's output, before the final norm)."""
+    layers = int(target.model.config.num_hidden_layers)
+    beyond = [k for k in hidden if k.isdigit() and int(k) > layers]
+    if beyond:
+        raise CacheError.naming("{hidden} {value}: {target} has {layers} decoder layers, so a layer number is 0..{layers}"
+                                " (k: the input of decoder layer k)", value=",".join(beyond), target=target.name,
+                                layers=layers)
 
 
 EAGLE_DEPTH = 5  # EAGLE-2's default draft depth
