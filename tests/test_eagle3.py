@@ -338,6 +338,7 @@ def test_bfloat16_training_runs_its_products_in_bfloat16_and_learns_as_float32_d
 
 
 def test_a_cache_without_the_fused_layers_is_refused_naming_them(tiny_model_dir, tiny_cache, tmp_path):
+    """And layers the target does not have, naming its layer count."""
     from specsim.errors import CacheError
     from specsim.record.models import load_model
     from specsim.record.train import TrainConfig, train
@@ -345,6 +346,9 @@ def test_a_cache_without_the_fused_layers_is_refused_naming_them(tiny_model_dir,
     with pytest.raises(CacheError, match=r"no hidden states .*--hidden-states last,1,2,3"):
         train(tiny_cache, load_model(str(tiny_model_dir)), tmp_path / "h",
               TrainConfig(kind="eagle3", steps=1, aux_layers=AUX), progress=False)
+    with pytest.raises(ModelError, match=r"aux_layers 1,2,9: .* has 4 decoder layers, so a layer number is 0\.\.4"):
+        train(tiny_cache, load_model(str(tiny_model_dir)), tmp_path / "h",
+              TrainConfig(kind="eagle3", steps=1, aux_layers=(1, 2, 9)), progress=False)
 
 
 def test_simulate_and_report_say_when_a_head_meets_its_training_prompts(training, tiny_model_dir, tmp_path):

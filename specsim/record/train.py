@@ -282,8 +282,11 @@ def train(caches, target, out: Path, config: TrainConfig, *, progress: bool = Tr
     begun = _clock() if begun is None else begun
     caches = [caches] if isinstance(caches, (str, os.PathLike)) else list(caches)
     torch.manual_seed(config.seed)
-    aux = (tuple(config.aux_layers) or default_aux_layers(int(target.model.config.num_hidden_layers))
-           if config.kind == "eagle3" else ())
+    n_layers = int(target.model.config.num_hidden_layers)
+    aux = (tuple(config.aux_layers) or default_aux_layers(n_layers) if config.kind == "eagle3" else ())
+    if any(not 0 <= k <= n_layers for k in aux):
+        raise ModelError.naming("{aux_layers} {value}: {target} has {n} decoder layers, so a layer number is 0..{n}",
+                                value=",".join(map(str, aux)), target=target.name, n=n_layers)
     head_config = head_config_for(config.kind, target, heads=config.heads, aux_layers=aux, mtp_style=config.mtp_style)
     blind = config.kind == "medusa" and config.prompt == "context"  # Medusa attends to nothing: no context to give
     plan = plan_prompts(caches, config.holdout_every, config.train_prompts, config.seed, config.train_categories)
