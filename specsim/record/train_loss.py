@@ -156,9 +156,10 @@ def _on(dev, array: np.ndarray) -> torch.Tensor:
     """A host array on `dev` without waiting for the device: from pinned memory on a GPU (a copy from pageable
     memory waits for the device's queue)."""
     t = torch.from_numpy(np.ascontiguousarray(array))
-    if torch.device(dev).type == "cpu":
+    kind = torch.device(dev).type
+    if kind == "cpu":
         return t
-    return t.pin_memory().to(dev, non_blocking=True)
+    return (t.pin_memory() if kind == "cuda" else t).to(dev, non_blocking=True)
 
 
 @dataclass(frozen=True)
