@@ -54,7 +54,6 @@ def write_prompts(model, count, out, category, first_id, temperature, max_new_to
           --temperature 0,0.7 --store stats --out cache/train-generated.h5
     """
     from specsim.errors import CacheError
-
     from specsim.files import check_writable, write_text
 
     if out.exists() and not overwrite:
