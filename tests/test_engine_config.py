@@ -156,3 +156,46 @@ def test_the_speed_check_takes_the_tolerance_given_and_reads_the_profiles_engine
     assert strict.passed is False and "±5%" in strict.detail
     other = _speed_check(head, result, replay, EngineValidateConfig(cost_profile=str(ours)))
     assert other.passed is None and "informational" in other.detail  # specsim's own engine's costs
+
+
+def _sampling_runs(rates: np.ndarray, repeats: int, steps: int, rng) -> dict:
+    """vLLM's result at T > 0 for one-draft chains: per repeat, per prompt, an acceptance histogram of `steps`
+    draft steps whose drafts are accepted with the prompt's rate."""
+    runs = []
+    for _ in range(repeats):
+        kept = rng.binomial(steps, rates)
+        runs.append({"requests": [{"spec": {"acceptance_histogram": [int(steps - a), int(a)],
+                                            "num_draft_tokens": steps}} for a in kept]})
+    return {"runs": {"spec": runs}}
+
+
+def test_the_t_above_0_check_reports_vllm_minus_the_replay_paired_by_prompt():
+    """Prompts whose acceptance differs widely: a vLLM 15% below the replay's rule still overlaps the replay's interval
+    over prompts, but the difference paired by prompt excludes 0; a vLLM running the same rule does not."""
+    import polars as pl
+
+    from specsim.engines.check import _Replay, _sampling_check
+    from specsim.sim.metrics import ratio_estimates
+
+    rng = np.random.default_rng(3)
+    rates = rng.uniform(0.05, 0.9, 24)  # 24 prompts
+    steps = 60
+    kept = rng.binomial(steps, rates)  # the cached trajectories' counts: one per prompt
+    (length,) = ratio_estimates(kept.astype(float), np.full(24, float(steps)), n_boot=1000, seed=0)
+    row = {"vllm_mean_acceptance_length": 1 + length.value, "vllm_mean_acceptance_length_lo": 1 + length.lo,
+           "vllm_mean_acceptance_length_hi": 1 + length.hi, "n_prompts": 24, "vllm_counts": "exact",
+           "vllm_draft_acceptance_rate": length.value}
+    requests = pl.DataFrame({"prompt_index": np.arange(24), "vllm_num_accepted_tokens": kept.astype(float),
+                             "vllm_num_drafts": np.full(24, float(steps))})
+    replay = _Replay(row=row, requests=requests, features=None, table=None)
+    head = dict(draft="d", tree="chain:1", policy="greedy-draft", temperature=1.0, batch=1)
+    same = _sampling_check(head, _sampling_runs(rates, 4, steps, rng), replay, seed=0)
+    low = _sampling_check(head, _sampling_runs(0.85 * rates, 4, steps, rng), replay, seed=0)
+    for check in (same, low):
+        assert check.passed  # the intervals overlap either way
+    assert same.values["paired_difference_lo"] <= 0 <= same.values["paired_difference_hi"]
+    assert "excludes 0" not in same.detail
+    assert low.values["paired_difference_hi"] < 0 and "excludes 0" in low.detail
+    # the paired interval is narrower than either side's own: the prompts' spread cancels
+    width = low.values["paired_difference_hi"] - low.values["paired_difference_lo"]
+    assert width < row["vllm_mean_acceptance_length_hi"] - row["vllm_mean_acceptance_length_lo"]

@@ -15,7 +15,10 @@ replay's vLLM counters (`specsim.sim.engine.EngineTotals`) are what vLLM should 
   the cache are left out of the counter comparison, and the check says how many.
 * T > 0: vLLM samples anew (`repeats` seeds per prompt), so its trajectories are not the
   cache's: its mean acceptance length and draft acceptance rate, with a 95% bootstrap interval
-  over requests, must overlap the replay's interval over the cache's prompts.
+  over requests, must overlap the replay's interval over the cache's prompts. Beside the verdict,
+  their difference paired by prompt, with an interval that resamples prompts (`_paired`): the
+  prompts' own spread cancels there, so it tells a small difference that overlapping intervals
+  let pass.
 * Speed (rounds > 0): vLLM's speculative and plain decoding of the same requests at the same
   batch size, `rounds` timed `generate` calls each, alternating, in one vLLM process; the
   speedup is the median of plain / speculative time. Beside it, specsim's prediction when a
@@ -339,8 +342,32 @@ CPU_EXPAND_BUG = ("vLLM's CPU build verifies at T>0 with uninitialised temperatu
                   "not comparable; rerun with --fix-vllm-cpu (vLLM with that function corrected) or on a GPU build")
 
 
+def _paired(repeats: list, replay: _Replay, seed: int):
+    """vLLM's mean acceptance length minus the replay's, paired by prompt (vLLM's requests are the cache's prompts in
+    order, each decoded once per repeat; the replay's trajectories carry their prompt index), with an interval that
+    resamples prompts: the sharper comparison, since the prompts' own spread cancels. None where no prompt pairs."""
+    from specsim.sim.metrics import ratio_difference
+
+    n = len(repeats[0]["requests"])
+    hist = [[(r.get("spec") or {}).get("acceptance_histogram", []) for r in run["requests"]] for run in repeats]
+    accepted = np.array([[sum(j * c for j, c in enumerate(h)) for h in run] for run in hist], dtype=float).sum(0)
+    drafts = np.array([[sum(h) for h in run] for run in hist], dtype=float).sum(0)
+    ours = {}  # prompt index -> [accepted, drafts] over its cached trajectories
+    for row in replay.requests.iter_rows(named=True):
+        got = ours.setdefault(int(row["prompt_index"]), [0.0, 0.0])
+        got[0] += row["vllm_num_accepted_tokens"] or 0.0
+        got[1] += row["vllm_num_drafts"] or 0.0
+    both = [i for i in sorted(ours) if i < n]
+    if not both:
+        return None
+    mine = np.array([ours[i] for i in both])
+    return ratio_difference(accepted[both], drafts[both], mine[:, 0], mine[:, 1], n_boot=1000, seed=seed)
+
+
 def _sampling_check(head: dict, result: dict, replay: _Replay, seed: int) -> Check:
-    """vLLM's mean acceptance length with a bootstrap interval over its requests (all repeats) vs the replay's."""
+    """vLLM's mean acceptance length with a bootstrap interval over its requests (all repeats) vs the replay's, and
+    their difference paired by prompt (`_paired`). The verdict is the intervals' overlap; the paired difference is
+    reported beside it."""
     from specsim.sim.metrics import ratio_estimates
 
     repeats = result["runs"]["spec"]
@@ -357,6 +384,8 @@ def _sampling_check(head: dict, result: dict, replay: _Replay, seed: int) -> Che
             row["vllm_mean_acceptance_length_hi"])
     overlap = not (vllm[2] < ours[1] or ours[2] < vllm[1])
     inside = ours[1] <= vllm[0] <= ours[2]
+    paired = _paired(repeats, replay, seed)
+    differs = paired is not None and not paired.lo <= 0 <= paired.hi
     fmt = lambda v: f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"  # noqa: E731
     broken = bool(result.get("cpu_expand_broken"))
     fixed = "; vLLM ran with specsim's fix of its CPU expand kernel (--fix-vllm-cpu)" if result.get(
@@ -367,13 +396,18 @@ def _sampling_check(head: dict, result: dict, replay: _Replay, seed: int) -> Che
                         + f"vLLM: {len(per_request)} decodes ({len(repeats)} per prompt), acceptance rate {rate.value:.3f}"
                         f"; replay: {row['n_prompts']} cached trajectories, {row['vllm_counts']}, rate "
                         f"{row['vllm_draft_acceptance_rate']:.3f}; intervals {'overlap' if overlap else 'DISJOINT'}"
-                        f"{', vLLM inside the replay CI' if inside else ''}{fixed}",
+                        f"{', vLLM inside the replay CI' if inside else ''}"
+                        + ("" if paired is None else f"; paired by prompt, vLLM - replay {paired.value:+.3f} "
+                           f"[{paired.lo:+.3f}, {paired.hi:+.3f}]{' (excludes 0)' if differs else ''}") + fixed,
                  passed=None if broken else overlap,
                  values={"vllm_mean_acceptance_length": vllm[0], "vllm_mean_acceptance_length_lo": vllm[1],
                          "vllm_mean_acceptance_length_hi": vllm[2], "replay_mean_acceptance_length": ours[0],
                          "replay_mean_acceptance_length_lo": ours[1], "replay_mean_acceptance_length_hi": ours[2],
                          "vllm_draft_acceptance_rate": rate.value,
-                         "replay_draft_acceptance_rate": row["vllm_draft_acceptance_rate"]})
+                         "replay_draft_acceptance_rate": row["vllm_draft_acceptance_rate"],
+                         **({} if paired is None else {"paired_difference": paired.value,
+                                                       "paired_difference_lo": paired.lo,
+                                                       "paired_difference_hi": paired.hi})})
 
 
 # -- speed -------------------------------------------------------------------------------------------------
