@@ -342,16 +342,14 @@ CPU_EXPAND_BUG = ("vLLM's CPU build verifies at T>0 with uninitialised temperatu
                   "not comparable; rerun with --fix-vllm-cpu (vLLM with that function corrected) or on a GPU build")
 
 
-def _paired(repeats: list, replay: _Replay, seed: int):
-    """vLLM's mean acceptance length minus the replay's, paired by prompt (vLLM's requests are the cache's prompts in
-    order, each decoded once per repeat; the replay's trajectories carry their prompt index), with an interval that
-    resamples prompts: the sharper comparison, since the prompts' own spread cancels. None where no prompt pairs."""
+def _paired(accepted: np.ndarray, drafts: np.ndarray, replay: _Replay, seed: int):
+    """vLLM's mean acceptance length minus the replay's, paired by prompt (`accepted`, `drafts`: vLLM's per prompt,
+    the cache's prompts in order, summed over repeats; the replay's trajectories carry their prompt index), with an
+    interval that resamples prompts: the sharper comparison, since the prompts' own spread cancels. None where no
+    prompt pairs."""
     from specsim.sim.metrics import ratio_difference
 
-    n = len(repeats[0]["requests"])
-    hist = [[(r.get("spec") or {}).get("acceptance_histogram", []) for r in run["requests"]] for run in repeats]
-    accepted = np.array([[sum(j * c for j, c in enumerate(h)) for h in run] for run in hist], dtype=float).sum(0)
-    drafts = np.array([[sum(h) for h in run] for run in hist], dtype=float).sum(0)
+    n = len(accepted)
     ours = {}  # prompt index -> [accepted, drafts] over its cached trajectories
     for row in replay.requests.iter_rows(named=True):
         got = ours.setdefault(int(row["prompt_index"]), [0.0, 0.0])
@@ -384,7 +382,8 @@ def _sampling_check(head: dict, result: dict, replay: _Replay, seed: int) -> Che
             row["vllm_mean_acceptance_length_hi"])
     overlap = not (vllm[2] < ours[1] or ours[2] < vllm[1])
     inside = ours[1] <= vllm[0] <= ours[2]
-    paired = _paired(repeats, replay, seed)
+    by_prompt = (len(repeats), -1)  # per_request is run-major: every repeat decodes the same prompts, in order
+    paired = _paired(accepted.reshape(by_prompt).sum(0), drafts.reshape(by_prompt).sum(0), replay, seed)
     differs = paired is not None and not paired.lo <= 0 <= paired.hi
     fmt = lambda v: f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"  # noqa: E731
     broken = bool(result.get("cpu_expand_broken"))

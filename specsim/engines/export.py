@@ -235,6 +235,7 @@ def export_eagle_sglang(draft: str, target: str, *, target_info: dict | None = N
     if fc is None or fc.ndim != 2 or fc.shape[1] != 2 * fc.shape[0]:
         raise EngineError(f"{where}: {'no fc.weight' if fc is None else f'fc.weight of shape {tuple(fc.shape)}'}, "
                           "not EAGLE-1/2's fc over [embedding, feature] (H x 2H); an EAGLE-3 head is eagle3:DIR")
+
     def fill(tmp: Path) -> None:
         from safetensors.torch import save_file
 
