@@ -37,6 +37,15 @@ def vllm_env_python():
     return vllm_env_with("import speculators", "speculators")
 
 
+def run_head_writers(python, argv: list[list[str]], folder: Path) -> None:
+    """`tests/head_writers.py`, run once by `python` (vLLM's environment, whose imports take seconds) on every job
+    of `argv` (each one call's arguments), listed in `folder`/jobs.json."""
+    listing = folder / "jobs.json"
+    listing.write_text(json.dumps(argv))
+    subprocess.run([python, str(ROOT / "tests" / "head_writers.py"), "--jobs", str(listing)], check=True,
+                   capture_output=True, timeout=600)
+
+
 def _written_heads(python, target_dir, folder: Path, jobs: dict) -> dict:
     """The heads each library wrote, in one run of `tests/head_writers.py`: name -> (directory, hidden, ids,
     reference logits per step, draft vocabulary's target ids). jobs: name -> (library, out, draft_vocab,
@@ -51,10 +60,7 @@ def _written_heads(python, target_dir, folder: Path, jobs: dict) -> dict:
         argv.append([library, str(target_dir), str(out), str(inputs[name][0]), "--aux", ",".join(map(str, AUX)),
                      "--draft-vocab", str(draft_vocab), "--ttt-steps", str(STEPS), "--seed", str(seed)]
                     + ["--norm-before-residual"] * norm_before_residual)
-    listing = folder / "jobs.json"
-    listing.write_text(json.dumps(argv))
-    subprocess.run([python, str(ROOT / "tests" / "head_writers.py"), "--jobs", str(listing)], check=True,
-                   capture_output=True, timeout=600)
+    run_head_writers(python, argv, folder)
     heads = {}
     for name, (_, out, *_rest) in jobs.items():
         ref = np.load(out / "reference.npz")
@@ -506,9 +512,7 @@ def test_an_eagle3_head_written_out_for_sglang_loads_into_specforge_and_computes
     np.savez(inputs, hidden=hidden, ids=ids)
     argv = [["specforge", str(tiny_model_dir), str(tmp_path / f"ran-{name}"), str(inputs), "--ttt-steps", str(STEPS),
              "--load", str(where)] for name, where in [("ours", out), ("swapped", swapped)]]
-    (tmp_path / "jobs.json").write_text(json.dumps(argv))
-    subprocess.run([vllm_env_python, str(ROOT / "tests" / "head_writers.py"), "--jobs", str(tmp_path / "jobs.json")],
-                   check=True, capture_output=True, timeout=600)
+    run_head_writers(vllm_env_python, argv, tmp_path)
     loading = json.loads((tmp_path / "ran-ours" / "loading.json").read_text())
     assert loading["unexpected"] == [] and loading["missing"] == ["embed_tokens.weight"]
 

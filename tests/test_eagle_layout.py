@@ -8,15 +8,14 @@ computes. `tests/head_writers.py` runs EAGLE's class in vLLM's environment (`mak
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from specsim.errors import EngineError
+from tests.test_eagle3 import run_head_writers
 
-ROOT = Path(__file__).resolve().parents[1]
 M = 24  # positions each forward runs on
 
 
@@ -44,16 +43,18 @@ def _random_eagle(target, folder: Path, seed: int) -> Path:
 
 
 def _swapped_fc(src: Path, dst: Path) -> Path:
-    """A copy of `src` whose fc reads [feature, embedding] instead of [embedding, feature]: a wrong layout."""
-    import shutil
+    """A copy of EAGLE head `src` (its config.json, and its weights however stored, as model.safetensors) whose fc
+    reads [feature, embedding] instead of [embedding, feature]: a wrong layout."""
+    from safetensors.torch import save_file
 
-    from safetensors.torch import load_file, save_file
+    from specsim.record.head_checkpoints import read_head_weights
 
-    shutil.copytree(src, dst)
-    state = load_file(str(src / "model.safetensors"))
+    dst.mkdir()
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    state = dict(read_head_weights(src, "eagle")[1])
     H = state["fc.weight"].shape[0]
     state["fc.weight"] = state["fc.weight"].roll(H, dims=1).contiguous()
-    save_file(state, str(dst / "model.safetensors"))
+    save_file({k: v.contiguous() for k, v in state.items()}, str(dst / "model.safetensors"))
     return dst
 
 
@@ -84,9 +85,7 @@ def ran(vllm_env_python, tiny_model_dir, tmp_path_factory):
     jobs = {"written": [], "ours": ["--load", str(out)], "swapped": ["--load", str(swapped)]}
     argv = [["eagle", str(tiny_model_dir), str(folder / f"ran-{name}"), str(inputs), "--seed", "9", *extra]
             for name, extra in jobs.items()]
-    (folder / "jobs.json").write_text(json.dumps(argv))
-    subprocess.run([vllm_env_python, str(ROOT / "tests" / "head_writers.py"), "--jobs", str(folder / "jobs.json")],
-                   check=True, capture_output=True, timeout=600)
+    run_head_writers(vllm_env_python, argv, folder)
     where = {"written": folder / "ran-written", "ours": out, "swapped": swapped}
     runs = {name: (where[name], np.load(folder / f"ran-{name}" / "reference.npz")["logits"][0]) for name in jobs}
     return runs, head, target, hidden, ids, folder
@@ -102,16 +101,7 @@ def test_a_head_eagle_s_own_class_wrote_loads_and_computes_what_eagle_computes(r
     assert np.abs(reference).max() > 1.0  # logits of some size: the comparison is not of zeros
     ours = _specsim_logits(f"eagle:{written}", target, hidden, ids)
     np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=1e-4)
-
-    import torch
-    from safetensors.torch import save_file
-
-    wrong = folder / "written-swapped"
-    wrong.mkdir()
-    (wrong / "config.json").write_text((written / "config.json").read_text())
-    state = torch.load(written / "pytorch_model.bin", weights_only=True)
-    state["fc.weight"] = state["fc.weight"].roll(state["fc.weight"].shape[0], dims=1).contiguous()
-    save_file(state, str(wrong / "model.safetensors"))
+    wrong = _swapped_fc(written, folder / "written-swapped")
     assert np.abs(_specsim_logits(f"eagle:{wrong}", target, hidden, ids) - reference).max() > 1e-2
 
 
