@@ -26,3 +26,20 @@ class Check:
     @property
     def verdict(self) -> str:
         return "PASS" if self.passed else ("FAIL" if self.passed is False else "inconclusive")
+
+
+MIN_SAMPLING_PROMPTS = 8  # T > 0: fewer paired prompts make a difference that excludes 0 inconclusive, not a failure
+# (the interval rests on the prompts' differences being near normal, which few short trajectories are not: live
+# against the replay with the same rule, 4 prompts x 12 tokens excluded 0 in 2 of 20 recordings, 24 x 24 in 1 of 20;
+# analyses/results/paired-interval-cpu-2026-11-28/)
+
+
+def paired_verdict(lo: float, hi: float, prompts: int) -> tuple[bool | None, str]:
+    """The T > 0 checks' verdict on a difference paired by prompt with 95% interval [lo, hi] over `prompts` prompts,
+    and the words that say why."""
+    if lo <= 0 <= hi:
+        return True, "the paired interval holds 0"
+    if prompts < MIN_SAMPLING_PROMPTS:
+        return None, (f"the paired interval excludes 0, but over {prompts} prompts, too few to hold its level "
+                      f"(record at least {MIN_SAMPLING_PROMPTS})")
+    return False, "the paired interval excludes 0"

@@ -169,9 +169,10 @@ def _sampling_runs(rates: np.ndarray, repeats: int, steps: int, rng) -> dict:
     return {"runs": {"spec": runs}}
 
 
-def test_the_t_above_0_check_reports_vllm_minus_the_replay_paired_by_prompt():
+def test_the_t_above_0_check_judges_vllm_minus_the_replay_paired_by_prompt():
     """Prompts whose acceptance differs widely: a vLLM 15% below the replay's rule still overlaps the replay's interval
-    over prompts, but the difference paired by prompt excludes 0; a vLLM running the same rule does not."""
+    over prompts, but the difference paired by prompt excludes 0, and the check fails; a vLLM running the same rule
+    passes."""
     import polars as pl
 
     from specsim.engines.check import _Replay, _sampling_check
@@ -191,11 +192,24 @@ def test_the_t_above_0_check_reports_vllm_minus_the_replay_paired_by_prompt():
     head = dict(draft="d", tree="chain:1", policy="greedy-draft", temperature=1.0, batch=1)
     same = _sampling_check(head, _sampling_runs(rates, 4, steps, rng), replay, seed=0)
     low = _sampling_check(head, _sampling_runs(0.85 * rates, 4, steps, rng), replay, seed=0)
-    for check in (same, low):
-        assert check.passed  # the intervals overlap either way
+    for check in (same, low):  # the intervals overlap either way
+        assert not (check.values["vllm_mean_acceptance_length_hi"] < row["vllm_mean_acceptance_length_lo"])
+        assert "intervals overlap" in check.detail and "verdict: the paired interval" in check.detail
     assert same.values["paired_difference_lo"] <= 0 <= same.values["paired_difference_hi"]
-    assert "excludes 0" not in same.detail
-    assert low.values["paired_difference_hi"] < 0 and "excludes 0" in low.detail
+    assert "excludes 0" not in same.detail and same.passed is True
+    assert low.values["paired_difference_hi"] < 0 and "excludes 0" in low.detail and low.passed is False
     # the paired interval is narrower than either side's own: the prompts' spread cancels
     width = low.values["paired_difference_hi"] - low.values["paired_difference_lo"]
     assert width < row["vllm_mean_acceptance_length_hi"] - row["vllm_mean_acceptance_length_lo"]
+
+
+@pytest.mark.parametrize("lo,hi,prompts,passed,words", [
+    (-0.02, 0.03, 13, True, "holds 0"), (0.01, 0.05, 13, False, "excludes 0"),
+    (-0.09, -0.01, 4, None, "over 4 prompts, too few"), (-0.09, 0.01, 4, True, "holds 0"),
+])
+def test_the_paired_verdict_fails_only_over_enough_prompts(lo, hi, prompts, passed, words):
+    from specsim.checks import MIN_SAMPLING_PROMPTS, paired_verdict
+
+    assert 4 < MIN_SAMPLING_PROMPTS <= 13
+    verdict, why = paired_verdict(lo, hi, prompts)
+    assert verdict is passed and words in why

@@ -136,3 +136,51 @@ def test_a_sweep_summarised_at_once_equals_one_configuration_at_a_time():
     together = summarize_many([stats_a, stats_b], f, n_boot=300, seed=3)
     for stats, rows in zip([stats_a, stats_b], together):
         assert rows == summarize(stats, f, n_boot=300, seed=3)
+
+
+def _replayed_and_sampled(rng, n: int, repeats: int, shift: float = 1.0):
+    """One experiment of an engine check at T > 0: per prompt, the replay's exact expectation on one cached
+    trajectory against `repeats` fresh decodes. A trajectory's acceptance varies about its prompt's, and prompts
+    differ widely; each call of a chain of 3 accepts while a coin of the trajectory's rate (times `shift` for the
+    decodes) comes up."""
+    base = rng.beta(1.5, 6, size=n)
+    rate = lambda k: rng.beta(base[:, None] * 20, (1 - base[:, None]) * 20, size=(n, k))  # noqa: E731
+    calls = lambda k: rng.integers(60, 120, size=(n, k))  # noqa: E731
+    theta, c = rate(1)[:, 0], calls(1)[:, 0]
+    replay = (c * (theta + theta**2 + theta**3), c.astype(float))
+    theta, c = np.minimum(shift * rate(repeats), 1.0), calls(repeats)
+    accepted = np.array([[np.cumprod(rng.random((c[i, j], 3)) < theta[i, j], axis=1).sum()
+                          for j in range(repeats)] for i in range(n)]).sum(1)
+    return accepted.astype(float), c.sum(1).astype(float), *replay
+
+
+def test_the_paired_interval_holds_its_level_on_few_prompts():
+    """The paired difference's interval covers a zero difference in about 95% of engine checks over 6 prompts (a
+    percentile bootstrap of the same pairs covers 86%: shown when this test was written), and excludes 0 in most
+    checks over 24 prompts of a decoder whose per-token acceptance is 40% lower."""
+    from specsim.sim.metrics import ratio_difference
+
+    rng = np.random.default_rng(0)
+    null = [ratio_difference(*_replayed_and_sampled(rng, 6, 2)) for _ in range(300)]
+    covered = np.mean([e.lo <= 0 <= e.hi for e in null])
+    assert 0.92 <= covered <= 0.99, covered
+    lower = [ratio_difference(*_replayed_and_sampled(rng, 24, 2, shift=0.6)) for _ in range(50)]
+    assert np.mean([e.hi < 0 for e in lower]) > 0.8
+
+
+def test_paired_by_prompt_sums_decodes_and_pairs_only_shared_prompts():
+    from specsim.sim.metrics import paired_by_prompt, ratio_difference
+
+    a = (np.array([0, 1, 2, 0, 1, 2, 7]), np.array([3., 5, 2, 4, 6, 1, 9]), np.array([10., 10, 8, 10, 12, 8, 10]))
+    b = (np.array([2, 0, 1, 5]), np.array([3., 8, 10, 1]), np.array([16., 20, 22, 4]))
+    got = paired_by_prompt(a, b)
+    want = ratio_difference(np.array([7., 11, 3]), np.array([20., 22, 16]), np.array([8., 10, 3]),
+                            np.array([20., 22, 16]))
+    assert got == want
+    assert got.value == pytest.approx(21 / 58 - 21 / 58 + 0.0)  # pooled rates over prompts 0-2 equal here
+    # pairing other prompts changes the interval (the sums alone would not)
+    wrong = paired_by_prompt(a, (np.array([0, 1, 2, 5]), *b[1:]))
+    assert wrong.value == pytest.approx(got.value) and (wrong.lo, wrong.hi) != (got.lo, got.hi)
+    assert paired_by_prompt(a, (np.array([9]), np.array([1.]), np.array([2.]))) is None
+    one = paired_by_prompt(a, (np.array([7]), np.array([1.]), np.array([2.])))
+    assert np.isnan(one.lo) and one.value == pytest.approx(0.9 - 0.5)

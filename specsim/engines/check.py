@@ -15,10 +15,10 @@ replay's vLLM counters (`specsim.sim.engine.EngineTotals`) are what vLLM should 
   the cache are left out of the counter comparison, and the check says how many.
 * T > 0: vLLM samples anew (`repeats` seeds per prompt), so its trajectories are not the
   cache's: its mean acceptance length and draft acceptance rate, with a 95% bootstrap interval
-  over requests, must overlap the replay's interval over the cache's prompts. Beside the verdict,
-  their difference paired by prompt, with an interval that resamples prompts (`_paired`): the
-  prompts' own spread cancels there, so it tells a small difference that overlapping intervals
-  let pass.
+  over requests, are shown beside the replay's interval over the cache's prompts; the verdict is
+  their difference paired by prompt (`_paired`), whose 95% interval must hold 0: the prompts'
+  own spread cancels there, so it tells a small difference that overlapping intervals let pass
+  (with one prompt, the intervals' overlap).
 * Speed (rounds > 0): vLLM's speculative and plain decoding of the same requests at the same
   batch size, `rounds` timed `generate` calls each, alternating, in one vLLM process; the
   speedup is the median of plain / speculative time. Beside it, specsim's prediction when a
@@ -34,7 +34,7 @@ from typing import Callable
 import numpy as np
 
 from specsim.cache.reader import CacheReader
-from specsim.checks import Check
+from specsim.checks import Check, paired_verdict
 from specsim.errors import CacheError
 from specsim.sim.cost import load_cost_profile
 from specsim.specs import parse_tree
@@ -342,30 +342,25 @@ CPU_EXPAND_BUG = ("vLLM's CPU build verifies at T>0 with uninitialised temperatu
                   "not comparable; rerun with --fix-vllm-cpu (vLLM with that function corrected) or on a GPU build")
 
 
-def _paired(accepted: np.ndarray, drafts: np.ndarray, replay: _Replay, seed: int):
-    """vLLM's mean acceptance length minus the replay's, paired by prompt (`accepted`, `drafts`: vLLM's per prompt,
-    the cache's prompts in order, summed over repeats; the replay's trajectories carry their prompt index), with an
-    interval that resamples prompts: the sharper comparison, since the prompts' own spread cancels. None where no
-    prompt pairs."""
-    from specsim.sim.metrics import ratio_difference
+def _paired(accepted: np.ndarray, drafts: np.ndarray, repeats: int, replay: _Replay):
+    """vLLM's mean acceptance length minus the replay's, paired by prompt (`accepted`, `drafts`: vLLM's per request,
+    run-major: every repeat decodes the cache's prompts in order; the replay's trajectories carry their prompt
+    index), with its interval over prompts (`sim.metrics.paired_by_prompt`): the sharper comparison, since the
+    prompts' own spread cancels. None where no prompt pairs."""
+    from specsim.sim.metrics import paired_by_prompt
 
-    n = len(accepted)
-    ours = {}  # prompt index -> [accepted, drafts] over its cached trajectories
-    for row in replay.requests.iter_rows(named=True):
-        got = ours.setdefault(int(row["prompt_index"]), [0.0, 0.0])
-        got[0] += row["vllm_num_accepted_tokens"] or 0.0
-        got[1] += row["vllm_num_drafts"] or 0.0
-    both = [i for i in sorted(ours) if i < n]
-    if not both:
-        return None
-    mine = np.array([ours[i] for i in both])
-    return ratio_difference(accepted[both], drafts[both], mine[:, 0], mine[:, 1], n_boot=1000, seed=seed)
+    vllm_prompts = np.tile(np.arange(len(accepted) // max(repeats, 1)), repeats)
+    ours = replay.requests
+    return paired_by_prompt((vllm_prompts, accepted, drafts),
+                            (ours["prompt_index"].to_numpy(), ours["vllm_num_accepted_tokens"].to_numpy(),
+                             ours["vllm_num_drafts"].to_numpy()))
 
 
 def _sampling_check(head: dict, result: dict, replay: _Replay, seed: int) -> Check:
     """vLLM's mean acceptance length with a bootstrap interval over its requests (all repeats) vs the replay's, and
-    their difference paired by prompt (`_paired`). The verdict is the intervals' overlap; the paired difference is
-    reported beside it."""
+    their difference paired by prompt (`_paired`). The verdict is whether the paired difference's interval holds 0
+    (`checks.paired_verdict`: over fewer than its minimum of prompts, an interval that excludes 0 is inconclusive);
+    where no interval can be formed (one prompt), whether the two intervals overlap."""
     from specsim.sim.metrics import ratio_estimates
 
     repeats = result["runs"]["spec"]
@@ -382,9 +377,9 @@ def _sampling_check(head: dict, result: dict, replay: _Replay, seed: int) -> Che
             row["vllm_mean_acceptance_length_hi"])
     overlap = not (vllm[2] < ours[1] or ours[2] < vllm[1])
     inside = ours[1] <= vllm[0] <= ours[2]
-    by_prompt = (len(repeats), -1)  # per_request is run-major: every repeat decodes the same prompts, in order
-    paired = _paired(accepted.reshape(by_prompt).sum(0), drafts.reshape(by_prompt).sum(0), replay, seed)
-    differs = paired is not None and not paired.lo <= 0 <= paired.hi
+    paired = _paired(accepted, drafts, len(repeats), replay)
+    judged = paired is not None and paired.lo == paired.lo  # an interval: two or more prompts paired
+    passed, why = paired_verdict(paired.lo, paired.hi, int(row["n_prompts"])) if judged else (overlap, "the overlap")
     fmt = lambda v: f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"  # noqa: E731
     broken = bool(result.get("cpu_expand_broken"))
     fixed = "; vLLM ran with specsim's fix of its CPU expand kernel (--fix-vllm-cpu)" if result.get(
@@ -397,8 +392,9 @@ def _sampling_check(head: dict, result: dict, replay: _Replay, seed: int) -> Che
                         f"{row['vllm_draft_acceptance_rate']:.3f}; intervals {'overlap' if overlap else 'DISJOINT'}"
                         f"{', vLLM inside the replay CI' if inside else ''}"
                         + ("" if paired is None else f"; paired by prompt, vLLM - replay {paired.value:+.3f} "
-                           f"[{paired.lo:+.3f}, {paired.hi:+.3f}]{' (excludes 0)' if differs else ''}") + fixed,
-                 passed=None if broken else overlap,
+                           f"[{paired.lo:+.3f}, {paired.hi:+.3f}]")
+                        + f"; verdict: {why}" + fixed,
+                 passed=None if broken else passed,
                  values={"vllm_mean_acceptance_length": vllm[0], "vllm_mean_acceptance_length_lo": vllm[1],
                          "vllm_mean_acceptance_length_hi": vllm[2], "replay_mean_acceptance_length": ours[0],
                          "replay_mean_acceptance_length_lo": ours[1], "replay_mean_acceptance_length_hi": ours[2],
