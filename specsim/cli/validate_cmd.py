@@ -19,9 +19,9 @@ from specsim.cli import _common as c
                    "with its spec-decode counters compared to the replay's.")
 @click.option("--policy", "policies", multiple=True, callback=c.specs,
               metavar="|".join(registry.policy_names(vllm=True) + registry.policy_names(live=True, adaptive=True)),
-              help="greedy: per-call agreement on the T=0 trajectories; sample: CI overlap at each recorded T>0; "
+              help="greedy: per-call agreement on the T=0 trajectories; sample: acceptance paired by prompt at each recorded T>0; "
                    "adaptive-hf, adaptive-history[:hi,lo]: a chain whose length adapts call by call, checked "
-                   "call by call at T=0 and by CI overlap at each recorded T>0; "
+                   "call by call at T=0 and paired by prompt at each recorded T>0; "
                    "greedy-draft (--engine vllm): the draft's argmax verified as a point mass, vLLM's default "
                    "draft_sample_method at T>0. Repeatable or comma-separated.  [default: greedy]")
 @click.option("--draft", "drafts", multiple=True, metavar="NAME", callback=c.names,
@@ -78,9 +78,12 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
              rounding), draft ≠ cache (the draft rerun one token at a time ranks
              the token differently from the cached batched pass) or unexplained
              (a bug). Fails on any unexplained one or below --min-agreement.
-    sample   live mean acceptance (--repeats seeds per prompt) and the simulated one,
-             each with a 95% bootstrap CI; passes when the intervals overlap
-             (inconclusive with a single prompt: no CI).
+    sample   live acceptance rate (--repeats seeds per prompt) and the simulated one,
+             each with a 95% bootstrap CI, and their difference paired by prompt
+             (a prompt's live decodes against the replay of its cached trajectory);
+             passes when that difference's 95% interval holds 0. Over fewer than 8
+             prompts an interval that excludes 0 is inconclusive; with a single
+             prompt the two CIs' overlap decides.
     speedup  with --cost-profile: the speedup simulate predicts from the cache and the
              profile, at --batch, beside the live speedup over plain decoding of the
              same requests in the same run; passes within --speed-tolerance.
@@ -98,7 +101,8 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
              different acceptance).
     sample / greedy-draft
              vLLM samples anew (--repeats seeds per prompt): its mean acceptance
-             length's 95% interval must overlap the replay's.
+             length minus the replay's, paired by prompt, must have a 95%
+             interval that holds 0 (as for sample).
     --rounds vLLM's own speedup (speculative vs plain, same requests, alternating),
              beside specsim's prediction when --cost-profile is given.
 

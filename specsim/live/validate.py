@@ -21,9 +21,11 @@ Rounding tolerance: the cache stores float16 logits (relative error 2^-11) and a
 batched teacher-forced pass differs from one-token steps by float32 noise, so two
 logits closer than `NEAR_TIE_ABS + NEAR_TIE_REL * |logit|` are a near-tie.
 
-Sampling: live mean acceptance (fresh trajectories, `repeats` seeds per prompt)
-and the simulated one on the cached trajectories, each with its 95% bootstrap
-CI; they agree when the intervals overlap.
+Sampling: live acceptance (fresh trajectories, `repeats` seeds per prompt) and
+the simulated one on the cached trajectories, each with its 95% bootstrap CI, and
+their difference paired by prompt with its 95% interval (`sim.metrics.
+paired_by_prompt`); they agree when that interval holds 0 (with a single prompt,
+when the two CIs overlap).
 """
 
 from __future__ import annotations
@@ -34,22 +36,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specsim.cache.reader import CacheReader
-from specsim.checks import Check
+from specsim.checks import MIN_SAMPLING_PROMPTS, Check, paired_verdict
 from specsim.errors import CacheError
 from specsim.live.runs import LivePrompt, LiveRun
 from specsim.trees import Tree
 
 if TYPE_CHECKING:  # pragma: no cover
     from specsim.live.decoder import LiveConfig
+    from specsim.sim.metrics import Estimate
 
 UNCLASSIFIED = "unclassified (stats-only cache: no target logits)"
 NEAR_TIE_ABS = 1e-3  # float32 noise between batched and one-token forward passes, in logits
 NEAR_TIE_REL = 2.0**-9  # 4x float16's relative rounding of a stored logit
 MIN_AGREEMENT = 0.99  # greedy: share of identical steps required
-MIN_SAMPLING_PROMPTS = 8  # sampling: fewer cached prompts make disjoint CIs inconclusive, not a failure (a bootstrap
-#                           over 4 prompts understates the replay's error: 6 recordings of one 4-prompt cache
-#                           replayed Medusa's chain:1 acceptance at 0.17-0.30, live 0.29)
-
 
 @dataclass(frozen=True)
 class CacheSetup:
@@ -359,7 +358,7 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
                    progress: bool = False, echo=lambda line: None) -> ValidationReport:
     """Decode the cache's prompts live with its models and settings, and compare with the replay.
 
-    Greedy: per-call agreement (`greedy_agreement`). Sampling: acceptance-rate CI overlap.
+    Greedy: per-call agreement (`greedy_agreement`). Sampling: the acceptance rates' difference paired by prompt.
     With a cost profile: the predicted speedup (simulate with the profile, at the same batch
     size) beside the live one (plain decoding of the same requests in the same run).
     """
@@ -367,7 +366,7 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
     from specsim.live.runs import build_drafter, device_label, load_target, run_live, summary_rows
     from specsim.record.models import eos_token_ids
     from specsim.sim.cost import load_cost_profiles
-    from specsim.sim.sweep import simulate
+    from specsim.sim.sweep import SweepConfig, simulate, sweep
     from specsim.specs import check_batch, drafts_to_check, parse_tree
 
     setup = cache_setup(cache)
@@ -407,17 +406,18 @@ def run_validation(cache, config: ValidateConfig, *, device: str = "auto", threa
                 baselines[(policy, T)] = run.plain_run
                 head = dict(draft=draft, tree=tree.name, policy=policy, temperature=T, batch=config.batch)
                 live_row = summary_rows(run, by_category=False, seed=config.seed)[0]
-                sim = simulate(cache, trees=[spec], drafts=[draft], policies=[policy], temperatures=[T],
-                               multi_draft=config.multi_draft, cost_profile=costs,
-                               batches=[config.batch] if timed else None, batching=config.batching,
-                               by_category=False, seed=config.seed, on_skip=lambda line: None)
+                replay = sweep(cache, SweepConfig(
+                    trees=[spec], drafts=[draft], policies=[policy], temperatures=[T], multi_draft=config.multi_draft,
+                    cost_profile=costs, batches=[config.batch] if timed else None, batching=config.batching,
+                    by_category=False, seed=config.seed), on_skip=lambda line: None)
+                sim = replay.rows
                 # priced rows at the live batch; unpriced, one row (acceptance does not depend on the batch)
                 sim_row = (sim.filter(sim["batch"] == config.batch) if timed else sim).row(0, named=True)
                 if T == 0:
                     report.checks.append(_greedy_check(head, run, cache, draft, tree, config, drafter, report,
                                                        live_config))
                 else:
-                    report.checks.append(_sampling_check(head, live_row, sim_row))
+                    report.checks.append(_sampling_check(head, live_row, sim_row, _paired(run, replay.requests)))
                 if timed:
                     report.checks.append(_speed_check(head, live_row, sim_row, config))
     return report
@@ -443,11 +443,38 @@ def _greedy_check(head: dict, run: LiveRun, cache, draft: str, tree: Tree, confi
                                           "agreement": g.agreement, "unexplained": g.unexplained})
 
 
-def _sampling_check(head: dict, live_row: dict, sim_row: dict) -> Check:
+def _paired(run: LiveRun, requests) -> Estimate | None:
+    """The live acceptance rate minus the replay's, paired by prompt (`sim.metrics.paired_by_prompt`): the live run's
+    decodes of a prompt against the replay of its cached trajectory."""
+    from specsim.sim.metrics import paired_by_prompt
+
+    live = [(t.prompt.prompt_index, sum(s.accepted for s in t.live.steps), sum(s.drafted for s in t.live.steps))
+            for t in run.trajectories]
+    if not live:
+        return None
+    return paired_by_prompt(tuple(np.array(c, dtype=np.float64) for c in zip(*live)),
+                            (requests["prompt_index"].to_numpy(), requests["accepted"].to_numpy(),
+                             requests["drafted"].to_numpy()))
+
+
+def _sampling_check(head: dict, live_row: dict, sim_row: dict, paired: Estimate | None = None) -> Check:
+    """Live acceptance rate against the replay's. The verdict: the paired difference's interval holds 0 (`_paired`,
+    `checks.paired_verdict`); without one (no pairs, or one prompt), the two intervals overlap. Either way a
+    difference over fewer than MIN_SAMPLING_PROMPTS cached prompts is inconclusive, not a failure."""
     a = sampling_agreement(live_row, sim_row)
     fmt = lambda v: f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"  # noqa: E731
     no_ci = any(x != x for x in (*a.live[1:], *a.simulated[1:]))
     prompts = int(sim_row.get("n_prompts") or 0)
+    values = {"accept_rate_live": a.live[0], "accept_rate_sim": a.simulated[0]}
+    if paired is not None and paired.lo == paired.lo:
+        passed, why = paired_verdict(paired.lo, paired.hi, prompts)
+        return Check(**head, kind="acceptance",
+                     comparison=f"accept rate live {fmt(a.live)} vs sim {fmt(a.simulated)}",
+                     detail=f"{a.live_decodes} live decodes, {a.simulated_positions} cached positions, sim "
+                            f"{a.estimate}; CIs {'overlap' if a.overlap else 'DISJOINT'}; paired by prompt, live - "
+                            f"sim {paired.value:+.3f} [{paired.lo:+.3f}, {paired.hi:+.3f}]; verdict: {why}",
+                     passed=passed, values={**values, "paired_difference": paired.value,
+                                            "paired_difference_lo": paired.lo, "paired_difference_hi": paired.hi})
     few = not no_ci and not a.overlap and prompts < MIN_SAMPLING_PROMPTS
     verdict = ("no CI (n = 1 prompt)" if no_ci else
                f"CIs DISJOINT, but the replay's CI is a bootstrap over {prompts} cached prompts, too few to hold its "
@@ -457,8 +484,7 @@ def _sampling_check(head: dict, live_row: dict, sim_row: dict) -> Check:
                  comparison=f"accept rate live {fmt(a.live)} vs sim {fmt(a.simulated)}",
                  detail=f"{a.live_decodes} live decodes, {a.simulated_positions} cached positions, sim "
                         f"{a.estimate}; {verdict}",
-                 passed=None if no_ci or few else a.overlap,
-                 values={"accept_rate_live": a.live[0], "accept_rate_sim": a.simulated[0]})
+                 passed=None if no_ci or few else a.overlap, values=values)
 
 
 def _speed_check(head: dict, live_row: dict, sim_row: dict, config: ValidateConfig) -> Check:
