@@ -201,7 +201,10 @@ def test_repeated_requests_in_a_resample_do_not_shift_the_lockstep_interval(tmp_
                     leaf=table.leaf_given())
     plain = timeline(None, features, tree, model, "d", batch=4, batching="lockstep", orders=orders, plain=True)
     speedup = plain.seconds / spec.seconds
-    low, mid, high = np.percentile(speedup[1:], [2.5, 50, 97.5])
+    from scipy.stats import norm, t
+
+    tail = 100 * norm.cdf(-np.sqrt(6 / 5) * t.ppf(0.975, 5))  # the expanded percentile interval over 6 requests
+    low, mid, high = np.percentile(speedup[1:], [tail, 50, 100 - tail])
     assert mid - speedup[0] > 0.02  # the repeats' shift
     value, lo, hi = simulate_batch(table, features, tree, model, "d", batch=4, n_boot=4000).speedup
     assert value == pytest.approx(speedup[0])
@@ -214,14 +217,17 @@ def test_a_wide_interval_is_scaled_to_the_point_estimate_and_stays_positive():
     row gave a speedup CI from -0.013, which tests/test_report.py caught as a number missing from the tables);
     scaled, it keeps the replicates' relative spread and stays positive."""
     from specsim.sim.batch import recentred
+    from specsim.sim.metrics import _tail
 
     replicates = np.concatenate([np.full(900, 1.0), np.full(100, 0.1)])  # a tenth priced by the slow round
-    low, mid, high = np.percentile(replicates, [2.5, 50, 97.5])
+    tail = _tail(24)  # replicates of 24 requests: the expanded percentile interval's tail
+    assert 1.5 < tail < 2.5
+    low, mid, high = np.percentile(replicates, [tail, 50, 100 - tail])
     assert low - mid + 0.5 < 0  # the shifted interval: an impossible speedup
-    value, lo, hi = recentred(0.5, replicates)
+    value, lo, hi = recentred(0.5, replicates, 24)
     assert value == 0.5 and 0 < lo < value <= hi
     assert (lo / value, hi / value) == pytest.approx((low / mid, high / mid))
-    assert np.isnan(recentred(0.5, replicates[:1])[1:]).all()  # one replicate: no interval
+    assert np.isnan(recentred(0.5, replicates[:1], 24)[1:]).all()  # one replicate: no interval
 
 
 @pytest.mark.parametrize("batching", ["lockstep", "continuous"])

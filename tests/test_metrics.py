@@ -71,7 +71,12 @@ def test_bootstrap_is_reproducible_and_resamples_whole_trajectories():
     est = ratio_estimates(num, den, n_boot=50, seed=3)[0]
     boot = (counts @ num[:, 0]) / 7
     assert est.value == 4.0
-    assert est.lo == pytest.approx(np.percentile(boot, 2.5)) and est.hi == pytest.approx(np.percentile(boot, 97.5))
+    # the expanded percentile interval over 7 prompts: tail Φ(−√(7/6) t₆(0.975)) ≈ 0.41%, not 2.5%
+    from scipy.stats import norm, t
+
+    tail = 100 * norm.cdf(-np.sqrt(7 / 6) * t.ppf(0.975, 6))
+    assert 0.3 < tail < 0.5
+    assert est.lo == pytest.approx(np.percentile(boot, tail)) and est.hi == pytest.approx(np.percentile(boot, 100 - tail))
 
 
 def test_one_prompt_has_no_interval():

@@ -39,12 +39,10 @@ from specsim.specs import BATCHING
 from specsim.expansion import DynamicTree
 from specsim.trees import Tree
 
-CI_LEVEL = 0.95
-
-
-def recentred(value: float, replicates: np.ndarray) -> tuple[float, float, float]:
+def recentred(value: float, replicates: np.ndarray, rows: int) -> tuple[float, float, float]:
     """(value, lo, hi): the point estimate `value` of a positive quantity (a rate, a speedup) and its
-    replicates' 95% percentile interval, moved to it. Why move it: a resample repeats requests, and in
+    replicates' 95% percentile interval (expanded for `rows` resampled requests, as every CI of
+    `sim.metrics`), moved to it. Why move it: a resample repeats requests, and in
     lockstep a batch waits for its slowest request, so copies of one request in a batch (the same calls) end
     speculative batches sooner than distinct requests do, while plain batches run to the output limit alike;
     every replicate's speedup is shifted up by that, not by the prompts drawn (six requests at batch 4: the
@@ -56,7 +54,10 @@ def recentred(value: float, replicates: np.ndarray) -> tuple[float, float, float
     speedup. Without two replicates, no interval (NaN)."""
     if len(replicates) < 2:
         return value, float("nan"), float("nan")
-    lo, mid, hi = np.percentile(replicates, [(1 - CI_LEVEL) / 2 * 100, 50, (1 + CI_LEVEL) / 2 * 100])
+    from specsim.sim.metrics import _tail
+
+    tail = _tail(int(rows))
+    lo, mid, hi = np.percentile(replicates, [tail, 50, 100 - tail])
     return value, float(lo * value / mid), float(hi * value / mid)
 
 
@@ -248,7 +249,7 @@ def simulate_batch(table: AcceptanceTable, features, tree: Tree, cost_model, dra
     point, boot = slice(0, n_point), slice(n_point, None)
 
     def est(x: np.ndarray) -> tuple[float, float, float]:
-        return recentred(float(x[point].mean()), x[boot])
+        return recentred(float(x[point].mean()), x[boot], n)
 
     se = None if deterministic else float(speedup[point].std(ddof=1) / np.sqrt(n_point))
     return BatchEstimate(
