@@ -217,10 +217,10 @@ def test_a_wide_interval_is_scaled_to_the_point_estimate_and_stays_positive():
     row gave a speedup CI from -0.013, which tests/test_report.py caught as a number missing from the tables);
     scaled, it keeps the replicates' relative spread and stays positive."""
     from specsim.sim.batch import recentred
-    from specsim.sim.metrics import _tail
+    from specsim.sim.metrics import expanded_tail
 
     replicates = np.concatenate([np.full(900, 1.0), np.full(100, 0.1)])  # a tenth priced by the slow round
-    tail = _tail(24)  # replicates of 24 requests: the expanded percentile interval's tail
+    tail = expanded_tail(24)  # replicates of 24 requests: the expanded percentile interval's tail
     assert 1.5 < tail < 2.5
     low, mid, high = np.percentile(replicates, [tail, 50, 100 - tail])
     assert low - mid + 0.5 < 0  # the shifted interval: an impossible speedup

@@ -76,7 +76,8 @@ def test_bootstrap_is_reproducible_and_resamples_whole_trajectories():
 
     tail = 100 * norm.cdf(-np.sqrt(7 / 6) * t.ppf(0.975, 6))
     assert 0.3 < tail < 0.5
-    assert est.lo == pytest.approx(np.percentile(boot, tail)) and est.hi == pytest.approx(np.percentile(boot, 100 - tail))
+    assert est.lo == pytest.approx(np.percentile(boot, tail))
+    assert est.hi == pytest.approx(np.percentile(boot, 100 - tail))
 
 
 def test_one_prompt_has_no_interval():

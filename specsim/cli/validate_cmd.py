@@ -19,7 +19,8 @@ from specsim.cli import _common as c
                    "with its spec-decode counters compared to the replay's.")
 @click.option("--policy", "policies", multiple=True, callback=c.specs,
               metavar="|".join(registry.policy_names(vllm=True) + registry.policy_names(live=True, adaptive=True)),
-              help="greedy: per-call agreement on the T=0 trajectories; sample: acceptance paired by prompt at each recorded T>0; "
+              help="greedy: per-call agreement on the T=0 trajectories; sample: acceptance paired by prompt at each "
+                   "recorded T>0; "
                    "adaptive-hf, adaptive-history[:hi,lo]: a chain whose length adapts call by call, checked "
                    "call by call at T=0 and paired by prompt at each recorded T>0; "
                    "greedy-draft (--engine vllm): the draft's argmax verified as a point mass, vLLM's default "

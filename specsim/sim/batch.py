@@ -39,6 +39,7 @@ from specsim.specs import BATCHING
 from specsim.expansion import DynamicTree
 from specsim.trees import Tree
 
+
 def recentred(value: float, replicates: np.ndarray, rows: int) -> tuple[float, float, float]:
     """(value, lo, hi): the point estimate `value` of a positive quantity (a rate, a speedup) and its
     replicates' 95% percentile interval (expanded for `rows` resampled requests, as every CI of
@@ -54,9 +55,9 @@ def recentred(value: float, replicates: np.ndarray, rows: int) -> tuple[float, f
     speedup. Without two replicates, no interval (NaN)."""
     if len(replicates) < 2:
         return value, float("nan"), float("nan")
-    from specsim.sim.metrics import _tail
+    from specsim.sim.metrics import expanded_tail
 
-    tail = _tail(int(rows))
+    tail = expanded_tail(int(rows))
     lo, mid, hi = np.percentile(replicates, [tail, 50, 100 - tail])
     return value, float(lo * value / mid), float(hi * value / mid)
 

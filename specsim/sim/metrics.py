@@ -5,10 +5,10 @@ or "all"): acceptance rate = accepted / drafted, tokens per call = tokens / call
 — the per-token averages a long run would measure, not means of per-prompt ratios.
 
 Uncertainty from *which prompts* were cached is a percentile bootstrap (Efron &
-Tibshirani 1993), expanded for few prompts (`_tail`): resample the group's
-trajectories with replacement B times and recompute each ratio. All B resamples are one matrix product of multinomial counts
-(B, n) with the per-trajectory sums (n, K); the counts depend only on the group size
-and the seed, so configurations of one sweep share them (their CIs are comparable),
+Tibshirani 1993), expanded for few prompts (`expanded_tail`): resample the group's
+trajectories with replacement B times and recompute each ratio. All B resamples are
+one matrix product of multinomial counts (B, n) with the per-trajectory sums (n, K);
+the counts depend only on the group size and the seed, so configurations of one sweep share them (their CIs are comparable),
 and `summarize_many` resamples every configuration of a sweep in one product.
 A Monte-Carlo policy's own estimation error is reported separately as a standard error.
 
@@ -72,7 +72,7 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 
 @lru_cache(maxsize=256)
-def _tail(n: int) -> float:
+def expanded_tail(n: int) -> float:
     """The percentile (in %) that bounds a two-sided CI_LEVEL interval from below over n resampled rows: the
     expanded percentile interval (Hesterberg, "What teachers should know about the bootstrap", The American
     Statistician 69(4), 2015), tail Φ(−√(n / (n − 1)) · t(n − 1)) instead of (1 − CI_LEVEL) / 2. A plain
@@ -87,9 +87,9 @@ def _tail(n: int) -> float:
 
 
 def _interval(boot: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Expanded percentile interval (`_tail`) over axis 0 of resamples of n rows; NaN resamples are left out,
+    """Expanded percentile interval (`expanded_tail`) over axis 0 of resamples of n rows; NaN resamples are left out,
     all-NaN columns give NaN."""
-    tail = _tail(int(n))
+    tail = expanded_tail(int(n))
     lo, hi = np.percentile(boot, [tail, 100 - tail], axis=0)
     some = np.isnan(boot).any(axis=0) & ~np.isnan(boot).all(axis=0)
     if some.any():
