@@ -36,7 +36,7 @@ def test_table_rows_with_cis_and_a_footer(tiny_cache):
     assert f"computed from {tiny_cache}" in res.output
     assert "T=0: 4 prompts, 48 positions; storage full" in res.output
     assert "speed: no speedup without costs" in res.output and "speedup" not in lines[0]
-    assert "95% bootstrap over prompts (1000 resamples, seed 0)" in res.output
+    assert "95% bootstrap over prompts, its percentiles expanded for each row's prompt count (1000 resamples, seed 0)" in res.output
 
 
 def test_the_all_row_by_default_and_a_table_that_fits_the_terminal(tiny_cache):

@@ -306,7 +306,8 @@ def footer(df) -> str:
                      "measure with `specsim profile` and pass --cost-profile")
     else:
         lines.append("speed: no speedup without costs; measure them with `specsim profile` and pass --cost-profile")
-    ci = (f"95% bootstrap over prompts ({first['n_boot']} resamples, seed {first['seed']})"
+    ci = (f"95% bootstrap over prompts, its percentiles expanded for each row's prompt count ({first['n_boot']} "
+          f"resamples, seed {first['seed']})"
           if first["n_prompts"] > 1 else "no CI (n = 1 prompt)")
     lines.append(f"CIs: {ci}; exact = closed form / dynamic program on the cached trajectories, no Monte-Carlo")
     if (df["estimate"] != "exact").any():

@@ -102,7 +102,7 @@ def ci_note(table: pl.DataFrame, metric: str = "tokens_per_call") -> str:
     lo = f"{metric}_lo"
     if lo in table.columns and table[lo].drop_nans().drop_nulls().len() == 0:
         return "no CI (n = 1 prompt): no bands"
-    return "bands: 95% bootstrap over prompts"
+    return "bands: 95% bootstrap over prompts (expanded percentile)"
 
 
 METRICS = {
