@@ -213,3 +213,27 @@ def test_the_paired_verdict_fails_only_over_enough_prompts(lo, hi, prompts, pass
     assert 4 < MIN_SAMPLING_PROMPTS <= 13
     verdict, why = paired_verdict(lo, hi, prompts)
     assert verdict is passed and words in why
+
+
+def test_vllms_own_interval_resamples_prompts_not_their_repeats():
+    """Four copies of each decode are no more evidence about the prompts than one: vLLM's interval over prompts is the
+    same for both (an interval over requests was half as wide for the copies)."""
+    import polars as pl
+
+    from specsim.engines.check import _Replay, _sampling_check
+
+    rng = np.random.default_rng(5)
+    rates = rng.uniform(0.05, 0.9, 16)
+    once = _sampling_runs(rates, 1, 60, rng)
+    copies = {"runs": {"spec": once["runs"]["spec"] * 4}}
+    row = {"vllm_mean_acceptance_length": 1.4, "vllm_mean_acceptance_length_lo": 1.3,
+           "vllm_mean_acceptance_length_hi": 1.5, "n_prompts": 16, "vllm_counts": "exact",
+           "vllm_draft_acceptance_rate": 0.4}
+    requests = pl.DataFrame({"prompt_index": np.arange(16), "vllm_num_accepted_tokens": np.full(16, 24.0),
+                             "vllm_num_drafts": np.full(16, 60.0)})
+    replay = _Replay(row=row, requests=requests, features=None, table=None)
+    head = dict(draft="d", tree="chain:1", policy="greedy-draft", temperature=1.0, batch=1)
+    one, four = (_sampling_check(head, runs, replay, seed=0).values for runs in (once, copies))
+    for end in ("", "_lo", "_hi"):
+        assert four["vllm_mean_acceptance_length" + end] == pytest.approx(one["vllm_mean_acceptance_length" + end])
+    assert one["vllm_mean_acceptance_length_hi"] > one["vllm_mean_acceptance_length_lo"]

@@ -15,7 +15,7 @@ replay's vLLM counters (`specsim.sim.engine.EngineTotals`) are what vLLM should 
   the cache are left out of the counter comparison, and the check says how many.
 * T > 0: vLLM samples anew (`repeats` seeds per prompt), so its trajectories are not the
   cache's: its mean acceptance length and draft acceptance rate, with a 95% bootstrap interval
-  over requests, are shown beside the replay's interval over the cache's prompts; the verdict is
+  over prompts, are shown beside the replay's interval over the cache's prompts; the verdict is
   their difference paired by prompt (`_paired`), whose 95% interval must hold 0: the prompts'
   own spread cancels there, so it tells a small difference that overlapping intervals let pass
   (with one prompt, the intervals' overlap).
@@ -357,7 +357,7 @@ def _paired(accepted: np.ndarray, drafts: np.ndarray, repeats: int, replay: _Rep
 
 
 def _sampling_check(head: dict, result: dict, replay: _Replay, seed: int) -> Check:
-    """vLLM's mean acceptance length with a bootstrap interval over its requests (all repeats) vs the replay's, and
+    """vLLM's mean acceptance length with a bootstrap interval over prompts (their repeats summed) vs the replay's, and
     their difference paired by prompt (`_paired`). The verdict is whether the paired difference's interval holds 0
     (`checks.paired_verdict`: over fewer than its minimum of prompts, an interval that excludes 0 is inconclusive);
     where no interval can be formed (one prompt), whether the two intervals overlap."""
@@ -369,8 +369,10 @@ def _sampling_check(head: dict, result: dict, replay: _Replay, seed: int) -> Che
     drafts = np.array([sum(h) for h in hist], dtype=np.float64)
     accepted = np.array([sum(j * c for j, c in enumerate(h)) for h in hist], dtype=np.float64)
     drafted = np.array([s.get("num_draft_tokens", 0) for s in per_request], dtype=np.float64)
-    length, rate = ratio_estimates(np.column_stack([accepted, accepted]), np.column_stack([drafts, drafted]),
-                                   n_boot=1000, seed=seed)
+    per_prompt = lambda x: x.reshape(len(repeats), -1).sum(0)  # noqa: E731  (run-major: repeats of one prompt set)
+    # resampled by prompt: a prompt's repeats share its text, so they are not independent draws
+    length, rate = ratio_estimates(np.column_stack([per_prompt(accepted)] * 2),
+                                   np.column_stack([per_prompt(drafts), per_prompt(drafted)]), n_boot=1000, seed=seed)
     vllm = (1 + length.value, 1 + length.lo, 1 + length.hi)
     row = replay.row
     ours = (row["vllm_mean_acceptance_length"], row["vllm_mean_acceptance_length_lo"],
