@@ -43,3 +43,18 @@ def paired_verdict(lo: float, hi: float, prompts: int) -> tuple[bool | None, str
         return None, (f"the paired interval excludes 0, but over {prompts} prompts, too few to hold its level "
                       f"(record at least {MIN_SAMPLING_PROMPTS})")
     return False, "the paired interval excludes 0"
+
+
+def sampling_verdict(paired, overlap: bool | None, prompts: int) -> tuple[bool | None, str]:
+    """Both T > 0 checks' verdict (specsim live, vLLM), and the words that say why. `paired`: the difference paired by
+    prompt (with `lo` and `hi`; None, or NaN ends, where no interval formed), judged by `paired_verdict`. Without it,
+    `overlap`: whether the two sides' own intervals overlap (None where one side has none), disjoint ones over fewer
+    than MIN_SAMPLING_PROMPTS cached prompts being inconclusive."""
+    if paired is not None and paired.lo == paired.lo:
+        return paired_verdict(paired.lo, paired.hi, prompts)
+    if overlap is None:
+        return None, "no CI (n = 1 prompt)"
+    if not overlap and prompts < MIN_SAMPLING_PROMPTS:
+        return None, (f"CIs DISJOINT, but the replay's CI is a bootstrap over {prompts} cached prompts, too few to "
+                      f"hold its error (record at least {MIN_SAMPLING_PROMPTS})")
+    return overlap, f"CIs {'overlap' if overlap else 'DISJOINT'}"

@@ -237,3 +237,20 @@ def test_vllms_own_interval_resamples_prompts_not_their_repeats():
     for end in ("", "_lo", "_hi"):
         assert four["vllm_mean_acceptance_length" + end] == pytest.approx(one["vllm_mean_acceptance_length" + end])
     assert one["vllm_mean_acceptance_length_hi"] > one["vllm_mean_acceptance_length_lo"]
+
+
+def test_both_t_above_0_checks_fall_back_to_the_same_rule_without_a_paired_interval():
+    """One verdict for specsim's live check and vLLM's: without a paired interval, one prompt (no CI) is
+    inconclusive, not a pass; disjoint intervals over few prompts are inconclusive, over enough they fail."""
+    from types import SimpleNamespace
+
+    from specsim.checks import sampling_verdict
+
+    none = SimpleNamespace(lo=float("nan"), hi=float("nan"))
+    assert sampling_verdict(none, None, 1) == (None, "no CI (n = 1 prompt)")
+    assert sampling_verdict(None, False, 4)[0] is None and "bootstrap over 4 cached prompts" in \
+        sampling_verdict(None, False, 4)[1]
+    assert sampling_verdict(None, False, 13) == (False, "CIs DISJOINT")
+    assert sampling_verdict(None, True, 13) == (True, "CIs overlap")
+    # a paired interval decides when there is one, whatever the overlap
+    assert sampling_verdict(SimpleNamespace(lo=0.01, hi=0.05), True, 13) == (False, "the paired interval excludes 0")

@@ -369,7 +369,8 @@ def test_a_wrong_schedule_fails_the_call_check(tiny_cache, tiny_model_dir):
 def test_disjoint_acceptance_on_few_cached_prompts_is_inconclusive(prompts, overlap, verdict):
     """A bootstrap over a handful of cached prompts understates the replay's error: disjoint CIs there say
     so instead of failing; with enough prompts they fail."""
-    from specsim.live.validate import MIN_SAMPLING_PROMPTS, _sampling_check
+    from specsim.checks import MIN_SAMPLING_PROMPTS
+    from specsim.live.validate import _sampling_check
 
     assert 4 < MIN_SAMPLING_PROMPTS <= 13
     live = {"accept_rate": 0.29, "accept_rate_lo": 0.27, "accept_rate_hi": 0.31, "n_decodes": 256}

@@ -83,8 +83,8 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
              each with a 95% bootstrap CI, and their difference paired by prompt
              (a prompt's live decodes against the replay of its cached trajectory);
              passes when that difference's 95% interval holds 0. Over fewer than 8
-             prompts an interval that excludes 0 is inconclusive; with a single
-             prompt the two CIs' overlap decides.
+             prompts an interval that excludes 0 is inconclusive; a single prompt
+             gives no interval: inconclusive.
     speedup  with --cost-profile: the speedup simulate predicts from the cache and the
              profile, at --batch, beside the live speedup over plain decoding of the
              same requests in the same run; passes within --speed-tolerance.

@@ -18,7 +18,7 @@ replay's vLLM counters (`specsim.sim.engine.EngineTotals`) are what vLLM should 
   over prompts, are shown beside the replay's interval over the cache's prompts; the verdict is
   their difference paired by prompt (`_paired`), whose 95% interval must hold 0: the prompts'
   own spread cancels there, so it tells a small difference that overlapping intervals let pass
-  (with one prompt, the intervals' overlap).
+  (`checks.sampling_verdict`, as for specsim's live check; one prompt gives no interval: inconclusive).
 * Speed (rounds > 0): vLLM's speculative and plain decoding of the same requests at the same
   batch size, `rounds` timed `generate` calls each, alternating, in one vLLM process; the
   speedup is the median of plain / speculative time. Beside it, specsim's prediction when a
@@ -34,7 +34,7 @@ from typing import Callable
 import numpy as np
 
 from specsim.cache.reader import CacheReader
-from specsim.checks import Check, paired_verdict
+from specsim.checks import Check, sampling_verdict
 from specsim.errors import CacheError
 from specsim.sim.cost import load_cost_profile
 from specsim.specs import parse_tree
@@ -342,25 +342,24 @@ CPU_EXPAND_BUG = ("vLLM's CPU build verifies at T>0 with uninitialised temperatu
                   "not comparable; rerun with --fix-vllm-cpu (vLLM with that function corrected) or on a GPU build")
 
 
-def _paired(accepted: np.ndarray, drafts: np.ndarray, repeats: int, replay: _Replay):
-    """vLLM's mean acceptance length minus the replay's, paired by prompt (`accepted`, `drafts`: vLLM's per request,
-    run-major: every repeat decodes the cache's prompts in order; the replay's trajectories carry their prompt
-    index), with its interval over prompts (`sim.metrics.paired_by_prompt`): the sharper comparison, since the
-    prompts' own spread cancels. None where no prompt pairs."""
+def _paired(accepted: np.ndarray, drafts: np.ndarray, replay: _Replay):
+    """vLLM's mean acceptance length minus the replay's, paired by prompt (`accepted`, `drafts`: vLLM's per prompt,
+    the cache's prompts in order, summed over repeats; the replay's trajectories carry their prompt index), with its
+    interval over prompts (`sim.metrics.paired_by_prompt`): the sharper comparison, since the prompts' own spread
+    cancels. None where no prompt pairs."""
     from specsim.sim.metrics import paired_by_prompt
 
-    vllm_prompts = np.tile(np.arange(len(accepted) // max(repeats, 1)), repeats)
     ours = replay.requests
-    return paired_by_prompt((vllm_prompts, accepted, drafts),
+    return paired_by_prompt((np.arange(len(accepted)), accepted, drafts),
                             (ours["prompt_index"].to_numpy(), ours["vllm_num_accepted_tokens"].to_numpy(),
                              ours["vllm_num_drafts"].to_numpy()))
 
 
 def _sampling_check(head: dict, result: dict, replay: _Replay, seed: int) -> Check:
     """vLLM's mean acceptance length with a bootstrap interval over prompts (their repeats summed) vs the replay's, and
-    their difference paired by prompt (`_paired`). The verdict is whether the paired difference's interval holds 0
-    (`checks.paired_verdict`: over fewer than its minimum of prompts, an interval that excludes 0 is inconclusive);
-    where no interval can be formed (one prompt), whether the two intervals overlap."""
+    their difference paired by prompt (`_paired`), judged by `checks.sampling_verdict` as specsim's live check is:
+    the paired difference's interval holds 0 (over fewer than its minimum of prompts, one that excludes 0 is
+    inconclusive); one prompt gives no interval at all: inconclusive."""
     from specsim.sim.metrics import ratio_estimates
 
     repeats = result["runs"]["spec"]
@@ -369,19 +368,20 @@ def _sampling_check(head: dict, result: dict, replay: _Replay, seed: int) -> Che
     drafts = np.array([sum(h) for h in hist], dtype=np.float64)
     accepted = np.array([sum(j * c for j, c in enumerate(h)) for h in hist], dtype=np.float64)
     drafted = np.array([s.get("num_draft_tokens", 0) for s in per_request], dtype=np.float64)
-    per_prompt = lambda x: x.reshape(len(repeats), -1).sum(0)  # noqa: E731  (run-major: repeats of one prompt set)
-    # resampled by prompt: a prompt's repeats share its text, so they are not independent draws
-    length, rate = ratio_estimates(np.column_stack([per_prompt(accepted)] * 2),
-                                   np.column_stack([per_prompt(drafts), per_prompt(drafted)]), n_boot=1000, seed=seed)
+    # per prompt, its repeats summed (per_request is run-major: every repeat decodes the cache's prompts in order),
+    # and resampled by prompt: a prompt's repeats share its text, so they are not independent draws
+    accepted, drafts, drafted = (x.reshape(len(repeats), -1).sum(0) for x in (accepted, drafts, drafted))
+    length, rate = ratio_estimates(np.column_stack([accepted, accepted]), np.column_stack([drafts, drafted]),
+                                   n_boot=1000, seed=seed)
     vllm = (1 + length.value, 1 + length.lo, 1 + length.hi)
     row = replay.row
     ours = (row["vllm_mean_acceptance_length"], row["vllm_mean_acceptance_length_lo"],
             row["vllm_mean_acceptance_length_hi"])
     overlap = not (vllm[2] < ours[1] or ours[2] < vllm[1])
     inside = ours[1] <= vllm[0] <= ours[2]
-    paired = _paired(accepted, drafts, len(repeats), replay)
-    judged = paired is not None and paired.lo == paired.lo  # an interval: two or more prompts paired
-    passed, why = paired_verdict(paired.lo, paired.hi, int(row["n_prompts"])) if judged else (overlap, "the overlap")
+    paired = _paired(accepted, drafts, replay)
+    no_ci = any(x != x for x in (*vllm[1:], *ours[1:]))
+    passed, why = sampling_verdict(paired, None if no_ci else overlap, int(row["n_prompts"]))
     fmt = lambda v: f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"  # noqa: E731
     broken = bool(result.get("cpu_expand_broken"))
     fixed = "; vLLM ran with specsim's fix of its CPU expand kernel (--fix-vllm-cpu)" if result.get(

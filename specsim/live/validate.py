@@ -24,8 +24,8 @@ logits closer than `NEAR_TIE_ABS + NEAR_TIE_REL * |logit|` are a near-tie.
 Sampling: live acceptance (fresh trajectories, `repeats` seeds per prompt) and
 the simulated one on the cached trajectories, each with its 95% bootstrap CI, and
 their difference paired by prompt with its 95% interval (`sim.metrics.
-paired_by_prompt`); they agree when that interval holds 0 (with a single prompt,
-when the two CIs overlap).
+paired_by_prompt`); they agree when that interval holds 0 (`checks.
+sampling_verdict`; a single prompt gives no interval: inconclusive).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specsim.cache.reader import CacheReader
-from specsim.checks import MIN_SAMPLING_PROMPTS, Check, paired_verdict
+from specsim.checks import Check, sampling_verdict
 from specsim.errors import CacheError
 from specsim.live.runs import LivePrompt, LiveRun
 from specsim.trees import Tree
@@ -446,45 +446,37 @@ def _greedy_check(head: dict, run: LiveRun, cache, draft: str, tree: Tree, confi
 def _paired(run: LiveRun, requests) -> Estimate | None:
     """The live acceptance rate minus the replay's, paired by prompt (`sim.metrics.paired_by_prompt`): the live run's
     decodes of a prompt against the replay of its cached trajectory."""
+    from specsim.live.runs import trajectory_stats
     from specsim.sim.metrics import paired_by_prompt
 
-    live = [(t.prompt.prompt_index, sum(s.accepted for s in t.live.steps), sum(s.drafted for s in t.live.steps))
-            for t in run.trajectories]
-    if not live:
+    if not run.trajectories:
         return None
-    return paired_by_prompt(tuple(np.array(c, dtype=np.float64) for c in zip(*live)),
+    stats, groups = trajectory_stats(run)
+    return paired_by_prompt((groups.traj_prompt, stats.accepted, stats.drafted),
                             (requests["prompt_index"].to_numpy(), requests["accepted"].to_numpy(),
                              requests["drafted"].to_numpy()))
 
 
 def _sampling_check(head: dict, live_row: dict, sim_row: dict, paired: Estimate | None = None) -> Check:
-    """Live acceptance rate against the replay's. The verdict: the paired difference's interval holds 0 (`_paired`,
-    `checks.paired_verdict`); without one (no pairs, or one prompt), the two intervals overlap. Either way a
-    difference over fewer than MIN_SAMPLING_PROMPTS cached prompts is inconclusive, not a failure."""
+    """Live acceptance rate against the replay's, judged by `checks.sampling_verdict`: the paired difference's
+    interval (`_paired`) holds 0; without one (no pairs), the two intervals overlap; with one prompt, neither side
+    has an interval: inconclusive. Either way a difference over fewer than MIN_SAMPLING_PROMPTS cached prompts is
+    inconclusive, not a failure."""
     a = sampling_agreement(live_row, sim_row)
     fmt = lambda v: f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"  # noqa: E731
     no_ci = any(x != x for x in (*a.live[1:], *a.simulated[1:]))
-    prompts = int(sim_row.get("n_prompts") or 0)
-    values = {"accept_rate_live": a.live[0], "accept_rate_sim": a.simulated[0]}
-    if paired is not None and paired.lo == paired.lo:
-        passed, why = paired_verdict(paired.lo, paired.hi, prompts)
-        return Check(**head, kind="acceptance",
-                     comparison=f"accept rate live {fmt(a.live)} vs sim {fmt(a.simulated)}",
-                     detail=f"{a.live_decodes} live decodes, {a.simulated_positions} cached positions, sim "
-                            f"{a.estimate}; CIs {'overlap' if a.overlap else 'DISJOINT'}; paired by prompt, live - "
-                            f"sim {paired.value:+.3f} [{paired.lo:+.3f}, {paired.hi:+.3f}]; verdict: {why}",
-                     passed=passed, values={**values, "paired_difference": paired.value,
-                                            "paired_difference_lo": paired.lo, "paired_difference_hi": paired.hi})
-    few = not no_ci and not a.overlap and prompts < MIN_SAMPLING_PROMPTS
-    verdict = ("no CI (n = 1 prompt)" if no_ci else
-               f"CIs DISJOINT, but the replay's CI is a bootstrap over {prompts} cached prompts, too few to hold its "
-               f"error (record at least {MIN_SAMPLING_PROMPTS})" if few else
-               f"CIs {'overlap' if a.overlap else 'DISJOINT'}")
+    passed, why = sampling_verdict(paired, None if no_ci else a.overlap, int(sim_row.get("n_prompts") or 0))
+    judged = paired is not None and paired.lo == paired.lo
+    shown = (f"CIs {'overlap' if a.overlap else 'DISJOINT'}; paired by prompt, live - sim {paired.value:+.3f} "
+             f"[{paired.lo:+.3f}, {paired.hi:+.3f}]; verdict: {why}") if judged else why
     return Check(**head, kind="acceptance",
                  comparison=f"accept rate live {fmt(a.live)} vs sim {fmt(a.simulated)}",
                  detail=f"{a.live_decodes} live decodes, {a.simulated_positions} cached positions, sim "
-                        f"{a.estimate}; {verdict}",
-                 passed=None if no_ci or few else a.overlap, values=values)
+                        f"{a.estimate}; {shown}",
+                 passed=passed,
+                 values={"accept_rate_live": a.live[0], "accept_rate_sim": a.simulated[0],
+                         **({"paired_difference": paired.value, "paired_difference_lo": paired.lo,
+                             "paired_difference_hi": paired.hi} if judged else {})})
 
 
 def _speed_check(head: dict, live_row: dict, sim_row: dict, config: ValidateConfig) -> Check:

@@ -35,6 +35,7 @@ import numpy as np
 
 from specsim.sim.cost import StepShape, tree_by_room
 from specsim.sim.engine import AcceptanceTable
+from specsim.sim.metrics import expanded_tail
 from specsim.specs import BATCHING
 from specsim.expansion import DynamicTree
 from specsim.trees import Tree
@@ -55,8 +56,6 @@ def recentred(value: float, replicates: np.ndarray, rows: int) -> tuple[float, f
     speedup. Without two replicates, no interval (NaN)."""
     if len(replicates) < 2:
         return value, float("nan"), float("nan")
-    from specsim.sim.metrics import expanded_tail
-
     tail = expanded_tail(int(rows))
     lo, mid, hi = np.percentile(replicates, [tail, 50, 100 - tail])
     return value, float(lo * value / mid), float(hi * value / mid)
