@@ -39,6 +39,16 @@ def test_table_rows_with_cis_and_a_footer(tiny_cache):
     assert "95% bootstrap over prompts, its percentiles expanded for each row's prompt count (1000 resamples, seed 0)" in res.output
 
 
+def test_the_footer_says_when_rows_rest_on_too_few_prompts_for_their_level(tiny_cache, tmp_path):
+    few = run(tiny_cache, "--tree", "chain:2", "--draft", "int8", "--by-category", "-q")
+    assert few.exit_code == 0, few.output
+    assert "CIs over fewer than 8 prompts (here 2-4) cover about 85-90%, not 95%" in few.output  # all 4, categories 2
+    many = run(random_cache(tmp_path / "c.h5", n_prompts=16, length=8, vocab=8, categories=("one",)),
+               "--tree", "chain:2", "--by-category", "-q")
+    assert many.exit_code == 0, many.output
+    assert "16/" in many.output and "fewer than 8 prompts" not in many.output
+
+
 def test_the_all_row_by_default_and_a_table_that_fits_the_terminal(tiny_cache):
     res = CliRunner().invoke(main, ["simulate", str(tiny_cache), "--tree", "chain:2", "--draft", "int8", "-q"],
                              env={"COLUMNS": "70"})
