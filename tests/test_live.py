@@ -229,6 +229,39 @@ def test_batched_throughput_is_a_ratio_of_engine_timelines():
     assert rows["all"]["tokens_per_call"] == pytest.approx(6 / 3)
 
 
+def test_live_intervals_resample_prompts_with_their_repeats_summed():
+    """A prompt decoded three times is one draw of a prompt, not three: the row's interval is the bootstrap of the
+    per-prompt sums (the same resampling counts as `ratio_estimates` over 3 rows), not of the 9 decodes, and the
+    point values are unchanged. Figures from a made-up run whose repeats are copies of each other."""
+    from specsim.live.decoder import Decoded, StepRecord
+    from specsim.live.runs import LivePrompt, LiveRun, LiveTrajectory, summary_rows, trajectory_stats
+    from specsim.sim.metrics import ratio_estimates
+
+    def decoded(accepted):
+        steps = tuple(StepRecord(start=0, accepted=a, path=tuple(range(1, a + 1)), drafted=3, draft_s=0.1,
+                                 verify_s=0.2, batch=1) for a in accepted)
+        return Decoded(np.arange(sum(a + 1 for a in accepted)), steps, seconds=0.3 * len(steps),
+                       stop_reason="max_new_tokens")
+
+    per_prompt = {0: [0, 1, 0], 1: [3, 3, 2], 2: [1, 2, 3, 0]}  # accepted per call
+    prompts = [LivePrompt(i, "c", np.arange(3)) for i in per_prompt]
+    trajectories = [LiveTrajectory(p, r, r, decoded(per_prompt[p.prompt_index]), None)
+                    for p in prompts for r in range(3)]
+    run = LiveRun(config=LiveConfig(tree=parse_tree("chain:3")), target="t", draft="int8",
+                  trajectories=trajectories)
+    decodes, _ = trajectory_stats(run)
+    summed, groups = trajectory_stats(run, by_prompt=True)
+    assert list(groups.traj_prompt) == [0, 1, 2] and summed.tokens.sum() == decodes.tokens.sum()
+    assert np.allclose(summed.reach, 3 * np.array([[1, 0, 0], [3, 3, 2], [3, 2, 1]]))
+    row = summary_rows(run, by_category=False, n_boot=200, seed=3)[0]
+    want = ratio_estimates(summed.tokens, summed.calls, n_boot=200, seed=3)[0]
+    assert (row["tokens_per_call"], row["tokens_per_call_lo"], row["tokens_per_call_hi"]) == pytest.approx(
+        (want.value, want.lo, want.hi))
+    assert row["tokens_per_call"] == pytest.approx(decodes.tokens.sum() / decodes.calls.sum())
+    over_decodes = ratio_estimates(decodes.tokens, decodes.calls, n_boot=200, seed=3)[0]
+    assert over_decodes.hi - over_decodes.lo < want.hi - want.lo  # copies resampled apart look like evidence
+
+
 def test_live_cli_errors_are_one_line(tiny_model_dir, tmp_path):
     runner = CliRunner()
     bad_out = runner.invoke(main, ["live", "--target", str(tiny_model_dir), "--draft", "int8", "--out",

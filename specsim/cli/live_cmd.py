@@ -38,7 +38,8 @@ def footer(df, run) -> str:
         f"max {first['max_new_tokens']} new tokens, batch {first['batch']} ({first['batching']}); "
         "plain decoding of the same requests, same batching, in the same run",
         "speedup = live output tokens/s over plain tokens/s, decode steps only (prompt passes apart: "
-        f"{first['prefill_s']:.2f} s); CIs: 95% bootstrap over decodes; ms/token: mean per-request latency per token",
+        f"{first['prefill_s']:.2f} s); CIs: 95% bootstrap over prompts (a prompt's repeats summed); "
+        "ms/token: mean per-request latency per token",
     ]
     if first["identical_to_plain"] is not None:
         lines.append(f"greedy output identical to plain greedy decoding: {first['identical_to_plain']:.0%} of decodes")

@@ -4,12 +4,12 @@ The requests are the prompts, each decoded `repeats` times with its own seed. Th
 requests are decoded plainly (the baseline: same engine, same batch size and batching,
 same run) and speculatively. Rows use the simulator's metric code
 (`specsim.sim.metrics.summarize`: ratio-of-sums metrics with bootstrap CIs over
-requests) and its configuration columns, so live and simulated rows join on (tree, draft,
-policy, temperature, multi_draft, batch, category). Times are decode times (engine steps);
+prompts, a prompt's repeats summed) and its configuration columns, so live and
+simulated rows join on (tree, draft, policy, temperature, multi_draft, batch, category). Times are decode times (engine steps);
 prompt passes are reported apart.
 
 * ``speedup``: output tokens per second of the speculative run over the plain run's
-  (throughput, decode steps only). Its CI is a bootstrap over requests of the same ratio
+  (throughput, decode steps only). Its CI is a bootstrap over prompts of the same ratio
   computed from each request's time in the engine (identical to throughput at batch 1).
 * ``latency_per_token_ms``: mean over requests of (time in the engine / output tokens).
 
@@ -133,8 +133,10 @@ def _joined(before: DecodeRun | None, part: DecodeRun) -> DecodeRun:
                      prefill_s=before.prefill_s + part.prefill_s, interrupted=before.interrupted or part.interrupted)
 
 
-def trajectory_stats(run: LiveRun):
-    """The simulator's `TrajectoryStats` (observed totals) and the grouping it needs, for `summarize`.
+def trajectory_stats(run: LiveRun, *, by_prompt: bool = False):
+    """The simulator's `TrajectoryStats` (observed totals) and the grouping it needs, for `summarize`: one row per
+    decode, or with `by_prompt` one per prompt, its repeats summed (what a bootstrap over prompts resamples: a
+    prompt's repeats share its text, so they are not independent draws).
 
     A trajectory's cost is its time in the engine in units of the plain run's mean time per
     output token, so summarize's speedup is a ratio of sums of engine times.
@@ -158,7 +160,16 @@ def trajectory_stats(run: LiveRun):
         traj_category=np.array([t.prompt.category for t in run.trajectories], dtype=object),
         traj_prompt=np.array([t.prompt.prompt_index for t in run.trajectories], dtype=np.int64),
     )
-    return stats, groups
+    if not by_prompt:
+        return stats, groups
+    prompts, first, row = np.unique(groups.traj_prompt, return_index=True, return_inverse=True)
+    summed = {}
+    for name in ("calls", "drafted", "accepted", "tokens", "reach", "cost"):
+        per_decode = getattr(stats, name)
+        summed[name] = np.zeros((len(prompts), *per_decode.shape[1:]))
+        np.add.at(summed[name], row, per_decode)
+    return (TrajectoryStats(**summed, exact=True),
+            SimpleNamespace(traj_category=groups.traj_category[first], traj_prompt=prompts))
 
 
 def summary_rows(run: LiveRun, *, by_category: bool = True, n_boot: int = 1000, seed: int = 0) -> list[dict]:
@@ -167,7 +178,7 @@ def summary_rows(run: LiveRun, *, by_category: bool = True, n_boot: int = 1000, 
 
     if not run.trajectories:
         return []
-    stats, groups = trajectory_stats(run)
+    stats, groups = trajectory_stats(run, by_prompt=True)
     cfg = run.config
     # a static tree whose nodes draw several candidates (a dynamic tree's are point masses: no multi-draft scheme)
     sampling_tree = (cfg.policy != "greedy" and not isinstance(cfg.tree, DynamicTree)
