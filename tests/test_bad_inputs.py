@@ -122,7 +122,15 @@ def _unwritable(cache, files, where):
             ("--emit", ["simulate", cache, "--tree", "chain:2", "--emit", "vllm", where / "spec.json"]),
             ("--emit-acceptance", ["simulate", cache, "--tree", "chain:2", "--emit-acceptance", where / "a.json"]),
             ("--out", ["optimize", cache, "--budget", "2", "--out", where / "tree.json"]),
-            ("--out", ["report", cache, "--out", where / "r"])]
+            ("--out", ["report", cache, "--out", where / "r"]),
+            ("--out", ["simulate", cache, "--tree", "chain:2", "--out", where / "rows.csv"]),
+            ("--per-request", ["simulate", cache, "--tree", "chain:2", "--per-request", where / "requests.csv"]),
+            ("--out", ["live", "--target", "no-such-model", "--draft", "int8", "--out", where / "live.csv"]),
+            ("--steps-out", ["live", "--target", "no-such-model", "--draft", "int8", "--steps-out",
+                             where / "steps.parquet"]),
+            ("--out", ["validate", cache, "--out", where / "checks.csv"]),
+            ("--steps-out", ["validate", cache, "--steps-out", where / "steps.parquet"]),
+            ("--out", ["bench-attention", "--contexts", "16", "--tree-sizes", "2", "--out", where / "a.csv"])]
 
 
 @pytest.mark.parametrize("where", ["a file", "/proc"])

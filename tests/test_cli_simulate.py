@@ -101,6 +101,14 @@ def test_out_to_stdout_is_data_only_and_one_schema_in_every_format(tiny_cache, t
     assert run(tiny_cache, "--tree", "chain:2", "--out", "-").exit_code == 2
 
 
+def test_out_into_a_folder_not_yet_made_makes_it(tiny_cache, tmp_path):
+    out = tmp_path / "results" / "2026" / "rows.csv"
+    res = run(tiny_cache, "--tree", "chain:2", "--draft", "int8", "--out", out, "-q")
+    assert res.exit_code == 0, res.output
+    rows = pl.read_csv(out)
+    assert set(rows["tree"]) == {"chain:2"} and rows["category"][0] == "all"
+
+
 def test_per_request_rows_carry_the_histogram_of_accepted_lengths(tiny_cache, tmp_path):
     out = tmp_path / "requests.parquet"
     res = run(tiny_cache, "--tree", "chain:3", "--draft", "int8", "--per-request", out, "-q")

@@ -243,7 +243,8 @@ def out_options(fn: Callable) -> Callable:
 
 
 def out_target(out: str | None, out_format: str | None, overwrite: bool, flag: str = "--out"):
-    """(path or '-', format) checked before any work: format known, file not silently replaced, directory writable."""
+    """(path or '-', format) checked before any work: format known, file not silently replaced, its folder writable
+    (made if missing, as every other output's: `files.check_writable`)."""
     if out is None:
         if out_format is not None:
             raise SpecError(f"--format needs {flag}")
@@ -264,10 +265,9 @@ def out_target(out: str | None, out_format: str | None, overwrite: bool, flag: s
                         ".ndjson (or --format)")
     if path.exists() and not overwrite:
         raise SpecError(f"{flag} {path} exists; pass --overwrite to replace it")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise SpecError(f"{flag} {path}: cannot write into {parent} (missing or not writable)")
-    return path, fmt
+    from specsim.files import check_writable
+
+    return check_writable(flag, path), fmt
 
 
 def flat(df):
