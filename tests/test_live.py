@@ -232,7 +232,8 @@ def test_batched_throughput_is_a_ratio_of_engine_timelines():
 def test_live_intervals_resample_prompts_with_their_repeats_summed():
     """A prompt decoded three times is one draw of a prompt, not three: the row's interval is the bootstrap of the
     per-prompt sums (the same resampling counts as `ratio_estimates` over 3 rows), not of the 9 decodes, and the
-    point values are unchanged. Figures from a made-up run whose repeats are copies of each other."""
+    point values are unchanged. The speedup has its interval too, from the engine times of both decodes of each
+    request. Figures from a made-up run whose repeats are copies of each other."""
     from specsim.live.decoder import Decoded, StepRecord
     from specsim.live.runs import LivePrompt, LiveRun, LiveTrajectory, summary_rows, trajectory_stats
     from specsim.sim.metrics import ratio_estimates
@@ -245,7 +246,11 @@ def test_live_intervals_resample_prompts_with_their_repeats_summed():
 
     per_prompt = {0: [0, 1, 0], 1: [3, 3, 2], 2: [1, 2, 3, 0]}  # accepted per call
     prompts = [LivePrompt(i, "c", np.arange(3)) for i in per_prompt]
-    trajectories = [LiveTrajectory(p, r, r, decoded(per_prompt[p.prompt_index]), None)
+    def plain(i):  # the plain decode of the same request: as many tokens, 0.25 s per step more for later prompts
+        tokens = len(decoded(per_prompt[i]).tokens)
+        return Decoded(np.arange(tokens), (), seconds=(0.25 + 0.05 * i) * tokens, stop_reason="max_new_tokens")
+
+    trajectories = [LiveTrajectory(p, r, r, decoded(per_prompt[p.prompt_index]), plain(p.prompt_index))
                     for p in prompts for r in range(3)]
     run = LiveRun(config=LiveConfig(tree=parse_tree("chain:3")), target="t", draft="int8",
                   trajectories=trajectories)
@@ -258,6 +263,10 @@ def test_live_intervals_resample_prompts_with_their_repeats_summed():
     assert (row["tokens_per_call"], row["tokens_per_call_lo"], row["tokens_per_call_hi"]) == pytest.approx(
         (want.value, want.lo, want.hi))
     assert row["tokens_per_call"] == pytest.approx(decodes.tokens.sum() / decodes.calls.sum())
+    speed = ratio_estimates(summed.plain, summed.cost, n_boot=200, seed=3)[0]  # the speedup's CI: engine times
+    assert (row["speedup_lo"], row["speedup_hi"]) == pytest.approx((speed.lo, speed.hi))
+    assert row["speedup_lo"] < row["speedup"] < row["speedup_hi"]
+    assert row["speedup"] == pytest.approx(row["live_tokens_per_s"] / row["plain_tokens_per_s"])
     over_decodes = ratio_estimates(decodes.tokens, decodes.calls, n_boot=200, seed=3)[0]
     assert over_decodes.hi - over_decodes.lo < want.hi - want.lo  # copies resampled apart look like evidence
 

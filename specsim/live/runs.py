@@ -138,8 +138,10 @@ def trajectory_stats(run: LiveRun, *, by_prompt: bool = False):
     decode, or with `by_prompt` one per prompt, its repeats summed (what a bootstrap over prompts resamples: a
     prompt's repeats share its text, so they are not independent draws).
 
-    A trajectory's cost is its time in the engine in units of the plain run's mean time per
-    output token, so summarize's speedup is a ratio of sums of engine times.
+    A trajectory's cost is its time in the engine in units of the plain run's mean time per output token; its
+    plain time, what the plain decode of the same request spent per token times the tokens this decode emitted (at
+    T = 0 the plain decode's own time). Summarize's speedup is then a ratio of sums of engine times, resampled by
+    prompt: the CI of the speedup (its point, in the "all" row, is the run's throughput ratio).
     """
     from specsim.sim.engine import TrajectoryStats
 
@@ -154,6 +156,8 @@ def trajectory_stats(run: LiveRun, *, by_prompt: bool = False):
         tokens=np.array([len(t.live.tokens) for t in run.trajectories], dtype=np.float64),
         reach=np.array([[(a >= d).sum() for d in range(1, D + 1)] for a in accepted], dtype=np.float64).reshape(-1, D),
         cost=np.array([t.live.seconds / unit for t in run.trajectories], dtype=np.float64),
+        plain=np.array([t.plain.seconds / len(t.plain.tokens) * len(t.live.tokens) / unit if t.plain else np.nan
+                        for t in run.trajectories], dtype=np.float64),
         exact=True,
     )
     groups = SimpleNamespace(
@@ -164,7 +168,7 @@ def trajectory_stats(run: LiveRun, *, by_prompt: bool = False):
         return stats, groups
     prompts, first, row = np.unique(groups.traj_prompt, return_index=True, return_inverse=True)
     summed = {}
-    for name in ("calls", "drafted", "accepted", "tokens", "reach", "cost"):
+    for name in ("calls", "drafted", "accepted", "tokens", "reach", "cost", "plain"):
         per_decode = getattr(stats, name)
         summed[name] = np.zeros((len(prompts), *per_decode.shape[1:]))
         np.add.at(summed[name], row, per_decode)
