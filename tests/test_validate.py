@@ -178,6 +178,9 @@ def test_validate_compares_predicted_and_live_speedup(tiny_cache, tiny_profile, 
     speed = frame.filter(pl.col("check") == "speedup").row(0, named=True)
     assert speed["ratio"] == pytest.approx(speed["speedup_predicted"] / speed["speedup_live"])
     assert speed["batch"] == 2 and speed["speedup_live"] > 0 and speed["verdict"] == "PASS"
+    assert speed["speedup_live_lo"] < speed["speedup_live_hi"]  # the live side's own interval, beside the prediction
+    assert f"vs live {speed['speedup_live']:.3f} [{speed['speedup_live_lo']:.3f}, {speed['speedup_live_hi']:.3f}]" \
+        in result.output
     drift = speed["plain_tokens_per_s_live"] / speed["plain_tokens_per_s_predicted"]  # the machine since profiling
     assert f"plain decoding ran live at {drift:.3f}x the tokens/s the profile predicts (1 plain run)" in result.output
     assert frame.filter(pl.col("check") == "greedy calls")["verdict"].to_list() == ["PASS"]

@@ -483,15 +483,19 @@ def _speed_check(head: dict, live_row: dict, sim_row: dict, config: ValidateConf
     predicted, live = float(sim_row["speedup"]), float(live_row["speedup"])
     ratio = predicted / live
     ok = abs(ratio - 1) <= config.speed_tolerance
+    live_lo, live_hi = (float("nan") if live_row.get(k) is None else float(live_row[k]) for k in ("speedup_lo",
+                                                                                                 "speedup_hi"))
+    live_ci = f" [{live_lo:.3f}, {live_hi:.3f}]" if live_lo == live_lo else ""
     return Check(**head, kind="speedup",
                  comparison=f"predicted {predicted:.3f} [{sim_row['speedup_lo']:.3f}, {sim_row['speedup_hi']:.3f}] "
-                            f"vs live {live:.3f}: ratio {ratio:.3f}",
+                            f"vs live {live:.3f}{live_ci}: ratio {ratio:.3f}",
                  detail=f"tok/s predicted {sim_row['tokens_per_s']:.1f} vs live {live_row['live_tokens_per_s']:.1f}; "
                         f"plain {sim_row['plain_tokens_per_s']:.1f} vs {live_row['plain_tokens_per_s']:.1f}; "
                         f"tolerance ±{config.speed_tolerance:.0%}",
                  passed=ok,
                  values={"speedup_predicted": predicted, "speedup_predicted_lo": sim_row["speedup_lo"],
-                         "speedup_predicted_hi": sim_row["speedup_hi"], "speedup_live": live, "ratio": ratio,
+                         "speedup_predicted_hi": sim_row["speedup_hi"], "speedup_live": live,
+                         "speedup_live_lo": live_lo, "speedup_live_hi": live_hi, "ratio": ratio,
                          "tokens_per_s_predicted": sim_row["tokens_per_s"],
                          "tokens_per_s_live": live_row["live_tokens_per_s"],
                          "plain_tokens_per_s_predicted": sim_row["plain_tokens_per_s"],
