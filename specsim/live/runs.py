@@ -5,12 +5,13 @@ requests are decoded plainly (the baseline: same engine, same batch size and bat
 same run) and speculatively. Rows use the simulator's metric code
 (`specsim.sim.metrics.summarize`: ratio-of-sums metrics with bootstrap CIs over
 prompts, a prompt's repeats summed) and its configuration columns, so live and
-simulated rows join on (tree, draft, policy, temperature, multi_draft, batch, category). Times are decode times (engine steps);
-prompt passes are reported apart.
+simulated rows join on (tree, draft, policy, temperature, multi_draft, batch, category).
+Times are decode times (engine steps); prompt passes are reported apart.
 
 * ``speedup``: output tokens per second of the speculative run over the plain run's
   (throughput, decode steps only). Its CI is a bootstrap over prompts of the same ratio
-  computed from each request's time in the engine (identical to throughput at batch 1).
+  computed from each request's time in the engine (at batch 1 and T = 0 identical to
+  the throughput ratio).
 * ``latency_per_token_ms``: mean over requests of (time in the engine / output tokens).
 
 A Ctrl-C stops the run after the step in progress; what finished is kept.

@@ -483,8 +483,8 @@ def _speed_check(head: dict, live_row: dict, sim_row: dict, config: ValidateConf
     predicted, live = float(sim_row["speedup"]), float(live_row["speedup"])
     ratio = predicted / live
     ok = abs(ratio - 1) <= config.speed_tolerance
-    live_lo, live_hi = (float("nan") if live_row.get(k) is None else float(live_row[k]) for k in ("speedup_lo",
-                                                                                                 "speedup_hi"))
+    live_lo, live_hi = (float("nan" if live_row.get(end) is None else live_row[end])
+                        for end in ("speedup_lo", "speedup_hi"))  # none without a plain baseline
     live_ci = f" [{live_lo:.3f}, {live_hi:.3f}]" if live_lo == live_lo else ""
     return Check(**head, kind="speedup",
                  comparison=f"predicted {predicted:.3f} [{sim_row['speedup_lo']:.3f}, {sim_row['speedup_hi']:.3f}] "

@@ -52,7 +52,8 @@ def cell(draw, truth, n):
         for k, (lo, hi) in enumerate(intervals(*draw(rng, n), e)):
             cover[k] += lo <= truth <= hi
             width[k].append(hi - lo)
-    return f"{cover[0] / EXPERIMENTS:.2f} {cover[1] / EXPERIMENTS:.2f} {np.nanmedian(width[1]) / np.median(width[0]):4.2f}x"
+    wider = np.nanmedian(width[1]) / np.median(width[0])
+    return f"{cover[0] / EXPERIMENTS:.2f} {cover[1] / EXPERIMENTS:.2f} {wider:4.2f}x"
 
 
 def synthetic(rng, n, kappa=20.0, depth=3):
