@@ -34,6 +34,17 @@ MIN_SAMPLING_PROMPTS = 8  # T > 0: fewer paired prompts make a difference that e
 # analyses/results/paired-interval-cpu-2026-11-28/)
 
 
+def few_prompts_caveat(prompt_counts) -> str | None:
+    """What a table's footer says when some of its intervals rest on 2 to MIN_SAMPLING_PROMPTS - 1 prompts (one
+    prompt has none): there a 95% bootstrap interval covers about 85-90% (docs/design.md §6). None otherwise."""
+    few = sorted({int(n) for n in prompt_counts if 1 < int(n) < MIN_SAMPLING_PROMPTS})
+    if not few:
+        return None
+    here = str(few[0]) if len(few) == 1 else f"{few[0]}-{few[-1]}"
+    return (f"CIs over fewer than {MIN_SAMPLING_PROMPTS} prompts (here {here}) cover about 85-90%, not 95% "
+            "(docs/design.md §6): record more prompts where one matters")
+
+
 def paired_verdict(lo: float, hi: float, prompts: int) -> tuple[bool | None, str]:
     """The T > 0 checks' verdict on a difference paired by prompt with 95% interval [lo, hi] over `prompts` prompts,
     and the words that say why."""

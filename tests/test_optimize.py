@@ -219,7 +219,11 @@ def test_cli_hardware_aware_choice(caches):
     m = re.search(r"batch 1: N = (\d+) \(optimal:\d+\), ([\d.]+) tokens/call, speedup ASSUMED ([\d.]+)", result.output)
     assert m, result.output
     assert int(m.group(1)) == n and float(m.group(3)) == pytest.approx(max(speed), abs=6e-4)
-    assert "ASSUMED c=0.3" in result.output
+    assert "ASSUMED c=0.3" in result.output and "fewer than 8 prompts" not in result.output  # no CI printed
+    with_ci = CliRunner().invoke(main, ["optimize", str(caches["rank"]), "--budget", "6", "--cost", "c=0.3",
+                                        "--n-boot", "200"])
+    assert with_ci.exit_code == 0, with_ci.output
+    assert "CIs over fewer than 8 prompts (here 5) cover about 85-90%" in with_ci.output  # 5 ranked trajectories
 
 
 def _saved(tree) -> str:

@@ -114,6 +114,8 @@ def test_setup_and_findings_appear_in_the_page(report_dir):
     assert "optimal:4 for" in text  # a data-optimal tree drawn for a budget
     assert "speedups from measured costs: MEASURED profile tiny-profile.json" in text
     assert "Best draft budget per batch size for" in text
+    assert "its percentiles expanded for each row's prompt count" in text
+    assert "CIs over fewer than 8 prompts (here 2-4) cover about 85-90%, not 95%" in text  # 4 prompts, 2 a category
 
 
 def test_findings_quote_numbers_that_are_in_the_tables(report_dir):

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from specsim import specs as registry
+from specsim.checks import few_prompts_caveat
 from specsim.cli import _common as c
 from specsim.cli._common import cost_profile_arg
 from specsim.files import check_writable
@@ -155,6 +156,9 @@ def optimize(cache, budget, draft, policy, temperature, multi_draft, max_depth, 
                 click.echo(f"  batch {c.batch}: N = {c.tree.budget} ({c.tree.name}), "
                            f"{c.speed.tokens_per_call:.3f} tokens/call, {word} {c.speed.speedup[0]:.3f}{ci}{rate}"
                            f"{verdict}")
+            caveat = few_prompts_caveat([len(set(fit.features.traj_prompt.tolist()))])
+            if caveat and any(c.speed.speedup[1] == c.speed.speedup[1] for c in choices):  # intervals were printed
+                click.echo(f"  {caveat}")
             chosen = choices[0].tree
             if len(choices) == 1 and chosen is not best.tree:
                 click.echo(draw_tree(chosen, max_lines=max_lines))

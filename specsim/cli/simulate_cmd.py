@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from specsim import specs as registry
-from specsim.checks import MIN_SAMPLING_PROMPTS
+from specsim.checks import few_prompts_caveat
 from specsim.cli import _common as c
 
 
@@ -311,11 +311,9 @@ def footer(df) -> str:
           f"resamples, seed {first['seed']})"
           if first["n_prompts"] > 1 else "no CI (n = 1 prompt)")
     lines.append(f"CIs: {ci}; exact = closed form / dynamic program on the cached trajectories, no Monte-Carlo")
-    few = df.filter((df["n_prompts"] > 1) & (df["n_prompts"] < MIN_SAMPLING_PROMPTS))
-    if few.height:
-        lo, hi = few["n_prompts"].min(), few["n_prompts"].max()
-        lines.append(f"CIs over fewer than {MIN_SAMPLING_PROMPTS} prompts (here {lo if lo == hi else f'{lo}-{hi}'}) "
-                     "cover about 85-90%, not 95% (docs/design.md §6): record more prompts where one matters")
+    caveat = few_prompts_caveat(df["n_prompts"].to_list())
+    if caveat:
+        lines.append(caveat)
     if (df["estimate"] != "exact").any():
         used = df.filter(df["estimate"] != "exact").select("policy", "samples").drop_nulls()
         per = ", ".join(f"{p} {max(used.filter(used['policy'] == p)['samples'].to_list())}"

@@ -20,6 +20,7 @@ from typing import Callable
 
 import polars as pl
 
+from specsim.checks import few_prompts_caveat
 from specsim.errors import SpecError
 from specsim.files import check_writable
 from specsim.report import charts
@@ -227,7 +228,11 @@ def _setup(study: Study) -> str:
     parts.append(f'<p class="note">Simulated budgets: {", ".join(map(str, c.budgets))} draft tokens; '
                  f'families at T=0: {", ".join(c.families)}; at T&gt;0: {", ".join(c.sample_families)} '
                  f'(multi-draft: {c.multi_draft}); model-free drafts: {", ".join(c.model_free) or "none"}; '
-                 f"bootstrap: {c.n_boot} resamples over prompts, seed {c.seed}.</p>")
+                 f"bootstrap: {c.n_boot} resamples over prompts, seed {c.seed}, its percentiles expanded for each "
+                 "row's prompt count.</p>")
+    caveat = None if study.results.is_empty() else few_prompts_caveat(study.results["n_prompts"].to_list())
+    if caveat:
+        parts.append(f'<p class="note">{html.escape(caveat)}.</p>')
     if study.notes:
         parts.append("<ul>" + "".join(f"<li class=\"note\">{html.escape(n)}</li>" for n in study.notes) + "</ul>")
     return "\n".join(parts)
