@@ -146,7 +146,10 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     cache = random_cache(tmp_path / "c.h5", n_prompts=2, length=6, vocab=8)
     cases = [
         (["--tree", "chain"], "tree family 'chain' needs a budget: --budget N"),
-        (["--tree", "chain:2", "--out", tmp_path / "x.txt"], "unknown format .txt"),
+        (["--tree", "chain:2", "--out", tmp_path / "x.txt"], "unknown format .txt; use .parquet, .csv, .json or "
+                                                             ".ndjson (or --format)"),
+        (["--tree", "chain:2", "--per-request", tmp_path / "x.txt"], "unknown format .txt; use .parquet, .csv, "
+                                                                     ".json or .ndjson\n"),  # --format is --out's
         (["--tree", "chain:2", "--out", tmp_path], "is a directory"),
         (["--tree", "chain:2", "--cost", ""], "expected c=RATIO"),
         (["--tree", "chain:2", "--cost", "c=0.1", "--cost-profile", cache], "or an assumed --cost, not both"),

@@ -262,7 +262,7 @@ def out_target(out: str | None, out_format: str | None, overwrite: bool, flag: s
                          ".jsonl": "ndjson"}.get(path.suffix.lower())
     if fmt is None:
         raise SpecError(f"{flag} {path}: unknown format {path.suffix or '(no suffix)'}; use .parquet, .csv, .json or "
-                        ".ndjson (or --format)")
+                        f".ndjson{' (or --format)' if flag == '--out' else ''}")  # --format is --out's alone
     if path.exists() and not overwrite:
         raise SpecError(f"{flag} {path} exists; pass --overwrite to replace it")
     from specsim.files import check_writable
