@@ -145,6 +145,7 @@ def trajectory_stats(run: LiveRun, *, by_prompt: bool = False):
     prompt: the CI of the speedup (its point, in the "all" row, is the run's throughput ratio).
     """
     from specsim.sim.engine import TrajectoryStats
+    from specsim.sim.metrics import sums_by_prompt
 
     D = max(run.config.tree.max_depth, 1)
     accepted = [np.array([s.accepted for s in t.live.steps]) for t in run.trajectories]
@@ -167,13 +168,9 @@ def trajectory_stats(run: LiveRun, *, by_prompt: bool = False):
     )
     if not by_prompt:
         return stats, groups
-    prompts, first, row = np.unique(groups.traj_prompt, return_index=True, return_inverse=True)
-    summed = {}
-    for name in ("calls", "drafted", "accepted", "tokens", "reach", "cost", "plain"):
-        per_decode = getattr(stats, name)
-        summed[name] = np.zeros((len(prompts), *per_decode.shape[1:]))
-        np.add.at(summed[name], row, per_decode)
-    return (TrajectoryStats(**summed, exact=True),
+    names = ("calls", "drafted", "accepted", "tokens", "reach", "cost", "plain")
+    prompts, first, sums = sums_by_prompt(groups.traj_prompt, *(getattr(stats, name) for name in names))
+    return (TrajectoryStats(**dict(zip(names, sums)), exact=True),
             SimpleNamespace(traj_category=groups.traj_category[first], traj_prompt=prompts))
 
 

@@ -50,6 +50,7 @@ NEAR_TIE_ABS = 1e-3  # float32 noise between batched and one-token forward passe
 NEAR_TIE_REL = 2.0**-9  # 4x float16's relative rounding of a stored logit
 MIN_AGREEMENT = 0.99  # greedy: share of identical steps required
 
+
 @dataclass(frozen=True)
 class CacheSetup:
     """What a cache says about how it was recorded: live reruns exactly this."""

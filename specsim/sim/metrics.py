@@ -137,16 +137,27 @@ def ratio_difference(num_a: np.ndarray, den_a: np.ndarray, num_b: np.ndarray, de
     return Estimate(point, point - half, point + half)
 
 
+def sums_by_prompt(prompt: np.ndarray, *columns: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Rows (decodes) summed per prompt: (the prompt indices in order, the row where each first appears, each column's
+    per-prompt sums, float64, of the column's shape past its first axis). A bootstrap over prompts resamples these:
+    a prompt's decodes share its text, so they are not independent draws."""
+    keys, first, inverse = np.unique(np.asarray(prompt).astype(np.int64), return_index=True, return_inverse=True)
+    sums = []
+    for column in columns:
+        column = np.asarray(column, dtype=np.float64)
+        total = np.zeros((len(keys), *column.shape[1:]))
+        np.add.at(total, inverse, column)
+        sums.append(total)
+    return keys, first, sums
+
+
 def paired_by_prompt(a: tuple[np.ndarray, np.ndarray, np.ndarray],
                      b: tuple[np.ndarray, np.ndarray, np.ndarray]) -> Estimate | None:
     """`ratio_difference` of two runs over the same prompts: a and b are (prompt index, numerator, denominator) per
-    decode, several decodes of a prompt summed. Only prompts both ran pair; None where none does."""
+    decode, several decodes of a prompt summed (`sums_by_prompt`). Only prompts both ran pair; None where none does."""
     def per_prompt(run):
-        index, num, den = (np.asarray(x) for x in run)
-        keys, inverse = np.unique(index.astype(np.int64), return_inverse=True)
-        sums = np.zeros((len(keys), 2))
-        np.add.at(sums, inverse, np.column_stack([num, den]).astype(np.float64))
-        return dict(zip(keys.tolist(), sums))
+        keys, _, (num, den) = sums_by_prompt(*run)
+        return dict(zip(keys.tolist(), np.column_stack([num, den])))
 
     sa, sb = per_prompt(a), per_prompt(b)
     both = sorted(sa.keys() & sb.keys())
