@@ -16,9 +16,10 @@ import pytest
 # The slowest modules, longest first. `make test` runs two pytest-xdist workers, a module to a worker
 # (--dist loadscope), in this order: one takes vLLM's runs (its engine binds one core) while the other
 # works through the rest, instead of vLLM starting last.
-SLOW_FIRST = ("test_vllm.py", "test_validate.py", "test_mtp.py", "test_eagle3.py", "test_report.py",
-              "test_cli_cache.py", "test_heads_record.py", "test_heads.py", "test_coupling.py", "test_dynamic.py",
-              "test_block_record.py", "test_slow_smollm2.py", "test_lossless_live.py")
+SLOW_FIRST = ("test_vllm.py", "test_validate.py", "test_mtp.py", "test_vllm_verify.py", "test_eagle3.py",
+              "test_report.py", "test_cli_cache.py", "test_heads_record.py", "test_heads.py", "test_coupling.py",
+              "test_dynamic.py", "test_block_record.py", "test_slow_smollm2.py", "test_lossless_live.py",
+              "test_dynamic_heads.py", "test_profile.py", "test_sglang_verify.py")
 
 
 def pytest_configure(config):
