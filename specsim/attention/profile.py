@@ -21,11 +21,16 @@ tokens each:
   h_i and the correction, `verify_tree` with policy "block") and ``draft_sample`` (drawing every
   node's children from the draft's law at T = 1, `fill_children`). Random logits of the target's vocabulary, the
   draft's a noisy copy of the target's (most candidates accepted, some rejected). The engine's
-  remaining per-step glue (building the tree layout, committing KV entries) is not in it.
+  remaining per-step glue (building the tree layout, committing KV entries) is not in it: measured inside the
+  live engine on a 2-core CPU, 1.2-2.4% of a speculative step and 1.2-1.3% of a plain one, which largely cancel
+  in a speedup.
 
 Timing: for each (B, L), `warmup` untimed runs of every entry, then `repeats` rounds, each
 timing every entry of that (B, L) once in a fresh random order (a slow moment of a shared
-machine then falls on all entries alike, not on one). The rounds are spread over `passes`
+machine then falls on all entries alike, not on one). The plain step (N = 1) is timed right after an
+untimed plain step, as plain decoding runs it back to back: timed after whatever entry the order put
+before it, it cost 1.8-4.6% more in 5 of 6 cases on a 2-core CPU, raising every predicted speedup
+(`analyses/results/speed-error-cpu-2026-11-28/`). The rounds are spread over `passes`
 sweeps through the (B, L) grid (contexts refilled, one warm-up run per entry in later sweeps):
 a slow phase of the machine lasting as long as one block's measurement then lands on a few
 rounds of several blocks, which the median discards, not on every round of one block, which
@@ -199,17 +204,22 @@ def _unsure(times: dict) -> dict:
 
 
 def _round_times(runs: dict, device: torch.device, *, warmup: int, repeats: int,
-                 rng: np.random.Generator, tick: Callable[[], None] = lambda: None) -> dict:
+                 rng: np.random.Generator, tick: Callable[[], None] = lambda: None,
+                 lead_in: dict | None = None) -> dict:
     """{key: [seconds per round]} of every run in `runs`, measured in `repeats` rounds: each round times every
     run once, in a fresh random order, synchronised before and after each, so a slow moment of the machine
-    falls on all entries alike and the rounds can be resampled jointly."""
+    falls on all entries alike and the rounds can be resampled jointly. `lead_in` {key: run}: run, untimed,
+    right before that key's timed run (what the engine runs before it)."""
     keys = list(runs)
+    lead_in = lead_in or {}
     for _ in range(warmup):
         for key in keys:
             runs[key]()
     times: dict = {key: [] for key in keys}
     for _ in range(repeats):
         for i in rng.permutation(len(keys)):
+            if keys[i] in lead_in:
+                lead_in[keys[i]]()
             _sync(device)
             started = time.perf_counter()
             runs[keys[i]]()
@@ -446,9 +456,11 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                             pick = lambda logits: top_ranked(logits.reshape(-1, logits.shape[-1]), 1)  # noqa: E731
                             runs[(who, x)] = (bench.run(x, pick) if who in heads
                                               else bench.run(np.ones(x, np.int64), np.eye(x, dtype=bool), pick))
-                    if runs:
+                    if runs:  # plain decoding runs its step back to back: timed after one of its own
+                        plain = {("target", 1): runs[("target", 1)]} if ("target", 1) in runs else {}
                         _extend(times.setdefault((B, L), {}), _round_times(runs, device, warmup=config.warmups(p),
-                                                                           repeats=rounds, rng=rng, tick=bar.update))
+                                                                           repeats=rounds, rng=rng, tick=bar.update,
+                                                                           lead_in=plain))
                     del benches, runs
                 if unsure is None:  # the work outside the forwards: the planned rounds only (no goal to meet)
                     runs = _overhead_runs(B, sizes, int(target.model.config.vocab_size), device, rng)
@@ -494,7 +506,8 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                    "statistic": "median",
                    "spread": "q25/q75", "clock": "wall, synchronised", "seed": config.seed,
                    "tokens": "random ids", "context": "random keys and values (no prefill)",
-                   "rounds": "every entry of a (B, L) timed once per round, in random order; `runs` keeps each "
+                   "rounds": "every entry of a (B, L) timed once per round, in random order (the plain step, N = "
+                             "1, right after an untimed one of its own, as plain decoding runs it); `runs` keeps each "
                              "round's time; the rounds spread over `passes` sweeps through the (B, L) grid "
                              f"({'+'.join(str(r) for r, _ in ran[:len(planned)])} rounds; a slow phase of the "
                              "machine then falls on a few rounds of several blocks, not all of one)"
@@ -528,6 +541,7 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
     passes = len(config.pass_rounds)
     runs_per_entry = config.repeats + sum(config.warmups(p) for p in range(passes))
     total = config.entries(len(drafts)) * runs_per_entry
+    total += len(config.batch_grid) * len(config.contexts) * config.repeats  # the plain step's untimed lead-ins
     B, L = max(config.batch_grid), max(config.contexts)
     cells = passes * sum(b * c for b in config.batch_grid for c in config.contexts)  # B x L filled per model
     rng = np.random.default_rng(0)
