@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from specsim.attention.profile import _Bench, _tree_layout, verify_tree_parents
+from specsim.attention.profile import _Bench, _round_times, _tree_layout, verify_tree_parents
 from specsim.record.models import load_draft, load_model
 
 K = 4  # chain:4: four draft forwards, a 5-token verification
@@ -65,12 +65,7 @@ def layout(target, L: int, rounds: int = 25) -> None:
     for N in (2, 3, 5):
         runs[f"tree N={N}"] = bench.run(*_tree_layout(verify_tree_parents(N)), pick)
         runs[f"chain N={N}"] = bench.run(np.arange(N), np.tril(np.ones((N, N), bool)), pick)
-    keys, t = list(runs), {k: [] for k in runs}
-    for k in keys:
-        runs[k](), runs[k]()
-    for _ in range(rounds):
-        for i in rng.permutation(len(keys)):
-            t[keys[i]].append(_time(runs[keys[i]]))
+    t = _round_times(runs, torch.device("cpu"), warmup=2, repeats=rounds, rng=rng)  # as the profile times them
     print(f"B = 1 L = {L}: " + ", ".join(f"{k} {np.median(v) * 1e3:.1f}" for k, v in t.items()) + " ms (medians)",
           flush=True)
 
@@ -84,12 +79,7 @@ def mixed(target, draft_name: str, L: int, rounds: int = 25) -> None:
     pick = lambda logits: logits.argmax(-1)  # noqa: E731
     runs = {f"N={n}": tb.run(*_tree_layout(verify_tree_parents(n)), pick) for n in range(1, K + 2)}
     runs |= {f"w={w}": db.run(np.ones(w, np.int64), np.eye(w, dtype=bool), pick) for w in (1, 2)}
-    keys, t = list(runs), {k: [] for k in runs}
-    for k in keys:
-        runs[k](), runs[k]()
-    for _ in range(rounds):
-        for i in rng.permutation(len(keys)):
-            t[keys[i]].append(_time(runs[keys[i]]))
+    t = _round_times(runs, torch.device("cpu"), warmup=2, repeats=rounds, rng=rng)  # as the profile times them
     back = [_time(runs["N=1"]) for _ in range(rounds * 2)]
     print(f"{draft_name:<9} B = 1 L = {L}: plain step in the profile's random order "
           f"{np.median(t['N=1']) * 1e3:.1f} ms, back to back {np.median(back) * 1e3:.1f} ms (medians of {rounds} "
