@@ -25,31 +25,29 @@ tokens each:
   live engine on a 2-core CPU, 1.2-2.4% of a speculative step and 1.2-1.3% of a plain one, which largely cancel
   in a speedup.
 
-Timing: for each (B, L), `warmup` untimed runs of every entry, then `repeats` rounds, each
-timing every entry of that (B, L) once in a fresh random order (a slow moment of a shared
-machine then falls on all entries alike, not on one). The plain step (N = 1) is timed right after an
-untimed plain step, as plain decoding runs it back to back: timed after whatever entry the order put
-before it, it cost 1.8-4.6% more in 5 of 6 cases on a 2-core CPU, raising every predicted speedup
-(`analyses/results/speed-error-cpu-2026-11-28/`). The rounds are spread over `passes`
-sweeps through the (B, L) grid (contexts refilled, one warm-up run per entry in later sweeps):
-a slow phase of the machine lasting as long as one block's measurement then lands on a few
-rounds of several blocks, which the median discards, not on every round of one block, which
-would shift that block's medians (seen on a GPU host: whole (B, L) blocks of a profile 1.5-2x
-their neighbours, the plain step among them). With `max_repeats`, further passes follow, each
-timing, in rounds among themselves, only the entries whose median still has a relative standard
-error (`median_error`) over MEDIAN_ERROR_GOAL (or that have fewer than TRUSTED_ROUNDS rounds, too
-few to estimate it from), until none has or they have run that many rounds: the rounds go where
-the medians are uncertain (a small draft head's 4 ms steps on a busy CPU), not to the target's
-steady 40 ms ones. The entries timed in a pass are those still timed in the one before, so round
-r of any two entries that have it came from the same pass. Every round's time is kept (`runs`:
-`specsim.sim.cost` resamples the rounds jointly to carry the profile's error into speedup CIs);
-the median is used, the quartiles are kept (the spread); every run ends with a device
-synchronisation, so a time is the wall-clock the engine waits (CPU launch overhead included, as
-live decoding pays it). The profile records device, dtype, threads, load average, library versions,
-the models with the architecture fingerprints caches record, and the interpolation
-error of the grid (leave-one-out: each interior point predicted from its neighbours).
-The JSON written here is what `specsim.sim.cost` reads.
-"""
+Timing: for each (B, L), `warmup` untimed runs of every entry, then `repeats` rounds, each timing every entry
+of that (B, L) once in a fresh random order (a slow moment of a shared machine then falls on all entries
+alike, not on one). The plain step (N = 1) is timed right after an untimed plain step, as plain decoding runs
+it back to back. Timed after whatever entry the order put before it, it cost 1.8-4.6% more in 5 of 6 cases in
+one run on a 2-core CPU (4 of 6 in a noisier second), and a plain step priced too slow raises every predicted
+speedup: predictions ran a median 3.6% above live before this, level with it after
+(`analyses/results/speed-error-cpu-2026-11-28/`, `bench-cpu-2026-11-28b/`). The rounds are spread over
+`passes` sweeps through the (B, L) grid (contexts refilled, one warm-up run per entry in later sweeps): a slow
+phase of the machine lasting as long as one block's measurement then lands on a few rounds of several blocks,
+which the median discards, not on every round of one block, which would shift that block's medians (seen on a
+GPU host: whole (B, L) blocks of a profile 1.5-2x their neighbours, the plain step among them). With
+`max_repeats`, further passes follow, each timing, in rounds among themselves, only the entries whose median
+still has a relative standard error (`median_error`) over MEDIAN_ERROR_GOAL (or that have fewer than
+TRUSTED_ROUNDS rounds, too few to estimate it from), until none has or they have run that many rounds: the
+rounds go where the medians are uncertain (a small draft head's 4 ms steps on a busy CPU), not to the target's
+steady 40 ms ones. The entries timed in a pass are those still timed in the one before, so round r of any two
+entries that have it came from the same pass. Every round's time is kept (`runs`: `specsim.sim.cost` resamples
+the rounds jointly to carry the profile's error into speedup CIs); the median is used, the quartiles are kept
+(the spread); every run ends with a device synchronisation, so a time is the wall-clock the engine waits (CPU
+launch overhead included, as live decoding pays it). The profile records device, dtype, threads, load average,
+library versions, the models with the architecture fingerprints caches record, and the interpolation error of
+the grid (leave-one-out: each interior point predicted from its neighbours). The JSON written here is what
+`specsim.sim.cost` reads. """
 
 from __future__ import annotations
 
