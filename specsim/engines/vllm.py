@@ -44,7 +44,7 @@ import os
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -204,13 +204,14 @@ def run_vllm(run: VllmRun, *, python: Path | None = None, echo: Callable[[str], 
              log: Path | None = None, timeout: float | None = None) -> dict:
     """Run vLLM (`vllm_worker.py`) on `run`; its result (see the worker's docstring).
 
-    Untimed runs run one program per configuration, each with vLLM's engine core inside it
-    (VLLM_ENABLE_V1_MULTIPROCESSING=0): on a 2-core CPU a program then takes about 20 s besides its
+    Untimed runs run each configuration in a process of its own with vLLM's engine core inside it
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0): on a 2-core CPU a configuration then takes about 20 s besides its
     decoding instead of about 50 s with the engine core in a process of its own, and each run gets its
     own metrics. The outputs and counters are the same both ways, sampled ones included (same seeds). A
-    program holds one such engine only: vLLM 0.32 rebinds its CPU kernels at engine start, which fails
-    the second time in a process. Timed runs (`rounds` > 1) keep every engine up in one program, as vLLM
-    runs by default, so that their speeds compare on one machine state."""
+    process holds one such engine only: vLLM 0.32 rebinds its CPU kernels at engine start, which fails the
+    second time in a process. So one program imports vLLM and forks a child per configuration, which saves
+    each configuration after the first vLLM's import. Timed runs (`rounds` > 1) keep every engine up in one
+    program, as vLLM runs by default, so that their speeds compare on one machine state."""
     echo(f"running vLLM ({', '.join(run.configs)}; {len(run.prompts)} prompts x {run.repeats} at T="
          f"{run.temperature:g}, batch {run.batch}{f', {run.rounds} timed rounds' if run.rounds else ''}) "
          f"with {python or vllm_python()}")
@@ -218,22 +219,16 @@ def run_vllm(run: VllmRun, *, python: Path | None = None, echo: Callable[[str], 
     if run.rounds > 1:
         result = run_worker(run.request(), python=python, log=log, timeout=timeout)
     else:
-        result = None
-        for name, config in run.configs.items():
-            one = run_worker(replace(run, configs={name: config}).request(), python=python, log=log,
-                             timeout=timeout, in_process=True, append=result is not None)
-            if result is None:
-                result = one
-            else:
-                result["runs"].update(one["runs"])
+        result = run_worker({**run.request(), "fork_each": True}, python=python, log=log, timeout=timeout,
+                            in_process=True)
     echo(f"vLLM finished in {time.perf_counter() - started:.0f} s")
     return result
 
 
 def run_worker(request: dict, *, python: Path | None = None, log: Path | None = None,
-               timeout: float | None = None, in_process: bool = False, append: bool = False) -> dict:
+               timeout: float | None = None, in_process: bool = False) -> dict:
     """Run `vllm_worker.py` on one request in vLLM's environment; its result. vLLM's own log goes to `log`
-    (default: a temporary file whose telling line an error quotes; `append`: after what it holds).
+    (default: a temporary file whose telling line an error quotes).
     `in_process`: vLLM's engine core in the worker's process (unless the environment says otherwise)."""
     python = python or vllm_python()
     with tempfile.TemporaryDirectory(prefix="specsim-vllm-") as tmp:
@@ -245,7 +240,7 @@ def run_worker(request: dict, *, python: Path | None = None, log: Path | None = 
                    os.environ.get("HF_HUB_OFFLINE", "1")}
         if in_process:
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        with open(log_path, "a" if append else "w") as out:
+        with open(log_path, "w") as out:
             try:
                 done = subprocess.run([str(python), str(WORKER), str(request_path), str(result)], stdout=out,
                                       stderr=subprocess.STDOUT, env=env, timeout=timeout)
