@@ -331,13 +331,13 @@ def _run_forked(request: dict, result_path: str) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
-        if pid == 0:  # the child: one run, then exit as the program would (vLLM's exit handlers run)
+        if pid == 0:  # the child: one run, then exit as the program does
             try:
                 _run({**request, "runs": [run]}, part)
             except BaseException:
                 traceback.print_exc()
-                raise SystemExit(1) from None
-            raise SystemExit(0)
+                _exit(1)
+            _exit(0)
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         if code != 0 or not os.path.exists(part):
             raise SystemExit(f"vLLM's run {run['name']!r} failed (exit {code}); its traceback is above")
@@ -415,6 +415,18 @@ def _timing(run: dict) -> dict:
             "window_s": (max(r["last_ts"] for r in reqs) - min(r["first_ts"] for r in reqs)) if reqs else None}
 
 
+def _exit(code: int) -> None:
+    """End the program once its result is written: vLLM's exit handlers run (its engine shut down, its temporary
+    files removed), then the process ends without tearing down every module and tensor one by one, which took
+    2.3-2.8 s of a 2-core CPU after each vLLM run and changes nothing on disk."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _write(path: str, result: dict) -> None:
     tmp = path + ".partial"
     with open(tmp, "w") as f:
@@ -429,3 +441,4 @@ if __name__ == "__main__":  # vLLM spawns its engine processes: nothing runs at 
     if len(sys.argv) != 3:
         sys.exit("usage: python vllm_worker.py REQUEST.json RESULT.json")
     main(sys.argv[1], sys.argv[2])
+    _exit(0)
