@@ -254,3 +254,44 @@ def test_both_t_above_0_checks_fall_back_to_the_same_rule_without_a_paired_inter
     assert sampling_verdict(None, True, 13) == (True, "CIs overlap")
     # a paired interval decides when there is one, whatever the overlap
     assert sampling_verdict(SimpleNamespace(lo=0.01, hi=0.05), True, 13) == (False, "the paired interval excludes 0")
+
+
+@pytest.mark.parametrize("rounds", [0, 2])
+def test_validate_runs_its_untimed_configurations_in_one_vllm_program_each_compared_with_its_own(
+        tiny_cache, tmp_path, monkeypatch, rounds):
+    """`validate --engine vllm` with two drafts x two chains: untimed, one vLLM program runs all four (it forks a
+    child per configuration, vLLM imported once) and each configuration is checked against its own run, in the
+    report's draft-major order; timed (--rounds), a program per configuration, its speculative and plain decoding
+    alternating in it. Logs go one per program, named by draft and tree where it runs one."""
+    import specsim.engines.check as check
+    import specsim.engines.vllm as engine
+
+    drafts, trees = ("vllm-ngram:min=2,max=3", "vllm-ngram:min=1,max=2"), ("chain:2", "chain:3")
+    programs, compared = [], []
+
+    def fake_run(run, *, python=None, echo=None, log=None):
+        programs.append((run, log))
+        return {"runs": {name: [{"marker": (name, config and config["num_speculative_tokens"])}]
+                         for name, config in run.configs.items()}}
+
+    def fake_compare(data, draft, tree, policy, T, config, result, report):
+        compared.append((draft, tree.name, result["runs"]["spec"][0]["marker"], sorted(result["runs"])))
+
+    monkeypatch.setattr(engine, "run_vllm", fake_run)
+    monkeypatch.setattr(engine, "vllm_python", lambda: tmp_path / "python")
+    monkeypatch.setattr(engine, "vllm_version", lambda python: "0.32.0")
+    monkeypatch.setattr(check, "compare", fake_compare)
+    check.validate_with_vllm(tiny_cache, check.EngineValidateConfig(trees=trees, drafts=drafts, rounds=rounds,
+                                                                    log_dir=str(tmp_path / "logs")))
+    assert [(d, t) for d, t, _, _ in compared] == [(d, t) for d in drafts for t in trees]  # draft-major
+    if rounds:
+        assert len(programs) == 4 and all(set(run.configs) == {"spec", "plain"} for run, _ in programs)
+        assert all(marker == ("spec", int(t[-1])) for _, t, marker, _ in compared)
+        slug = lambda text: "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in text)  # noqa: E731
+        assert [log.name for _, log in programs] == [f"vllm-{slug(d)}-{slug(t)}-greedy-T0.log"
+                                                     for d in drafts for t in trees]
+    else:
+        (run, log), = programs
+        assert list(run.configs) == [f"{d} {t}" for d in drafts for t in trees] and run.rounds == 0
+        assert all(marker == (f"{d} {t}", int(t[-1])) for d, t, marker, _ in compared)  # each its own run
+        assert log.name == "vllm-greedy-T0.log" and log.parent.is_dir()

@@ -2,7 +2,9 @@
 
 docs/design.md §6. For each draft, chain and policy the cache's prompts go to vLLM as token ids
 with the cache's max_new_tokens, and the same configuration is replayed on the cache; the
-replay's vLLM counters (`specsim.sim.engine.EngineTotals`) are what vLLM should report.
+replay's vLLM counters (`specsim.sim.engine.EngineTotals`) are what vLLM should report. The
+untimed configurations of one model, policy and temperature run in one vLLM program, a child
+process each (`specsim.engines.vllm.run_vllm`); timed ones (rounds > 0) in a program each.
 
 * T = 0: vLLM's outputs must equal the cache's trajectories, and its counters (num_drafts,
   num_draft_tokens, num_accepted_tokens, per position) the replay's, exactly. Each request's
@@ -140,27 +142,39 @@ def validate_with_vllm(cache, config: EngineValidateConfig, *, echo: Callable[[s
     report.setup = {"target": data.target, "prompts": len(data.prompts), "max_new_tokens": data.max_new_tokens}
     target_dir = model_directory(data.target, data.target_info)
     longest = max(len(p) for p in data.prompts)
+    # every configuration in the order the report lists them, and each (model, policy, T): what one vLLM program
+    # runs one after another
+    jobs, groups = [], {}
     for draft in drafts:
         draft_dir = None if is_model_free(draft) else draft_directory(
             draft, data.target, target_info=data.target_info, draft_info=data.drafts_info.get(draft), echo=echo)
+        # vLLM's mtp method drafts from the target's own checkpoint: an exported one holds the head too
+        model = draft_dir if draft_kind(draft).name == "mtp" else target_dir
         for policy, T in plan:
             for tree in trees:
-                engine = speculative_config(draft, tree, policy, draft_dir=draft_dir)
-                configs = {"spec": engine.config}
-                if config.rounds:
-                    configs["plain"] = None
-                # vLLM's mtp method drafts from the target's own checkpoint: an exported one holds the head too
-                run = VllmRun(model=draft_dir if draft_kind(draft).name == "mtp" else target_dir, prompts=data.prompts, max_tokens=data.max_new_tokens, configs=configs,
-                              temperature=T, repeats=1 if T == 0 else config.repeats, batch=config.batch,
-                              rounds=config.rounds, seed=config.seed, threads=config.threads,
-                              max_model_len=longest + data.max_new_tokens + tree.max_depth + 16,
-                              fix_cpu_expand=config.fix_cpu_expand and T > 0)
-                log = None
-                if config.log_dir:
-                    Path(config.log_dir).mkdir(parents=True, exist_ok=True)
-                    log = Path(config.log_dir) / f"vllm-{_slug(draft)}-{_slug(tree.name)}-{policy}-T{T:g}.log"
-                result = run_vllm(run, python=python, echo=echo, log=log)
-                compare(data, draft, tree, policy, T, config, result, report)
+                jobs.append((draft, tree, policy, T))
+                groups.setdefault((model, policy, T), []).append(
+                    (draft, tree, speculative_config(draft, tree, policy, draft_dir=draft_dir).config))
+    results = {}  # (draft, tree name, policy, T) -> vLLM's result with that configuration's run as "spec"
+    for (model, policy, T), group in groups.items():
+        # untimed: the group in one program (a child process per configuration, vLLM imported once); timed: a
+        # program per configuration, its speculative and plain decoding alternating on one machine state
+        for program in ([job] for job in group) if config.rounds else [group]:
+            names = ["spec"] if config.rounds else [f"{draft} {tree.name}" for draft, tree, _ in program]
+            configs = {name: engine for name, (_, _, engine) in zip(names, program)}
+            if config.rounds:
+                configs["plain"] = None
+            run = VllmRun(model=model, prompts=data.prompts, max_tokens=data.max_new_tokens, configs=configs,
+                          temperature=T, repeats=1 if T == 0 else config.repeats, batch=config.batch,
+                          rounds=config.rounds, seed=config.seed, threads=config.threads,
+                          max_model_len=longest + data.max_new_tokens + max(t.max_depth for _, t, _ in program) + 16,
+                          fix_cpu_expand=config.fix_cpu_expand and T > 0)
+            result = run_vllm(run, python=python, echo=echo, log=_log_path(config.log_dir, program, policy, T))
+            for name, (draft, tree, _) in zip(names, program):
+                results[(draft, tree.name, policy, T)] = {**result, "runs": {**result["runs"],
+                                                                             "spec": result["runs"][name]}}
+    for draft, tree, policy, T in jobs:
+        compare(data, draft, tree, policy, T, config, results[(draft, tree.name, policy, T)], report)
     return report
 
 
@@ -175,6 +189,16 @@ def compare(data: "_Cache", draft: str, tree, policy: str, T: float, config: Eng
         report.checks.append(_sampling_check(head, result, replay, config.seed))
     if config.rounds:
         report.checks.append(_speed_check(head, result, replay, config))
+
+
+def _log_path(log_dir: str | None, program: list, policy: str, T: float) -> Path | None:
+    """Where one vLLM program's log goes (None: a temporary file): named by its draft and tree where it runs one."""
+    if not log_dir:
+        return None
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    drafts, trees = dict.fromkeys(d for d, _, _ in program), dict.fromkeys(t.name for _, t, _ in program)
+    parts = [*(map(_slug, drafts) if len(drafts) == 1 else ()), *(map(_slug, trees) if len(trees) == 1 else ())]
+    return Path(log_dir) / ("-".join(["vllm", *parts, policy, f"T{T:g}"]) + ".log")
 
 
 def _slug(text: str) -> str:
@@ -389,7 +413,8 @@ def _sampling_check(head: dict, result: dict, replay: _Replay, seed: int) -> Che
     return Check(**head, kind="acceptance",
                  comparison=f"mean acceptance length vLLM {fmt(vllm)} vs replay {fmt(ours)}",
                  detail=(CPU_EXPAND_BUG + "; " if broken else "")
-                        + f"vLLM: {len(per_request)} decodes ({len(repeats)} per prompt), acceptance rate {rate.value:.3f}"
+                        + f"vLLM: {len(per_request)} decodes ({len(repeats)} per prompt), acceptance rate "
+                        f"{rate.value:.3f}"
                         f"; replay: {row['n_prompts']} cached trajectories, {row['vllm_counts']}, rate "
                         f"{row['vllm_draft_acceptance_rate']:.3f}; intervals {'overlap' if overlap else 'DISJOINT'}"
                         f"{', vLLM inside the replay CI' if inside else ''}"
