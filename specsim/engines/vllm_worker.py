@@ -316,11 +316,11 @@ def main(request_path: str, result_path: str) -> None:
 
 def _run_forked(request: dict, result_path: str) -> None:
     """Each run in a child of this process, forked one after another once vLLM is imported, so that a run costs
-    its engine's start and not also vLLM's import (about 6 s of a 2-core CPU's 20 s per configuration). A child
+    its engine's start and not also vLLM's import (3.5-5 s of a 2-core CPU's 20 s per configuration). A child
     is a fresh process for vLLM: vLLM 0.32 rebinds its CPU kernels at engine start, which fails the second time
     in one process. This process computes nothing with torch before forking (the CPU-expand test runs in each
-    child), so no OpenMP threads exist to be lost across the fork. A failed child stops the program; its
-    traceback is in the log."""
+    child), so no OpenMP threads exist to be lost across the fork. A failed child stops the program (its
+    traceback is in the log), and a child dies with this process (killed for a timeout, say)."""
     import vllm  # noqa: F401  (what every child then finds imported)
     from vllm import LLM, SamplingParams  # noqa: F401
     from vllm.inputs import TokensPrompt  # noqa: F401
@@ -330,8 +330,9 @@ def _run_forked(request: dict, result_path: str) -> None:
         part = f"{result_path}.{i}"
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        parent, pid = os.getpid(), os.fork()
         if pid == 0:  # the child: one run, then exit as the program does
+            _die_with(parent)
             try:
                 _run({**request, "runs": [run]}, part)
             except BaseException:
@@ -349,6 +350,19 @@ def _run_forked(request: dict, result_path: str) -> None:
         else:
             result["runs"].update(one["runs"])
     _write(result_path, result)
+
+
+def _die_with(parent: int) -> None:
+    """Linux: this child is killed when `parent` dies (killed for a timeout, say), not left decoding alone."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: nothing to ask for
+        return
+    if os.getppid() != parent:  # it died before the request took effect
+        os._exit(1)
 
 
 def _run(request: dict, result_path: str) -> None:
