@@ -6,18 +6,20 @@ file there, by path, with that environment's Python:
 
     .venv-vllm/bin/python specsim/engines/vllm_worker.py REQUEST.json RESULT.json
 
-It imports the standard library and vLLM only (never specsim). The request names the model,
-the prompts as token ids (so vLLM sees exactly the cache's inputs), the sampling settings and
-one or more runs, each with its own `speculative_config` (or none: plain decoding); the result
-holds, per run and repeat, every request's output tokens, each request's own per-step accepted
-and proposed counts (`per_request_spec_decode_metrics="detailed"`), vLLM's spec-decode counters
-over the run as their sums, and, where one engine runs in the process, the same counters as
-vLLM's metrics report them (`vllm:spec_decode_*` of `LLM.get_metrics()`, differences across the
-run; a second engine in one process replaces the first's metrics), and the wall time of the
-`generate` call. Prefix caching is off, so a repeated prompt decodes as a fresh one (with it, a
-fully cached prompt's first step is padded with rejected placeholder drafts, which vLLM counts). With `rounds` > 1 every run is timed that
-many times, the runs alternating, after one untimed warm-up each, so that their speed compares
-within one process on the same machine state.
+It imports the standard library and vLLM only (never specsim). The request names the model, the
+prompts as token ids (so vLLM sees exactly the cache's inputs), the sampling settings and one or
+more runs, each with its own `speculative_config` (or none: plain decoding); the result holds,
+per run and repeat, every request's output tokens, each request's own per-step accepted and
+proposed counts (`per_request_spec_decode_metrics="detailed"`), vLLM's spec-decode counters over
+the run as their sums, and, where one engine runs in the process, the same counters as vLLM's
+metrics report them (`vllm:spec_decode_*` of `LLM.get_metrics()`, differences across the run; a
+second engine in one process replaces the first's metrics), and the wall time of the `generate`
+call. Prefix caching is off, so a repeated prompt decodes as a fresh one (with it, a fully
+cached prompt's first step is padded with rejected placeholder drafts, which vLLM counts). With
+`rounds` > 1 every run is timed that many times, the runs alternating, after one untimed warm-up
+each, so that their speed compares within one process on the same machine state. With
+`fork_each` (untimed runs) every run has a child process of its own, forked after vLLM is
+imported once, and so its own engine and metrics.
 
 The result is written to a temporary file and renamed into place: a reader sees all of it or none.
 
