@@ -275,7 +275,7 @@ def test_validate_runs_its_untimed_configurations_in_one_vllm_program_each_compa
                          for name, config in run.configs.items()}}
 
     def fake_compare(data, draft, tree, policy, T, config, result, report):
-        compared.append((draft, tree.name, result["runs"]["spec"][0]["marker"], sorted(result["runs"])))
+        compared.append((draft, tree.name, result["runs"]["spec"][0]["marker"]))
 
     monkeypatch.setattr(engine, "run_vllm", fake_run)
     monkeypatch.setattr(engine, "vllm_python", lambda: tmp_path / "python")
@@ -283,15 +283,15 @@ def test_validate_runs_its_untimed_configurations_in_one_vllm_program_each_compa
     monkeypatch.setattr(check, "compare", fake_compare)
     check.validate_with_vllm(tiny_cache, check.EngineValidateConfig(trees=trees, drafts=drafts, rounds=rounds,
                                                                     log_dir=str(tmp_path / "logs")))
-    assert [(d, t) for d, t, _, _ in compared] == [(d, t) for d in drafts for t in trees]  # draft-major
+    assert [(d, t) for d, t, _ in compared] == [(d, t) for d in drafts for t in trees]  # draft-major
     if rounds:
         assert len(programs) == 4 and all(set(run.configs) == {"spec", "plain"} for run, _ in programs)
-        assert all(marker == ("spec", int(t[-1])) for _, t, marker, _ in compared)
+        assert all(marker == ("spec", int(t[-1])) for _, t, marker in compared)
         slug = lambda text: "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in text)  # noqa: E731
         assert [log.name for _, log in programs] == [f"vllm-{slug(d)}-{slug(t)}-greedy-T0.log"
                                                      for d in drafts for t in trees]
     else:
         (run, log), = programs
         assert list(run.configs) == [f"{d} {t}" for d in drafts for t in trees] and run.rounds == 0
-        assert all(marker == (f"{d} {t}", int(t[-1])) for d, t, marker, _ in compared)  # each its own run
+        assert all(marker == (f"{d} {t}", int(t[-1])) for d, t, marker in compared)  # each its own run
         assert log.name == "vllm-greedy-T0.log" and log.parent.is_dir()

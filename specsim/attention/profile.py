@@ -47,7 +47,8 @@ the rounds jointly to carry the profile's error into speedup CIs); the median is
 launch overhead included, as live decoding pays it). The profile records device, dtype, threads, load average,
 library versions, the models with the architecture fingerprints caches record, and the interpolation error of
 the grid (leave-one-out: each interior point predicted from its neighbours). The JSON written here is what
-`specsim.sim.cost` reads. """
+`specsim.sim.cost` reads.
+"""
 
 from __future__ import annotations
 
