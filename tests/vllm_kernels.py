@@ -61,14 +61,19 @@ def run(logp, logq, drafts, seeds, pos):
     triton, _, _, sampler = _modules()
 
     @triton.jit
-    def randomness(u_ptr, noise_ptr, seed_ptr, pos_ptr, G1: tl.constexpr, V: tl.constexpr, VP: tl.constexpr):
-        row, j = tl.program_id(0), tl.program_id(1)
+    def randomness(u_ptr, noise_ptr, seed_ptr, pos_ptr, G1: tl.constexpr, GP: tl.constexpr, V: tl.constexpr,
+                   VP: tl.constexpr):
+        # One program per row, over all its positions at once: the interpreter's cost is per program and per
+        # operation, not per element, and these functions are elementwise in (seed, position, token).
+        row = tl.program_id(0)
         seed = tl.load(seed_ptr + row)
-        at = tl.load(pos_ptr + row * G1 + j)
-        tl.store(u_ptr + row * G1 + j, gumbel.tl_rand32(seed, at, includes_zero=False))
-        keys = tl.arange(0, VP)
-        w = gumbel.murmur3_uniform32(seed, at, keys)
-        tl.store(noise_ptr + (row * G1 + j) * V + keys, -tl.log(-gumbel._log1p_neg_stable(w)), mask=keys < V)
+        js = tl.arange(0, GP)
+        at = tl.load(pos_ptr + row * G1 + js, mask=js < G1, other=0)
+        tl.store(u_ptr + row * G1 + js, gumbel.tl_rand32(seed, at, includes_zero=False), mask=js < G1)
+        keys = tl.arange(0, VP)[None, :]
+        w = gumbel.murmur3_uniform32(seed, at[:, None], keys)
+        tl.store(noise_ptr + (row * G1 + js[:, None]) * V + keys, -tl.log(-gumbel._log1p_neg_stable(w)),
+                 mask=(js[:, None] < G1) & (keys < V))
 
     B, g = drafts.shape
     V = logp.shape[-1]
@@ -76,7 +81,7 @@ def run(logp, logq, drafts, seeds, pos):
     pos_t = torch.as_tensor(pos, dtype=torch.int64).reshape(-1)
     u = torch.empty(B * (g + 1), dtype=torch.float32)
     noise = torch.empty(B * (g + 1), V, dtype=torch.float32)
-    randomness[(B, g + 1)](u, noise, seeds_t, pos_t, g + 1, V, triton.next_power_of_2(V))
+    randomness[(B,)](u, noise, seeds_t, pos_t, g + 1, triton.next_power_of_2(g + 1), V, triton.next_power_of_2(V))
     sampled_in = torch.zeros(B, g + 1, dtype=torch.int64)  # entry 0 of a request: the token before its drafts
     sampled_in[:, 1:] = torch.as_tensor(drafts, dtype=torch.int64)
     out = {"u": u.reshape(B, g + 1)[:, :g].numpy(), "noise": noise.reshape(B, g + 1, V).numpy()}
