@@ -117,8 +117,6 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
       specsim validate cache/v.h5 --engine vllm --draft vllm-ngram:min=2,max=3 --tree chain:4
       specsim validate cache/v.h5 --engine vllm --draft layers:20 --tree chain:3 --rounds 3
     """
-    import polars as pl
-
     from specsim.errors import SpecError
     from specsim.interrupts import sigterm_as_interrupt
 
@@ -168,20 +166,30 @@ def validate(cache, engine, trees, policies, drafts, temperatures, multi_draft, 
         drift = _drift_line(report.checks)
         if drift:
             echo(drift)
-    if target is not None:
-        frame = pl.DataFrame([{"draft": ch.draft, "tree": ch.tree, "policy": ch.policy, "temperature": ch.temperature,
-                               "batch": ch.batch, "batching": batching, "check": ch.kind, "verdict": ch.verdict,
-                               "comparison": ch.comparison, "detail": ch.detail, "device": report.device, **ch.values}
-                              for ch in report.checks], infer_schema_length=None)
-        echo(f"wrote {len(frame)} checks to {c.write_frame(frame, target, fmt)}")
-    if steps_target[0] is not None and report.steps:
+    rows = [{"draft": ch.draft, "tree": ch.tree, "policy": ch.policy, "temperature": ch.temperature,
+             "batch": ch.batch, "batching": batching, "check": ch.kind, "verdict": ch.verdict,
+             "comparison": ch.comparison, "detail": ch.detail, "device": report.device, **ch.values}
+            for ch in report.checks]
+    _finish(report, rows, echo, (target, fmt), steps_target, steps="compared calls", undecided="inconclusive")
+
+
+def _finish(report, rows: list[dict], echo, out: tuple, steps_out: tuple, *, steps: str, undecided: str) -> None:
+    """Write the checks' rows to `out` and the compared steps to `steps_out` ((target, format) each; target None:
+    not asked for), then the verdict: exit 1 naming how many failed, else say all passed or how many checks
+    decided nothing (`undecided`: what such a check is called)."""
+    import polars as pl
+
+    if out[0] is not None:
+        frame = pl.DataFrame(rows, infer_schema_length=None)
+        echo(f"wrote {len(frame)} checks to {c.write_frame(frame, *out)}")
+    if steps_out[0] is not None and report.steps:
         frame = pl.DataFrame(report.steps, infer_schema_length=None)
-        echo(f"wrote {len(frame)} compared calls to {c.write_frame(frame, *steps_target)}")
+        echo(f"wrote {len(frame)} {steps} to {c.write_frame(frame, *steps_out)}")
     if report.failed:
         click.echo(f"{report.failed} of {len(report.checks)} checks FAILED", err=True)
         raise SystemExit(1)
     echo(f"all {len(report.checks)} checks passed" if all(ch.passed for ch in report.checks) else
-         f"no check failed ({sum(ch.passed is None for ch in report.checks)} inconclusive)")
+         f"no check failed ({sum(ch.passed is None for ch in report.checks)} {undecided})")
 
 
 def _checks_table(checks, target):
@@ -227,8 +235,6 @@ def _warn_leaks(cache, drafts) -> None:
 def _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_profile, batch, rounds,
                    speed_tolerance, engine_log, fix_vllm_cpu, seed, threads, target, fmt, steps_target, quiet):
     """`validate --engine vllm` (see the command's help)."""
-    import polars as pl
-
     from specsim.engines.check import EngineValidateConfig, validate_with_vllm
     from specsim.errors import SpecError
 
@@ -253,17 +259,7 @@ def _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_p
          f"as token ids, max {setup['max_new_tokens']} new tokens, batch {batch}); counters with vLLM's meaning "
          "(docs/design.md §6)")
     _warn_leaks(cache, [ch.draft for ch in report.checks])
-    if target is not None:
-        frame = pl.DataFrame([{"engine": f"vllm {report.vllm_version}", "draft": ch.draft, "tree": ch.tree,
-                               "policy": ch.policy, "temperature": ch.temperature, "batch": ch.batch,
-                               "check": ch.kind, "verdict": ch.verdict, "comparison": ch.comparison,
-                               "detail": ch.detail, **ch.values} for ch in report.checks], infer_schema_length=None)
-        echo(f"wrote {len(frame)} checks to {c.write_frame(frame, target, fmt)}")
-    if steps_target[0] is not None and report.steps:
-        frame = pl.DataFrame(report.steps, infer_schema_length=None)
-        echo(f"wrote {len(frame)} compared vLLM steps to {c.write_frame(frame, *steps_target)}")
-    if report.failed:
-        click.echo(f"{report.failed} of {len(report.checks)} checks FAILED", err=True)
-        raise SystemExit(1)
-    echo(f"all {len(report.checks)} checks passed" if all(ch.passed for ch in report.checks) else
-         f"no check failed ({sum(ch.passed is None for ch in report.checks)} informational)")
+    rows = [{"engine": f"vllm {report.vllm_version}", "draft": ch.draft, "tree": ch.tree, "policy": ch.policy,
+             "temperature": ch.temperature, "batch": ch.batch, "check": ch.kind, "verdict": ch.verdict,
+             "comparison": ch.comparison, "detail": ch.detail, **ch.values} for ch in report.checks]
+    _finish(report, rows, echo, (target, fmt), steps_target, steps="compared vLLM steps", undecided="informational")
