@@ -63,6 +63,18 @@ MTP_STYLES = {  # how `train-draft --kind mtp` wires its layer, as the engines r
             "prenorm)",
 }
 
+DTYPES = {  # the models' arithmetic (`cache`, `live`, `profile`, `bench-attention`)
+    "float32": "on a CPU speculative greedy decoding equals plain greedy decoding (the exactness checks need it)",
+    "float16": "half precision, a GPU's",
+    "bfloat16": "a GPU's usual (on a CPU speculative greedy decoding need not equal plain greedy decoding)",
+}
+
+STORES = {  # what `specsim cache` keeps per recorded position
+    "full": "the per-position statistics and every logit (float16)",
+    "stats": "the statistics only, computed on the recording device (a few hundred bytes a position instead of "
+             "~4 V bytes per model; enough for every exact policy)",
+}
+
 PROMPT_USES = {  # what the prompt is to `train-draft` (a cache stores states at generated positions only)
     "context": "the head attends over the prompt's states, as when it drafts; the loss is on the generated tokens",
     "loss": "as context, and the loss also covers the prompt's tokens: the target's laws on text it did not write",

@@ -48,6 +48,7 @@ def _choices(flag: str) -> dict[str, list[str]]:
     ("--mtp-style", specs.MTP_STYLES),
     ("--precision", specs.TRAIN_PRECISIONS),
     ("--lr-schedule", specs.LR_SCHEDULES),
+    ("--store", specs.STORES),
 ])
 def test_cli_choices_are_the_registry_vocabularies(flag, vocab):
     found = _choices(flag)
@@ -71,7 +72,7 @@ def test_no_command_spells_a_registry_vocabulary():
     """No literal list of registry names in the CLI, the engines or the simulator (they read `specs`)."""
     vocabularies = [set(v) for v in (specs.MULTI_DRAFT, specs.BATCHING, specs.ENGINES, specs.HEAD_KINDS,
                                      specs.EMIT_TARGETS, specs.PROMPT_USES, specs.MTP_STYLES,
-                                     specs.TRAIN_PRECISIONS, specs.LR_SCHEDULES)] + [
+                                     specs.TRAIN_PRECISIONS, specs.LR_SCHEDULES, specs.STORES, specs.DTYPES)] + [
                                          set(specs.policy_names(live=True))]
     offenders = []
     for path in PACKAGE.rglob("*.py"):

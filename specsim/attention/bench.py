@@ -32,10 +32,10 @@ from specsim.attention.tree_attention import (
 )
 from specsim.errors import ModelError, SpecError
 from specsim.trees import Tree
-from specsim.specs import parse_tree
+from specsim.specs import DTYPES as DTYPE_NAMES, parse_tree
 
 SHAPES = ("chain", "kary2", "kary4", "widths", "star")  # tree families sized to any N
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from specsim import specs as registry
 from specsim.cli import _common as c
 
 
@@ -17,7 +18,7 @@ def _ints(values: tuple) -> tuple[int, ...] | None:
 @click.option("--preset", type=click.Choice(["small", "full"]), default="small", show_default=True,
               help="small: ~1 minute on a 2-core CPU; full: the GPU sweep (B 1-32, L 512-8192, N 4-256, 5 shapes).")
 @click.option("--device", default="auto", show_default=True, help="auto (CUDA when present), cpu, cuda or cuda:N.")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto",
+@click.option("--dtype", type=c.choice(["auto", *registry.DTYPES]), default="auto",
               show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA.")
 @click.option("--batch", "--batch-sizes", "batch_sizes", multiple=True, metavar="B", callback=c.numbers(int, minimum=1),
               help="Batch sizes B, repeatable or comma-separated (overrides the preset).")

@@ -29,8 +29,8 @@ from specsim.record.recorder import MAX_OVERHANG, OVERHANG, phases_line
               help="Sampling temperature (repeatable or comma-separated); 0 = greedy.  [default: 0]")
 @c.seed_option
 @c.device_option
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
-              help="Model dtype (float32 keeps greedy speculative decoding exact on CPU).")
+@click.option("--dtype", type=c.choice(registry.DTYPES), default="float32", show_default=True,
+              help="The models' dtype. " + registry.vocab_help(registry.DTYPES) + ".")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
               help="Prompts generated together (left-padded). Faster on a CPU too: on a 2-core Xeon, 8 prompts x 96 "
                    "tokens recorded 2.3x faster at 8 than at 1, token for token the same, the statistics within "
@@ -38,10 +38,8 @@ from specsim.record.recorder import MAX_OVERHANG, OVERHANG, phases_line
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Cache file to write (.h5).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted cache (same settings), skipping finished trajectories.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing cache file.")
-@click.option("--store", type=click.Choice(["full", "stats"]), default="full", show_default=True,
-              help="full: the per-position statistics and every logit (float16); stats: the statistics only, "
-                   "computed on the recording device (a few hundred bytes a position instead of ~4 V bytes per "
-                   "model; enough for every exact policy).")
+@click.option("--store", type=c.choice(registry.STORES), default="full", show_default=True,
+              help=registry.vocab_help(registry.STORES) + ".")
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --store full: keep only the top-K logits per position plus the log-sum-exp of the rest "
                    "(0 = all logits).")

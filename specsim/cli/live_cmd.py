@@ -81,8 +81,8 @@ def footer(df, run) -> str:
               help="Speculative decodes per prompt, each with its own seed (sampling: tighter CIs).")
 @c.seed_option
 @c.device_option
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
-              help="Model dtype (float32 keeps greedy output identical to plain decoding on CPU).")
+@click.option("--dtype", type=c.choice(registry.DTYPES), default="float32", show_default=True,
+              help="The models' dtype. " + registry.vocab_help(registry.DTYPES) + ".")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for torch.")
 @c.out_options
 @click.option("--steps-out", type=str, default=None, metavar="PATH",

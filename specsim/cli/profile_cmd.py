@@ -42,7 +42,7 @@ from specsim.cli import _common as c
               help="Draft forward widths w (tokens per request per draft step: tree level widths), repeatable or "
                    "comma-separated.  [default: 1,2,...,8]")
 @c.device_option
-@click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto",
+@click.option("--dtype", type=c.choice(["auto", *registry.DTYPES]), default="auto",
               show_default=True, help="auto: float32 on CPU, bfloat16 on CUDA.")
 @click.option("--repeats", type=click.IntRange(min=1), default=None,
               help="Timed rounds: each times every entry of a (batch, context) once, in random order; all "

@@ -31,8 +31,7 @@ from typing import Any
 
 from specsim.errors import ModelError, SpecError, TokenizerMismatchError
 from specsim.record import packaged
-
-DTYPES = ("float32", "float16", "bfloat16")
+from specsim.specs import DTYPES
 DERIVED_DRAFTS = ("layers:K", "int8")
 
 

@@ -18,7 +18,7 @@ from typing import Callable
 from specsim.cache.stats import StatsSpec
 from specsim.errors import CacheError, PromptError, ResumeMismatchError
 from specsim.record.recorder import MAX_OVERHANG, OVERHANG
-from specsim.specs import is_head_draft
+from specsim.specs import STORES, is_head_draft
 
 
 @dataclass(frozen=True)
@@ -145,9 +145,8 @@ def record_cache(out, request: RecordRequest, *, resume: bool = False, overwrite
     config = RecordConfig(max_new_tokens=request.max_new_tokens, temperatures=temperatures, seed=request.seed,
                           batch_size=request.batch_size, shard=request.shard, overhang=request.overhang,
                           hidden_batch_tokens=request.hidden_batch_tokens)
-    if request.store not in ("full", "stats"):
-        raise CacheError.naming("{store} {value!r}: use full (statistics and logits) or stats (statistics only)",
-                                value=request.store)
+    if request.store not in STORES:
+        raise CacheError.naming("{store} {value!r}: use " + " or ".join(STORES), value=request.store)
     if request.store == "stats" and request.top_k:
         raise CacheError.naming("{top_k} keeps truncated logits; {store} stats keeps none: choose one")
     storage = "stats" if request.store == "stats" else "topk" if request.top_k else "full"
