@@ -110,44 +110,54 @@ def test_int8_draft_is_batch_invariant_and_the_check_can_fail(target):
     assert _batching_gap(leaky, ids) > 1e-3
 
 
-def test_float32_int8_kernel_is_torch_int_mm_bit_for_bit_and_its_block_bound_is_needed():
-    """On a CPU whose int8 GEMM is slow the int8 draft multiplies in float32 on blocks of 1,024 inputs: the same
-    integers as torch._int_mm on random and on extreme operands. A block past 1,040 inputs is not exact: an odd sum
-    above 2^24 has no float32."""
+def _exact_product(x, w):
+    """int8 x int8 summed in float64: every partial sum an integer below 2^53, exact in any order."""
+    return (x.double() @ w.double()).to(torch.int64)
+
+
+def test_float32_int8_kernel_is_the_exact_product_and_its_block_bound_is_needed():
+    """On a CPU whose int8 GEMM is slow or inexact the int8 draft multiplies in float32 on blocks of 1,024 inputs:
+    the exact integers on random and on extreme operands. A block past 1,040 inputs is not exact: an odd sum above
+    2^24 has no float32."""
     from specsim.record.models import int8_matmul_float
 
     gen = torch.Generator().manual_seed(5)
     for rows, k, out in [(1, 576, 64), (9, 1536, 96), (33, 3000, 17)]:
         x = torch.randint(-127, 128, (rows, k), dtype=torch.int8, generator=gen)
         w = torch.randint(-127, 128, (k, out), dtype=torch.int8, generator=gen)
-        assert torch.equal(int8_matmul_float(x, w.float()), torch._int_mm(x, w))
+        assert torch.equal(int8_matmul_float(x, w.float()).long(), _exact_product(x, w))
     x = torch.full((1, 2000), 127, dtype=torch.int8)
     w = torch.full((2000, 1), 127, dtype=torch.int8)
     w[0, 0] = 126  # 127 * (127 * 1999 + 126) = 32,257,873: odd, above 2^24
-    exact = torch._int_mm(torch.cat([x] * 17), w)[:1]  # (CUDA's kernel wants > 16 rows; harmless on CPU)
+    exact = _exact_product(x, w)
     assert int(exact) == 32_257_873
-    assert torch.equal(int8_matmul_float(x, w.float()), exact)
-    assert not torch.equal(int8_matmul_float(x, w.float(), block=2000), exact)
+    assert torch.equal(int8_matmul_float(x, w.float()).long(), exact)
+    assert not torch.equal(int8_matmul_float(x, w.float(), block=2000).long(), exact)
 
 
 def test_int8_draft_logits_do_not_depend_on_the_kernel(target, monkeypatch):
-    """The kernel is chosen by speed, so it must never change a logit: the float32 and int32 kernels give the int8
-    draft bit-identical logits; the description (part of the cost fingerprint) names the kernel."""
+    """The kernel is chosen by speed among the exact ones, so it must never change a logit: every kernel exact on
+    this CPU gives the int8 draft bit-identical logits (both, on a CPU whose int8 GEMM is exact); the description
+    (part of the cost fingerprint) names the kernel."""
     from specsim.record import models
 
+    usable = [name for name, why in models.int8_kernels_here().items() if why is None]
+    assert "float32" in usable  # exact wherever float32 matmuls run in full precision, torch's default
     ids = [1, 17, 42, 99, 5, 7, 60, 61, 200, 13]
     got = {}
     for kernel in ("int32", "float32"):
         monkeypatch.setattr(models, "_CPU_KERNEL", [kernel])
         draft = load_draft("int8", target)
         got[kernel] = (_logits(draft.model, ids), draft.info["quantization"])
-    np.testing.assert_array_equal(got["int32"][0], got["float32"][0])
-    assert "int32" in got["int32"][1] and "float32" in got["float32"][1]
+        assert kernel in got[kernel][1]
+    for kernel in usable:
+        np.testing.assert_array_equal(got[kernel][0], got["float32"][0])
 
 
 def test_the_int8_kernel_can_be_pinned_and_a_bad_pin_is_refused_in_one_line(monkeypatch):
     from specsim.record import models
 
+    monkeypatch.setattr(models, "int8_kernels_here", lambda: {"int32": None, "float32": None})
     for kernel in ("int32", "float32"):
         monkeypatch.setattr(models, "_CPU_KERNEL", [])
         monkeypatch.setenv("SPECSIM_INT8_KERNEL", kernel)
@@ -156,6 +166,54 @@ def test_the_int8_kernel_can_be_pinned_and_a_bad_pin_is_refused_in_one_line(monk
     monkeypatch.setenv("SPECSIM_INT8_KERNEL", "fp8")
     with pytest.raises(SpecError, match=r"SPECSIM_INT8_KERNEL='fp8': give int32 .* or float32"):
         models.cpu_int8_kernel()
+
+
+def saturating_int_mm(x, w):
+    """torch._int_mm as oneDNN computes it without VNNI: int8 activations shifted to uint8 (+128), u8 x s8 products
+    summed in pairs into int16 with saturation (vpmaddubsw), then in int32, less the shift's compensation. With
+    ONEDNN_MAX_CPU_ISA=AVX2 on an AMX CPU torch._int_mm returns exactly this, bit for bit."""
+    prod = (x.int() + 128)[:, :, None] * w.int()[None]
+    rows, k, out = prod.shape
+    return prod.view(rows, k // 2, 2, out).sum(2).clamp(-32768, 32767).sum(1) - 128 * w.int().sum(0)
+
+
+def test_an_int8_gemm_that_is_not_exact_is_never_chosen(monkeypatch):
+    """A CPU whose int8 GEMM saturates (no VNNI): the float32 kernel is chosen whatever the speeds, a pin to the
+    inexact kernel is refused naming how far off it is, and a CPU with neither kernel exact is refused."""
+    from specsim.record import models
+
+    x, w, _ = models._probe_operands()
+    assert not torch.equal(saturating_int_mm(x, w).long(), _exact_product(x, w))  # the stand-in is inexact
+    monkeypatch.setattr(torch, "_int_mm", saturating_int_mm)
+    monkeypatch.setattr(models, "FLOAT_KERNEL_GAIN", 1e9)  # by speed the float32 kernel would never be chosen
+    monkeypatch.delenv("SPECSIM_INT8_KERNEL", raising=False)
+    monkeypatch.setattr(models, "_CPU_KERNEL", [])
+    assert models.cpu_int8_kernel() == "float32"
+    monkeypatch.setattr(models, "_CPU_KERNEL", [])
+    monkeypatch.setenv("SPECSIM_INT8_KERNEL", "int32")
+    with pytest.raises(SpecError, match=r"^SPECSIM_INT8_KERNEL=int32: torch._int_mm is off the exact product by up "
+                                        r"to 24,578,304 on this CPU$"):
+        models.cpu_int8_kernel()
+    monkeypatch.delenv("SPECSIM_INT8_KERNEL")
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "medium")
+    with pytest.raises(SpecError, match=r"this CPU gives none: .* not exact here .*'medium'"):
+        models.cpu_int8_kernel()
+
+
+def test_with_onednn_held_to_avx2_the_int8_draft_still_multiplies_exactly():
+    """The real case, where this CPU can show it: oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA, as on a CPU without
+    VNNI), a fresh process's int8 draft kernel gives the exact product. On an AMX CPU torch._int_mm saturates there
+    (`saturating_int_mm`), so this fails for a choice that only compares the two kernels with each other."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from specsim.record import models; k = models.cpu_int8_kernel(); "
+            "print(k, models.int8_kernels_here()[k])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300,
+                         env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "SPECSIM_INT8_KERNEL": ""}).stdout
+    kernel, why = out.split(maxsplit=1)
+    assert why.strip() == "None", out
 
 
 def test_a_draft_with_another_tokenizer_is_refused_naming_both(target, tmp_path):

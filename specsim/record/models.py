@@ -264,14 +264,47 @@ KERNEL_ENV = "SPECSIM_INT8_KERNEL"  # pins the int8 draft's CPU kernel: "int32" 
 FLOAT_KERNEL_GAIN = 3.0  # how much faster the float32 kernel must be to be chosen
 
 
+def _probe_operands():
+    """The probe's int8 operands, MLP-sized (9 x 1536 @ 1536 x 1536), and the second as float32: random, with an
+    extreme last row and column (all 127, where a saturating int8 GEMM is furthest off)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(-127, 128, (9, 1536), dtype=torch.int8, generator=gen)
+    w = torch.randint(-127, 128, (1536, 1536), dtype=torch.int8, generator=gen)
+    x[-1], w[:, -1] = 127, 127
+    return x, w, w.float()
+
+
+def int8_kernels_here() -> dict[str, str | None]:
+    """Per CPU int8 kernel, None where it gives the exact integer product here, else why not (one line). The exact
+    product is float64 sums of int8 products (exact below 2^53). With oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2
+    on an AMX CPU) torch._int_mm saturates: its u8 x s8 pairs are summed in int16 (vpmaddubsw, no VNNI), off by up
+    to 24,578,304 on the extreme row. The float32 kernel is exact where float32 matmuls run in full precision."""
+    import torch
+
+    x, w, wf = _probe_operands()
+    exact = (x.double() @ w.double()).to(torch.int64)
+    off = {"int32": int((torch._int_mm(x, w).long() - exact).abs().max()),
+           "float32": int((int8_matmul_float(x, wf).long() - exact).abs().max())}
+    precision = torch.get_float32_matmul_precision()
+    return {"int32": f"torch._int_mm is off the exact product by up to {off['int32']:,} on this CPU"
+                     if off["int32"] else None,
+            "float32": f"float32 matmuls are not exact here (torch.get_float32_matmul_precision() is {precision!r})"
+                       if precision != "highest" else
+                       f"the blocked float32 product is off by up to {off['float32']:,} here" if off["float32"]
+                       else None}
+
+
 def cpu_int8_kernel() -> str:
-    """"int32" (torch._int_mm) or "float32" (`int8_matmul_float`) for the int8 draft on this CPU. Both give the same
-    integers (the probe checks), so the choice moves the draft's speed, never its logits. The float32 kernel is chosen
-    only where it is FLOAT_KERNEL_GAIN times faster on an MLP-sized product, so the choice does not flip between runs
-    where the two are close (the kernel is part of the draft's cost fingerprint: a cache and a profile must agree on
-    it). Measured on an AVX2-only AMD EPYC: torch._int_mm 10-50x slower than float32 GEMM; on CPUs with VNNI or AMX it
-    is fast. $SPECSIM_INT8_KERNEL pins the choice. float32 is used only where float32 matmuls run in full precision
-    (torch.get_float32_matmul_precision "highest")."""
+    """"int32" (torch._int_mm) or "float32" (`int8_matmul_float`) for the int8 draft on this CPU, probed once per
+    process: a kernel that gives the exact integer product (`int8_kernels_here`), so the choice moves the draft's
+    speed, never its logits; an inexact one is never chosen. Where both are exact the float32 kernel is chosen only
+    if it is FLOAT_KERNEL_GAIN times faster on an MLP-sized product, so the choice does not flip between runs where
+    the two are close (the kernel is part of the draft's cost fingerprint: a cache and a profile must agree on
+    it). Measured on an AVX2-only AMD EPYC: torch._int_mm 10-50x slower than float32 GEMM; on CPUs with VNNI or AMX
+    it is fast. $SPECSIM_INT8_KERNEL pins the choice; an inexact pin, or a CPU where neither kernel is exact, is
+    refused in one line."""
     if _CPU_KERNEL:
         return _CPU_KERNEL[0]
     import time
@@ -281,10 +314,13 @@ def cpu_int8_kernel() -> str:
     pinned = os.environ.get(KERNEL_ENV, "").strip()
     if pinned and pinned not in ("int32", "float32"):
         raise SpecError(f"{KERNEL_ENV}={pinned!r}: give int32 (torch._int_mm) or float32 (exact blocked float32 GEMM)")
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randint(-127, 128, (9, 1536), dtype=torch.int8, generator=gen)
-    w = torch.randint(-127, 128, (1536, 1536), dtype=torch.int8, generator=gen)
-    wf = w.float()
+    why_not = int8_kernels_here()
+    usable = [name for name, why in why_not.items() if why is None]
+    if pinned and pinned not in usable:
+        raise SpecError(f"{KERNEL_ENV}={pinned}: {why_not[pinned]}")
+    if not usable:
+        raise SpecError(f"the int8 draft needs an exact int8 product and this CPU gives none: {why_not['int32']}; "
+                        f"{why_not['float32']}")
 
     def best(f) -> float:
         f()
@@ -295,14 +331,12 @@ def cpu_int8_kernel() -> str:
             times.append(time.perf_counter() - t)
         return min(times)
 
-    exact = torch.get_float32_matmul_precision() == "highest" and torch.equal(int8_matmul_float(x, wf),
-                                                                              torch._int_mm(x, w))
-    if pinned == "float32" and not exact:
-        raise SpecError(f"{KERNEL_ENV}=float32: float32 matmuls are not exact here "
-                        f"(torch.get_float32_matmul_precision() is {torch.get_float32_matmul_precision()!r})")
+    x, w, wf = _probe_operands()
     if pinned:
         kernel = pinned
-    elif exact and best(lambda: int8_matmul_float(x, wf)) * FLOAT_KERNEL_GAIN < best(lambda: torch._int_mm(x, w)):
+    elif len(usable) == 1:
+        kernel = usable[0]
+    elif best(lambda: int8_matmul_float(x, wf)) * FLOAT_KERNEL_GAIN < best(lambda: torch._int_mm(x, w)):
         kernel = "float32"
     else:
         kernel = "int32"
@@ -316,8 +350,8 @@ class Int8Linear:
     Weights: symmetric int8 per output channel. Activations: symmetric int8 per token
     (one scale per row, as LLM.int8()/SmoothQuant-style per-token dynamic quantisation).
     The product accumulates exactly, in int32 (`torch._int_mm`) or, on a CPU whose int8 GEMM
-    is slow, in float32 on blocks small enough to be exact (`int8_matmul_float`, the same
-    integers), so a row's output is a function of that row alone: teacher-forced, one-token
+    is slow or not exact, in float32 on blocks small enough to be exact (`int8_matmul_float`,
+    the same integers), so a row's output is a function of that row alone: teacher-forced, one-token
     and tree-level logits are bit-identical, as the coupling argument needs of a draft.
     (torch's dynamic int8 Linear uses ONE activation scale per tensor, so its rows shift by
     whole quantisation steps with the batch they are in.) CUDA's int8 kernel needs more than
