@@ -32,6 +32,7 @@ from typing import Any
 from specsim.errors import ModelError, SpecError, TokenizerMismatchError
 from specsim.record import packaged
 from specsim.specs import DTYPES
+
 DERIVED_DRAFTS = ("layers:K", "int8")
 
 
