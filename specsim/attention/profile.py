@@ -32,7 +32,8 @@ it back to back. Timed after whatever entry the order put before it, it cost 1.8
 one run on a 2-core CPU (4 of 6 in a noisier second), and a plain step priced too slow raises every predicted
 speedup: predictions ran a median 3.6% above live before this, level with it after
 (`analyses/results/speed-error-cpu-2026-11-28/`, `bench-cpu-2026-11-28b/`). The rounds are spread over
-`passes` sweeps through the (B, L) grid (contexts refilled, one warm-up run per entry in later sweeps): a slow
+`passes` sweeps through the (B, L) grid (contexts refilled; in later sweeps one untimed run of each model's first
+entry, since the first forward on a refilled context can run slow, see `ProfileConfig.warmups`): a slow
 phase of the machine lasting as long as one block's measurement then lands on a few rounds of several blocks,
 which the median discards, not on every round of one block, which would shift that block's medians (seen on a
 GPU host: whole (B, L) blocks of a profile 1.5-2x their neighbours, the plain step among them). With
@@ -83,7 +84,7 @@ class ProfileConfig:
     max_tokens: int = 64  # largest N; every N up to DENSE, then steps of 8 (16 beyond 64) up to max_tokens
     draft_widths: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # w: draft tokens per request per draft forward
     repeats: int = 10  # timed rounds per (B, L): every entry once per round (all kept; the median is used)
-    warmup: int = 2  # untimed runs per entry (one more per entry in each later pass)
+    warmup: int = 2  # untimed runs per entry in the first pass (later passes: one per model and (B, L) block)
     passes: int = 3  # sweeps through the (B, L) grid the rounds are spread over (at most `repeats`)
     max_repeats: int = 0  # above `repeats`: further passes over the entries whose medians are not yet within
     #                        MEDIAN_ERROR_GOAL, up to this many rounds
@@ -108,8 +109,19 @@ class ProfileConfig:
         return [self.repeats // p + (i < self.repeats % p) for i in range(p)]
 
     def warmups(self, pass_index: int) -> int:
-        """Untimed runs per entry in a pass: `warmup` in the first, one (if any) in the later ones."""
-        return self.warmup if pass_index == 0 else min(self.warmup, 1)
+        """Untimed runs per entry in a pass: `warmup` in the first, none in the later ones, which run one untimed
+        forward per model on each refilled (B, L) block instead (`primes`). The first forward on a refilled
+        context ran 1.19-1.58x slow at B = 4, L = 832 (`analyses/results/profile-passes-cpu-2026-11-26`); one run
+        of every entry for it cost the demo's profile a third of its forwards. Four profiles of the demo's grid,
+        alternating the two rules on a 2-core CPU, differed between rules (median 4.5-8.6% per entry) about as much
+        as between two profiles of one rule (5.0-5.8%), and the rule of one run per block did not run slower, as
+        cold forwards would make it (1.1% slower, then 2.0% and 7.2% faster than the neighbouring profile of the
+        other rule; `analyses/results/demo-warmups-cpu-2026-11-28`)."""
+        return self.warmup if pass_index == 0 else 0
+
+    def primes(self, pass_index: int) -> bool:
+        """Whether a pass runs one untimed forward per model on each block before its rounds (later passes)."""
+        return pass_index > 0 and self.warmup > 0
 
     @property
     def overhead_entries(self) -> int:
@@ -204,13 +216,17 @@ def _unsure(times: dict) -> dict:
 
 def _round_times(runs: dict, device: torch.device, *, warmup: int, repeats: int,
                  rng: np.random.Generator, tick: Callable[[], None] = lambda: None,
-                 lead_in: dict | None = None) -> dict:
+                 lead_in: dict | None = None, prime: bool = False) -> dict:
     """{key: [seconds per round]} of every run in `runs`, measured in `repeats` rounds: each round times every
     run once, in a fresh random order, synchronised before and after each, so a slow moment of the machine
     falls on all entries alike and the rounds can be resampled jointly. `lead_in` {key: run}: run, untimed,
-    right before that key's timed run (what the engine runs before it)."""
+    right before that key's timed run (what the engine runs before it). `prime`: first one untimed run of each
+    model's first key (keys are (model, x)), for a context just refilled."""
     keys = list(runs)
     lead_in = lead_in or {}
+    if prime:
+        for key in {key[0]: key for key in reversed(keys)}.values():
+            runs[key]()
     for _ in range(warmup):
         for key in keys:
             runs[key]()
@@ -459,13 +475,13 @@ def measure_cost_profile(target, drafts: Sequence, *, config: ProfileConfig = Pr
                         plain = {("target", 1): runs[("target", 1)]} if ("target", 1) in runs else {}
                         _extend(times.setdefault((B, L), {}), _round_times(runs, device, warmup=config.warmups(p),
                                                                            repeats=rounds, rng=rng, tick=bar.update,
-                                                                           lead_in=plain))
+                                                                           lead_in=plain, prime=config.primes(p)))
                     del benches, runs
                 if unsure is None:  # the work outside the forwards: the planned rounds only (no goal to meet)
                     runs = _overhead_runs(B, sizes, int(target.model.config.vocab_size), device, rng)
                     _extend(times.setdefault((B, "overhead"), {}),
                             _round_times(runs, device, warmup=config.warmups(p), repeats=rounds, rng=rng,
-                                         tick=bar.update))
+                                         tick=bar.update, prime=config.primes(p)))
             if p + 1 >= len(planned) and config.max_repeats <= config.repeats:
                 break
     bar.close()
@@ -540,6 +556,8 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
     passes = len(config.pass_rounds)
     runs_per_entry = config.repeats + sum(config.warmups(p) for p in range(passes))
     total = config.entries(len(drafts)) * runs_per_entry
+    primes = sum(config.primes(p) for p in range(passes)) * len(config.batch_grid) * len(config.contexts)
+    total += primes * (1 + len(drafts))  # later passes: one untimed forward per model on each refilled block
     total += len(config.batch_grid) * len(config.contexts) * config.repeats  # the plain step's untimed lead-ins
     B, L = max(config.batch_grid), max(config.contexts)
     cells = passes * sum(b * c for b in config.batch_grid for c in config.contexts)  # B x L filled per model
@@ -572,9 +590,9 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
     about = forwards + fill + outside
     more = ""
     if config.max_repeats > config.repeats:
-        def further_s(extra: int) -> float:  # every entry `extra` more rounds: a warm-up run and the contexts
-            further = -(-extra // config.pass_rounds[-1])  # refilled per further pass, no work outside the forwards
-            return forwards * (extra + further * config.warmups(1)) / runs_per_entry + fill * further / passes
+        def further_s(extra: int) -> float:  # every entry `extra` more rounds; the contexts refilled (and a
+            further = -(-extra // config.pass_rounds[-1])  # forward per model) per further pass; no work outside
+            return forwards * extra / runs_per_entry + fill * further / passes
 
         least = min(TRUSTED_ROUNDS, config.max_repeats) - config.repeats  # every entry runs to TRUSTED_ROUNDS
         more = (f"; then further passes over the entries with fewer than {TRUSTED_ROUNDS} rounds or a median not yet "
@@ -583,8 +601,10 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
                    if least > 0 else "")
                 + f"up to {config.max_repeats - config.repeats} more (up to about "
                 f"{about + further_s(config.max_repeats - config.repeats):.0f} s)")
+    primed = "; one untimed forward per model as each later pass refills a block" if primes else ""
     return (f"{config.entries(len(drafts))} entries x ({config.repeats} rounds + {runs_per_entry - config.repeats} "
-            f"warm-up, over {passes} passes through the grid): {total} forwards, then {config.overhead_entries} "
+            f"warm-up, over {passes} passes through the grid{primed}): {total} forwards, then "
+            f"{config.overhead_entries} "
             f"entries of the per-step work outside the forwards; about "
             f"{about:.0f} s ({forwards:.0f} s of forwards, from a plain step and the largest at the "
             f"largest batch; {fill:.0f} s filling the contexts; {outside:.0f} s of work outside the forwards){more}")
