@@ -47,11 +47,13 @@ from specsim.cli import _common as c
 @click.option("--repeats", type=click.IntRange(min=1), default=None,
               help="Timed rounds: each times every entry of a (batch, context) once, in random order; all "
                    "kept, the median used.  [default: 10; --engine vllm: 3 generate calls of 16 steps]")
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs per entry in the first pass.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Untimed runs per entry in the first pass.")
 @click.option("--passes", type=click.IntRange(min=1), default=None,
               help="Sweeps through the (batch, context) grid the rounds are spread over (each later sweep "
-                   "refills the contexts and runs one untimed forward per model first), so a slow phase of a shared machine lands on a few rounds of "
-                   "several entries, which the median discards, not on every round of one.  [default: 3]")
+                   "refills the contexts and runs one untimed forward per model first), so a slow phase of a "
+                   "shared machine lands on a few rounds of several entries, which the median discards, not on "
+                   "every round of one.  [default: 3]")
 @click.option("--max-repeats", type=click.IntRange(min=1), default=None,
               help="After --repeats rounds, keep timing the entries whose median still has a standard error over "
                    "5% (estimated from its rounds' quartiles), one more pass over them at a time, in rounds among "
