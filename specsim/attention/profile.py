@@ -604,8 +604,7 @@ def estimate(target, drafts: Sequence, config: ProfileConfig) -> str:
     primed = "; one untimed forward per model as each later pass refills a block" if primes else ""
     return (f"{config.entries(len(drafts))} entries x ({config.repeats} rounds + {runs_per_entry - config.repeats} "
             f"warm-up, over {passes} passes through the grid{primed}): {total} forwards, then "
-            f"{config.overhead_entries} "
-            f"entries of the per-step work outside the forwards; about "
+            f"{config.overhead_entries} entries of the per-step work outside the forwards; about "
             f"{about:.0f} s ({forwards:.0f} s of forwards, from a plain step and the largest at the "
             f"largest batch; {fill:.0f} s filling the contexts; {outside:.0f} s of work outside the forwards){more}")
 
