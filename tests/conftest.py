@@ -6,6 +6,7 @@ recording, caching and simulation tests need no downloaded weights.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -99,9 +100,10 @@ def build_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int 
     return out
 
 
-def vllm_or_skip():
-    """The Python of vLLM's environment (`make vllm`); where it is missing the test skips, except under CI ($CI
-    set), where it fails: the vLLM checks must never be silently skipped where they count."""
+@functools.cache
+def _vllm_found() -> tuple[str | None, str]:
+    """The Python of vLLM's environment once it imports vLLM and torch (about 5 s), else None and why; once per
+    test process."""
     from specsim.engines.vllm import vllm_python, vllm_version
     from specsim.errors import EngineError
 
@@ -109,27 +111,49 @@ def vllm_or_skip():
         found = vllm_python()
         vllm_version(found)
     except EngineError as exc:
+        return None, str(exc)
+    return str(found), ""
+
+
+def vllm_or_skip():
+    """The Python of vLLM's environment (`make vllm`); where it is missing the test skips, except under CI ($CI
+    set), where it fails: the vLLM checks must never be silently skipped where they count."""
+    found, why = _vllm_found()
+    if found is None:
         if os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
+            raise AssertionError(why)
+        pytest.skip(why)
     return found
 
 
-def vllm_env_with(code: str, what: str) -> str:
-    """The Python of vLLM's environment once `code` runs there (an import, a check); where it does not, the test
-    skips naming `what` is missing, except under CI, where it fails (as `vllm_or_skip`)."""
+def vllm_env_with(modules: tuple[str, ...], what: str, check: str = "") -> str:
+    """The Python of vLLM's environment once it has `modules` (their files found, not imported: importing them is
+    the tests' work, and costs 5-9 s each) and `check` (a line of Python) passes there; where not, the test skips
+    naming `what` is missing, except under CI, where it fails (as `vllm_or_skip`)."""
     import subprocess
 
     from specsim.engines.vllm import vllm_python
     from specsim.errors import EngineError
 
+    code = ("import importlib.util, pathlib, sys\n"
+            "def found(name):\n"
+            "    top, *rest = name.split('.')\n"
+            "    spec = importlib.util.find_spec(top)\n"
+            "    if spec is None or not rest:\n"
+            "        return spec is not None\n"
+            "    path = pathlib.Path(list(spec.submodule_search_locations)[0]).joinpath(*rest)\n"
+            "    return path.is_dir() or path.with_suffix('.py').is_file()\n"
+            f"missing = [m for m in {list(modules)!r} if not found(m)]\n"
+            "assert not missing, f'no {missing}'\n" + check)
     try:
-        found = vllm_python()
-        subprocess.run([found, "-c", code], check=True, capture_output=True, timeout=300)
+        found = str(vllm_python())
+        subprocess.run([found, "-c", code], check=True, capture_output=True, text=True, timeout=300)
     except (EngineError, subprocess.CalledProcessError) as exc:
+        last = (getattr(exc, "stderr", None) or str(exc)).strip().splitlines() or [""]
+        why = f"{what} is missing from vLLM's environment (make vllm): {last[-1]}"
         if os.environ.get("CI"):
-            raise
-        pytest.skip(f"{what} is missing from vLLM's environment (make vllm): {exc}")
+            raise AssertionError(why) from None
+        pytest.skip(why)
     return found
 
 

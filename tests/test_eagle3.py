@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def vllm_env_python():
     from tests.conftest import vllm_env_with
 
-    return vllm_env_with("import speculators", "speculators")
+    return vllm_env_with(("speculators",), "speculators")
 
 
 def run_head_writers(python, argv: list[list[str]], folder: Path) -> None:

@@ -23,7 +23,7 @@ M = 24  # positions each forward runs on
 def vllm_env_python():
     from tests.conftest import vllm_env_with
 
-    return vllm_env_with("import eagle.model.cnets", "eagle-llm (EAGLE's own code)")
+    return vllm_env_with(("eagle.model.cnets",), "eagle-llm (EAGLE's own code)")
 
 
 def _random_eagle(target, folder: Path, seed: int) -> Path:

@@ -28,8 +28,8 @@ MARGIN = 1e-5  # float32 kernel against float64 rules: a uniform this close to a
 def kernel_python():
     from tests.conftest import vllm_env_with
 
-    return vllm_env_with("import sys, pathlib, triton; assert sorted((pathlib.Path(sys.executable).parents[1] / "
-                         "'wheels').glob('sglang-*.whl'))", "SGLang's wheel or Triton")
+    return vllm_env_with(("triton",), "SGLang's wheel or Triton",
+                         "assert sorted((pathlib.Path(sys.executable).parents[1] / 'wheels').glob('sglang-*.whl'))")
 
 
 def _chains(rng, rows: int, g: int, V: int = 10):

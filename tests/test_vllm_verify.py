@@ -27,7 +27,7 @@ GAP = 1e-4  # a uniform this close to a threshold, or the two best of log law + 
 def kernel_python():
     from tests.conftest import vllm_env_with
 
-    return vllm_env_with("import triton, vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils",
+    return vllm_env_with(("triton", "vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils"),
                          "Triton or vLLM's GPU-worker sampler")
 
 
