@@ -266,6 +266,36 @@ def test_a_non_gguf_file_and_junk_gguf_are_refused(tmp_path, monkeypatch):
     assert not home.exists() or not [p for p in home.rglob("*") if p.is_file()]
 
 
+def test_a_conversion_parses_each_gguf_once_and_gives_the_reader_back(tmp_path, monkeypatch):
+    """transformers opens the GGUF for the tokenizer, the config and the weights; inside the conversion each
+    opening gets the one parsed reader (its tensors read as before), and gguf.GGUFReader is the library's again
+    after it, an error included."""
+    import gguf
+
+    from specsim.record import packaged
+    from tests.synthetic import write_gguf
+
+    path, other = write_gguf(tmp_path / "a.gguf", "llama"), write_gguf(tmp_path / "b.gguf", "llama")
+    parsed = []
+
+    class Counted(gguf.GGUFReader):
+        def __init__(self, p, mode="r"):
+            parsed.append(p)
+            super().__init__(p, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counted)
+    library = gguf.GGUFReader
+    with packaged._gguf_parsed_once():
+        first = gguf.GGUFReader(str(path))
+        assert gguf.GGUFReader(path) is first and gguf.GGUFReader(str(tmp_path / "." / "a.gguf")) is first
+        assert gguf.GGUFReader(str(other)) is not first
+        assert first.tensors[0].data.shape == (4, 4)
+    assert len(parsed) == 2 and gguf.GGUFReader is library
+    with pytest.raises(ValueError), packaged._gguf_parsed_once():
+        raise ValueError
+    assert gguf.GGUFReader is library and gguf.GGUFReader(str(path)) is not first
+
+
 def test_gguf_of_an_architecture_transformers_cannot_load_is_refused(tmp_path, monkeypatch):
     from tests.synthetic import write_gguf
 

@@ -16,6 +16,7 @@ The same converted-once store backs user GGUF files given by path
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -240,18 +241,44 @@ def _load_gguf(gguf: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
-    arch = gguf_architecture(gguf)
-    if arch not in GGUF_CONFIG_MAPPING:
-        raise ModelError(
-            f"{gguf}: GGUF architecture {arch!r} is not supported by transformers' GGUF loader "
-            f"(supported: {', '.join(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ('general', 'tokenizer')))})"
-        )
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    except (ValueError, KeyError, NotImplementedError, OSError) as exc:
-        raise ModelError(f"{gguf}: transformers could not load this GGUF ({exc})") from None
+    with _gguf_parsed_once():
+        arch = gguf_architecture(gguf)
+        if arch not in GGUF_CONFIG_MAPPING:
+            raise ModelError(
+                f"{gguf}: GGUF architecture {arch!r} is not supported by transformers' GGUF loader "
+                f"(supported: {', '.join(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ('general', 'tokenizer')))})"
+            )
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        except (ValueError, KeyError, NotImplementedError, OSError) as exc:
+            raise ModelError(f"{gguf}: transformers could not load this GGUF ({exc})") from None
     return model, tokenizer, arch
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once():
+    """Inside, `gguf.GGUFReader` parses each file once. transformers' GGUF loader reads the file anew for the
+    tokenizer, the config and the weights (`from gguf import GGUFReader` at each call), and `gguf_architecture`
+    once more: four parses of a header that holds the whole vocabulary, about half of SmolLM2's conversion
+    (27 s on a 2-core CPU). A reader is a read-only memory map; what it returns is unchanged (the converted
+    files are byte-identical)."""
+    import gguf as gguf_module
+
+    original = gguf_module.GGUFReader
+    readers = {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf_module.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf_module.GGUFReader = original
 
 
 def convert_gguf(gguf: Path, dest: Path, *, source: dict) -> Path:
