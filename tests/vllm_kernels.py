@@ -38,6 +38,7 @@ def _modules():
     import triton
     import triton.language as tl
     from triton.runtime.interpreter import interpreter_builder
+    from triton_interpreter import patch_once
 
     import vllm.triton_utils as shim
 
@@ -50,6 +51,7 @@ def _modules():
                 return tl.tensor(interpreter_builder.unary_op(x.handle, np.log1p), x.type)
 
     shim.triton, shim.tl, shim.tldevice = triton, tl, LibDevice
+    patch_once()
     from vllm.v1.worker.gpu.sample import gumbel
     from vllm.v1.worker.gpu.spec_decode import rejection_sampler_utils as sampler
 
