@@ -267,9 +267,9 @@ def test_a_non_gguf_file_and_junk_gguf_are_refused(tmp_path, monkeypatch):
 
 
 def test_a_conversion_parses_each_gguf_once_and_gives_the_reader_back(tmp_path, monkeypatch):
-    """transformers opens the GGUF for the tokenizer, the config and the weights; inside the conversion each
-    opening gets the one parsed reader (its tensors read as before), and gguf.GGUFReader is the library's again
-    after it, an error included."""
+    """transformers opens the GGUF for the tokenizer, the config and the weights, and builds a tensor-name map per
+    module; inside the conversion each opening gets the one parsed reader (its tensors read as before) and each
+    map is built once, and gguf's functions are the library's again after it, an error included."""
     import gguf
 
     from specsim.record import packaged
@@ -284,13 +284,17 @@ def test_a_conversion_parses_each_gguf_once_and_gives_the_reader_back(tmp_path, 
             super().__init__(p, mode)
 
     monkeypatch.setattr(gguf, "GGUFReader", Counted)
-    library = gguf.GGUFReader
+    library, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     with packaged._gguf_parsed_once():
+        llama = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is llama
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 3) is not llama
+        assert llama.get_name("model.layers.1.self_attn.q_proj") == "blk.1.attn_q"
         first = gguf.GGUFReader(str(path))
         assert gguf.GGUFReader(path) is first and gguf.GGUFReader(str(tmp_path / "." / "a.gguf")) is first
         assert gguf.GGUFReader(str(other)) is not first
         assert first.tensors[0].data.shape == (4, 4)
-    assert len(parsed) == 2 and gguf.GGUFReader is library
+    assert len(parsed) == 2 and gguf.GGUFReader is library and gguf.get_tensor_name_map is name_map
     with pytest.raises(ValueError), packaged._gguf_parsed_once():
         raise ValueError
     assert gguf.GGUFReader is library and gguf.GGUFReader(str(path)) is not first
