@@ -1,5 +1,5 @@
-"""Triton's interpreter (TRITON_INTERPRET=1) without a repeated cost of its own, for the kernel scripts
-(`vllm_kernels.py`, `sglang_kernels.py`) that run vLLM's and SGLang's Triton kernels on the CPU.
+"""Triton's interpreter (TRITON_INTERPRET=1) without a repeated cost of its own, for `vllm_kernels.py`, which runs
+vLLM's Triton sampler on the CPU (SGLang's kernel, which calls no device functions, gains nothing from it).
 
 Triton 3.9's interpreter patches `triton.language` for the interpreter (`_patch_lang`: `inspect.getmembers` over
 its modules) when a kernel launches, and restores it when the launch ends; but it patches the same modules again
