@@ -181,6 +181,108 @@ def test_kill_9_keeps_committed_trajectories_and_resume_continues(tmp_path):
         assert r.trajectories["start"].to_list() == [20 * i for i in range(n_before + 1)]
 
 
+def _snapshots(tmp_path, n_before=3):
+    """A recording of n_before committed trajectories (`before.h5`), the same file after the next commit has
+    written and flushed its positions (`positions.h5`), and after it has appended its row (`row.h5`): the states
+    on disk between which a kill -9 can land. The writer is stopped there, never closed, as a kill leaves it."""
+    import shutil
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "live.h5"
+    w = CacheWriter.create(path, _spec(), _prompts(n_before + 1))
+    for i in range(n_before):
+        _append(w, rng, i, 0.0, 20)
+    shutil.copy(path, tmp_path / "before.h5")
+    real_flush, flushes = w._f.flush, []
+
+    def flush():
+        real_flush()
+        shutil.copy(path, tmp_path / ("positions.h5" if not flushes else "row.h5"))
+        flushes.append(1)
+
+    w._f.flush = flush
+    _append(w, rng, n_before, 0.0, 20)
+    return {name: tmp_path / f"{name}.h5" for name in ("before", "positions", "row")}
+
+
+def _tear(old, new, out, dataset, keep_new, *, base=None):
+    """`base` (default `old`) with `dataset`'s last chunk made of `new`'s first `keep_new(size)` bytes and
+    `old`'s after them: a write of that chunk cut short (Linux stops a write at a page boundary when SIGKILL
+    arrives), the checksum at its end not rewritten."""
+    with h5py.File(new, "r", swmr=True) as f:
+        ds = f[dataset]
+        info = ds.id.get_chunk_info(ds.id.get_num_chunks() - 1)
+    data, fresh, stale = bytearray((base or old).read_bytes()), new.read_bytes(), old.read_bytes()
+    lo, cut, hi = info.byte_offset, info.byte_offset + keep_new(info.size), info.byte_offset + info.size
+    data[lo:hi] = fresh[lo:cut] + stale[cut:hi]
+    out.write_bytes(bytes(data))
+    return out
+
+
+def test_a_chunk_write_a_kill_cut_short_loses_no_committed_trajectory(tmp_path):
+    """Each commit rewrites the last chunk of every dataset, committed positions beside the new ones. A kill -9
+    mid-write leaves the new bytes without their checksum, and HDF5 then refuses the whole chunk (seen once in the
+    kill -9 test above under load). The committed bytes are intact and the reader takes them, because the rows
+    they belong to hash to their digests; resume rewrites the file as it was before the crash."""
+    from click.testing import CliRunner
+
+    from specsim.cli import main
+
+    snap = _snapshots(tmp_path)
+    with CacheReader(snap["before"]) as r:
+        fingerprint, tokens = r.fingerprint, r.tokens(0, 60)
+    for name in ("torn", "bad"):
+        _tear(snap["before"], snap["positions"], tmp_path / f"{name}.h5", "positions/token", lambda size: size - 4)
+    torn, bad = tmp_path / "torn.h5", tmp_path / "bad.h5"
+    with h5py.File(torn, "r", swmr=True) as f, pytest.raises(OSError, match="filter returned failure"):
+        f["positions/token"][59]  # what HDF5 itself says: the committed positions of that chunk are unreadable
+    with CacheReader(torn) as r:
+        assert len(r.trajectories) == 3 and r.fingerprint == fingerprint
+        np.testing.assert_array_equal(r.tokens(0, 60), tokens)
+        assert [line.split(":")[0] for line in r.recovered] == ["positions/token"]
+    res = CliRunner().invoke(main, ["inspect", str(torn), "-q"])
+    assert res.exit_code == 0 and "note: positions/token: a chunk fails its checksum" in res.output, res.output
+    res = CliRunner().invoke(main, ["inspect", str(torn), "--verify", "-q"])
+    assert res.exit_code == 1 and res.output.count("its data is intact") == 3, res.output
+    with CacheWriter.resume(torn) as w:
+        assert w.n_positions == 60
+    with CacheReader(torn) as r:
+        assert r.fingerprint == fingerprint and r.verify().ok and not r.recovered
+
+    # the check can fail: a torn chunk whose committed bytes changed too is damage, not a crash's leftover
+    with h5py.File(bad, "r", swmr=True) as f:
+        offset = f["positions/token"].id.get_chunk_info(0).byte_offset
+    data = bytearray(bad.read_bytes())
+    data[offset + 4 * 30] ^= 0x01  # position 30's token: committed by trajectory 1
+    bad.write_bytes(bytes(data))
+    with pytest.raises(CacheError, match=r"damaged data in tokens at positions 0:60 \(prompt 1 at T=0;"):
+        with CacheReader(bad) as r:  # opens (the last trajectory is intact); reading the damaged one fails
+            r.tokens(0, 60)
+    with pytest.raises(CacheError, match="damaged data"):
+        CacheWriter.resume(bad)
+
+
+@pytest.mark.parametrize("extent", ["new", "old"])
+def test_a_row_a_kill_cut_short_is_dropped_and_the_rows_before_it_kept(tmp_path, extent):
+    """The kill lands while the row that commits the fourth trajectory is written: the table's chunk holds three
+    committed rows and most of the fourth under the old checksum, and the table's extent on disk says 4 rows
+    ("new") or still 3 ("old"). The three are kept (each hashes to its digest), the partial row is dropped as
+    never committed, and resume goes on from there."""
+    snap = _snapshots(tmp_path)
+    with CacheReader(snap["before"]) as r:
+        fingerprint = r.fingerprint
+    with h5py.File(snap["row"], "r", swmr=True) as f:
+        itemsize = f["trajectories"].dtype.itemsize
+    torn = _tear(snap["positions"], snap["row"], tmp_path / "torn.h5", "trajectories",
+                 lambda size: 4 * itemsize - 6, base=snap["row" if extent == "new" else "positions"])
+    with CacheReader(torn) as r:
+        assert len(r.trajectories) == 3 and r.fingerprint == fingerprint
+        assert r.recovered[0].startswith("trajectory table: a chunk fails its checksum; its 3 committed rows")
+        assert ("half written" in r.recovered[0]) == (extent == "new"), r.recovered
+    with CacheWriter.resume(torn) as w:
+        assert w.n_positions == 60 and w.is_done(2, 0.0) and not w.is_done(3, 0.0)
+
+
 def test_truncated_copy_of_a_crashed_recording_is_refused(tmp_path):
     path = tmp_path / "crash.h5"
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
@@ -350,7 +452,7 @@ def test_verify_finds_a_changed_header_and_a_damaged_trajectory_table(tmp_path):
     with h5py.File(path, "r") as f:
         info = f["trajectories"].id.get_chunk_info(0)
     data = bytearray(path.read_bytes())
-    data[info.byte_offset + info.size // 2] ^= 0x40
+    data[info.byte_offset + info.size // 2] ^= 0x40  # past the three rows: a file closed cleanly has no excuse
     path.write_bytes(bytes(data))
     res = CliRunner().invoke(main, ["inspect", str(path), "--verify", "-q"])
     assert res.exit_code == 1 and "corrupt or truncated cache" in res.output, res.output

@@ -293,12 +293,45 @@ def read_prompts(f: h5py.File) -> list[PromptRecord]:
     ]
 
 
-def committed_rows(f: h5py.File) -> np.ndarray:
+def committed_rows(f: h5py.File, *, past_checksums: bool = False) -> np.ndarray:
+    """The rows with length > 0. past_checksums: read the table's chunks without their checksums
+    (`read_past_checksums`), for a reader that then checks each row against its digest."""
     ds = f["trajectories"]
     if f.swmr_mode and f.mode == "r":
         ds.refresh()
-    rows = ds[()]
+    rows = read_past_checksums(ds, 0, ds.shape[0]) if past_checksums else ds[()]
     return rows[rows["length"] > 0]
+
+
+def read_past_checksums(ds: h5py.Dataset, start: int, stop: int) -> np.ndarray:
+    """ds[start:stop] decoded from its chunks' raw bytes, fletcher32 checksums not checked.
+
+    Why: the writer appends a trajectory by rewriting the last chunk of every dataset, which holds committed
+    positions beside the new ones. A kill -9 can cut that write short between two pages (Linux stops a write at a
+    page boundary when a fatal signal is pending), leaving the chunk's committed bytes as they were, new bytes
+    after them and the old checksum at its end: HDF5 then refuses the whole chunk, committed positions included.
+    Raw, the committed part is intact. Nothing read this way is trusted until the rows it holds hash to their
+    digests (`CacheReader`). Every cache dataset is chunked along its first axis only and filtered by fletcher32
+    alone, which stores a chunk as its bytes followed by a 4-byte checksum."""
+    if ds.chunks is None or tuple(ds.chunks[1:]) != tuple(ds.shape[1:]) or not ds.fletcher32 or ds.compression \
+            or ds.shuffle or ds.scaleoffset is not None:
+        raise CacheError(f"{ds.file.filename}: {ds.name.lstrip('/')} is not stored as specsim writes a cache")
+    rows_per_chunk, width = ds.chunks[0], int(np.prod(ds.shape[1:], dtype=np.int64))
+    size = rows_per_chunk * width * ds.dtype.itemsize
+    out = np.empty((stop - start, *ds.shape[1:]), dtype=ds.dtype)
+    for first in range(start - start % rows_per_chunk, stop, rows_per_chunk):
+        try:
+            _, raw = ds.id.read_direct_chunk((first,) + (0,) * (ds.ndim - 1))
+        except (OSError, ValueError, KeyError) as exc:  # a chunk never written, or an index that points nowhere
+            raise CacheError(f"{ds.file.filename}: {ds.name.lstrip('/')} has no readable chunk at position "
+                             f"{first} ({describe_error(exc)})") from None
+        if len(raw) not in (size, size + 4):
+            raise CacheError(f"{ds.file.filename}: the chunk of {ds.name.lstrip('/')} at position {first} holds "
+                             f"{len(raw):,} bytes, not {size:,} and a checksum")
+        chunk = np.frombuffer(raw[:size], dtype=ds.dtype).reshape(ds.chunks)
+        lo, hi = max(start, first), min(stop, first + rows_per_chunk)
+        out[lo - start : hi - start] = chunk[lo - first : hi - first]
+    return out
 
 
 def expected_positions(spec: CacheSpec, prompts: Sequence[PromptRecord]) -> int:

@@ -28,6 +28,7 @@ from specsim.cache.layout import (
     open_h5,
     overhangs,
     prompts_digest,
+    read_past_checksums,
     read_prompts,
     read_spec,
     row_digest,
@@ -79,16 +80,24 @@ class CacheReader:
             self.spec = read_spec(self._f, self.path)
             self.meta: dict = dict(self.spec.meta)  # the JSON as stored (merge and resume copy it whole)
             self.run = RunMeta.parse(self.meta)  # the same, read once into fields
-            rows = committed_rows(self._f)
+            self._version = int(self._f.attrs.get("format_version", -1))
+            self._intact: set[int] = set()  # rows read past a failed checksum and found to hash to their digests
+            self.recovered: list[str] = []  # one line per chunk read past its checksum, its rows intact
+            try:
+                self._rows = committed_rows(self._f)
+            except OSError as exc:
+                if not self._f.swmr_mode:  # closed cleanly: no write was cut short, a failed checksum is damage
+                    raise
+                self._rows = self._rows_past_checksums(exc)
             if probe:
-                self._probe(rows)
+                self._probe(self._rows)
         except CacheError:
             self._f.close()
             raise
         except (KeyError, OSError, ValueError) as exc:
             self._f.close()
             raise CacheError(f"{self.path}: corrupt or truncated cache ({exc})") from None
-        self._rows = rows
+        rows = self._rows
         self.n_positions = rows_end(rows)  # position rows in use (overhangs included)
         self.n_trajectory_positions = int(rows["length"].sum())  # generated positions of committed trajectories
 
@@ -143,23 +152,73 @@ class CacheReader:
         n = rows_end(rows)
         if n == 0:
             return
-        for c in self.spec.columns:
-            g = self._f["columns"][group_name(c)]
-            datasets = [ds for ds in g.values() if isinstance(ds, h5py.Dataset)]
-            datasets += [ds for ds in g["stats"].values()] if "stats" in g else []
-            for ds in datasets:
-                if ds.shape[0] < n:
-                    raise CacheError(f"{self.path}: column {c!r} has {ds.shape[0]} positions, trajectories need {n}")
-                try:
-                    ds[n - 1]
-                except OSError as exc:
-                    raise CacheError(f"{self.path}: damaged data in {ds.name.lstrip('/')} ({describe_error(exc)}); "
-                                     f"`specsim inspect {self.path} --verify` lists every damaged part") from None
+        for name in dataset_names(self.spec):
+            if name not in self._f:  # older formats lack the newer statistics
+                continue
+            ds = self._f[name]
+            if ds.shape[0] < n:
+                raise CacheError(f"{self.path}: {name} has {ds.shape[0]} positions, trajectories need {n}")
+            self._read(ds, n - 1, n, name)
+
+    def _rows_past_checksums(self, exc: OSError) -> np.ndarray:
+        """The trajectory table when a chunk of it fails its checksum: its raw rows, each checked against its
+        digest. A kill -9 while the writer appended a row can cut that write short (`read_past_checksums`): the
+        rows before it are as committed, the last may be half written. Every row must hash to its digest, except
+        that last one, dropped as never committed; anything else is damage."""
+        damaged = CacheError(f"{self.path}: damaged trajectory table ({describe_error(exc)}); `specsim inspect "
+                             f"{self.path} --verify` lists every damaged part")
         try:
-            self._f["positions/token"][n - 1]
-        except OSError as exc:
-            raise CacheError(f"{self.path}: damaged data in positions/token ({describe_error(exc)}); `specsim inspect "
-                             f"{self.path} --verify` lists every damaged part") from None
+            rows = committed_rows(self._f, past_checksums=True)
+        except CacheError:
+            raise damaged from None
+        if self._version < 3 or "digest" not in rows.dtype.names:
+            raise damaged
+        self._rows = rows
+        table = self._f["trajectories"]
+        per_chunk = table.chunks[0]
+        unchecked = []  # rows in chunks that fail their checksum
+        for first in range(0, len(rows), per_chunk):
+            try:
+                table[first : first + per_chunk]
+            except OSError:
+                unchecked += range(first, min(first + per_chunk, len(rows)))
+        bad = [i for i in unchecked if not self._row_intact(i)]
+        if bad and bad != [len(rows) - 1]:
+            raise damaged
+        kept = rows[: len(rows) - len(bad)]
+        self.recovered.append(f"trajectory table: a chunk fails its checksum; its {len(unchecked) - len(bad)} "
+                              "committed rows hash to their digests"
+                              + ("; its last row, half written when the writer stopped, is dropped" if bad else ""))
+        return kept
+
+    def _row_intact(self, i: int) -> bool:
+        """Whether committed row i's data hashes to its digest (format 3+), read past failed checksums."""
+        if i in self._intact:
+            return True
+        rows = self._rows
+        if self._version < 3 or "digest" not in rows.dtype.names:
+            return False
+        row = rows[i]
+        start, n, overhang = int(row["start"]), int(row["length"]), int(overhangs(rows[i : i + 1])[0])
+        values = []
+        for name in dataset_names(self.spec):
+            ds = self._f[name]
+            if not 0 <= start <= start + n + overhang <= ds.shape[0]:
+                return False
+            try:
+                values.append(ds[start : start + n + overhang])
+            except OSError:
+                try:
+                    values.append(read_past_checksums(ds, start, start + n + overhang))
+                except CacheError:
+                    return False
+        previous = bytes(rows["digest"][i - 1]) if i else b""
+        got = row_digest(previous, int(row["prompt_index"]), n, float(row["temperature"]), overhang, self._version,
+                         [np.ascontiguousarray(v) for v in values])
+        if got != bytes(row["digest"]):
+            return False
+        self._intact.add(i)
+        return True
 
     # -- metadata ------------------------------------------------------------------------------
     @property
@@ -222,12 +281,29 @@ class CacheReader:
         return self._read(self._f["positions/token"], start, stop, "tokens").astype(np.int32)
 
     def _read(self, dataset: h5py.Dataset, start: int, stop: int, what: str) -> np.ndarray:
-        """dataset[start:stop]; a chunk whose checksum fails is a CacheError naming the trajectory."""
+        """dataset[start:stop]. In a file a writer has open or left by a killed one (SWMR flags set), a chunk
+        whose checksum fails is read raw (`read_past_checksums`) when every committed row the range touches hashes
+        to its digest (a write a crash cut short leaves such a chunk, its committed bytes intact). Otherwise, and
+        always in a file closed cleanly, it is a CacheError naming the trajectory."""
         try:
             return dataset[start:stop]
         except OSError as exc:
             ends = self._rows["start"] + self._rows["length"] + overhangs(self._rows)
-            rows = self._rows[(self._rows["start"] < stop) & (ends > start)]
+            touched = np.flatnonzero((self._rows["start"] < stop) & (ends > start))
+            failed = [int(i) for i in touched if not self._row_intact(int(i))] if self._f.swmr_mode else None
+            if failed == []:
+                try:
+                    values = read_past_checksums(dataset, start, stop)
+                except CacheError:
+                    pass
+                else:
+                    note = (f"{dataset.name.lstrip('/')}: a chunk fails its checksum, the committed trajectories "
+                            "in it hash to their digests (a write a crash cut short leaves this; `specsim cache ... "
+                            "--resume` rewrites the file)")
+                    if note not in self.recovered:
+                        self.recovered.append(note)
+                    return values
+            rows = self._rows[failed or touched]  # the rows whose digests fail, when they have digests
             where = ", ".join(f"prompt {int(r['prompt_index'])} at T={float(r['temperature']):g}" for r in rows[:3])
             raise CacheError(f"{self.path}: damaged data in {what} at positions {start}:{stop} ({where or 'no trajectory'}"
                              f"; {exc}); the file was changed after it was written: copy or record it again") from None
@@ -260,26 +336,40 @@ class CacheReader:
         """
         version = int(self._f.attrs.get("format_version", -1))
         names = dataset_names(self.spec)
-        damaged: list[str] = []
+        # a trajectory table read past its checksum (`_rows_past_checksums`): its rows verified, its chunk not
+        damaged: list[str] = [line for line in self.recovered if line.startswith("trajectory table")]
         positions = 0
         chained = "digest" in self._rows.dtype.names
         previous = b""
         for row in self.iter_trajectories():
             where = f"prompt {row.prompt_index} at T={row.temperature:g} (trajectory {row.traj_index}, positions " \
                     f"{row.start}:{row.end})"
-            values, broken = [], False
+            values, broken, unchecked = [], [], {}
             for name in names:
                 try:
                     values.append(np.ascontiguousarray(self._f[name][row.start : row.end], dtype=self._f[name].dtype))
-                except (OSError, KeyError) as exc:
-                    damaged.append(f"{name} of {where}: unreadable ({describe_error(exc)})")
-                    broken = True
+                except KeyError as exc:
+                    broken.append(f"{name} of {where}: unreadable ({describe_error(exc)})")
+                except OSError as exc:  # a crashed writer's file: read raw, a chunk cut short holds the committed bytes
+                    unchecked[name] = f"{name} of {where}: unreadable ({describe_error(exc)})"
+                    try:
+                        if not self._f.swmr_mode:
+                            raise CacheError(name)
+                        values.append(read_past_checksums(self._f[name], row.start, row.end))
+                    except CacheError:
+                        broken.append(unchecked.pop(name))
             stored = bytes(self._rows["digest"][row.traj_index]) if chained else b""
+            intact = False
             if chained and not broken and version >= 3:
                 got = row_digest(previous, row.prompt_index, row.length, row.temperature, row.overhang, version,
                                  values)
-                if got != stored:
+                intact = got == stored
+                if not intact and not unchecked:
                     damaged.append(f"{where}: its data no longer hashes to the digest it was committed with")
+            damaged += broken
+            damaged += [f"{name} of {where}: its chunk fails its checksum, but the trajectory still hashes to its "
+                        "digest: its data is intact (a write a crash cut short leaves this; `specsim cache ... "
+                        "--resume` rewrites the file)" for name in unchecked] if intact else list(unchecked.values())
             previous = stored
             positions += row.end - row.start
             on_rows(row.end - row.start)

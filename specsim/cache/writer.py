@@ -6,7 +6,9 @@ writing its positions first, flushing, then appending its row to
 during a recording) trusts only positions covered by committed rows. After a
 kill -9 the file is readable; `CacheWriter.resume` copies the committed part
 into a fresh file (HDF5 refuses to reopen a crashed SWMR file for writing) and
-carries on.
+carries on. A kill that cuts short the rewrite of a chunk holding committed
+positions leaves it failing its checksum; the reader takes its raw bytes when the
+rows it holds hash to their digests (docs/cache-format.md, "Commits, crashes").
 """
 
 from __future__ import annotations
@@ -38,10 +40,7 @@ from specsim.cache.layout import (
     expected_positions,
     group_name,
     header_digest,
-    open_h5,
     prompts_digest,
-    read_prompts,
-    read_spec,
     recorder_only,
     row_digest,
     rows_end,
@@ -101,22 +100,24 @@ class CacheWriter:
         path = Path(path)
         if not path.exists():
             raise CacheError(f"{path}: no such file to resume")
-        with open_h5(path, "r") as f:  # SWMR read works on a crashed file too
-            spec = read_spec(f, path)
-            version = int(f.attrs.get("format_version", -1))
+        from specsim.cache.reader import CacheReader
+
+        # SWMR reads work on a crashed file too; the reader takes a chunk the crash cut short when the rows it
+        # holds hash to their digests (`layout.read_past_checksums`)
+        with CacheReader(path) as reader:
+            spec = reader.spec
+            version = int(reader._f.attrs.get("format_version", -1))
             if version != FORMAT_VERSION:
                 raise CacheError(f"{path}: written in cache format {version}; --resume continues format "
                                  f"{FORMAT_VERSION} files only: record a new file")
-            prompts = read_prompts(f)
-            rows = committed_rows(f)
-        # Rebuild into a fresh file: a crashed SWMR writer leaves flags that forbid r+,
-        # and positions past the last committed row are garbage to drop anyway.
-        tmp = path.with_name(path.name + ".resuming")
-        with h5py.File(tmp, "w", libver="latest") as out:
-            cls._layout(out, spec, prompts)
-            with open_h5(path, "r") as src:
-                n = rows_end(rows)
-                cls._copy_positions(src, out, spec, n)
+            prompts = reader.prompt_records()
+            rows = reader._rows
+            # Rebuild into a fresh file: a crashed SWMR writer leaves flags that forbid r+,
+            # and positions past the last committed row are garbage to drop anyway.
+            tmp = path.with_name(path.name + ".resuming")
+            with h5py.File(tmp, "w", libver="latest") as out:
+                cls._layout(out, spec, prompts)
+                cls._copy_positions(reader, out, rows_end(rows))
                 out["trajectories"].resize((len(rows),))
                 out["trajectories"][:] = rows
         os.replace(tmp, path)
@@ -188,20 +189,20 @@ class CacheWriter:
                                  fletcher32=True)
 
     @staticmethod
-    def _copy_positions(src: h5py.File, out: h5py.File, spec: CacheSpec, n: int) -> None:
+    def _copy_positions(src: "CacheReader", out: h5py.File, n: int) -> None:
         """Copy the first n positions of every per-position dataset (what the layout created)."""
         names: list[str] = []
         out.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset)
                        and (name.startswith("positions/") or name.startswith("columns/")) else None)
         for name in names:
-            if name not in src:  # a version-1/2 file lacks the newer statistics
+            if name not in src._f:  # a version-1/2 file lacks the newer statistics
                 raise CacheError(f"cannot resume a cache written by an older specsim ({name} missing); "
                                  "record a new file")
-            s, d = src[name], out[name]
+            d = out[name]
             d.resize((n, *d.shape[1:]))
             step = 1024
             for i in range(0, n, step):
-                d[i : i + step] = s[i : min(i + step, n)]
+                d[i : i + step] = src._read(src._f[name], i, min(i + step, n), name)
 
     # -- state ---------------------------------------------------------------------------------
     def done(self) -> set[tuple[int, float]]:

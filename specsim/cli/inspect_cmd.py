@@ -123,6 +123,8 @@ def inspect(file: Path, verify: bool, quiet: bool) -> None:
             click.echo("  * at T=0 (greedy) α is computed from the T=1 distributions; top-1 agreement is the greedy rate")
         if spec.storage == "topk":
             click.echo(f"  top-{spec.top_k} storage: α treats the non-top-K mass as spread evenly (approximate)")
+        for line in reader.recovered:  # chunks a killed writer left half rewritten, read past their checksums
+            click.echo(f"note: {line}")
 
 
 def _verify(file: Path, quiet: bool) -> None:
