@@ -141,6 +141,9 @@ def test_left_padded_batches_match_single_prompt_generation(target):
         alone = generate(target, [ids], temperature=0.0, seeds=[0], max_new_tokens=12)[0]
         np.testing.assert_array_equal(got.tokens, alone.tokens)
         np.testing.assert_allclose(got.p_target_logits, alone.p_target_logits, atol=1e-4)
+        # on a CPU each prompt's pass runs alone (no padding to the longest prompt), so the first position's
+        # logits are those of recording it alone, bit for bit
+        np.testing.assert_array_equal(got.p_target_logits[0], alone.p_target_logits[0])
     batched_tf = teacher_forced_logits(target, prompts, [y.tokens for y in batch])
     for got, y in zip(batched_tf, batch):
         np.testing.assert_allclose(got, y.p_target_logits, atol=1e-4)  # one teacher-forced pass == the KV loop

@@ -32,9 +32,12 @@ from specsim.record.recorder import MAX_OVERHANG, OVERHANG, phases_line
 @click.option("--dtype", type=c.choice(registry.DTYPES), default="float32", show_default=True,
               help="The models' dtype. " + registry.vocab_help(registry.DTYPES) + ".")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Prompts generated together (left-padded). Faster on a CPU too: on a 2-core Xeon, 8 prompts x 96 "
-                   "tokens recorded 2.3x faster at 8 than at 1, token for token the same, the statistics within "
-                   "3e-5 (padded batches round differently in float32).")
+              help="Prompts generated together (left-padded; on a CPU each prompt's first pass runs alone). Faster "
+                   "on a CPU too: 8 prompts x 96 tokens recorded 2.3x faster at 8 than at 1 (2-core Xeon); the demo's "
+                   "13 prompts x 32 tokens at T = 0 and 0.7 1.6x faster at 13 (2-core AVX2 EPYC). Greedy tokens are "
+                   "the same, the statistics within 3e-5 (padded batches round differently in float32); a sampled "
+                   "token can differ where that rounding moves a draw across a boundary (1 of the demo's 13 "
+                   "trajectories at T = 0.7).")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Cache file to write (.h5).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted cache (same settings), skipping finished trajectories.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing cache file.")

@@ -172,7 +172,12 @@ class Prefill:
 
 
 def prefill(loaded: LoadedModel, prompts: Sequence[Sequence[int]]) -> Prefill:
-    """Run the prompts once (left-padded) and keep their KV cache and last logits."""
+    """Run the prompts once and keep their KV cache (left-padded) and last logits.
+
+    On a GPU, one left-padded forward. On a CPU, one forward per prompt, its cache then laid into the padded batch:
+    a CPU's time grows with every token a forward runs, padding included, and with attention over the padded width
+    squared, so one batch of 13 Spec-Bench prompts (40 to 800 tokens) took 128 s against 14 s one by one (2-core
+    AVX2 EPYC, SmolLM2 and its int8 draft). Each row's cache and logits are then those of recording it alone."""
     import torch
     from transformers import DynamicCache
 
@@ -181,10 +186,30 @@ def prefill(loaded: LoadedModel, prompts: Sequence[Sequence[int]]) -> Prefill:
     pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
     ids, mask, positions = _left_pad(prompts, pad_id, loaded.info["device"])
     with torch.inference_mode():
-        out = loaded.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                           use_cache=True, logits_to_keep=1, **with_cache(DynamicCache()))
-    return Prefill(cache=cache_of(out), last_logits=out.logits[:, -1, :].float(), mask=mask,
-                   next_positions=positions[:, -1:] + 1)
+        if len(prompts) == 1 or ids.device.type != "cpu":
+            out = loaded.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                               use_cache=True, logits_to_keep=1, **with_cache(DynamicCache()))
+            cache, last = cache_of(out), out.logits[:, -1, :].float()
+        else:
+            width, rows, last = ids.shape[1], [], []
+            for i, prompt in enumerate(prompts):
+                n = len(prompt)
+                out = loaded.model(input_ids=ids[i : i + 1, width - n :],
+                                   position_ids=positions[i : i + 1, width - n :], use_cache=True, logits_to_keep=1,
+                                   **with_cache(DynamicCache()))
+                rows.append([(layer.keys, layer.values) for layer in cache_of(out).layers])
+                last.append(out.logits[:, -1, :].float())
+            cache, last = DynamicCache(), torch.cat(last)
+            for layer in range(len(rows[0])):
+                padded = []
+                for part in (0, 1):  # keys, values: (1, H, n, d) per row -> (B, H, width, d), each row at the right
+                    first = rows[0][layer][part]
+                    t = first.new_zeros((len(prompts), first.shape[1], width, *first.shape[3:]))
+                    for i, row in enumerate(rows):
+                        t[i, :, width - row[layer][part].shape[2] :] = row[layer][part][0]
+                    padded.append(t)
+                cache.update(padded[0], padded[1], layer)
+    return Prefill(cache=cache, last_logits=last, mask=mask, next_positions=positions[:, -1:] + 1)
 
 
 def generate(
