@@ -212,13 +212,17 @@ class CacheReader:
                     values.append(read_past_checksums(ds, start, start + n + overhang))
                 except CacheError:
                     return False
-        previous = bytes(rows["digest"][i - 1]) if i else b""
-        got = row_digest(previous, int(row["prompt_index"]), n, float(row["temperature"]), overhang, self._version,
-                         [np.ascontiguousarray(v) for v in values])
-        if got != bytes(row["digest"]):
+        if self._digest(i, [np.ascontiguousarray(v) for v in values]) != bytes(row["digest"]):
             return False
         self._intact.add(i)
         return True
+
+    def _digest(self, i: int, values) -> bytes:
+        """Row i's digest from its datasets' values (`dataset_names` order), chained on row i - 1's stored one."""
+        row = self._rows[i]
+        previous = bytes(self._rows["digest"][i - 1]) if i else b""
+        return row_digest(previous, int(row["prompt_index"]), int(row["length"]), float(row["temperature"]),
+                          int(overhangs(self._rows[i : i + 1])[0]), self._version, values)
 
     # -- metadata ------------------------------------------------------------------------------
     @property
@@ -334,13 +338,12 @@ class CacheReader:
         dataset it belongs to; reading goes on past it. Each row is checked against its own predecessor's
         stored digest, so one damaged trajectory does not condemn the ones after it.
         """
-        version = int(self._f.attrs.get("format_version", -1))
+        version = self._version
         names = dataset_names(self.spec)
         # a trajectory table read past its checksum (`_rows_past_checksums`): its rows verified, its chunk not
         damaged: list[str] = [line for line in self.recovered if line.startswith("trajectory table")]
         positions = 0
         chained = "digest" in self._rows.dtype.names
-        previous = b""
         for row in self.iter_trajectories():
             where = f"prompt {row.prompt_index} at T={row.temperature:g} (trajectory {row.traj_index}, positions " \
                     f"{row.start}:{row.end})"
@@ -361,16 +364,13 @@ class CacheReader:
             stored = bytes(self._rows["digest"][row.traj_index]) if chained else b""
             intact = False
             if chained and not broken and version >= 3:
-                got = row_digest(previous, row.prompt_index, row.length, row.temperature, row.overhang, version,
-                                 values)
-                intact = got == stored
+                intact = self._digest(row.traj_index, values) == stored
                 if not intact and not unchecked:
                     damaged.append(f"{where}: its data no longer hashes to the digest it was committed with")
             damaged += broken
             damaged += [f"{name} of {where}: its chunk fails its checksum, but the trajectory still hashes to its "
                         "digest: its data is intact (a write a crash cut short leaves this; `specsim cache ... "
                         "--resume` rewrites the file)" for name in unchecked] if intact else list(unchecked.values())
-            previous = stored
             positions += row.end - row.start
             on_rows(row.end - row.start)
         try:

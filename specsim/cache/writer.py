@@ -106,7 +106,7 @@ class CacheWriter:
         # holds hash to their digests (`layout.read_past_checksums`)
         with CacheReader(path) as reader:
             spec = reader.spec
-            version = int(reader._f.attrs.get("format_version", -1))
+            version = reader._version
             if version != FORMAT_VERSION:
                 raise CacheError(f"{path}: written in cache format {version}; --resume continues format "
                                  f"{FORMAT_VERSION} files only: record a new file")

@@ -200,15 +200,10 @@ def prefill(loaded: LoadedModel, prompts: Sequence[Sequence[int]]) -> Prefill:
                 rows.append([(layer.keys, layer.values) for layer in cache_of(out).layers])
                 last.append(out.logits[:, -1, :].float())
             cache, last = DynamicCache(), torch.cat(last)
-            for layer in range(len(rows[0])):
-                padded = []
-                for part in (0, 1):  # keys, values: (1, H, n, d) per row -> (B, H, width, d), each row at the right
-                    first = rows[0][layer][part]
-                    t = first.new_zeros((len(prompts), first.shape[1], width, *first.shape[3:]))
-                    for i, row in enumerate(rows):
-                        t[i, :, width - row[layer][part].shape[2] :] = row[layer][part][0]
-                    padded.append(t)
-                cache.update(padded[0], padded[1], layer)
+            for layer, per_row in enumerate(zip(*rows)):  # keys, values: (1, H, n, d) per row -> (B, H, width, d)
+                keys, values = (torch.cat([torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0)) for t in part])
+                                for part in zip(*per_row))  # zeros on the left, as the mask pads
+                cache.update(keys, values, layer)
     return Prefill(cache=cache, last_logits=last, mask=mask, next_positions=positions[:, -1:] + 1)
 
 
