@@ -38,7 +38,8 @@ def heads(python, tmp_path_factory):
     """An EAGLE-1/2 head and an EAGLE-3 head (the states of SmolLM2's layers 2, 15 and 27 fused, an 8,192-token
     draft vocabulary) that `train-draft` makes, briefly, from a recording of the check's own prompts: an equality
     check needs heads that agree with the target now and then, not held-out ones, and one short recording costs
-    a third of one of other prompts."""
+    a third of one of other prompts. Both recordings decode their 4 prompts as one batch (as `make demo` does):
+    the same greedy tokens as one at a time, in half the time."""
     from specsim.record.models import load_model
     from specsim.record.run import RecordRequest, record_cache
     from specsim.record.train import TrainConfig, train
@@ -46,7 +47,7 @@ def heads(python, tmp_path_factory):
     folder = tmp_path_factory.mktemp("heads")
     record_cache(folder / "train.h5", RecordRequest(target="smollm2-135m", categories=tuple(CATEGORIES.split(",")),
                                                    per_category=1, max_new_tokens=TOKENS, store="stats",
-                                                   hidden=("last", "2", "15", "27")), progress=False)
+                                                   hidden=("last", "2", "15", "27"), batch_size=4), progress=False)
     target = load_model("smollm2-135m")
     configs = {"eagle": TrainConfig(kind="eagle", steps=EAGLE_STEPS, lr=3e-3, batch=2, holdout_every=3),
                "eagle3": TrainConfig(kind="eagle3", steps=EAGLE_STEPS, lr=3e-3, batch=2, holdout_every=3,
@@ -64,7 +65,7 @@ def cache(python, heads, tmp_path_factory):
     out = tmp_path_factory.mktemp("vllm") / "v.h5"
     record_cache(out, RecordRequest(target="smollm2-135m", drafts=("layers:20", heads["eagle"], heads["eagle3"]),
                                     categories=tuple(CATEGORIES.split(",")), per_category=1, max_new_tokens=TOKENS,
-                                    store="stats", overhang=8), progress=False)
+                                    store="stats", overhang=8, batch_size=4), progress=False)
     return out
 
 
