@@ -21,6 +21,10 @@ apart differed by up to 15%, `analyses/results/bench-amx-cpu-2026-11-27/`).
 every prediction is made again from all of them pooled (`--cost-profile` given N times: their
 times averaged, the CI carrying the drift between them; columns `*_pooled`), beside the first
 profile's alone, so one run says what pooling bought.
+
+(6) Every configuration decodes the same plain baseline beside its speculative run, so each run measures
+that one quantity once per configuration: it prints their spread per batch size and writes each row's
+plain tokens/s over their median (`plain_live_vs_median`), a part of the live speedup's own error.
 """
 
 from __future__ import annotations
@@ -147,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         table = _predicted_pooled(table, cache, profiles, trees, drafts, batches, args)
     if args.profile_after:
         table = _predicted_after(table, cache, pconfig, work, trees, drafts, batches, args)
+    table = plain_spread(table)
     worst = float(np.abs(table["ratio"].to_numpy() - 1).max())
     within = int((np.abs(table["ratio"].to_numpy() - 1) <= 0.10).sum())
     covered = int(((table["speedup_predicted_lo"] <= table["speedup_live"])
@@ -220,6 +225,27 @@ def _predicted_pooled(table, cache, profiles, trees, drafts, batches, args):
         print(f"{r['draft']:<10} {r['tree']:<9} {r['batch']:>2} predicted {r['speedup_predicted']:.3f} from the first, "
               f"{r['speedup_predicted_pooled']:.3f} [{r['speedup_predicted_pooled_lo']:.3f}, "
               f"{r['speedup_predicted_pooled_hi']:.3f}] pooled; live {r['speedup_live']:.3f}")
+    return table
+
+
+def plain_spread(table):
+    """`table` with `plain_live_vs_median`: each row's live plain tokens/s over the median of the run's plain
+    measurements at its batch size. Every configuration decodes the same plain baseline beside its own
+    speculative run, so a run measures that one quantity once per configuration: their spread, printed per batch
+    size, is part of a live speedup's own error, measured in the run itself (a ratio's miss of 1 +- 0.10 is
+    read beside it; analyses/results/live-floor-cpu-2026-11-29/)."""
+    import polars as pl
+
+    median = pl.col("plain_tokens_per_s_live").median().over("batch")
+    table = table.with_columns((pl.col("plain_tokens_per_s_live") / median).alias("plain_live_vs_median"))
+    for (batch,), part in table.group_by(["batch"], maintain_order=True):
+        plain = part["plain_tokens_per_s_live"]
+        far = part.filter((pl.col("plain_live_vs_median") - 1).abs() > 0.05)
+        print(f"plain decoding at B = {batch}, the same requests measured live {part.height} times in this run: "
+              f"{plain.min():.1f}-{plain.max():.1f} tok/s (max/min {plain.max() / plain.min():.3f})"
+              + ("; more than 5% from their median beside: "
+                 + ", ".join(f"{d} {t} ({v:.3f})" for d, t, v in far.select("draft", "tree", "plain_live_vs_median")
+                             .iter_rows()) if far.height else ""))
     return table
 
 
