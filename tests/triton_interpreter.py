@@ -32,8 +32,9 @@ def patch_once() -> None:
         if patched and mine <= patched:  # a device function inside a launch that patched these already
             return interpreter._LangPatchScope()
         scope = original(fn)
-        if patched:  # a device function seeing other modules: patched until the launch restores its own
-            return scope
+        if patched:  # a device function seeing other modules (triton.language.random sees tl.core): the
+            patched.update(mine)  # interpreter never restores a device function's patch, so once per launch is
+            return scope  # enough
         patched.update(mine)
         restore = scope.restore
 
