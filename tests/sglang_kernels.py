@@ -38,6 +38,9 @@ def _kernel():
     import zipfile
     from pathlib import Path
 
+    from triton_interpreter import patch_once
+
+    patch_once()
     wheels = sorted((Path(sys.executable).parents[1] / "wheels").glob("sglang-*.whl"))
     if not wheels:
         raise SystemExit(f"no SGLang wheel in {Path(sys.executable).parents[1] / 'wheels'} (make vllm)")

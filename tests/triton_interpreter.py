@@ -1,13 +1,13 @@
-"""Triton's interpreter (TRITON_INTERPRET=1) without a repeated cost of its own, for `vllm_kernels.py`, which runs
-vLLM's Triton sampler on the CPU (SGLang's kernel, which calls no device functions, gains nothing from it).
+"""Triton's interpreter (TRITON_INTERPRET=1) without a repeated cost of its own, for `vllm_kernels.py` and
+`sglang_kernels.py`, which run vLLM's Triton sampler and SGLang's verification kernel on the CPU.
 
-Triton 3.9's interpreter patches `triton.language` for the interpreter (`_patch_lang`: `inspect.getmembers` over
-its modules) when a kernel launches, and restores it when the launch ends; but it patches the same modules again
-at every call of a device function inside the kernel (`InterpretedFunction.__call__`), and never restores those:
-on vLLM's rejection sampler that re-patching is about 40% of the time. `patch_once()` makes a device function's
-call inside a launch skip it when the launch has already patched the language modules the function sees. What
-the kernels compute is unchanged: the modules are patched with the same interpreted operations either way (the
-scripts' outputs are bit-identical with and without it).
+Triton 3.9's interpreter patches `triton.language` for the interpreter (`_patch_lang`: `inspect.getmembers` over its
+modules) when a kernel launches, and restores it when the launch ends; but it patches the same modules again at
+every call of a device function inside the kernel (`InterpretedFunction.__call__`), and never restores those: on
+vLLM's rejection sampler that re-patching was about 40% of the time, on SGLang's kernel about 25%. `patch_once()`
+makes a device function's call inside a launch skip it when the launch has already patched the language modules the
+function sees. What the kernels compute is unchanged: the modules are patched with the same interpreted operations
+either way (the scripts' outputs are bit-identical with and without it).
 """
 
 from __future__ import annotations
