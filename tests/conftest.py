@@ -27,12 +27,8 @@ def pytest_configure(config):
     """Under pytest-xdist, each worker's share of the cores: torch's (and every program a test starts, which
     inherits OMP_NUM_THREADS) intra-op threads = cores // workers. Two workers with a thread per core each
     oversubscribe a 2-core machine, and OpenMP's waiting threads then burn the time the other worker needs. A
-    thread count the caller set is kept.
-
-    vLLM's CPU engines get 1 GiB of KV cache, not specsim's default of 2 (room for 13,788 of SmolLM2's tokens
-    against the few hundred a test decodes): its engine start fills the space, 5 s of a 1-thread start for 2 GiB
-    against 1.1-1.5 s for 1 GiB. A test that outgrew it would see vLLM preempt, and its counters differ."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # an integer: vLLM refuses "0.25"
+    thread count the caller set is kept. (vLLM's CPU engines size their KV cache to each run themselves,
+    `specsim.engines.vllm.kv_cache_gib`: 1 GiB for every run of the suite.)"""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers and "OMP_NUM_THREADS" not in os.environ:
         threads = max(1, (os.cpu_count() or 1) // int(workers))

@@ -295,3 +295,41 @@ def test_validate_runs_its_untimed_configurations_in_one_vllm_program_each_compa
         assert list(run.configs) == [f"{d} {t}" for d in drafts for t in trees] and run.rounds == 0
         assert all(marker == (f"{d} {t}", int(t[-1])) for d, t, marker in compared)  # each its own run
         assert log.name == "vllm-greedy-T0.log" and log.parent.is_dir()
+
+
+def test_vllms_cpu_kv_cache_is_sized_to_the_run_unless_the_user_sized_it(tmp_path, monkeypatch):
+    """SmolLM2-135M's shape (30 layers, 3 key-value heads of 64, float32: 46,080 bytes a token) with a 20-layer
+    draft: one request of 1,000 tokens needs far under 1 GiB; 16 requests of 2,048 with a draft as large as the
+    target (unreadable) need 16 x 2,048 x 92,160 x 1.25 bytes = 3.52 GiB -> 4. VLLM_CPU_KVCACHE_SPACE set by the
+    user is what vLLM gets."""
+    from transformers import LlamaConfig
+
+    import specsim.engines.vllm as engine
+    from specsim.engines.vllm import KV_CACHE_GIB, VllmRun, kv_cache_gib, run_worker
+
+    shape = dict(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536)
+    LlamaConfig(num_hidden_layers=30, **shape).save_pretrained(tmp_path / "target")
+    LlamaConfig(num_hidden_layers=20, **shape).save_pretrained(tmp_path / "draft")
+    model = lambda d: {"method": "draft_model", "model": str(d), "num_speculative_tokens": 3}  # noqa: E731
+    run = lambda **kw: VllmRun(model=str(tmp_path / "target"), prompts=((1, 2),), max_tokens=8, **kw)  # noqa: E731
+    small = run(configs={"spec": model(tmp_path / "draft"), "plain": None}, max_model_len=1000)
+    large = run(configs={"spec": model(tmp_path / "nowhere")}, max_model_len=2048, batch=16)
+    assert engine._kv_bytes_per_token(str(tmp_path / "target"), "float32") == 2 * 30 * 3 * 64 * 4
+    assert (kv_cache_gib(small), kv_cache_gib(large)) == (1, 4)
+    assert kv_cache_gib(run(configs={"spec": model(tmp_path / "nowhere")}, max_model_len=2048, batch=16,
+                            dtype="bfloat16")) == 2  # half the bytes a token
+    assert kv_cache_gib(VllmRun(model="org/hub-id", prompts=((1,),), max_tokens=8, configs={})) == KV_CACHE_GIB
+
+    seen = []
+
+    def fake_run(args, stdout, stderr, env, timeout):
+        seen.append(env["VLLM_CPU_KVCACHE_SPACE"])
+        with open(args[-1], "w") as f:
+            f.write("{}")
+        return type("Done", (), {"returncode": 0})()
+    monkeypatch.setattr(engine.subprocess, "run", fake_run)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    run_worker(large.request(), python=tmp_path / "python")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "7")
+    run_worker(large.request(), python=tmp_path / "python")
+    assert seen == ["4", "7"]

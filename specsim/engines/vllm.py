@@ -57,6 +57,7 @@ ENV_DIR = ".venv-vllm"  # where `make vllm` creates vLLM's environment
 WORKER = Path(__file__).with_name("vllm_worker.py")
 MAKE_HINT = "create it with `make vllm` (or point $SPECSIM_VLLM_PYTHON at a Python with vllm installed)"
 POLICIES = ("greedy", "greedy-draft", "sample")  # what vLLM's rejection sampler runs for a chain
+KV_CACHE_GIB = 2  # vLLM's CPU KV space (GiB) where a run's need cannot be read from its models' configs
 
 
 def vllm_python() -> Path:
@@ -192,7 +193,40 @@ class VllmRun:
                 "runs": [{"name": n, "speculative_config": c} for n, c in self.configs.items()],
                 "temperature": self.temperature, "repeats": self.repeats, "batch": self.batch,
                 "rounds": self.rounds, "seed": self.seed, "dtype": self.dtype, "threads": self.threads,
-                "max_model_len": self.max_model_len, "fix_cpu_expand": self.fix_cpu_expand}
+                "max_model_len": self.max_model_len, "fix_cpu_expand": self.fix_cpu_expand,
+                "kv_cache_space_gib": kv_cache_gib(self)}
+
+
+def kv_cache_gib(run: VllmRun) -> int:
+    """GiB of KV cache (vLLM's CPU build takes an integer, VLLM_CPU_KVCACHE_SPACE) that holds `run`: its `batch`
+    requests at the full `max_model_len`, in the target's layers and in the largest draft's, with a quarter more
+    room; at least 1. vLLM's CPU engine fills its whole space at start (4.8-6.7 s of a one-thread start for 2 GiB,
+    1.1-1.5 s for 1 GiB), so a space sized to the run starts sooner, and a large batch of long requests gets the
+    room it needs rather than being preempted. KV_CACHE_GIB where the target's config.json cannot be read (a hub
+    id); a draft whose config cannot be read counts as large as the target."""
+    target = _kv_bytes_per_token(run.model, run.dtype)
+    if target is None:
+        return KV_CACHE_GIB
+    drafts = [_kv_bytes_per_token(c["model"], run.dtype) if c.get("model") else 0
+              for c in run.configs.values() if c]
+    per_token = target + max((target if d is None else d for d in drafts), default=0)
+    need = 1.25 * run.batch * run.max_model_len * per_token
+    return max(1, -(-int(need) // 2**30))
+
+
+def _kv_bytes_per_token(model: str, dtype: str) -> int | None:
+    """Bytes one token's keys and values take in `model`'s attention layers (its config.json; None: unreadable).
+    Multi-head latent attention stores less than this counts: the space is then larger than needed."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+        config = config.get("text_config", config)
+        heads = int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        layers = int(config["num_hidden_layers"]) + int(config.get("num_nextn_predict_layers", 0) or 0)
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return 2 * layers * kv_heads * head_dim * (4 if dtype == "float32" else 2)
 
 
 def check_configs(run: VllmRun, *, python: Path | None = None) -> dict:
@@ -235,7 +269,8 @@ def run_worker(request: dict, *, python: Path | None = None, log: Path | None = 
         request_path, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request_path.write_text(json.dumps(request))
         log_path = log or Path(tmp) / "vllm.log"
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+        space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(request.get("kv_cache_space_gib", KV_CACHE_GIB)))
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": space,
                "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE":
                    os.environ.get("HF_HUB_OFFLINE", "1")}
         if in_process:
