@@ -202,8 +202,9 @@ def kv_cache_gib(run: VllmRun) -> int:
     requests at the full `max_model_len`, in the target's layers and in the largest draft's, with a quarter more
     room; at least 1. vLLM's CPU engine fills its whole space at start (on a shared 2-core CPU, 0.65-6.7 s of a
     one-thread start for 2 GiB against 0.32-1.5 s for 1 GiB, depending on the day), so a space sized to the run
-    starts sooner, and a large batch of long requests gets the room it needs rather than being preempted. KV_CACHE_GIB where the target's config.json cannot be read (a hub
-    id); a draft whose config cannot be read counts as large as the target."""
+    starts sooner, and a large batch of long requests gets the room it needs rather than being preempted.
+    KV_CACHE_GIB where the target's config.json cannot be read (a hub id); a draft whose config cannot be read
+    counts as large as the target."""
     target = _kv_bytes_per_token(run.model, run.dtype)
     if target is None:
         return KV_CACHE_GIB
