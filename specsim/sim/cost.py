@@ -11,11 +11,14 @@ interpolation between the medians of the measured grid points. The grid is dense
 the time is not smooth (every N up to 17 and every B up to 8: small GEMMs on CPUs are not
 monotone in N or B, measured on SmolLM2), so the shapes trees ask for are measured points,
 not fitted ones; what a model could add there is smoothing of measured wiggles, which are
-real. Past the grid a query is refused, naming the measured range, unless the profile was
-loaded with `extrapolate=True` (`--cost-extrapolate`): then a time is the grid edge's plus a
-straight line whose slope is least-squares fitted to the upper half of that axis's measured
-points, never negative (a larger B, N, w or L never costs less, and one noisy last point does
-not set the slope), up to `EXTRAPOLATION` (2x) past the largest, refused further. `extrapolates` says whether a query left the grid, so rows flag it
+real: fitted alternatives (a line in context per N, a context slope shared across N, monotone fits)
+predicted the live speedups of seven bench runs no better, the structural and monotone ones worse
+(`analyses/results/cost-fit-cpu-2026-11-29/`). Past the grid a query is refused, naming the
+measured range, unless the profile was loaded with `extrapolate=True` (`--cost-extrapolate`):
+then a time is the grid edge's plus a straight line whose slope is least-squares fitted to the
+upper half of that axis's measured points, never negative (a larger B, N, w or L never costs
+less, and one noisy last point does not set the slope), up to `EXTRAPOLATION` (2x) past the
+largest, refused further. `extrapolates` says whether a query left the grid, so rows flag it
 (`cost_extrapolated`). Below the smallest measured context it uses that context's time
 (attention only gets cheaper).
 
