@@ -32,12 +32,12 @@ def patch_once() -> None:
         if patched and mine <= patched:  # a device function inside a launch that patched these already
             return interpreter._LangPatchScope()
         scope = original(fn)
-        if patched:
+        in_launch = bool(patched)
+        patched.update(mine)
+        if in_launch:
             # A device function seeing other modules (triton.language.random sees tl.core): the interpreter never
             # restores a device function's patch, so patching them once per launch is enough.
-            patched.update(mine)
             return scope
-        patched.update(mine)
         restore = scope.restore
 
         def restore_and_forget():

@@ -123,8 +123,6 @@ def summary(table: pl.DataFrame) -> None:
     """Per fit: predictions within 10% of live and the mean |log(predicted / live)|; the configurations the medians
     missed by more than 8% under each fit; each fit's mean |log ratio| minus the medians', prediction by prediction,
     with a 95% interval that resamples the seven runs (a run's predictions share its live measurements)."""
-    import numpy as np
-
     scored = table.with_columns(((pl.col("ratio") - 1).abs() <= 0.10).alias("within"),
                                 pl.col("ratio").log().abs().alias("abs_log_ratio"))
     with pl.Config(tbl_rows=60, tbl_cols=12, tbl_width_chars=160):
