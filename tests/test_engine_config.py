@@ -98,6 +98,10 @@ def test_layers_k_is_written_once_as_a_model_directory_with_the_target_tokenizer
     assert not any(p.name.endswith(".writing") for p in tmp_path.iterdir())
 
 
+# each entry's three calls: its median times these (the draft model's calls slow where the others' are fast)
+FACTORS = {"plain": (0.9, 1.0, 1.2), "fixed1": (0.9, 1.0, 1.2), "fixed2": (0.9, 1.0, 1.2), "draft:small": (1.2, 1.0, 0.9)}
+
+
 def test_vllms_step_times_become_a_profile_the_cache_accepts(tmp_path):
     """`profile --engine vllm`'s arithmetic, without vLLM: N = k + 1 from the fixed proposer, a draft forward
     from the draft model's step minus the fixed proposer's at the same k, over k; contexts at the window's mean."""
@@ -117,23 +121,38 @@ def test_vllms_step_times_become_a_profile_the_cache_accepts(tmp_path):
     for B in (1, 4):
         for L in (8, 40):
             for name, base in (("plain", 0.010), ("fixed1", 0.012), ("fixed2", 0.014), ("draft:small", 0.020)):
-                times[name].setdefault(str(B), {})[str(L)] = [base * 0.9 * step(1, B, L), step(base, B, L),
-                                                              base * 1.2 * step(1, B, L)]
+                times[name].setdefault(str(B), {})[str(L)] = [base * f * step(1, B, L) for f in FACTORS[name]]
     body = profile_body(plan, {"steps_s": times, "threads": None}, batches=[1, 4], max_tokens=3, steps=16, repeats=3,
                         warmup=1, version="0.32.0")
     assert body["contexts"] == [16, 48] and body["sizes"] == [1, 2, 3] and body["widths"] == [1, 2, 3]
     assert body["target_verify_s"]["4"]["48"]["3"]["median"] == pytest.approx(step(0.014, 4, 40))
     assert body["draft_step_s"]["small"]["1"]["16"]["1"]["median"] == pytest.approx(
         (step(0.020, 1, 8) - step(0.014, 1, 8)) / 2)
+    # call r of the draft model against call r of the fixed proposer: its rounds, kept for the intervals
+    assert body["draft_step_s"]["small"]["4"]["48"]["2"]["runs"] == pytest.approx(
+        [(0.020 * g - 0.014 * f) * step(1, 4, 40) / 2 for f, g in zip(FACTORS["fixed2"], FACTORS["draft:small"])])
     assert body["fit"]["max_relative_error"] == pytest.approx(0.3)
     path = tmp_path / "p.json"
     path.write_text(json.dumps(body))
     profile = load_cost_profile(path)
     assert "engine vllm 0.32.0" in profile.describe() and float(profile.plain_s(1, 16)) == pytest.approx(
         step(0.010, 1, 8))
+    assert profile.rounds == 3 and len(profile.replicas) > 0  # a model draft's prediction carries the profile's error
     rows = specsim.simulate(cache, trees=["chain:2"], drafts=["vllm-ngram:min=1,max=2"], cost_profile=path, n_boot=0,
                             by_category=False)
     assert "engine vllm 0.32.0" in rows["cost_basis"][0] and rows["speedup"][0] > 0
+    for table in body["draft_step_s"]["small"].values():  # the same profile without the draft's rounds
+        for cell in table.values():
+            for entry in cell.values():
+                entry.pop("runs")
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(body))
+    width = {}
+    for name, p in (("rounds", path), ("bare", bare)):
+        row = specsim.simulate(cache, trees=["chain:2"], drafts=["small"], cost_profile=p, n_boot=200,
+                               by_category=False).row(0, named=True)
+        width[name] = row["speedup_hi"] - row["speedup_lo"]
+    assert load_cost_profile(bare).rounds == 0 and width["rounds"] > 1.2 * width["bare"], width
 
 
 def test_the_speed_check_takes_the_tolerance_given_and_reads_the_profiles_engine(tmp_path):
@@ -269,7 +288,7 @@ def test_validate_runs_its_untimed_configurations_in_one_vllm_program_each_compa
     drafts, trees = ("vllm-ngram:min=2,max=3", "vllm-ngram:min=1,max=2"), ("chain:2", "chain:3")
     programs, compared = [], []
 
-    def fake_run(run, *, python=None, echo=None, log=None):
+    def fake_run(run, *, python=None, echo=None, log=None, progress=False):
         programs.append((run, log))
         return {"runs": {name: [{"marker": (name, config and config["num_speculative_tokens"])}]
                          for name, config in run.configs.items()}}
@@ -322,14 +341,102 @@ def test_vllms_cpu_kv_cache_is_sized_to_the_run_unless_the_user_sized_it(tmp_pat
 
     seen = []
 
-    def fake_run(args, stdout, stderr, env, timeout):
-        seen.append(env["VLLM_CPU_KVCACHE_SPACE"])
-        with open(args[-1], "w") as f:
-            f.write("{}")
-        return type("Done", (), {"returncode": 0})()
-    monkeypatch.setattr(engine.subprocess, "run", fake_run)
+    class FakeWorker:  # subprocess.Popen of the worker: writes an empty result and ends
+        def __init__(self, args, stdout, stderr, env):
+            seen.append(env["VLLM_CPU_KVCACHE_SPACE"])
+            with open(args[-1], "w") as f:
+                f.write("{}")
+
+        def wait(self, timeout=None):
+            return 0
+    monkeypatch.setattr(engine.subprocess, "Popen", FakeWorker)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     run_worker(large.request(), python=tmp_path / "python")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "7")
     run_worker(large.request(), python=tmp_path / "python")
     assert seen == ["4", "7"]
+
+
+FAKE_VLLM = '''
+"""A stand-in for vLLM's offline API, enough for vllm_worker.py: each request decodes 4 tokens in 10 ms."""
+import time
+from types import SimpleNamespace
+
+__version__ = "0.0-fake"
+
+
+class SamplingParams:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+
+class LLM:
+    def __init__(self, **kwargs):
+        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(get_vocab_size=lambda: 1000),
+                                          engine_core=SimpleNamespace(shutdown=lambda: None))
+
+    def generate(self, prompts, params, use_tqdm=False):
+        now = time.time()
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1, 2, 3, 4], finish_reason="length",
+                                                         spec_decode_metrics=None)],
+                                metrics=SimpleNamespace(first_token_ts=now, last_token_ts=now + 0.01))
+                for _ in prompts]
+
+    def get_metrics(self):
+        return []
+'''
+
+
+@pytest.mark.parametrize("kind", ["untimed", "timed-1", "timed-2", "profile"])
+def test_the_worker_counts_its_work_as_it_declares_and_times_one_round(tmp_path, kind):
+    """vllm_worker.py run on a stand-in vLLM: its progress file declares a total and then reports exactly that
+    many units done (engine starts and generate calls; forked children included), and `rounds` = 1 times one
+    round (it once decoded untimed and reported no speed at all)."""
+    import os
+    import subprocess
+    import sys
+
+    from specsim.engines.vllm import WORKER
+
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+    (tmp_path / "vllm" / "inputs.py").write_text("TokensPrompt = dict\n")
+    (tmp_path / "vllm" / "platforms.py").write_text("from types import SimpleNamespace\n"
+                                                    "current_platform = SimpleNamespace(is_cpu=lambda: True)\n")
+    runs = [{"name": "spec", "speculative_config": None}, {"name": "plain"}]
+    request = {"model": "m", "prompts": [[1, 2], [3, 4, 5]], "max_tokens": 4, "max_model_len": 64, "repeats": 1,
+               "progress_path": str(tmp_path / "progress.jsonl")}
+    if kind == "profile":
+        request.update(action="profile", runs=[{"name": "plain"}, {"name": "fixed1", "fixed": 1}], batches=[1, 4],
+                       contexts=[8, 16], steps=4, repeats=2, warmup=1)
+    else:
+        request.update(runs=runs, rounds={"untimed": 0, "timed-1": 1, "timed-2": 2}[kind],
+                       fork_each=kind == "untimed")
+    (tmp_path / "request.json").write_text(json.dumps(request))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    subprocess.run([sys.executable, str(WORKER), str(tmp_path / "request.json"), str(tmp_path / "result.json")],
+                   check=True, env=env, timeout=120, capture_output=True)
+    lines = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert "total" in lines[0] and all("done" in line and line["t"] > 0 for line in lines[1:])
+    assert len(lines) - 1 == lines[0]["total"] == {"untimed": 4, "timed-1": 8, "timed-2": 10, "profile": 26}[kind]
+    result = json.loads((tmp_path / "result.json").read_text())
+    if kind != "profile":
+        assert len(result["timings"]) == request["rounds"]
+        assert all(set(t) == {"spec", "plain"} and t["spec"]["decode_s"] > 0 for t in result["timings"])
+
+
+def test_the_progress_bar_reads_the_workers_file_as_it_grows(tmp_path):
+    """A line still being written waits for the next poll; every complete `done` line advances the bar once."""
+    from specsim.engines.vllm import _WorkerBar
+
+    path = tmp_path / "progress.jsonl"
+    with _WorkerBar(str(path), "profile") as bar:
+        bar.poll()  # no file yet
+        assert bar.bar is None
+        path.write_text('{"total": 3, "t": 1}\n{"done": "plain: engine started", "t": 2}\n{"done": "pla')
+        bar.poll()
+        assert (bar.bar.total, bar.bar.n, bar.bar.desc) == (3, 1, "vLLM profile")
+        with open(path, "a") as f:
+            f.write('in: B = 1, L = 8", "t": 3}\n')
+        bar.poll()
+        assert bar.bar.n == 2 and bar.bar.postfix == "plain: B = 1, L = 8"

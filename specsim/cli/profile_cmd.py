@@ -305,7 +305,7 @@ def _vllm(cache, target, drafts, batches, contexts, max_tokens, draft_widths, re
     body = measure_vllm_profile(cache, drafts, batches=batches or (1,), max_tokens=max_tokens or 5,
                                 repeats=repeats or 3, warmup=min(warmup, 1), seed=seed,
                                 threads=threads, echo=(lambda line: None) if quiet else
-                                (lambda line: click.echo(line, err=True)))
+                                (lambda line: click.echo(line, err=True)), progress=not quiet)
     write_profile(body, out, overwrite=overwrite)
     lines = [f"{body['device']}: target {body['target']['name']}, drafts {', '.join(body['drafts']) or 'none'} "
              f"(median of {body['timing']['repeats']} runs of {body['timing']['steps']} steps)"]

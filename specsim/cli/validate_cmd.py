@@ -250,7 +250,7 @@ def _validate_vllm(cache, trees, policies, drafts, temperatures, repeats, cost_p
                                   fix_cpu_expand=fix_vllm_cpu, **_tolerance(speed_tolerance))
     try:
         report = validate_with_vllm(cache, config, echo=(lambda line: None) if quiet else
-                                    (lambda line: click.echo(line, err=True)))
+                                    (lambda line: click.echo(line, err=True)), progress=not quiet)
     except KeyboardInterrupt:
         raise click.ClickException("interrupted; no verdict") from None
     echo = _checks_table(report.checks, target)

@@ -121,7 +121,8 @@ def _plan(cache: _Cache, config: EngineValidateConfig) -> list[tuple[str, float]
 
 def validate_with_vllm(cache, config: EngineValidateConfig, *, echo: Callable[[str], None] = lambda line: None,
                        progress: bool = False) -> EngineReport:
-    """Run every configuration of `config` in vLLM and replay it on `cache` (the module docstring)."""
+    """Run every configuration of `config` in vLLM and replay it on `cache` (the module docstring); `progress`:
+    a bar per vLLM program."""
     from specsim.engines.export import draft_directory, model_directory
     from specsim.engines.vllm import (VllmRun, run_vllm, speculative_config, vllm_has_suffix, vllm_python,
                                       vllm_version)
@@ -169,7 +170,8 @@ def validate_with_vllm(cache, config: EngineValidateConfig, *, echo: Callable[[s
                           rounds=config.rounds, seed=config.seed, threads=config.threads,
                           max_model_len=longest + data.max_new_tokens + max(t.max_depth for _, t, _ in program) + 16,
                           fix_cpu_expand=config.fix_cpu_expand and T > 0)
-            result = run_vllm(run, python=python, echo=echo, log=_log_path(config.log_dir, program, policy, T))
+            result = run_vllm(run, python=python, echo=echo, log=_log_path(config.log_dir, program, policy, T),
+                              progress=progress)
             for name, (draft, tree, _) in zip(names, program):
                 results[(draft, tree.name, policy, T)] = {**result, "runs": {**result["runs"],
                                                                              "spec": result["runs"][name]}}

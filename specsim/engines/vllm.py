@@ -180,7 +180,7 @@ class VllmRun:
     temperature: float = 0.0  # 0: greedy
     repeats: int = 1  # T > 0: decodes per prompt, each with its own seed
     batch: int = 1  # vLLM's max_num_seqs: requests decoded together (continuous batching)
-    rounds: int = 0  # > 1: time the configurations that many times, alternating (speed)
+    rounds: int = 0  # >= 1: time the configurations that many times, alternating (speed); 0: untimed
     seed: int = 0
     dtype: str = "float32"
     threads: int | None = None  # OMP threads of vLLM's CPU worker (None: its default)
@@ -236,7 +236,7 @@ def check_configs(run: VllmRun, *, python: Path | None = None) -> dict:
 
 
 def run_vllm(run: VllmRun, *, python: Path | None = None, echo: Callable[[str], None] = lambda line: None,
-             log: Path | None = None, timeout: float | None = None) -> dict:
+             log: Path | None = None, timeout: float | None = None, progress: bool = False) -> dict:
     """Run vLLM (`vllm_worker.py`) on `run`; its result (see the worker's docstring).
 
     Untimed runs run each configuration in a process of its own with vLLM's engine core inside it
@@ -245,29 +245,33 @@ def run_vllm(run: VllmRun, *, python: Path | None = None, echo: Callable[[str], 
     own metrics. The outputs and counters are the same both ways, sampled ones included (same seeds). A
     process holds one such engine only: vLLM 0.32 rebinds its CPU kernels at engine start, which fails the
     second time in a process. So one program imports vLLM and forks a child per configuration, which saves
-    each configuration after the first vLLM's import. Timed runs (`rounds` > 1) keep every engine up in one
-    program, as vLLM runs by default, so that their speeds compare on one machine state."""
+    each configuration after the first vLLM's import. Timed runs (`rounds` >= 1) keep every engine up in one
+    program, as vLLM runs by default, so that their speeds compare on one machine state. `progress`: a bar of
+    its engines started and generate calls done, with the time left."""
     echo(f"running vLLM ({', '.join(run.configs)}; {len(run.prompts)} prompts x {run.repeats} at T="
          f"{run.temperature:g}, batch {run.batch}{f', {run.rounds} timed rounds' if run.rounds else ''}) "
          f"with {python or vllm_python()}")
     started = time.perf_counter()
-    if run.rounds > 1:
-        result = run_worker(run.request(), python=python, log=log, timeout=timeout)
+    if run.rounds >= 1:
+        result = run_worker(run.request(), python=python, log=log, timeout=timeout, progress=progress)
     else:
         result = run_worker({**run.request(), "fork_each": True}, python=python, log=log, timeout=timeout,
-                            in_process=True)
+                            in_process=True, progress=progress)
     echo(f"vLLM finished in {time.perf_counter() - started:.0f} s")
     return result
 
 
 def run_worker(request: dict, *, python: Path | None = None, log: Path | None = None,
-               timeout: float | None = None, in_process: bool = False) -> dict:
+               timeout: float | None = None, in_process: bool = False, progress: bool = False) -> dict:
     """Run `vllm_worker.py` on one request in vLLM's environment; its result. vLLM's own log goes to `log`
     (default: a temporary file whose telling line an error quotes).
-    `in_process`: vLLM's engine core in the worker's process (unless the environment says otherwise)."""
+    `in_process`: vLLM's engine core in the worker's process (unless the environment says otherwise).
+    `progress`: a bar (on stderr) of the worker's units of work, read from its progress file as it grows."""
     python = python or vllm_python()
     with tempfile.TemporaryDirectory(prefix="specsim-vllm-") as tmp:
         request_path, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        if progress:
+            request = {**request, "progress_path": str(Path(tmp) / "progress.jsonl")}
         request_path.write_text(json.dumps(request))
         log_path = log or Path(tmp) / "vllm.log"
         space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(request.get("kv_cache_space_gib", KV_CACHE_GIB)))
@@ -276,16 +280,76 @@ def run_worker(request: dict, *, python: Path | None = None, log: Path | None = 
                    os.environ.get("HF_HUB_OFFLINE", "1")}
         if in_process:
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        with open(log_path, "w") as out:
+        with open(log_path, "w") as out, _WorkerBar(request.get("progress_path"), request.get("action")) as bar:
+            worker = subprocess.Popen([str(python), str(WORKER), str(request_path), str(result)], stdout=out,
+                                      stderr=subprocess.STDOUT, env=env)
             try:
-                done = subprocess.run([str(python), str(WORKER), str(request_path), str(result)], stdout=out,
-                                      stderr=subprocess.STDOUT, env=env, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise EngineError(f"vLLM did not finish within {timeout:.0f} s (log: {log_path})") from None
-        if done.returncode != 0 or not result.exists():
+                code = _wait(worker, timeout, bar.poll)
+            except BaseException:  # Ctrl-C, a timeout: the worker (and the children that die with it) goes too
+                worker.kill()
+                worker.wait()
+                raise
+            if code is None:
+                raise EngineError(f"vLLM did not finish within {timeout:.0f} s (log: {log_path})")
+        if code != 0 or not result.exists():
             tail = _last_error(log_path)
-            raise EngineError(f"vLLM failed (exit {done.returncode}): {tail}" + (f" (log: {log})" if log else ""))
+            raise EngineError(f"vLLM failed (exit {code}): {tail}" + (f" (log: {log})" if log else ""))
         return json.loads(result.read_text())
+
+
+def _wait(worker: subprocess.Popen, timeout: float | None, poll: Callable[[], None]) -> int | None:
+    """The worker's exit code once it ends, calling `poll` twice a second meanwhile; None if `timeout` passed
+    (the caller kills it)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            code = worker.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            poll()
+            if deadline is not None and time.monotonic() > deadline:
+                worker.kill()
+                worker.wait()
+                return None
+            continue
+        poll()
+        return code
+
+
+class _WorkerBar:
+    """The worker's progress file (`vllm_worker._progress`: a `total` line, then a `done` line per unit of work),
+    read as it grows and shown as a tqdm bar on stderr with the time left; nothing without a file."""
+
+    def __init__(self, path: str | None, action: str | None):
+        self.path, self.offset, self.bar = path, 0, None
+        self.desc = "vLLM profile" if action == "profile" else "vLLM"
+
+    def __enter__(self) -> "_WorkerBar":
+        return self
+
+    def poll(self) -> None:
+        if not self.path:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        complete = chunk[:chunk.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        self.offset += len(complete)
+        for raw in complete.splitlines():
+            line = json.loads(raw)
+            if "total" in line and self.bar is None:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=line["total"], desc=self.desc, unit="step", dynamic_ncols=True)
+            elif "done" in line and self.bar is not None:
+                self.bar.set_postfix_str(line["done"], refresh=False)
+                self.bar.update(1)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _last_error(log: Path) -> str:

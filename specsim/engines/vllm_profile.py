@@ -3,15 +3,17 @@
 To predict vLLM's speedup, price the replay with what vLLM's steps cost, not what specsim's own
 engine's do. vLLM is timed as it runs (`vllm_worker.py`, action "profile"): B random prompts of L
 tokens decode `steps` greedy tokens (EOS ignored); a request's step time is its decode time,
-first to last token on the engine's own clock, over its steps; the median over requests, then
-over `repeats` generate calls, is kept (the spread of those repeats is the profile's error). The
-step shapes are forced:
+first to last token on the engine's own clock, over its steps; the median over requests is one
+call's time, and every one of the `repeats` calls is kept (`runs`, their median the entry's
+time), so the predictions' intervals resample them (the profile's own error). The step shapes
+are forced:
 
 * plain decoding: N = 1 (the plain step);
 * a fixed proposer (vLLM's `custom_class` method, proposing k copies of the last token: almost
   never accepted) verifies exactly k drafts every step: N = k + 1 tokens per request;
 * a draft model at the largest k: each step is k draft forwards plus the N = k + 1 verification,
-  so one draft forward costs (its step - the fixed proposer's step) / k, entered at w = 1.
+  so one draft forward costs (its step - the fixed proposer's step) / k, call r against call r
+  of the fixed proposer, entered at w = 1.
 
 So every cost is vLLM's whole step (scheduling, sampling, the rejection sampler, bookkeeping
 included), at the batch sizes and contexts the cache's replay prices: contexts run from the
@@ -63,8 +65,9 @@ def profile_plan(cache, drafts: Sequence[str], *, max_tokens: int, steps: int = 
 def measure_vllm_profile(cache, drafts: Sequence[str], *, batches: Sequence[int], max_tokens: int,
                          steps: int = STEPS, repeats: int = 3, warmup: int = 1, seed: int = 0,
                          threads: int | None = None, python: Path | None = None, log: Path | None = None,
-                         echo: Callable[[str], None] = lambda line: None) -> dict:
-    """Time vLLM's steps for `cache`'s target and `drafts` (the module docstring); the profile JSON body."""
+                         echo: Callable[[str], None] = lambda line: None, progress: bool = False) -> dict:
+    """Time vLLM's steps for `cache`'s target and `drafts` (the module docstring); the profile JSON body.
+    `progress`: a bar of the engines started and generate calls done, with the time left."""
     from specsim.engines.vllm import run_worker, vllm_version
 
     if max_tokens < 2:
@@ -80,7 +83,7 @@ def measure_vllm_profile(cache, drafts: Sequence[str], *, batches: Sequence[int]
     request = {"action": "profile", "model": plan["model"], "runs": plan["runs"], "batches": batches,
                "contexts": plan["contexts"], "steps": steps, "repeats": repeats, "warmup": warmup, "seed": seed,
                "threads": threads, "max_model_len": plan["max_model_len"]}
-    result = run_worker(request, python=python, log=log)
+    result = run_worker(request, python=python, log=log, progress=progress)
     return profile_body(plan, result, batches=batches, max_tokens=max_tokens, steps=steps, repeats=repeats,
                         warmup=warmup, version=version)
 
@@ -102,9 +105,12 @@ def profile_body(plan: dict, result: dict, *, batches: Sequence[int], max_tokens
             verify.setdefault(str(B), {})[str(Lc)] = row
             spread += [(c["q75"] - c["q25"]) / c["median"] for c in row.values()]
             for d in plan["drafts"]:
-                step = statistics.median(times[f"draft:{d}"][str(B)][str(L)])
-                per_forward = max((step - row[str(K + 1)]["median"]) / K, 1e-6)
-                one = {"median": per_forward, "step_s": step, "k": K}  # per forward, whatever its width (below)
+                # round r's forward: the draft-model step of its r-th call minus the fixed proposer's r-th, over k;
+                # kept per round, so that the predictions' intervals resample them with the target's entries
+                draft_steps = times[f"draft:{d}"][str(B)][str(L)]
+                runs = [max((s - f) / K, 1e-6) for s, f in zip(draft_steps, row[str(K + 1)]["runs"])]
+                one = {"median": statistics.median(runs), "runs": runs, "step_s": statistics.median(draft_steps),
+                       "k": K}  # per forward, whatever its width (below)
                 draft[d].setdefault(str(B), {})[str(Lc)] = {str(w): dict(one) for w in range(1, max_tokens + 1)}
     return {
         "format": "specsim-cost-profile", "version": 2, "engine": f"vllm {version}",
@@ -117,7 +123,7 @@ def profile_body(plan: dict, result: dict, *, batches: Sequence[int], max_tokens
                    "clock": "vLLM's engine clock: a request's first to last token over its steps", "steps": steps,
                    "tokens": "random ids, greedy, EOS ignored",
                    "shapes": "N = k + 1 by a fixed proposer of k drafts (custom_class); draft forwards from "
-                             f"draft_model steps at k = {K} minus the fixed proposer's, their mean per forward: "
+                             f"draft_model steps at k = {K} minus the fixed proposer's, round by round, per forward: "
                              "every width w carries that one time (vLLM's first draft forward takes the tokens "
                              "the last step accepted; its width is not varied here)"},
         "target_verify_s": verify, "draft_step_s": draft,

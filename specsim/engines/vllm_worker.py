@@ -16,12 +16,15 @@ metrics report them (`vllm:spec_decode_*` of `LLM.get_metrics()`, differences ac
 second engine in one process replaces the first's metrics), and the wall time of the `generate`
 call. Prefix caching is off, so a repeated prompt decodes as a fresh one (with it, a fully
 cached prompt's first step is padded with rejected placeholder drafts, which vLLM counts). With
-`rounds` > 1 every run is timed that many times, the runs alternating, after one untimed warm-up
+`rounds` >= 1 every run is timed that many times, the runs alternating, after one untimed warm-up
 each, so that their speed compares within one process on the same machine state. With
 `fork_each` (untimed runs) every run has a child process of its own, forked after vLLM is
 imported once, and so its own engine and metrics.
 
 The result is written to a temporary file and renamed into place: a reader sees all of it or none.
+With `progress_path`, the worker appends a JSON line there first with the units of work it will do
+(`{"total": n}`), then one per unit done (`{"done": "what"}`: an engine started, a generate call
+returned), each with its time, which specsim reads as it grows to show a progress bar with the time left.
 
 vLLM 0.32's CPU build has a defect that matters at T > 0: its C++ stand-in for the Triton `expand`
 kernel (`vllm/utils/cpu_triton_utils.py`, `_expand_kernel_impl`) writes into an int64 *copy* of
@@ -163,6 +166,19 @@ class FixedDraft:
 '''
 
 
+def _progress(request: dict, **line) -> None:
+    """Append one progress line (`total=n` or `done="what"`, with the time `t`) to the request's `progress_path`,
+    if it has one. One short write in append mode: forked children's lines never interleave."""
+    path = request.get("progress_path")
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps({**line, "t": round(time.time(), 3)}) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
 def profile(request: dict, folder: str) -> dict:
     """vLLM's own step times: for each run (plain, a fixed k-token proposer, a draft model), batch size B and
     prompt length L, `repeats` generate calls of B random prompts x `steps` greedy tokens (EOS ignored); a
@@ -179,6 +195,8 @@ def profile(request: dict, folder: str) -> dict:
     sys.path.insert(0, folder)
     rng = random.Random(int(request.get("seed", 0)))
     steps = int(request["steps"])
+    calls = int(request.get("warmup", 1)) + int(request["repeats"])
+    _progress(request, total=len(request["runs"]) * (1 + len(request["batches"]) * len(request["contexts"]) * calls))
     out = {}
     for run in request["runs"]:
         config = run.get("speculative_config")
@@ -193,16 +211,18 @@ def profile(request: dict, folder: str) -> dict:
             config = draft_overrides(request["model"], request.get("dtype", "float32"), config)
             kwargs.update(speculative_config=config, per_request_spec_decode_metrics="detailed")
         llm = LLM(**kwargs)
+        _progress(request, done=f"{run['name']}: engine started")
         vocab = llm.llm_engine.model_config.get_vocab_size()
         table = {}
         for B in request["batches"]:
             for L in request["contexts"]:
                 times = []
-                for r in range(int(request.get("warmup", 1)) + int(request["repeats"])):
+                for r in range(calls):
                     prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(100, vocab - 100) for _ in range(L)])
                                for _ in range(B)]
                     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True,
                                                                 detokenize=False), use_tqdm=False)
+                    _progress(request, done=f"{run['name']}: B = {B}, L = {L}")
                     if r < int(request.get("warmup", 1)):
                         continue
                     per = []
@@ -310,7 +330,10 @@ def main(request_path: str, result_path: str) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", str(request["threads"]))
     if request.get("fix_cpu_expand"):
         _install_fix(os.path.dirname(os.path.abspath(result_path)))
-    if request.get("fork_each") and len(request["runs"]) > 1 and int(request.get("rounds", 1)) <= 1:
+    n, rounds = len(request["runs"]), int(request.get("rounds", 0))
+    # each engine's start, its warm-up and timed calls (rounds >= 1), then its decodes of every repeat
+    _progress(request, total=n * (1 + (1 + rounds if rounds >= 1 else 0) + int(request.get("repeats", 1))))
+    if request.get("fork_each") and n > 1 and rounds < 1:
         _run_forked(request, result_path)
     else:
         _run(request, result_path)
@@ -386,10 +409,11 @@ def _run(request: dict, result_path: str) -> None:
             config = draft_overrides(request["model"], request.get("dtype", "float32"), run["speculative_config"])
             kwargs.update(speculative_config=config, per_request_spec_decode_metrics="detailed")
         engines[run["name"]] = LLM(**kwargs)
+        _progress(request, done=f"{run['name']}: engine started")
 
     temperature = float(request.get("temperature", 0.0))
     repeats = int(request.get("repeats", 1))
-    rounds = max(1, int(request.get("rounds", 1)))
+    rounds = int(request.get("rounds", 0))
 
     def params(repeat: int) -> list:
         base = int(request.get("seed", 0))
@@ -404,13 +428,14 @@ def _run(request: dict, result_path: str) -> None:
         started = time.perf_counter()
         outputs = llm.generate(prompts, params(repeat), use_tqdm=False)
         seconds = time.perf_counter() - started
+        _progress(request, done=f"{name}: {len(prompts)} prompts decoded")
         requests = [_request_record(o) for o in outputs]
         return {"repeat": repeat, "seconds": seconds, "counters": _summed(requests),
                 "metrics": _minus(_counters(llm), before) if len(engines) == 1 else None, "requests": requests}
 
     result = {"vllm": vllm.__version__, "runs": {run["name"]: [] for run in request["runs"]}, "timings": [],
               "cpu_expand_broken": broken, "fix_cpu_expand": bool(request.get("fix_cpu_expand"))}
-    if rounds > 1:  # timing: warm up each engine, then alternate
+    if rounds >= 1:  # timing: warm up each engine, then alternate
         for name in engines:
             generate(name, 0)
         for r in range(rounds):

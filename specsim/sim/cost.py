@@ -684,8 +684,9 @@ def load_cost_profile(path, *, extrapolate: bool = False) -> ProfileCost:
 def _runs(data: Mapping, grid: Mapping) -> tuple[np.ndarray, dict] | None:
     """((R, nb, nl, nn) target rounds, {draft: (R, nb, nl, nw)}) when every entry kept R0 >= 2 timed rounds
     (`runs`), R the most any entry kept; an entry's rounds past its own count are NaN (`profile --max-repeats`
-    timed only the uncertain entries further). None for older profiles and vLLM profiles of one run: no
-    uncertainty to carry."""
+    timed only the uncertain entries further). None where some entry kept fewer than 2 rounds (profiles of one
+    run, and older ones: vLLM profiles before 2026-11-29 kept none for their draft forwards): no uncertainty to
+    carry."""
     def table(raw, xs):
         cells = [[[raw[f"{b:g}"][f"{L:g}"][f"{x:g}"] for x in xs] for L in grid["contexts"]] for b in grid["batches"]]
         flat = [c.get("runs") if isinstance(c, Mapping) else None for bl in cells for lx in bl for c in lx]
