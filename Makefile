@@ -139,7 +139,7 @@ browser:
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
-bench: setup
+bench: setup vllm
 	$(PY) -m benchmarks
 
 qwen: setup

@@ -1,5 +1,5 @@
 """Run every benchmark: `python -m benchmarks [NAME ...]` (names: cache, simulate, attention, live, speedup, scale,
-train, stats).
+train, stats, vllm; vllm needs vLLM's environment, `make vllm`).
 
 Each benchmark prints its figures as ratios against a baseline measured in the
 same run, so numbers from a loaded or different machine stay comparable.
@@ -17,6 +17,7 @@ BENCHMARKS = {
     "scale": "benchmarks.bench_scale",
     "train": "benchmarks.bench_train",
     "stats": "benchmarks.bench_stats",
+    "vllm": "benchmarks.bench_vllm",
 }
 
 

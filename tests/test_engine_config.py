@@ -387,11 +387,8 @@ class LLM:
 '''
 
 
-@pytest.mark.parametrize("kind", ["untimed", "timed-1", "timed-2", "profile"])
-def test_the_worker_counts_its_work_as_it_declares_and_times_one_round(tmp_path, kind):
-    """vllm_worker.py run on a stand-in vLLM: its progress file declares a total and then reports exactly that
-    many units done (engine starts and generate calls; forked children included), and `rounds` = 1 times one
-    round (it once decoded untimed and reported no speed at all)."""
+def _worker_on_a_stand_in(tmp_path, request: dict, vllm: str = FAKE_VLLM) -> dict:
+    """vllm_worker.py's result for `request`, run with `vllm` (the source of a stand-in package) as its vLLM."""
     import os
     import subprocess
     import sys
@@ -399,10 +396,21 @@ def test_the_worker_counts_its_work_as_it_declares_and_times_one_round(tmp_path,
     from specsim.engines.vllm import WORKER
 
     (tmp_path / "vllm").mkdir()
-    (tmp_path / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+    (tmp_path / "vllm" / "__init__.py").write_text(vllm)
     (tmp_path / "vllm" / "inputs.py").write_text("TokensPrompt = dict\n")
     (tmp_path / "vllm" / "platforms.py").write_text("from types import SimpleNamespace\n"
                                                     "current_platform = SimpleNamespace(is_cpu=lambda: True)\n")
+    (tmp_path / "request.json").write_text(json.dumps(request))
+    subprocess.run([sys.executable, str(WORKER), str(tmp_path / "request.json"), str(tmp_path / "result.json")],
+                   check=True, env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120, capture_output=True)
+    return json.loads((tmp_path / "result.json").read_text())
+
+
+@pytest.mark.parametrize("kind", ["untimed", "timed-1", "timed-2", "profile"])
+def test_the_worker_counts_its_work_as_it_declares_and_times_one_round(tmp_path, kind):
+    """vllm_worker.py run on a stand-in vLLM: its progress file declares a total and then reports exactly that
+    many units done (engine starts and generate calls; forked children included), and `rounds` = 1 times one
+    round (it once decoded untimed and reported no speed at all)."""
     runs = [{"name": "spec", "speculative_config": None}, {"name": "plain"}]
     request = {"model": "m", "prompts": [[1, 2], [3, 4, 5]], "max_tokens": 4, "max_model_len": 64, "repeats": 1,
                "progress_path": str(tmp_path / "progress.jsonl")}
@@ -412,14 +420,10 @@ def test_the_worker_counts_its_work_as_it_declares_and_times_one_round(tmp_path,
     else:
         request.update(runs=runs, rounds={"untimed": 0, "timed-1": 1, "timed-2": 2}[kind],
                        fork_each=kind == "untimed")
-    (tmp_path / "request.json").write_text(json.dumps(request))
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    subprocess.run([sys.executable, str(WORKER), str(tmp_path / "request.json"), str(tmp_path / "result.json")],
-                   check=True, env=env, timeout=120, capture_output=True)
+    result = _worker_on_a_stand_in(tmp_path, request)
     lines = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
     assert "total" in lines[0] and all("done" in line and line["t"] > 0 for line in lines[1:])
-    assert len(lines) - 1 == lines[0]["total"] == {"untimed": 4, "timed-1": 8, "timed-2": 10, "profile": 26}[kind]
-    result = json.loads((tmp_path / "result.json").read_text())
+    assert len(lines) - 1 == lines[0]["total"] == {"untimed": 4, "timed-1": 6, "timed-2": 8, "profile": 26}[kind]
     if kind != "profile":
         assert len(result["timings"]) == request["rounds"]
         assert all(set(t) == {"spec", "plain"} and t["spec"]["decode_s"] > 0 for t in result["timings"])
@@ -440,3 +444,37 @@ def test_the_progress_bar_reads_the_workers_file_as_it_grows(tmp_path):
             f.write('in: B = 1, L = 8", "t": 3}\n')
         bar.poll()
         assert bar.bar.n == 2 and bar.bar.postfix == "plain: B = 1, L = 8"
+
+
+def test_timed_runs_at_a_batch_decode_in_waves_and_sum_their_windows(tmp_path):
+    """With `waves`, 5 prompts at batch 2 decode in 3 generate calls (2, 2, 1), each wave's decode window timed on
+    its own and summed (the stand-in decodes each call in 10 ms: 3 windows of 10 ms, not one); the last timed
+    decode is the engine's repeat 0."""
+    request = {"model": "m", "prompts": [[1, 2]] * 5, "max_tokens": 4, "max_model_len": 64, "repeats": 1,
+               "runs": [{"name": "spec", "speculative_config": None}, {"name": "plain"}], "rounds": 1, "batch": 2,
+               "waves": True}
+    result = _worker_on_a_stand_in(tmp_path, request)
+    [timing] = result["timings"]
+    assert [len(run[0]["windows"]) for run in result["runs"].values()] == [3, 3]
+    assert timing["spec"]["window_s"] == pytest.approx(0.03, abs=1e-6)
+    assert result["runs"]["spec"][0]["windows"] == pytest.approx([0.01] * 3, abs=1e-6)
+
+
+def test_a_vllm_profile_entry_with_a_stalled_call_gets_more_calls(tmp_path):
+    """The stand-in stalls the second call of every entry at B = 4 (ten times as long): those entries get further
+    calls, one at a time, until none is over 1.5x its median or they have `max_repeats` (5); the others keep their
+    3; the progress file says each call more before it runs, so the bar's total grows to what is done."""
+    stalling = FAKE_VLLM.replace("        now = time.time()\n", "        now = time.time()\n"
+                                 "        self.calls = getattr(self, 'calls', 0) + 1\n"
+                                 "        slow = 10 if len(prompts) == 4 and self.calls % 4 == 3 else 1\n"
+                                 ).replace("last_token_ts=now + 0.01", "last_token_ts=now + 0.01 * slow")
+    assert stalling != FAKE_VLLM
+    request = {"action": "profile", "model": "m", "runs": [{"name": "plain"}], "batches": [1, 4], "contexts": [8],
+               "steps": 4, "repeats": 3, "max_repeats": 5, "warmup": 1, "seed": 0, "max_model_len": 64,
+               "progress_path": str(tmp_path / "progress.jsonl")}
+    result = _worker_on_a_stand_in(tmp_path, request, vllm=stalling)
+    times = result["steps_s"]["plain"]
+    assert len(times["1"]["8"]) == 3 and len(times["4"]["8"]) == 5, times
+    lines = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    done, more = sum("done" in x for x in lines), sum(x.get("more", 0) for x in lines)
+    assert more == 2 and done == lines[0]["total"] + more

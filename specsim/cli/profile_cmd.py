@@ -60,8 +60,9 @@ from specsim.cli import _common as c
                    "themselves, until none has or they have run this many rounds: the rounds go to the uncertain "
                    "steps (a small head's 4 ms ones), not to the target's steady 40 ms ones (round r of every entry "
                    "comes from one pass, so they still resample jointly). Small steps on a shared CPU need it: an "
-                   "EAGLE-3 head's 5-15 ms steps had 78% with 3 rounds and 16% with 9.  [default: --repeats, no "
-                   "more]")
+                   "EAGLE-3 head's 5-15 ms steps had 78% with 3 rounds and 16% with 9. --engine vllm: an entry "
+                   "with a call over 1.5x its median gets more calls, one at a time, up to this many.  [default: "
+                   "--repeats, no more; --engine vllm: 2 x --repeats + 1]")
 @c.seed_option
 @click.option("--threads", type=click.IntRange(min=1),
               help="CPU threads for torch (use what live decoding will use; the profile records it).")
@@ -111,11 +112,11 @@ def profile(engine, for_cache, trees, target, drafts, batches, contexts, max_tok
         if trees:
             raise SpecError("--tree goes with specsim's engine; vLLM's profile times fixed-length steps up to "
                             "--max-tokens")
-        if passes is not None or max_repeats is not None:
-            raise SpecError(f"{'--passes' if passes is not None else '--max-repeats'} goes with specsim's engine; "
-                            "vLLM's profile times whole generate calls")
-        return _vllm(for_cache, target, drafts, batches, contexts, max_tokens, draft_widths, repeats, warmup, seed,
-                     threads, out, overwrite, quiet)
+        if passes is not None:
+            raise SpecError("--passes goes with specsim's engine; vLLM's profile times whole generate calls, an "
+                            "engine at a time")
+        return _vllm(for_cache, target, drafts, batches, contexts, max_tokens, draft_widths, repeats, max_repeats,
+                     warmup, seed, threads, out, overwrite, quiet)
     if trees and for_cache is None:
         raise SpecError("--tree goes with --for CACHE (the trees whose steps to measure on that cache)")
     if for_cache is not None:
@@ -290,8 +291,8 @@ def stall_lines(body: dict) -> list[str]:
             + ", ".join(f"{where} ({ratio:.0f}x)" for ratio, where in found[:5]) + (" ..." if len(found) > 5 else "")]
 
 
-def _vllm(cache, target, drafts, batches, contexts, max_tokens, draft_widths, repeats, warmup, seed, threads, out,
-          overwrite, quiet):
+def _vllm(cache, target, drafts, batches, contexts, max_tokens, draft_widths, repeats, max_repeats, warmup, seed,
+          threads, out, overwrite, quiet):
     """`profile --engine vllm --for CACHE` (specsim.engines.vllm_profile)."""
     from specsim.attention.profile import write_profile
     from specsim.engines.vllm_profile import measure_vllm_profile
@@ -303,12 +304,14 @@ def _vllm(cache, target, drafts, batches, contexts, max_tokens, draft_widths, re
         raise SpecError("--engine vllm takes the target and contexts from --for CACHE (and times draft forwards of "
                         "width 1): drop --target, --contexts and --draft-widths")
     body = measure_vllm_profile(cache, drafts, batches=batches or (1,), max_tokens=max_tokens or 5,
-                                repeats=repeats or 3, warmup=min(warmup, 1), seed=seed,
+                                repeats=repeats or 3, max_repeats=max_repeats, warmup=min(warmup, 1), seed=seed,
                                 threads=threads, echo=(lambda line: None) if quiet else
                                 (lambda line: click.echo(line, err=True)), progress=not quiet)
     write_profile(body, out, overwrite=overwrite)
     lines = [f"{body['device']}: target {body['target']['name']}, drafts {', '.join(body['drafts']) or 'none'} "
-             f"(median of {body['timing']['repeats']} runs of {body['timing']['steps']} steps)"]
+             f"(median of {body['timing']['repeats']} calls of {body['timing']['steps']} steps"
+             + (f", up to {body['timing']['max_repeats']} where one stalled"
+                if body["timing"]["max_repeats"] > body["timing"]["repeats"] else "") + ")"]
     for B in body["batches"]:
         for L in body["contexts"]:
             row = body["target_verify_s"][str(B)][str(L)]

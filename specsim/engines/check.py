@@ -23,8 +23,14 @@ process each (`specsim.engines.vllm.run_vllm`); timed ones (rounds > 0) in a pro
   (`checks.sampling_verdict`, as for specsim's live check; one prompt gives no interval: inconclusive).
 * Speed (rounds > 0): vLLM's speculative and plain decoding of the same requests at the same
   batch size, `rounds` timed `generate` calls each, alternating, in one vLLM process; the
-  speedup is the median of plain / speculative time. Beside it, specsim's prediction when a
-  cost profile is given (measured with specsim's own engine, so a different engine's costs).
+  speedup is the median of plain / speculative time. At B > 1 the requests decode in waves of
+  B (lockstep: a wave's B prompts are prefilled together before its first token, within vLLM's
+  CPU token budget of 4,096), and what is timed is the sum of the waves' decode windows, as the
+  replay's lockstep schedule prices them: with every request at once (continuous batching) the
+  window holds the prompt passes of the requests that join mid-run, which the replay leaves out
+  (they are the same with and without speculation), and pulled vLLM's speedup toward 1 (layers:20
+  at B = 4: 0.402 live against 0.287 predicted, analyses/results/vllm-speed-cpu-2026-11-29).
+  Beside it, specsim's prediction when a cost profile is given.
 """
 
 from __future__ import annotations
@@ -167,7 +173,8 @@ def validate_with_vllm(cache, config: EngineValidateConfig, *, echo: Callable[[s
                 configs["plain"] = None
             run = VllmRun(model=model, prompts=data.prompts, max_tokens=data.max_new_tokens, configs=configs,
                           temperature=T, repeats=1 if T == 0 else config.repeats, batch=config.batch,
-                          rounds=config.rounds, seed=config.seed, threads=config.threads,
+                          waves=bool(config.rounds) and config.batch > 1, rounds=config.rounds, seed=config.seed,
+                          threads=config.threads,
                           max_model_len=longest + data.max_new_tokens + max(t.max_depth for _, t, _ in program) + 16,
                           fix_cpu_expand=config.fix_cpu_expand and T > 0)
             result = run_vllm(run, python=python, echo=echo, log=_log_path(config.log_dir, program, policy, T),
@@ -224,7 +231,7 @@ def _replay(cache: Path, draft: str, tree_spec: str, policy: str, T: float, conf
     asked = SweepConfig(trees=[tree_spec], drafts=[draft], policies=[policy], temperatures=[T], by_category=False,
                         seed=config.seed, cost_profile=config.cost_profile,
                         batches=[config.batch] if config.cost_profile and config.batch > 1 else (),
-                        batching="continuous")
+                        batching="lockstep")  # vLLM's timed runs decode in waves of B (the module docstring)
     result = sweep(cache, asked, on_skip=lambda line: None)
     rows = result.rows.filter(result.rows["batch"] == config.batch) if config.cost_profile else result.rows
     features = load_features(cache, draft, T, progress=False)
@@ -440,7 +447,7 @@ def _sampling_check(head: dict, result: dict, replay: _Replay, seed: int) -> Che
 def _speed_check(head: dict, result: dict, replay: _Replay, config: EngineValidateConfig) -> Check:
     """vLLM's own speedup over its plain decoding of the same requests, beside specsim's prediction. What is
     timed: at batch 1 the requests' decode steps (first to last token, one request after another), at B > 1 the
-    decode window of the whole run (B requests at a time); whole generate calls (prefill included) beside."""
+    decode windows of its waves of B requests, summed; whole generate calls (prefill included) beside."""
     rounds = result.get("timings", [])
     measure = "decode_s" if head["batch"] == 1 else "window_s"
     ratios = [t["plain"][measure] / t["spec"][measure] for t in rounds]
@@ -464,7 +471,8 @@ def _speed_check(head: dict, result: dict, replay: _Replay, config: EngineValida
     else:
         comparison = f"vLLM {speedup:.3f} (rounds {spread})"
         basis = "no prediction (give --cost-profile)"
-    what = "decode steps (first to last token per request)" if head["batch"] == 1 else "decode window of the run"
+    what = ("decode steps (first to last token per request)" if head["batch"] == 1 else
+            f"decode windows of waves of {head['batch']} requests (lockstep), summed")
     return Check(**head, kind="speedup", comparison=comparison,
                  detail=f"{len(rounds)} timed rounds of each, alternating; vLLM timed on its {what}; whole generate "
                         f"calls (prefill included) give {float(np.median(whole)) if whole else float('nan'):.3f}; "

@@ -180,6 +180,7 @@ class VllmRun:
     temperature: float = 0.0  # 0: greedy
     repeats: int = 1  # T > 0: decodes per prompt, each with its own seed
     batch: int = 1  # vLLM's max_num_seqs: requests decoded together (continuous batching)
+    waves: bool = False  # decode the prompts in waves of `batch`, a generate call each (lockstep; check.py)
     rounds: int = 0  # >= 1: time the configurations that many times, alternating (speed); 0: untimed
     seed: int = 0
     dtype: str = "float32"
@@ -191,7 +192,7 @@ class VllmRun:
         return {"action": action, "model": self.model, "prompts": [list(p) for p in self.prompts],
                 "max_tokens": self.max_tokens,
                 "runs": [{"name": n, "speculative_config": c} for n, c in self.configs.items()],
-                "temperature": self.temperature, "repeats": self.repeats, "batch": self.batch,
+                "temperature": self.temperature, "repeats": self.repeats, "batch": self.batch, "waves": self.waves,
                 "rounds": self.rounds, "seed": self.seed, "dtype": self.dtype, "threads": self.threads,
                 "max_model_len": self.max_model_len, "fix_cpu_expand": self.fix_cpu_expand,
                 "kv_cache_space_gib": kv_cache_gib(self)}
@@ -343,6 +344,9 @@ class _WorkerBar:
                 from tqdm.auto import tqdm
 
                 self.bar = tqdm(total=line["total"], desc=self.desc, unit="step", dynamic_ncols=True)
+            elif "more" in line and self.bar is not None:
+                self.bar.total += line["more"]
+                self.bar.refresh()
             elif "done" in line and self.bar is not None:
                 self.bar.set_postfix_str(line["done"], refresh=False)
                 self.bar.update(1)

@@ -63,33 +63,39 @@ def profile_plan(cache, drafts: Sequence[str], *, max_tokens: int, steps: int = 
 
 
 def measure_vllm_profile(cache, drafts: Sequence[str], *, batches: Sequence[int], max_tokens: int,
-                         steps: int = STEPS, repeats: int = 3, warmup: int = 1, seed: int = 0,
-                         threads: int | None = None, python: Path | None = None, log: Path | None = None,
-                         echo: Callable[[str], None] = lambda line: None, progress: bool = False) -> dict:
+                         steps: int = STEPS, repeats: int = 3, max_repeats: int | None = None, warmup: int = 1,
+                         seed: int = 0, threads: int | None = None, python: Path | None = None,
+                         log: Path | None = None, echo: Callable[[str], None] = lambda line: None,
+                         progress: bool = False) -> dict:
     """Time vLLM's steps for `cache`'s target and `drafts` (the module docstring); the profile JSON body.
+    `max_repeats` (default 2 x repeats + 1): the most calls an entry with a stalled call gets (`vllm_worker.STALL`).
     `progress`: a bar of the engines started and generate calls done, with the time left."""
     from specsim.engines.vllm import run_worker, vllm_version
 
     if max_tokens < 2:
         raise EngineError(f"--max-tokens {max_tokens}: at least 2 (N = 1 is the plain step)")
     batches = sorted({1, *map(int, batches)})
+    max_repeats = max(repeats, 2 * repeats + 1 if max_repeats is None else max_repeats)
     plan = profile_plan(cache, drafts, max_tokens=max_tokens, steps=steps)
     version = vllm_version(python)
+    # SmolLM2-135M on a 2-core CPU (2026-11-29: 634 s measured against 577 estimated, 767 against 696): about 20 s
+    # an engine's start, 0.2 x (1 + B / 4) s a step of B requests, 0.7 ms a prompt token
+    call_s = sum(steps * 0.2 * (1 + B / 4) + 0.0007 * B * L for B in batches for L in plan["contexts"])
     echo(f"timing vLLM {version}: {len(plan['runs'])} engines (plain, a fixed proposer of 1..{max_tokens - 1} "
          f"drafts{', ' + ', '.join(plan['drafts']) if plan['drafts'] else ''}) x batch {batches} x context "
-         f"{plan['contexts']} x {warmup + repeats} calls of {steps} steps; about "
-         f"{len(plan['runs']) * (40 + len(batches) * len(plan['contexts']) * (warmup + repeats) * steps * 0.1):.0f} s "
-         "on a 2-core CPU")
+         f"{plan['contexts']} x {warmup + repeats} calls of {steps} steps (up to {warmup + max_repeats} where one "
+         f"stalls); about {len(plan['runs']) * (20 + (warmup + repeats) * call_s):.0f} s for SmolLM2-135M on a "
+         "2-core CPU")
     request = {"action": "profile", "model": plan["model"], "runs": plan["runs"], "batches": batches,
-               "contexts": plan["contexts"], "steps": steps, "repeats": repeats, "warmup": warmup, "seed": seed,
-               "threads": threads, "max_model_len": plan["max_model_len"]}
+               "contexts": plan["contexts"], "steps": steps, "repeats": repeats, "max_repeats": max_repeats,
+               "warmup": warmup, "seed": seed, "threads": threads, "max_model_len": plan["max_model_len"]}
     result = run_worker(request, python=python, log=log, progress=progress)
     return profile_body(plan, result, batches=batches, max_tokens=max_tokens, steps=steps, repeats=repeats,
-                        warmup=warmup, version=version)
+                        warmup=warmup, version=version, max_repeats=max_repeats)
 
 
 def profile_body(plan: dict, result: dict, *, batches: Sequence[int], max_tokens: int, steps: int, repeats: int,
-                 warmup: int, version: str) -> dict:
+                 warmup: int, version: str, max_repeats: int | None = None) -> dict:
     """A specsim-cost-profile (v2) body from the worker's step times."""
     times = result["steps_s"]
     mid = steps // 2  # a call's entries sit at its decode window's mean context
@@ -119,7 +125,8 @@ def profile_body(plan: dict, result: dict, *, batches: Sequence[int], max_tokens
         "target": {"name": plan["target"], **plan["target_info"]}, "drafts": plan["drafts"],
         "batches": list(batches), "contexts": contexts, "sizes": list(range(1, max_tokens + 1)),
         "widths": list(range(1, max_tokens + 1)),
-        "timing": {"warmup": warmup, "repeats": repeats, "statistic": "median", "spread": "min/max of repeats",
+        "timing": {"warmup": warmup, "repeats": repeats, "max_repeats": max_repeats or repeats, "statistic": "median",
+                   "spread": "min/max of repeats",
                    "clock": "vLLM's engine clock: a request's first to last token over its steps", "steps": steps,
                    "tokens": "random ids, greedy, EOS ignored",
                    "shapes": "N = k + 1 by a fixed proposer of k drafts (custom_class); draft forwards from "

@@ -24,7 +24,8 @@ imported once, and so its own engine and metrics.
 The result is written to a temporary file and renamed into place: a reader sees all of it or none.
 With `progress_path`, the worker appends a JSON line there first with the units of work it will do
 (`{"total": n}`), then one per unit done (`{"done": "what"}`: an engine started, a generate call
-returned), each with its time, which specsim reads as it grows to show a progress bar with the time left.
+returned; `{"more": 1}` where a profile entry takes a call more than planned), each with its time,
+which specsim reads as it grows to show a progress bar with the time left.
 
 vLLM 0.32's CPU build has a defect that matters at T > 0: its C++ stand-in for the Triton `expand`
 kernel (`vllm/utils/cpu_triton_utils.py`, `_expand_kernel_impl`) writes into an int64 *copy* of
@@ -179,12 +180,20 @@ def _progress(request: dict, **line) -> None:
         os.close(fd)
 
 
+STALL = 1.5  # a profile call this many times its entry's median gets the entry more calls (up to `max_repeats`)
+
+
 def profile(request: dict, folder: str) -> dict:
     """vLLM's own step times: for each run (plain, a fixed k-token proposer, a draft model), batch size B and
     prompt length L, `repeats` generate calls of B random prompts x `steps` greedy tokens (EOS ignored); a
-    request's step time is its decode time (first to last token, the engine's clock) over its steps."""
+    request's step time is its decode time (first to last token, the engine's clock) over its steps. An entry
+    with a call over STALL x its median (a stall of a shared machine: 471 ms among 81-82 ms) gets more calls, one
+    at a time, until none is or it has `max_repeats`: resampling 3 calls with one stalled puts the stall at the
+    median in a quarter of the replicas, which then predict absurd speedups."""
     import gc
+    import itertools
     import random
+    import statistics
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -195,7 +204,9 @@ def profile(request: dict, folder: str) -> dict:
     sys.path.insert(0, folder)
     rng = random.Random(int(request.get("seed", 0)))
     steps = int(request["steps"])
-    calls = int(request.get("warmup", 1)) + int(request["repeats"])
+    warmup = int(request.get("warmup", 1))
+    calls = warmup + int(request["repeats"])
+    most = max(int(request.get("max_repeats") or 0), int(request["repeats"]))
     _progress(request, total=len(request["runs"]) * (1 + len(request["batches"]) * len(request["contexts"]) * calls))
     out = {}
     for run in request["runs"]:
@@ -217,13 +228,17 @@ def profile(request: dict, folder: str) -> dict:
         for B in request["batches"]:
             for L in request["contexts"]:
                 times = []
-                for r in range(calls):
+                for r in itertools.count():
+                    if r >= calls and (len(times) >= most or max(times) <= STALL * statistics.median(times)):
+                        break
+                    if r >= calls:  # a stalled call would sway the median of resampled calls: one more
+                        _progress(request, more=1)
                     prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(100, vocab - 100) for _ in range(L)])
                                for _ in range(B)]
                     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True,
                                                                 detokenize=False), use_tqdm=False)
                     _progress(request, done=f"{run['name']}: B = {B}, L = {L}")
-                    if r < int(request.get("warmup", 1)):
+                    if r < warmup:
                         continue
                     per = []
                     for o in outs:
@@ -331,8 +346,9 @@ def main(request_path: str, result_path: str) -> None:
     if request.get("fix_cpu_expand"):
         _install_fix(os.path.dirname(os.path.abspath(result_path)))
     n, rounds = len(request["runs"]), int(request.get("rounds", 0))
-    # each engine's start, its warm-up and timed calls (rounds >= 1), then its decodes of every repeat
-    _progress(request, total=n * (1 + (1 + rounds if rounds >= 1 else 0) + int(request.get("repeats", 1))))
+    # each engine's start, its decodes of every repeat and, timed (rounds >= 1), a warm-up and `rounds` decodes, the
+    # last of which is its repeat 0
+    _progress(request, total=n * (1 + rounds + int(request.get("repeats", 1))))
     if request.get("fork_each") and n > 1 and rounds < 1:
         _run_forked(request, result_path)
     else:
@@ -422,38 +438,55 @@ def _run(request: dict, result_path: str) -> None:
                                ignore_eos=bool(request.get("ignore_eos", False)))
                 for i in range(len(prompts))]
 
+    # with `waves`, the prompts decode B at a time, a generate call each (lockstep), each wave's decode window
+    # timed on its own; else all at once, vLLM's scheduler taking up to B (continuous batching)
+    wave = int(request.get("batch", 1)) if request.get("waves") else len(prompts)
+
     def generate(name: str, repeat: int) -> dict:
         llm = engines[name]
         before = _counters(llm)
         started = time.perf_counter()
-        outputs = llm.generate(prompts, params(repeat), use_tqdm=False)
+        sampling, requests, windows = params(repeat), [], []
+        for start in range(0, len(prompts), wave):
+            outputs = llm.generate(prompts[start:start + wave], sampling[start:start + wave], use_tqdm=False)
+            part = [_request_record(o) for o in outputs]
+            requests += part
+            windows.append(_window(part))
         seconds = time.perf_counter() - started
         _progress(request, done=f"{name}: {len(prompts)} prompts decoded")
-        requests = [_request_record(o) for o in outputs]
-        return {"repeat": repeat, "seconds": seconds, "counters": _summed(requests),
+        return {"repeat": repeat, "seconds": seconds, "counters": _summed(requests), "windows": windows,
                 "metrics": _minus(_counters(llm), before) if len(engines) == 1 else None, "requests": requests}
 
     result = {"vllm": vllm.__version__, "runs": {run["name"]: [] for run in request["runs"]}, "timings": [],
               "cpu_expand_broken": broken, "fix_cpu_expand": bool(request.get("fix_cpu_expand"))}
+    last = {}  # each engine's last timed decode: its repeat 0 (the same requests and seeds)
     if rounds >= 1:  # timing: warm up each engine, then alternate
         for name in engines:
             generate(name, 0)
         for r in range(rounds):
             order = list(engines) if r % 2 == 0 else list(reversed(engines))
-            result["timings"].append({name: _timing(generate(name, 0)) for name in order})
+            last.update({name: generate(name, 0) for name in order})
+            result["timings"].append({name: _timing(last[name]) for name in order})
     for name in engines:
         for repeat in range(repeats):
-            result["runs"][name].append(generate(name, repeat))
+            result["runs"][name].append(last[name] if repeat == 0 and name in last else generate(name, repeat))
     _write(result_path, result)
 
 
+def _window(requests: list[dict]) -> float | None:
+    """The decode window of requests decoded together: the first one's first token to the last one's last."""
+    reqs = [r for r in requests if "first_ts" in r]
+    return (max(r["last_ts"] for r in reqs) - min(r["first_ts"] for r in reqs)) if reqs else None
+
+
 def _timing(run: dict) -> dict:
-    """A timed generate call: its wall seconds (prefill included), the sum of its requests' decode times (first
-    to last token: the decode steps, at batch 1 one after another) and its decode window (the first request's
-    first token to the last request's last: what B requests decoding together take)."""
+    """A timed decode of the prompts: its wall seconds (prefill included), the sum of its requests' decode times
+    (first to last token: the decode steps, at batch 1 one after another) and its decode windows summed (what B
+    requests decoding together take; one window per wave)."""
     reqs = [r for r in run["requests"] if "first_ts" in r]
+    windows = [w for w in run["windows"] if w is not None]
     return {"seconds": run["seconds"], "decode_s": sum(r["decode_s"] for r in reqs),
-            "window_s": (max(r["last_ts"] for r in reqs) - min(r["first_ts"] for r in reqs)) if reqs else None}
+            "window_s": sum(windows) if windows else None}
 
 
 def _exit(code: int) -> None:
