@@ -1,6 +1,6 @@
 """Predicted vs vLLM's own speedup: record, profile vLLM's steps, time vLLM, compare (one command).
 
-    python -m benchmarks.bench_vllm                # packaged SmolLM2-135M, vLLM's CPU build (make vllm), ~30 min
+    python -m benchmarks.bench_vllm                # packaged SmolLM2-135M, vLLM's CPU build (make vllm), ~35 min
     python -m benchmarks.bench_vllm --batches 1,4,16 --trees chain:3,chain:5 --out vllm-speed.csv   # on a GPU box
 
 In one run on this machine: (1) record a small stats-only cache with the target and the model drafts

@@ -67,12 +67,11 @@ import torch
 
 from specsim.errors import ArgumentError, ModelError, SpecError
 from specsim.files import check_writable, write_text
-from specsim.sim.cost import OVERHEAD_KINDS
+from specsim.sim.cost import OVERHEAD_KINDS, batch_grid
 
 FORMAT = "specsim-cost-profile"
 VERSION = 2
 DENSE = 17  # N measured one by one up to here: a budget-16 tree verifies 17 tokens
-DENSE_BATCH = 8  # every batch size measured up to here
 
 
 @dataclass(frozen=True)
@@ -92,11 +91,8 @@ class ProfileConfig:
 
     @property
     def batch_grid(self) -> list[int]:
-        """B measured: every B up to DENSE_BATCH (a lockstep batch shrinks through each as requests finish,
-        and small-batch GEMMs are not monotonic: measured on SmolLM2, B = 2 costs more than B = 4), then
-        the batch sizes asked for."""
-        top = max(self.batches)
-        return sorted(set(self.batches) | set(range(1, min(top, DENSE_BATCH) + 1)))
+        """B measured (`specsim.sim.cost.batch_grid`): every B up to 8, then the batch sizes asked for."""
+        return batch_grid(self.batches)
 
     def entries(self, n_drafts: int) -> int:
         """Entries timed: every (B, L) by every target N and every draft's widths."""

@@ -16,7 +16,8 @@ are forced:
   of the fixed proposer, entered at w = 1.
 
 So every cost is vLLM's whole step (scheduling, sampling, the rejection sampler, bookkeeping
-included), at the batch sizes and contexts the cache's replay prices: contexts run from the
+included), at the batch sizes (every one up to 8, as a lockstep batch shrinks through them:
+`specsim.sim.cost.batch_grid`) and contexts the cache's replay prices: contexts run from the
 cache's shortest prompt to its longest prompt plus output (each entry is stored at its decode
 window's mean context). The profile names the cache's target and drafts (their architecture
 fingerprints), so `simulate --cost-profile` accepts it for that cache, and says it was measured in
@@ -71,10 +72,11 @@ def measure_vllm_profile(cache, drafts: Sequence[str], *, batches: Sequence[int]
     `max_repeats` (default 2 x repeats + 1): the most calls an entry with a stalled call gets (`vllm_worker.STALL`).
     `progress`: a bar of the engines started and generate calls done, with the time left."""
     from specsim.engines.vllm import run_worker, vllm_version
+    from specsim.sim.cost import batch_grid
 
     if max_tokens < 2:
         raise EngineError(f"--max-tokens {max_tokens}: at least 2 (N = 1 is the plain step)")
-    batches = sorted({1, *map(int, batches)})
+    batches = batch_grid([int(b) for b in batches])  # every B up to 8: the lockstep schedule visits each
     max_repeats = max(repeats, 2 * repeats + 1 if max_repeats is None else max_repeats)
     plan = profile_plan(cache, drafts, max_tokens=max_tokens, steps=steps)
     version = vllm_version(python)

@@ -76,6 +76,17 @@ REPLICAS = 64  # profile replicas resampled from the stored rounds; prompt resam
 OVERHEAD_KINDS = ("walk_greedy", "walk_sample", "walk_block", "draft_sample")  # a profile's `step_overhead_s` tables
 OVERHEAD_LATER = {"walk_block"}  # kinds older profiles lack (they still load; `for_rule` says what stands in)
 OUTLIER = 5.0  # a timed run this many times its entry's median is a stall (counted and reported, still resampled)
+DENSE_BATCH = 8  # a profile measures every batch size up to here (`batch_grid`)
+
+
+def batch_grid(batches) -> list[int]:
+    """The batch sizes a profile measures for `batches`: every B up to DENSE_BATCH (a lockstep batch shrinks through
+    each as requests finish, and small-batch steps are not monotonic in B on a CPU: on SmolLM2, B = 2 cost more
+    than B = 4 in specsim's engine, and in vLLM's a plain step at B = 2, L = 817 took 270 ms against 83 ms at
+    B = 4; interpolating B = 2 and 3 put vLLM's layers:20 prediction at B = 4 18% low, measuring them 15% high,
+    analyses/results/vllm-speed-cpu-2026-11-29), then the batch sizes asked for."""
+    top = max(batches)
+    return sorted(set(batches) | set(range(1, min(top, DENSE_BATCH) + 1)))
 
 
 @dataclass(frozen=True)
