@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     import polars as pl
     import torch
 
+    from benchmarks.bench_speedup import _cpu
     from specsim.attention.bench import device_label
     from specsim.attention.profile import write_profile
     from specsim.cli._common import _split
@@ -116,11 +117,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         table.write_csv(args.out)
         print(f"wrote {args.out}")
-
-
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _children_cpu() -> float:
