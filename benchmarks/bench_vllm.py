@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     from specsim.engines.check import EngineValidateConfig, validate_with_vllm
     from specsim.engines.vllm_profile import measure_vllm_profile
     from specsim.record.run import RecordRequest, record_cache
+    from specsim.sim.cost import batch_grid
     from specsim.specs import is_model_free, parse_tree
 
     drafts = _split(args.drafts)
@@ -77,8 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     profile = write_profile(measure_vllm_profile(cache, model_drafts, batches=batches, max_tokens=longest + 1,
                                                  repeats=args.repeats, log=work / "vllm-profile.log",
                                                  progress=True), work / "vllm-profile.json", overwrite=True)
-    print(f"profiled vLLM's steps (batches {batches}, N <= {longest + 1}) in {time.perf_counter() - t0:.0f} s",
-          flush=True)
+    print(f"profiled vLLM's steps (batches {batch_grid(batches)}, N <= {longest + 1}) in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
 
     # 3. vLLM's speedup beside the prediction, batch size by batch size
     rows = []
