@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
             if c.kind != "speedup":
                 continue
             v = c.values
-            spread = c.comparison.split("(rounds ")[1].split(")")[0]
+            spread = f"{v['vllm_speedup_min']:.3f}-{v['vllm_speedup_max']:.3f}"
             rows.append({"draft": c.draft, "tree": c.tree, "batch": batch, **v,
                          "ratio": v["speedup_predicted"] / v["vllm_speedup"], "vllm_rounds": spread,
                          "counters_equal": counters.get((c.draft, c.tree))})

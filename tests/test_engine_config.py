@@ -99,7 +99,8 @@ def test_layers_k_is_written_once_as_a_model_directory_with_the_target_tokenizer
 
 
 # each entry's three calls: its median times these (the draft model's calls slow where the others' are fast)
-FACTORS = {"plain": (0.9, 1.0, 1.2), "fixed1": (0.9, 1.0, 1.2), "fixed2": (0.9, 1.0, 1.2), "draft:small": (1.2, 1.0, 0.9)}
+FACTORS = {"plain": (0.9, 1.0, 1.2), "fixed1": (0.9, 1.0, 1.2), "fixed2": (0.9, 1.0, 1.2),
+           "draft:small": (1.2, 1.0, 0.9)}
 
 
 def test_vllms_step_times_become_a_profile_the_cache_accepts(tmp_path):
@@ -166,11 +167,15 @@ def test_the_speed_check_takes_the_tolerance_given_and_reads_the_profiles_engine
     ours.write_text(json.dumps(profile_body()))
     times = {"plain": {"decode_s": 1.2, "window_s": 1.2, "seconds": 1.3},
              "spec": {"decode_s": 1.0, "window_s": 1.0, "seconds": 1.1}}  # vLLM's speedup 1.2
-    result = {"timings": [times, times]}
+    slower = {**times, "spec": {"decode_s": 1.5, "window_s": 1.5, "seconds": 1.6}}  # a round at 0.8
+    result = {"timings": [times, times, slower]}
     replay = _Replay(row={"speedup": 1.32, "speedup_lo": 1.2, "speedup_hi": 1.4, "cost_basis": "a profile"},
                      requests=None, features=None, table=None)  # predicted / live = 1.10
     head = dict(draft="d", tree="chain:2", policy="greedy", temperature=0.0, batch=1)
-    assert _speed_check(head, result, replay, EngineValidateConfig(cost_profile=str(vllm))).passed  # ±15% default
+    check = _speed_check(head, result, replay, EngineValidateConfig(cost_profile=str(vllm)))
+    assert check.passed  # ±15% default
+    assert (check.values["vllm_speedup"], check.values["vllm_speedup_min"], check.values["vllm_speedup_max"]) == \
+        pytest.approx((1.2, 0.8, 1.2)) and "(rounds 0.800-1.200)" in check.comparison  # the median and the rounds
     strict = _speed_check(head, result, replay, EngineValidateConfig(cost_profile=str(vllm), speed_tolerance=0.05))
     assert strict.passed is False and "±5%" in strict.detail
     other = _speed_check(head, result, replay, EngineValidateConfig(cost_profile=str(ours)))
@@ -478,3 +483,29 @@ def test_a_vllm_profile_entry_with_a_stalled_call_gets_more_calls(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
     done, more = sum("done" in x for x in lines), sum(x.get("more", 0) for x in lines)
     assert more == 2 and done == lines[0]["total"] + more
+
+
+def test_a_worker_past_its_timeout_is_killed_and_named_in_one_line(tmp_path, monkeypatch):
+    """run_worker with a timeout: the worker that has not ended by then is killed and waited for, and the error
+    says so with its log."""
+    import subprocess
+
+    import specsim.engines.vllm as engine
+
+    killed = []
+
+    class Hung:  # subprocess.Popen of a worker that never ends
+        def __init__(self, args, stdout, stderr, env):
+            self.args = args
+
+        def wait(self, timeout=None):
+            if killed:
+                return -9
+            raise subprocess.TimeoutExpired(self.args, timeout)
+
+        def kill(self):
+            killed.append(True)
+    monkeypatch.setattr(engine.subprocess, "Popen", Hung)
+    with pytest.raises(EngineError, match=r"vLLM did not finish within 0 s \(log: "):
+        engine.run_worker({"action": "run"}, python=tmp_path / "python", timeout=0.01)
+    assert killed == [True]

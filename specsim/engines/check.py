@@ -478,7 +478,9 @@ def _speed_check(head: dict, result: dict, replay: _Replay, config: EngineValida
                         f"calls (prefill included) give {float(np.median(whole)) if whole else float('nan'):.3f}; "
                         f"{basis}",
                  passed=passed,
-                 values={"vllm_speedup": speedup, "vllm_speedup_whole_run": float(np.median(whole)) if whole else None,
+                 values={"vllm_speedup": speedup, "vllm_speedup_min": min(ratios) if ratios else None,
+                         "vllm_speedup_max": max(ratios) if ratios else None,
+                         "vllm_speedup_whole_run": float(np.median(whole)) if whole else None,
                          "vllm_plain_s": float(np.median([t["plain"][measure] for t in rounds])) if rounds else None,
                          "vllm_spec_s": float(np.median([t["spec"][measure] for t in rounds])) if rounds else None,
                          "speedup_predicted": predicted, "speedup_predicted_lo": row.get("speedup_lo"),

@@ -286,21 +286,21 @@ def run_worker(request: dict, *, python: Path | None = None, log: Path | None = 
                                       stderr=subprocess.STDOUT, env=env)
             try:
                 code = _wait(worker, timeout, bar.poll)
-            except BaseException:  # Ctrl-C, a timeout: the worker (and the children that die with it) goes too
+            except BaseException as exc:  # Ctrl-C, a timeout: the worker (and the children that die with it) goes
                 worker.kill()
                 worker.wait()
+                if isinstance(exc, subprocess.TimeoutExpired):
+                    raise EngineError(f"vLLM did not finish within {timeout:.0f} s (log: {log_path})") from None
                 raise
-            if code is None:
-                raise EngineError(f"vLLM did not finish within {timeout:.0f} s (log: {log_path})")
         if code != 0 or not result.exists():
             tail = _last_error(log_path)
             raise EngineError(f"vLLM failed (exit {code}): {tail}" + (f" (log: {log})" if log else ""))
         return json.loads(result.read_text())
 
 
-def _wait(worker: subprocess.Popen, timeout: float | None, poll: Callable[[], None]) -> int | None:
-    """The worker's exit code once it ends, calling `poll` twice a second meanwhile; None if `timeout` passed
-    (the caller kills it)."""
+def _wait(worker: subprocess.Popen, timeout: float | None, poll: Callable[[], None]) -> int:
+    """The worker's exit code once it ends, calling `poll` twice a second meanwhile; subprocess.TimeoutExpired
+    once `timeout` has passed (the caller kills it)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         try:
@@ -308,9 +308,7 @@ def _wait(worker: subprocess.Popen, timeout: float | None, poll: Callable[[], No
         except subprocess.TimeoutExpired:
             poll()
             if deadline is not None and time.monotonic() > deadline:
-                worker.kill()
-                worker.wait()
-                return None
+                raise
             continue
         poll()
         return code
